@@ -1,0 +1,42 @@
+# The two commands: `make demo` and `make test`. Both bootstrap what they need and are idempotent.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# CPU build of PyTorch; a bare `torch` would pull a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test venv system-deps kube lint unit clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[dev,training]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Debian packages for the real servers the tests start (Slurm, Prometheus, etcd, Chromium, Go).
+system-deps:
+	scripts/bootstrap-system.sh
+
+# A real kube-apiserver (1.20.2) built from Debian's source package, cached under ~/.cache.
+kube: system-deps
+	scripts/build-kube.sh
+
+demo: venv
+	$(VENV)/bin/gpuvigil demo
+
+lint: venv
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/lint-imports
+
+test: venv system-deps kube lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+unit: venv
+	$(PY) -m pytest -q tests/unit
+
+clean:
+	rm -rf $(VENV) build *.egg-info

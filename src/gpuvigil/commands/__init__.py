@@ -1,0 +1,1 @@
+"""One module per `gpuvigil` subcommand; each exposes `register(app)`. Only `cli` imports these."""

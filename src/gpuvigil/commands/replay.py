@@ -1,0 +1,11 @@
+"""`gpuvigil replay`: not implemented yet (see the open issues)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("replay", hidden=True)
+    def _todo() -> None:
+        """Not implemented yet."""
+        typer.echo("gpuvigil replay: not implemented yet", err=True)
+        raise typer.Exit(2)

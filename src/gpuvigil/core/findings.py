@@ -1,0 +1,151 @@
+"""The shared vocabulary of every layer: Status, Action, Finding, NodeReport.
+
+Probes and rules produce Findings; the agent wraps them in a NodeReport; the controller,
+the training health gate, the simulator and the reports all read these same types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from gpuvigil.core import codes
+from gpuvigil.core.conditions import Condition, derive_conditions
+
+
+class Status(StrEnum):
+    """A check's verdict. A check that could not run is FAILED, never OK."""
+
+    OK = "OK"
+    WARNING = "WARNING"
+    FAILED = "FAILED"
+
+    @property
+    def rank(self) -> int:
+        return _STATUS_RANK[self]
+
+    @classmethod
+    def worst(cls, statuses: Iterable[Status]) -> Status:
+        return max(statuses, key=lambda s: s.rank, default=cls.OK)
+
+
+_STATUS_RANK = {Status.OK: 0, Status.WARNING: 1, Status.FAILED: 2}
+
+
+class Action(StrEnum):
+    """What a finding calls for, in escalation order; INVESTIGATE asks for a human.
+
+    INVESTIGATE ranks above REPLACE: when a human is needed, no automatic step should
+    race them (the policy quarantines the node instead).
+    """
+
+    NONE = "NONE"
+    RESTART_APP = "RESTART_APP"
+    RESET_GPU = "RESET_GPU"
+    REBOOT = "REBOOT"
+    REPLACE = "REPLACE"
+    INVESTIGATE = "INVESTIGATE"
+
+    @property
+    def rank(self) -> int:
+        return _ACTION_RANK[self]
+
+    @classmethod
+    def worst(cls, actions: Iterable[Action]) -> Action:
+        return max(actions, key=lambda a: a.rank, default=cls.NONE)
+
+
+_ACTION_RANK = {a: i for i, a in enumerate(Action)}
+
+
+def utcnow() -> datetime:
+    """The one wall clock of I/O code; pure code takes `now` as an argument instead."""
+    return datetime.now(UTC)
+
+
+class Finding(BaseModel):
+    """One thing a check saw, with the evidence for it.
+
+    `code` is one of `gpuvigil.core.codes` (or `XID_<n>` / `SXID_<n>`); `component` names
+    the part (`node`, `gpu:3`, `nic:rdmap79s0`, `nvswitch:0`); `fatal` means the node must
+    be drained now rather than only kept from new work.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    check: str
+    status: Status
+    code: str
+    component: str = "node"
+    message: str = ""
+    action: Action = Action.NONE
+    fatal: bool = False
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    observed_at: datetime = Field(default_factory=utcnow)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def family(self) -> str:
+        return codes.family_of(self.code)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Identity across sweeps: the same problem on the same part is one finding."""
+        return (self.check, self.code, self.component)
+
+    @property
+    def could_not_run(self) -> bool:
+        return self.code in codes.COULD_NOT_RUN
+
+
+class CheckRun(BaseModel):
+    """How one check ran: for staleness, durations and the `disabled` state."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    check: str
+    status: Status
+    started_at: datetime
+    duration_s: float
+    disabled: bool = False
+
+
+class NodeReport(BaseModel):
+    """Everything known about one node at one moment: the unit every sink publishes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str
+    generated_at: datetime = Field(default_factory=utcnow)
+    findings: tuple[Finding, ...] = ()
+    checks: tuple[CheckRun, ...] = ()
+    schema_version: int = 1
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def status(self) -> Status:
+        return Status.worst(f.status for f in self.findings)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def conditions(self) -> list[Condition]:
+        return derive_conditions(self.findings)
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.status is not Status.OK]
+
+    @property
+    def action(self) -> Action:
+        return Action.worst(f.action for f in self.problems)
+
+    def exit_code(self) -> int:
+        """0 healthy, 1 unhealthy, 2 a check could not run (documented CLI contract)."""
+        failed = [f for f in self.findings if f.status is Status.FAILED]
+        if any(f.could_not_run for f in failed):
+            return 2
+        return 1 if failed else 0

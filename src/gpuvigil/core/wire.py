@@ -1,0 +1,85 @@
+"""How a node's health travels from its agent to the controller, and requests back.
+
+Kubernetes: the agent patches node conditions (one per family) and writes the compact
+summary below into the node annotation `HEALTH_ANNOTATION`. Slurm: the agent writes the
+same summary into the node field named by `SLURM_HEALTH_FIELD`. The controller decodes it
+with `decode_health`, which never raises: garbage -> None, and the controller acts on
+nothing it could not read.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuvigil.core.findings import Action, NodeReport, Status
+
+DOMAIN = "gpuvigil.io"
+HEALTH_ANNOTATION = f"{DOMAIN}/health"
+# Controller -> agent: {"id": str, "action": "RESET_GPU"|"REBOOT", "gpus": [int], "at": iso}
+REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"
+# Agent -> controller: {"id": str, "result": "succeeded"|"failed", "at": iso, "detail": str}
+RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"
+UNHEALTHY_TAINT = f"{DOMAIN}/unhealthy"
+UNVALIDATED_TAINT = f"{DOMAIN}/unvalidated"
+SLURM_HEALTH_FIELD = "Extra"
+MAX_FINDINGS = 20  # keeps the summary well under annotation and Slurm field limits
+
+
+class FindingSummary(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    code: str
+    component: str
+    status: Status
+    action: Action
+    fatal: bool = False
+    check: str = ""
+
+
+class HealthSummary(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    v: int = 1
+    generated_at: datetime
+    status: Status
+    findings: list[FindingSummary]
+    truncated: int = 0
+
+
+def summarize(report: NodeReport) -> HealthSummary:
+    problems = sorted(
+        report.problems, key=lambda f: (-f.status.rank, -f.action.rank, not f.fatal, f.code)
+    )
+    kept = problems[:MAX_FINDINGS]
+    return HealthSummary(
+        generated_at=report.generated_at,
+        status=report.status,
+        findings=[
+            FindingSummary(
+                code=f.code,
+                component=f.component,
+                status=f.status,
+                action=f.action,
+                fatal=f.fatal,
+                check=f.check,
+            )
+            for f in kept
+        ],
+        truncated=len(problems) - len(kept),
+    )
+
+
+def encode_health(report: NodeReport) -> str:
+    return summarize(report).model_dump_json()
+
+
+def decode_health(text: str | None) -> HealthSummary | None:
+    if not text:
+        return None
+    try:
+        return HealthSummary.model_validate(json.loads(text))
+    except (ValueError, ValidationError, TypeError):
+        return None

@@ -1,0 +1,172 @@
+"""The one registry of node checks, and the wrapper that runs any check fail-closed.
+
+A check is a small function under `@check(...)`, which says how it runs: its group
+(schedule), interval, timeout and what it needs. `run_check` turns a missing need into
+DEPENDENCY_MISSING, an exception into CHECK_ERROR and an overrun into CHECK_TIMEOUT.
+Called by `gpuvigil check`, the agent, preflight and the simulator.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuvigil.core.findings import Action, CheckRun, Finding, Status, utcnow
+from gpuvigil.node.probes.exec import resolve
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a check cannot run without. Absent needs are findings, never skips."""
+
+    binaries: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # relative to the context's root (e.g. "sys/class/infiniband")
+    modules: tuple[str, ...] = ()  # importable Python modules (e.g. "pynvml")
+
+
+@dataclass
+class CheckContext:
+    """Where a check reads the world; every source can be pointed elsewhere for tests."""
+
+    config: Any  # gpuvigil.node.config.NodeConfig
+    root: Path = Path("/")  # sysfs and /dev are read below this root
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    extras: dict[str, Any] = field(default_factory=dict)  # per-check state (e.g. counter history)
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel.lstrip("/")
+
+
+CheckFn = Callable[[CheckContext], list[Finding]]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    fn: CheckFn
+    group: str  # "fast" | "slow" | "diag" | "stream" | "active"
+    interval_s: float
+    timeout_s: float
+    needs: Needs
+    description: str
+    required: bool = (
+        True  # False: an absent need is reported as disabled, not failed (opt-in tools)
+    )
+
+
+REGISTRY: dict[str, CheckSpec] = {}
+
+
+def check(
+    name: str,
+    *,
+    group: str,
+    interval_s: float,
+    timeout_s: float,
+    needs: Needs = Needs(),
+    description: str = "",
+) -> Callable[[CheckFn], CheckFn]:
+    def register(fn: CheckFn) -> CheckFn:
+        if name in REGISTRY:
+            raise ValueError(f"check {name!r} registered twice")
+        REGISTRY[name] = CheckSpec(
+            name=name,
+            fn=fn,
+            group=group,
+            interval_s=interval_s,
+            timeout_s=timeout_s,
+            needs=needs,
+            description=description or _first_line(fn.__doc__),
+        )
+        return fn
+
+    return register
+
+
+def _first_line(doc: str | None) -> str:
+    lines = (doc or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def missing_needs(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
+    out = []
+    for b in spec.needs.binaries:
+        if resolve(b, path=ctx.env.get("PATH")) is None:
+            out.append(
+                _failed(spec, "DEPENDENCY_MISSING", f"binary {b!r} not found on PATH", need=b)
+            )
+    for p in spec.needs.paths:
+        if not ctx.path(p).exists():
+            out.append(_failed(spec, "DEPENDENCY_MISSING", f"{ctx.path(p)} does not exist", need=p))
+    for m in spec.needs.modules:
+        try:
+            __import__(m)
+        except ImportError as e:
+            out.append(_failed(spec, "DEPENDENCY_MISSING", f"Python module {m!r}: {e}", need=m))
+    return out
+
+
+def run_check(spec: CheckSpec, ctx: CheckContext) -> tuple[list[Finding], CheckRun]:
+    """Run one check under its deadline. Never raises; never returns an empty verdict for
+    a check that could not run."""
+    started_at, t0 = utcnow(), time.monotonic()
+    findings = missing_needs(spec, ctx)
+    if not findings:
+        findings = _call_with_deadline(spec, ctx)
+    run = CheckRun(
+        check=spec.name,
+        status=Status.worst(f.status for f in findings),
+        started_at=started_at,
+        duration_s=time.monotonic() - t0,
+    )
+    return findings, run
+
+
+def _call_with_deadline(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = spec.fn(ctx)
+        except Exception as e:  # noqa: BLE001 - any failure of a check is a finding
+            box["error"] = e
+            box["tb"] = traceback.format_exc(limit=5)
+
+    # A daemon thread can be abandoned: probes that block in C (NVML) run in a worker
+    # process of their own, so an abandoned thread here only ever waits on a subprocess
+    # that the runner's own timeout will kill.
+    t = threading.Thread(target=target, name=f"check:{spec.name}", daemon=True)
+    t.start()
+    t.join(spec.timeout_s)
+    if t.is_alive():
+        return [_failed(spec, "CHECK_TIMEOUT", f"check did not finish within {spec.timeout_s:g} s")]
+    if "error" in box:
+        e = box["error"]
+        return [
+            _failed(
+                spec, "CHECK_ERROR", f"check raised {type(e).__name__}: {e}", traceback=box["tb"]
+            )
+        ]
+    value = box.get("value")
+    if not isinstance(value, list):
+        return [
+            _failed(spec, "CHECK_ERROR", f"check returned {type(value).__name__}, not findings")
+        ]
+    return value
+
+
+def _failed(spec: CheckSpec, code: str, message: str, **evidence: Any) -> Finding:
+    return Finding(
+        check=spec.name,
+        status=Status.FAILED,
+        code=code,
+        message=message,
+        action=Action.NONE,
+        evidence=evidence,
+    )
