@@ -19,9 +19,11 @@ from gpuvigil.commands import (
     nodes,
     npd,
     preflight,
+    release,
     replay,
     report,
     simulate,
+    slurm_healthcheck,
 )
 
 app = typer.Typer(
@@ -42,9 +44,11 @@ for module in (
     logscan,
     agent,
     npd,
+    slurm_healthcheck,
     preflight,
     controller,
     nodes,
+    release,
     report,
     simulate,
     replay,

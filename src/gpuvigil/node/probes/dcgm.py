@@ -1,0 +1,1 @@
+"""Probe: dcgm (filled in by the layer-1 work)."""

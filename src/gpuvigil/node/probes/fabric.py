@@ -1,0 +1,1 @@
+"""Probe: fabric (filled in by the layer-1 work)."""

@@ -1,0 +1,1 @@
+"""Probe: kernel_log (filled in by the layer-1 work)."""

@@ -1,0 +1,1 @@
+"""Probe: nvml (filled in by the layer-1 work)."""

@@ -1,0 +1,1 @@
+"""Probe: pcie (filled in by the layer-1 work)."""
