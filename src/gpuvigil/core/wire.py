@@ -22,6 +22,9 @@ HEALTH_ANNOTATION = f"{DOMAIN}/health"
 REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"
 # Agent -> controller: {"id": str, "result": "succeeded"|"failed", "at": iso, "detail": str}
 RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"
+# Preflight -> controller: {"result": "pass"|"fail", "at": iso, "summary": str}. A node in
+# VALIDATING leaves it only on a "pass" newer than the start of its validation.
+PREFLIGHT_ANNOTATION = f"{DOMAIN}/preflight"
 UNHEALTHY_TAINT = f"{DOMAIN}/unhealthy"
 UNVALIDATED_TAINT = f"{DOMAIN}/unvalidated"
 SLURM_HEALTH_FIELD = "Extra"
