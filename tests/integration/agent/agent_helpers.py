@@ -1,0 +1,128 @@
+"""Helpers of the agent's integration tests: run `gpuvigil agent` for real as a
+subprocess with fake tools and a fake kernel log (`start_agent`), poll for outcomes.
+
+Test modules take the fixture with `start_agent = agent_helpers.start_agent`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import cli_env, gpuvigil_argv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            last = pred()
+        except (OSError, ValueError, KeyError):
+            last = None
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class AgentProc:
+    proc: subprocess.Popen[str]
+    url: str
+    state_file: Path
+    log_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        return json.loads(self.state_file.read_text())
+
+    def codes(self) -> set[tuple[str, str]]:
+        return {(f["check"], f["code"]) for f in self.report()["findings"]}
+
+    def metrics(self) -> str:
+        return http_get(self.url + "/metrics")[1]
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
+    """Start an agent; every one started is stopped (by PID) at teardown."""
+    started: list[AgentProc] = []
+
+    def start(config: dict[str, Any] | None = None, *args: str,
+              env: dict[str, str] | None = None, wait_ready: bool = True) -> AgentProc:
+        port = free_port()
+        state = tmp_path / f"report-{len(started)}.json"
+        cfg_path = tmp_path / f"agent-{len(started)}.yaml"
+        cfg = {"agent": {"check_modules": ["agent_site_checks"],
+                         "publish_interval_s": 0.5}}
+        for k, v in (config or {}).items():
+            cfg.setdefault(k, {}).update(v)
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        log_path = tmp_path / f"agent-{len(started)}.log"
+        full_env = cli_env({
+            "PATH": f"{fake_bin.dir}:{os.environ['PATH']}",
+            "PYTHONPATH": os.pathsep.join([cli_env()["PYTHONPATH"], str(HERE)]),
+            "NODE_NAME": "gpu-test-1",
+            **(env or {}),
+        })
+        argv = gpuvigil_argv("agent", "--config", str(cfg_path), "--state-file", str(state),
+                             "--listen", f"127.0.0.1:{port}", *args)
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                    text=True)
+        a = AgentProc(proc, f"http://127.0.0.1:{port}", state, log_path)
+        started.append(a)
+        if wait_ready:
+            try:
+                wait_until(state.exists, 20, "the first report")
+            except AssertionError:
+                raise AssertionError(f"agent did not publish; log:\n{a.log()}") from None
+        return a
+
+    yield start
+    for a in started:
+        a.stop(signal.SIGKILL if a.proc.poll() is None else signal.SIGTERM, timeout=5)
