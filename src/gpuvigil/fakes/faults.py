@@ -132,14 +132,17 @@ def apply(
     elif fault is Fault.THERMAL_SLOWDOWN:
         g.temperature_gpu_c = g.slowdown_threshold_c + 2
         g.clock_event_reasons = (
-            g.clock_event_reasons & ~CLOCK_GPU_IDLE
-        ) | CLOCK_SW_THERMAL | CLOCK_HW_THERMAL | CLOCK_HW_SLOWDOWN
+            (g.clock_event_reasons & ~CLOCK_GPU_IDLE)
+            | CLOCK_SW_THERMAL
+            | CLOCK_HW_THERMAL
+            | CLOCK_HW_SLOWDOWN
+        )
     elif fault is Fault.HW_SLOWDOWN:
         g.clock_event_reasons = (g.clock_event_reasons & ~CLOCK_GPU_IDLE) | CLOCK_HW_SLOWDOWN
     elif fault is Fault.POWER_BRAKE:
         g.clock_event_reasons = (
-            g.clock_event_reasons & ~CLOCK_GPU_IDLE
-        ) | CLOCK_HW_SLOWDOWN | CLOCK_HW_POWER_BRAKE
+            (g.clock_event_reasons & ~CLOCK_GPU_IDLE) | CLOCK_HW_SLOWDOWN | CLOCK_HW_POWER_BRAKE
+        )
     elif fault is Fault.PCIE_DEGRADED:
         g.pcie_width = max(1, g.pcie_width_max // 2)
     elif fault is Fault.EFA_MISSING:
