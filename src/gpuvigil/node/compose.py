@@ -29,6 +29,8 @@ from gpuvigil.node.watchdog import Watchdog
 
 log = logging.getLogger("gpuvigil.agent")
 SCHEDULED_GROUPS = ("fast", "slow", "diag")  # `stream` is the kernel watch; `active` is preflight
+# Checks the kernel-log stream stands in for while it runs (same name, same findings).
+REPLACED_BY_STREAM = ("kernel_log",)
 
 
 def node_name(config: AgentConfig, env: dict[str, str]) -> str:
@@ -46,6 +48,8 @@ def schedule(config: AgentConfig) -> tuple[list[CheckSpec], list[str]]:
     specs, disabled = [], []
     for spec in REGISTRY.values():
         if spec.group not in SCHEDULED_GROUPS:
+            continue
+        if config.kernel_log.enabled and spec.name in REPLACED_BY_STREAM:
             continue
         over = config.checks.get(spec.name)
         if over is not None and not over.enabled:
@@ -78,7 +82,7 @@ def build_agent(a: AgentConfig, *, node_config: NodeConfig,
 
     scheduler = Scheduler(specs, ctx, stale_factor=a.stale_factor, on_result=on_result,
                           disabled=disabled)
-    kernel = KernelWatch(a.kernel_log, env=env, changed=scheduler.changed, metrics=metrics,
+    kernel = KernelWatch(a.kernel_log, ctx=ctx, changed=scheduler.changed, metrics=metrics,
                          stale_factor=a.stale_factor) if a.kernel_log.enabled else None
     dog = Watchdog(a.watchdog_timeout_s) if watchdog else None
     events = EventWriter(a.events_file) if a.events_file is not None else None

@@ -21,11 +21,14 @@ from pydantic import Field
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import CheckRun, Finding, Status
 from gpuvigil.node import xid_feed
+from gpuvigil.node.catalog.xid import load_catalog
+from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.metrics import AgentMetrics
 from gpuvigil.node.probes import kmsg_stream as ks
+from gpuvigil.node.probes.kernel_log import _boot
 from gpuvigil.node.scheduler import stale_finding
 
-CHECK = ks.STREAM_CHECK
+CHECK = ks.STREAM_CHECK  # "kernel_log": the stream replaces the one-shot check in the agent
 
 
 class KernelStreamConfig(StrictModel):
@@ -48,6 +51,12 @@ class KernelStreamConfig(StrictModel):
     poll_timeout_s: float = Field(
         10.0, gt=0, description="Deadline of one journalctl/dmesg run; a hang is CHECK_TIMEOUT.",
     )
+    nvml_events_interval_s: float = Field(
+        5.0, gt=0, description="How often NVML's Xid event set is drained (the second Xid "
+        "source, reconciled with the kernel log's). Backs off to 5 min where NVML cannot "
+        "start, so a node without it spends nothing.",
+    )
+    nvml_events: bool = Field(True, description="Also read Xid events from NVML.")
     gap_hold_s: float = Field(
         900.0, ge=0, description="How long a KMSG_GAP warning stays after records were lost: "
         "long enough for the controller and a person to see it (NVML's Xid events cover "
@@ -56,14 +65,25 @@ class KernelStreamConfig(StrictModel):
 
 
 class KernelWatch:
-    def __init__(self, config: KernelStreamConfig, *, env: dict[str, str],
+    def __init__(self, config: KernelStreamConfig, *, ctx: CheckContext,
                  changed: threading.Event, metrics: AgentMetrics | None,
                  stale_factor: float = 2.0) -> None:
-        self.config, self.changed, self.metrics = config, changed, metrics
+        self.config, self.ctx, self.changed, self.metrics = config, ctx, changed, metrics
         self.stale_factor = stale_factor
         self.health = ks.StreamHealth()
         self.started_at = datetime.now(UTC)
-        self.feed = xid_feed.XidFeed()
+        env = ctx.env
+        node_cfg = ctx.config
+        boot_id, booted_at = _boot(ctx)
+        self.feed = xid_feed.XidFeed(load_catalog(getattr(node_cfg, "kernel_log", None)),
+                                     check=CHECK, boot_id=boot_id, booted_at=booted_at)
+        self.poller = None
+        gpu_cfg = getattr(node_cfg, "gpu", None)
+        if config.enabled and config.nvml_events and getattr(node_cfg, "expect_gpus", 1) != 0:
+            self.poller = xid_feed.NvmlXidPoller(
+                self.feed, module=getattr(gpu_cfg, "nvml_module", "pynvml"), env=env,
+                interval_s=config.nvml_events_interval_s,
+                timeout_s=getattr(gpu_cfg, "nvml_timeout_s", 10.0), changed=changed)
         self._gaps_counted = 0
         source = None
         if config.enabled:
@@ -78,16 +98,21 @@ class KernelWatch:
 
     def start(self) -> None:
         self.stream.start()
+        if self.poller is not None:
+            self.poller.start()
 
     def stop(self) -> None:
         self.stream.stop()
+        if self.poller is not None:
+            self.poller.stop()
 
     def _on_records(self, records: list[ks.Record], boot: bool) -> None:
-        new = self.feed.add(records, boot=boot)
+        new = self.feed.add(records)
         if self.metrics is not None:
             for ev in new:
                 if ev.kind == "sxid":
-                    self.metrics.sxid_events.labels(str(ev.code), ev.device or "nvswitch").inc()
+                    where = ev.device or ev.bus_id or "nvswitch"
+                    self.metrics.sxid_events.labels(str(ev.code), where).inc()
                 else:
                     gpu = ev.bus_id or ev.pci_bus_id or "unknown"
                     self.metrics.xid_events.labels(str(ev.code), gpu).inc()
@@ -110,7 +135,8 @@ class KernelWatch:
                                message=f"no kernel log source could be read ({why})",
                                evidence={"tried": [s for s, _ in h.fallback_from]}))
         else:
-            out.extend(self.feed.findings(datetime.now(UTC), source=h.source, gaps=h.gaps))
+            gpus = xid_feed.gpu_map(self.ctx.extras.get("gpu.inventory"))
+            out.extend(self.feed.findings(datetime.now(UTC), gpus=gpus))
             if h.fallback_from and h.source in ("journal", "dmesg"):
                 why = "; ".join(f"{s}: {r}" for s, r in h.fallback_from)
                 out.append(Finding(

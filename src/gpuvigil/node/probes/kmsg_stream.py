@@ -32,7 +32,7 @@ from pathlib import Path
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.node.probes import exec as ex
 
-STREAM_CHECK = "kernel_log_stream"
+STREAM_CHECK = "kernel_log"  # the stream stands in for the one-shot check of that name
 _KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;")
 _DMESG_TS = re.compile(r"^\[\s*(\d+\.\d+)\]")
 
