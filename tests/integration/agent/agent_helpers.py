@@ -23,6 +23,10 @@ import pytest
 import yaml
 
 from conftest import cli_env, gpuvigil_argv
+from gpuvigil.fakes.gpu import SCENARIO_ENV, FakeNode, make_node
+from gpuvigil.fakes.sysfs import FakeSysfs
+
+GPUS, ADAPTERS = 8, 4
 
 
 def free_port() -> int:
@@ -57,11 +61,53 @@ HERE = Path(__file__).resolve().parent
 
 
 @dataclass
+class FakeMachine:
+    """The fake hardware an agent under test reads: NVML scenario, sysfs tree, kernel log."""
+
+    root: Path
+    sysfs: FakeSysfs
+    scenario: Path
+    kmsg: Path
+
+    def nvml(self) -> FakeNode:
+        return FakeNode.load(self.scenario)
+
+    def save_nvml(self, node: FakeNode) -> None:
+        node.save(self.scenario)
+
+    def log(self, line: str) -> None:
+        with self.kmsg.open("a") as fh:
+            fh.write(line.rstrip("\n") + "\n")
+
+
+def fake_machine(tmp_path: Path) -> FakeMachine:
+    """A healthy fake 8-GPU, 4-adapter (InfiniBand, 400 Gb/s) node."""
+    root = tmp_path / "root"
+    sysfs = FakeSysfs.node(root, gpus=GPUS, kind="ib", adapters=ADAPTERS, rate_gbps=400)
+    scenario = tmp_path / "nvml.json"
+    make_node(GPUS).save(scenario)
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text("[    0.000000] Linux version 6.1.0 (gpuvigil test)\n")
+    return FakeMachine(root, sysfs, scenario, kmsg)
+
+
+def machine_config(m: FakeMachine) -> dict[str, Any]:
+    return {
+        "node": {"expect_gpus": GPUS, "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
+                 "fabric": {"expect_adapters": ADAPTERS, "kind": "ib",
+                            "expect_rate_gbps": 400}},
+        "agent": {"sysfs_root": str(m.root),
+                  "kernel_log": {"source": "file", "file": str(m.kmsg)}},
+    }
+
+
+@dataclass
 class AgentProc:
     proc: subprocess.Popen[str]
     url: str
     state_file: Path
     log_path: Path
+    machine: FakeMachine
     extra: dict[str, Any] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
@@ -93,12 +139,16 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
     started: list[AgentProc] = []
 
     def start(config: dict[str, Any] | None = None, *args: str,
-              env: dict[str, str] | None = None, wait_ready: bool = True) -> AgentProc:
+              env: dict[str, str] | None = None, wait_ready: bool = True,
+              site_checks: bool = False) -> AgentProc:
         port = free_port()
         state = tmp_path / f"report-{len(started)}.json"
         cfg_path = tmp_path / f"agent-{len(started)}.yaml"
-        cfg = {"agent": {"check_modules": ["agent_site_checks"],
-                         "publish_interval_s": 0.5}}
+        machine = fake_machine(tmp_path / f"machine-{len(started)}")
+        cfg = machine_config(machine)
+        cfg["agent"]["publish_interval_s"] = 0.5
+        if site_checks:
+            cfg["agent"]["check_modules"] = ["agent_site_checks"]
         for k, v in (config or {}).items():
             cfg.setdefault(k, {}).update(v)
         cfg_path.write_text(yaml.safe_dump(cfg))
@@ -107,6 +157,7 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
             "PATH": f"{fake_bin.dir}:{os.environ['PATH']}",
             "PYTHONPATH": os.pathsep.join([cli_env()["PYTHONPATH"], str(HERE)]),
             "NODE_NAME": "gpu-test-1",
+            SCENARIO_ENV: str(machine.scenario),
             **(env or {}),
         })
         argv = gpuvigil_argv("agent", "--config", str(cfg_path), "--state-file", str(state),
@@ -114,7 +165,7 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
         with log_path.open("w") as log:
             proc = subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT,
                                     text=True)
-        a = AgentProc(proc, f"http://127.0.0.1:{port}", state, log_path)
+        a = AgentProc(proc, f"http://127.0.0.1:{port}", state, log_path, machine)
         started.append(a)
         if wait_ready:
             try:

@@ -29,9 +29,7 @@ def tools(fake_bin, tmp_path):
 
 def test_faults_injected_while_running_are_published(start_agent, fake_bin, tmp_path):
     link_state, stop_flag, link = tools(fake_bin, tmp_path)
-    kmsg = tmp_path / "kern.log"
-    kmsg.write_text("[    1.000000] Linux version 6.1\n")
-    a = start_agent({}, "--interval", str(INTERVAL), "--kmsg-file", str(kmsg))
+    a = start_agent({}, "--interval", str(INTERVAL), site_checks=True)
     wait_until(lambda: a.report()["status"] == "OK", 10, "a healthy first report")
     status, body = http_get(a.url + "/healthz")
     assert status == 200 and json.loads(body)["ok"]
