@@ -12,7 +12,8 @@ stopped reading: RESULT_STALE).
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -75,6 +76,9 @@ class KernelWatch:
         env = ctx.env
         node_cfg = ctx.config
         boot_id, booted_at = _boot(ctx)
+        if booted_at is None:  # no /proc/stat below the root (a fake tree): this machine's
+            booted_at = datetime.now(UTC) - timedelta(
+                seconds=time.clock_gettime(time.CLOCK_BOOTTIME))
         self.feed = xid_feed.XidFeed(load_catalog(getattr(node_cfg, "kernel_log", None)),
                                      check=CHECK, boot_id=boot_id, booted_at=booted_at)
         self.poller = None

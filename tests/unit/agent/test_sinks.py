@@ -69,11 +69,14 @@ def test_drain_trigger_prefers_fatal_and_ignores_could_not_run_by_default():
 
 
 def test_parse_show_node_keeps_reason_with_spaces():
-    line = ("NodeName=gpu1 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN ThreadsPerCore=1 "
-            "Extra={\"v\":1} Reason=gpuvigil: XID_79 gpu:3 [root@2026-11-30T08:00:00]\n")
+    # As Slurm 22.05.8 prints it (measured): OS has spaces, Reason comes before Extra.
+    line = ("NodeName=gpu1 Arch=x86_64 CoresPerSocket=1  OS=Linux 6.1 #1 SMP PREEMPT_DYNAMIC "
+            "@0  State=IDLE+DRAIN ThreadsPerCore=1 Reason=gpuvigil: XID_79 gpu:3 "
+            "[root@2026-11-30T08:00:00] Extra={\"v\":1}\n")
     info = sl.parse_show_node(line)
     assert info["State"] == "IDLE+DRAIN" and info["Reason"] == "gpuvigil: XID_79 gpu:3"
     assert info["Extra"] == '{"v":1}' and sl.is_drained(info)
+    assert info["OS"] == "Linux 6.1 #1 SMP PREEMPT_DYNAMIC @0"
     assert sl.parse_show_node("") == {} and sl.parse_show_node("garbage ===") is not None
 
 

@@ -70,17 +70,21 @@ _FIELD = re.compile(r"(?:^|\s)(\w+)=")
 
 
 def parse_show_node(text: str) -> dict[str, str]:
-    """`scontrol show node X -o` -> {key: value}. `Reason` runs to the end of the line in
-    22.05 and contains spaces; other values are single words. Never raises."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
+    """`scontrol show node X -o` -> {key: value}. Never raises.
+
+    Values may contain spaces (`OS=Linux 6.1 #1 SMP`, `Reason=gpuvigil: XID_79 gpu:3
+    [root@2026-11-30T08:00:00]`), so a value runs to the next ` Key=`; on 22.05 `Reason`
+    comes before `Extra`. The `[user@time]` suffix Slurm adds to a reason is dropped.
+    """
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
     out: dict[str, str] = {}
-    if "Reason=" in line:
-        line, _, reason = line.partition(" Reason=")
-        out["Reason"] = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", reason).strip()
     keys = list(_FIELD.finditer(line))
     for i, m in enumerate(keys):
         end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
         out[m.group(1)] = line[m.end():end].strip()
+    if "Reason" in out:
+        out["Reason"] = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", out["Reason"]).strip()
     return out
 
 
