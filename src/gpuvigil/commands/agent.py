@@ -18,7 +18,7 @@ verdict published to the chosen sinks until stopped (SIGTERM/SIGINT).
 
 Fast checks (NVML, fabric, PCIe, topology) run every --interval seconds (default 30),
 `dcgmi health` every 5 min, a short DCGM diag every 6 h when DCGM is installed; the
-kernel log is followed from /dev/kmsg (fallbacks: journalctl, dmesg). Each check runs
+kernel log is followed from /dev/kmsg (fallbacks: dmesg, journalctl). Each check runs
 under its own deadline: a hung check is CHECK_TIMEOUT, a result older than twice its
 interval is RESULT_STALE, both FAILED; nothing else waits for them.
 

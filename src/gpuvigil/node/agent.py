@@ -32,6 +32,7 @@ from gpuvigil.node.sinks.state_file import StateFileConfig
 from gpuvigil.node.watchdog import Watchdog
 
 log = logging.getLogger("gpuvigil.agent")
+LOOP_BEAT_S = 5.0  # far below watchdog_timeout_s and /healthz's 10 s loop-age limit
 
 
 class CheckSchedule(StrictModel):
@@ -84,19 +85,22 @@ class AgentConfig(StrictModel):
         "longer) is RESULT_STALE: one missed run is tolerated, two are not.",
     )
     publish_interval_s: float = Field(
-        10.0, gt=0, description="Re-publish (and heartbeat) at least this often even when "
-        "nothing changed; changes are published at once.",
+        30.0, gt=0, description="Re-publish to every sink at least this often even when "
+        "nothing changed (changes are published at once). Sinks that write remote state "
+        "throttle further with their own heartbeat_interval_s.",
     )
     watchdog_timeout_s: float = Field(
         60.0, gt=0, description="Exit (status 3) when the loop has not beaten for this long, "
-        "so the supervisor restarts the agent. Far above the loop's 0.5 s beat.",
+        "so the supervisor restarts the agent. Far above the loop's 5 s beat.",
     )
     events_file: Path | None = Field(
         None, description="Append finding.set/finding.cleared events (JSONL, "
         "docs/events.md) here for `gpuvigil report`. None: no event log.",
     )
-    kernel_log: KernelStreamConfig = Field(default_factory=KernelStreamConfig)
-    sinks: SinksConfig = Field(default_factory=SinksConfig)
+    kernel_log: KernelStreamConfig = Field(
+        default_factory=KernelStreamConfig, description="The kernel log as a stream.")
+    sinks: SinksConfig = Field(
+        default_factory=SinksConfig, description="Where reports go (any combination).")
 
 
 class Agent:
@@ -146,7 +150,9 @@ class Agent:
                 self.publish(now)
                 next_publish = now + self.config.publish_interval_s
             wait = min(next_due, next_publish) - self.clock()
-            if self._wake.wait(max(0.0, min(wait, 0.5))):
+            # Sleep until something is due or a result lands; beat at least every
+            # LOOP_BEAT_S so the watchdog and /healthz see a live loop.
+            if self._wake.wait(max(0.0, min(wait, LOOP_BEAT_S))):
                 self._stop.wait(0.05)  # let results landing together go out as one report
         self._shutdown()
 

@@ -36,7 +36,7 @@ class KernelStreamConfig(StrictModel):
     enabled: bool = Field(True, description="Follow the kernel log (Xid/SXid as they happen).")
     source: Literal["auto", "kmsg", "journal", "dmesg", "file"] = Field(
         "auto",
-        description="auto tries /dev/kmsg, then journalctl polling, then dmesg polling, "
+        description="auto tries /dev/kmsg, then dmesg polling, then journalctl polling, "
         "and reports a fallback as SOURCE_FALLBACK. `file` needs `file`.",
     )
     kmsg_path: Path = Field(Path("/dev/kmsg"), description="The kernel's record device.")

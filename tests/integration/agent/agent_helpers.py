@@ -6,6 +6,7 @@ Test modules take the fixture with `start_agent = agent_helpers.start_agent`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -22,10 +23,22 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import cli_env, gpuvigil_argv
 from gpuvigil.fakes.gpu import SCENARIO_ENV, FakeNode, make_node
 from gpuvigil.fakes.sysfs import FakeSysfs
 
+
+def _root_conftest() -> Any:
+    # Loaded by path: the module name `conftest` may be any folder's conftest.py by now.
+    path = Path(__file__).resolve().parents[2] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("gpuvigil_tests_root_conftest", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ROOT = _root_conftest()
+cli_env, gpuvigil_argv = _ROOT.cli_env, _ROOT.gpuvigil_argv
 GPUS, ADAPTERS = 8, 4
 
 

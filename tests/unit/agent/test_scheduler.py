@@ -7,9 +7,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import agent_unit_fixtures
+
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.node.checks import CheckContext, Needs
 from gpuvigil.node.scheduler import Scheduler
+
+register = agent_unit_fixtures.register  # the fixture
 
 
 def ok_check(name: str):

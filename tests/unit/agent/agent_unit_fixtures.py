@@ -1,4 +1,6 @@
-"""Helpers for the agent's unit tests: checks registered for one test only."""
+"""Fixtures of the agent's unit tests (a plain module, not a conftest.py: nested conftest
+modules all import as `conftest` and shadow the root one). Take them with
+`register = agent_unit_fixtures.register`."""
 
 from __future__ import annotations
 
