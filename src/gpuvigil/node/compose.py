@@ -122,7 +122,11 @@ def _build_sinks(a: AgentConfig, *, node: str, env: dict[str, str],
     if s.kubernetes.enabled:
         from gpuvigil.node.sinks.kubernetes import KubernetesSink
 
-        sinks.append(KubernetesSink(s.kubernetes, node=node, env=env))
+        def remediated(action: str, result: str) -> None:
+            metrics.remediations.labels(action, result).inc()
+
+        sinks.append(KubernetesSink(s.kubernetes, node=node, env=env,
+                                    on_remediation=remediated))
         where["kubernetes"] = f"node/{node}"
     if s.slurm.enabled:
         from gpuvigil.node.sinks.slurm import SlurmSink

@@ -118,7 +118,9 @@ class KernelWatch:
                     where = ev.device or ev.bus_id or "nvswitch"
                     self.metrics.sxid_events.labels(str(ev.code), where).inc()
                 else:
-                    gpu = ev.bus_id or ev.pci_bus_id or "unknown"
+                    ref = xid_feed.gpu_map(self.ctx.extras.get("gpu.inventory")).get(
+                        ev.bus_id or "")
+                    gpu = str(ref.index) if ref else (ev.bus_id or ev.pci_bus_id or "unknown")
                     self.metrics.xid_events.labels(str(ev.code), gpu).inc()
             lost = self.health.gaps - self._gaps_counted
             if lost > 0:

@@ -93,6 +93,8 @@ def test_conditions_annotation_events_and_remediation(start_agent, kube, tmp_pat
     assert done["id"] == "req-1"
     time.sleep(2.5)  # several more publishes: nothing is run again
     assert a.extra["resets"].read_text().splitlines() == ["--gpu-reset -i 0"]
+    assert ('gpuvigil_agent_remediations_total{action="RESET_GPU",result="succeeded"} 1.0'
+            in a.metrics())
 
     # A graceful stop says so on the conditions.
     assert a.stop(signal.SIGTERM) == 0

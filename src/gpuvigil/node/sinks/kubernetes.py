@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,8 @@ class KubernetesConfig(StrictModel):
         "default", description="Node events live in `default`, like the kubelet's.")
     mark_unknown_on_exit: bool = Field(
         True, description="On a graceful stop, set the conditions to Unknown (AgentStopped).")
-    remediation: RemediationConfig = Field(default_factory=RemediationConfig)
+    remediation: RemediationConfig = Field(
+        default_factory=RemediationConfig, description="Acting on the controller's requests.")
 
 
 def _ts(dt: datetime) -> str:
@@ -92,7 +94,8 @@ class KubernetesSink:
     name = "kubernetes"
 
     def __init__(self, config: KubernetesConfig, *, node: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 on_remediation: Callable[[str, str], None] | None = None) -> None:
         from kubernetes import client
         from kubernetes import config as kconfig
 
@@ -107,6 +110,7 @@ class KubernetesSink:
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
         self.remediator = Remediator(config.remediation, env=env)
+        self._on_remediation = on_remediation  # (action, result) when a request finishes
         self._last_written: list[tuple[Any, ...]] | None = None
         self._last_summary: str | None = None
         self._last_write = 0.0
@@ -137,6 +141,8 @@ class KubernetesSink:
 
     def _answer(self, result: dict[str, Any]) -> None:
         self._annotate({wire.RESULT_ANNOTATION: json.dumps(result, separators=(",", ":"))})
+        if self._on_remediation and result.get("result") in ("succeeded", "failed"):
+            self._on_remediation(str(result.get("action")), str(result["result"]))
 
     def _annotate(self, annotations: dict[str, str]) -> None:
         self.api.patch_node(self.node, {"metadata": {"annotations": annotations}},
