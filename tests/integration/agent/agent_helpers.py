@@ -93,6 +93,14 @@ class FakeMachine:
             fh.write(line.rstrip("\n") + "\n")
 
 
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(
+            out.get(k), dict) else v
+    return out
+
+
 def fake_machine(tmp_path: Path) -> FakeMachine:
     """A healthy fake 8-GPU, 4-adapter (InfiniBand, 400 Gb/s) node."""
     root = tmp_path / "root"
@@ -162,8 +170,7 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
         cfg["agent"]["publish_interval_s"] = 0.5
         if site_checks:
             cfg["agent"]["check_modules"] = ["agent_site_checks"]
-        for k, v in (config or {}).items():
-            cfg.setdefault(k, {}).update(v)
+        cfg = deep_merge(cfg, config or {})
         cfg_path.write_text(yaml.safe_dump(cfg))
         log_path = tmp_path / f"agent-{len(started)}.log"
         full_env = cli_env({

@@ -69,3 +69,70 @@ def test_adapter_port_down_and_gpu_lost_are_published_within_an_interval(start_a
     assert time.monotonic() - t0 <= INTERVAL + SLACK
     gpu5 = [f for f in a.report()["findings"] if f["check"] == "gpu"]
     assert any(f["component"] == "gpu:5" for f in gpu5), gpu5
+
+
+def test_nvml_xid_event_is_reconciled_with_the_kernel_log_line(start_agent):
+    from gpuvigil.fakes.gpu import FakeXid
+
+    a = start_agent({"agent": {"kernel_log": {"nvml_events_interval_s": 0.5}}},
+                    "--interval", str(INTERVAL))
+    wait_until(lambda: a.report()["status"] == "OK", 10, "a healthy node")
+    time.sleep(1.5)  # the NVML event set is registered on the first drain
+    node = a.machine.nvml()
+    node.gpu(3).xids.append(FakeXid(79))
+    a.machine.save_nvml(node)
+    # NVML alone: reported on gpu:3 (bus 5d) within a few drains.
+    wait_until(lambda: ("kernel_log", "XID_79") in a.codes(), 5, "XID_79 from NVML")
+    (f,) = [f for f in a.report()["findings"] if f["code"] == "XID_79"]
+    assert f["component"] == "gpu:3"
+    # The same event in the kernel log is the same finding, not a second one.
+    a.machine.log("[ 3000.000000] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
+                  "name=<unknown>, GPU has fallen off the bus.")
+    time.sleep(2.0)
+    xids = [f for f in a.report()["findings"] if f["code"] == "XID_79"]
+    assert len(xids) == 1 and xids[0]["component"] == "gpu:3"
+    assert "nvml" in json.dumps(xids[0]["evidence"])
+
+
+def test_nvml_hang_is_check_timeout_while_other_checks_keep_publishing(start_agent):
+    a = start_agent({"node": {"gpu": {"nvml_timeout_s": 1.5}}}, "--interval", str(INTERVAL))
+    wait_until(lambda: a.report()["status"] == "OK", 10, "a healthy node")
+    node = a.machine.nvml()
+    node.gpu(6).hang = True
+    a.machine.save_nvml(node)
+    t0 = time.monotonic()
+    wait_until(lambda: ("gpu", "CHECK_TIMEOUT") in a.codes(), INTERVAL + 1.5 + SLACK,
+               "CHECK_TIMEOUT from the NVML worker")
+    assert time.monotonic() - t0 <= INTERVAL + 1.5 + SLACK
+
+    def fabric_runs() -> float:
+        for line in a.metrics().splitlines():
+            if line.startswith('gpuvigil_check_runs_total{check="fabric",result="ok"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = fabric_runs()
+    time.sleep(3 * INTERVAL)
+    assert fabric_runs() >= before + 2
+    f = next(f for f in a.report()["findings"] if f["code"] == "CHECK_TIMEOUT")
+    assert f["component"] == "gpu:6" and f["status"] == "FAILED"
+
+
+def test_unreadable_kmsg_falls_back_to_dmesg_and_says_so(start_agent, fake_bin, tmp_path):
+    out = tmp_path / "dmesg.out"
+    out.write_text("[    1.000000] Linux version 6.1.0\n")
+    fake_bin("dmesg", f"#!/bin/sh\ncat {out}\n")
+    events = tmp_path / "events.jsonl"
+    a = start_agent({"agent": {"kernel_log": {"source": "auto", "file": None,
+                                              "kmsg_path": str(tmp_path / "no-kmsg")},
+                               "events_file": str(events)}},
+                    "--interval", str(INTERVAL))
+    wait_until(lambda: ("kernel_log", "SOURCE_FALLBACK") in a.codes(), 5, "SOURCE_FALLBACK")
+    f = next(f for f in a.report()["findings"] if f["code"] == "SOURCE_FALLBACK")
+    assert f["status"] == "WARNING" and "no-kmsg" in f["message"]
+    with out.open("a") as fh:
+        fh.write("[ 5000.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', "
+                 "name=<unknown>, GPU has fallen off the bus.\n")
+    wait_until(lambda: ("kernel_log", "XID_79") in a.codes(), 5, "XID_79 via dmesg")
+    kinds = [json.loads(line) for line in events.read_text().splitlines()]
+    assert any(e["kind"] == "finding.set" and e["data"]["code"] == "XID_79" for e in kinds)
