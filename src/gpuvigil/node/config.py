@@ -34,8 +34,9 @@ class GpuConfig(StrictModel):
     # Lifetime (aggregate) uncorrected ECC errors tolerated before a WARNING: any volatile
     # uncorrected error is a failure regardless; lifetime history is for trend and RMA.
     ecc_aggregate_uncorrected_max: int = Field(default=0, ge=0)
-    # ECC switched off on a GPU that supports it is a WARNING: memory errors go unseen.
-    ecc_required: bool = True
+    # ECC switched off is a WARNING: memory errors go unseen. None: only for the datacenter
+    # products in the GPU catalog (workstation cards ship with ECC off by design).
+    ecc_required: bool | None = None
     # NVIDIA replaces a GPU whose retired pages reach 60 DBE or 64 total (Volta/Turing
     # page retirement, "NVIDIA GPU Memory Error Management"); we use the total.
     retired_pages_max: int = Field(default=64, ge=1)
@@ -44,6 +45,10 @@ class GpuConfig(StrictModel):
     nvlink_crc_per_min_max: float = Field(default=100.0, ge=0)
     nvlink_replay_per_min_max: float = Field(default=10.0, ge=0)
     nvlink_recovery_per_min_max: float = Field(default=0.0, ge=0)
+    # PCIe width every GPU must have (None: the catalog's board width for SXM/HGX products).
+    # Below it is PCIE_DEGRADED/FAILED; below the GPU's own maximum otherwise only warns,
+    # as a PCIe card may sit in a narrower slot by design.
+    pcie_expected_width: int | None = Field(default=None, ge=1, le=32)
     # PCIe generation drops whenever the GPU saves power (also when not flagged idle: a
     # real Blackwell workstation reports gen 1 of 4 with no clock reason), so by default
     # only a narrower width is PCIE_DEGRADED. True: also warn on a lower generation while

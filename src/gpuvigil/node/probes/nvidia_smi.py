@@ -143,7 +143,7 @@ def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
         uuid=_text(gpu, "uuid"),
         serial=_text(gpu, "serial"),
         pci_bus_id=bus.upper() if bus else None,
-        architecture=_text(gpu, "product_architecture") or (product.family if product else None),
+        architecture=_arch(_text(gpu, "product_architecture"), product),
         memory_total_mib=_int(gpu, "fb_memory_usage/total"),
         ecc_enabled=_yes(gpu, "ecc_mode/current_ecc"),
         ecc_pending_enabled=_yes(gpu, "ecc_mode/pending_ecc"),
@@ -173,6 +173,13 @@ def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
         if lost
         else (),
     )
+
+
+def _arch(text: str | None, product: gpu_catalog.GpuProduct | None) -> str | None:
+    """NVML's family names ("Ada Lovelace" -> "Ada"), else the catalog's."""
+    if text:
+        return text.split()[0]
+    return product.family if product else None
 
 
 def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuInventory:

@@ -10,14 +10,27 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.catalog.gpus import GpuProduct
 from gpuvigil.node.config import GpuConfig
 from gpuvigil.node.readings import CLOCK_GPU_IDLE, GpuReading
 
 
-def evaluate(gpu: GpuReading, *, cfg: GpuConfig, now: datetime, check: str) -> list[Finding]:
+def evaluate(
+    gpu: GpuReading,
+    *,
+    cfg: GpuConfig,
+    product: GpuProduct | None = None,
+    now: datetime,
+    check: str,
+) -> list[Finding]:
     problems = []
-    if gpu.pcie_width is not None and gpu.pcie_width_max and gpu.pcie_width < gpu.pcie_width_max:
-        problems.append(f"width x{gpu.pcie_width} of x{gpu.pcie_width_max}")
+    required = cfg.pcie_expected_width or (product.board_pcie_width if product else None)
+    width, width_max = gpu.pcie_width, gpu.pcie_width_max
+    narrow = width is not None and required is not None and width < required
+    if narrow:
+        problems.append(f"width x{width}, x{required} required")
+    elif width is not None and width_max and width < width_max:
+        problems.append(f"width x{width} of x{width_max} (the slot may be narrower by design)")
     busy = gpu.clock_event_reasons is not None and not gpu.clock_event_reasons & CLOCK_GPU_IDLE
     if (
         cfg.pcie_check_generation_when_busy
@@ -29,9 +42,8 @@ def evaluate(gpu: GpuReading, *, cfg: GpuConfig, now: datetime, check: str) -> l
         problems.append(f"generation {gpu.pcie_gen} of {gpu.pcie_gen_max} while busy")
     if not problems:
         return []
-    # A narrow link cuts host and GPUDirect bandwidth for good: failed. A slow generation
-    # while busy can be transient (power management): a warning.
-    narrow = gpu.pcie_width is not None and gpu.pcie_width < (gpu.pcie_width_max or 0)
+    # Below the board's width cuts host and GPUDirect bandwidth for good: failed. Below the
+    # card's maximum, or a slow generation while busy, may be by design or transient.
     return [
         Finding(
             check=check,
@@ -47,6 +59,7 @@ def evaluate(gpu: GpuReading, *, cfg: GpuConfig, now: datetime, check: str) -> l
                 "pcie_gen_max": gpu.pcie_gen_max,
                 "pcie_width": gpu.pcie_width,
                 "pcie_width_max": gpu.pcie_width_max,
+                "pcie_width_required": required,
             },
             observed_at=now,
         )
