@@ -13,7 +13,7 @@ from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.gpus import GpuCatalog
 from gpuvigil.node.config import GpuConfig
 from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
-from gpuvigil.node.rules import memory, nvlink, pcie, thermal
+from gpuvigil.node.rules import gpu_pcie, memory, nvlink, thermal
 
 # NVML errors that mean "this GPU is gone or wedged" (also the worker's list).
 LOST_ERRORS = {"GpuIsLost", "Unknown", "ResetRequired"}
@@ -122,7 +122,7 @@ def judge_inventory(
         product = catalog.lookup(gpu.name)
         out += memory.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
         out += thermal.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
-        out += pcie.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
+        out += gpu_pcie.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
         out += nvlink.links_down(gpu, product=product, now=now, check=check)
     out += nvlink.error_rates(inv, previous, cfg=cfg, check=check)
     return out
