@@ -223,9 +223,12 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
             except Exception as e:  # noqa: BLE001 - one odd GPU block must not hide the rest
                 errors.append(ReadError(f"gpu[{i}]", "Unparsable", f"{type(e).__name__}: {e}"))
     known = {g.pci_bus_id for g in gpus}
-    for g in lost:
-        if g.pci_bus_id not in known:
-            gpus.append(replace(g, index=len(gpus)))
+    gpus += [g for g in lost if g.pci_bus_id not in known]
+    # GPU indexes follow PCI bus order (NVML's and nvidia-smi's default enumeration), so a
+    # GPU that nvidia-smi could not reach keeps its place and the others keep their index.
+    if all(g.pci_bus_id for g in gpus):
+        gpus.sort(key=lambda g: g.pci_bus_id or "")
+    gpus = [replace(g, index=i) for i, g in enumerate(gpus)]
     if attached is not None and len(gpus) < attached:
         errors.append(
             ReadError(
@@ -266,7 +269,9 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
     return inv, None
 
 
-def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding], str]:
+def fallback_findings(
+    ctx: CheckContext, *, reason: str, expect: int | None
+) -> tuple[list[Finding], str]:
     """NVML is unusable: judge the GPUs from nvidia-smi instead, saying so."""
     cfg = ctx.config.gpu
     inv, failure = collect(ctx, timeout_s=cfg.nvidia_smi_timeout_s)
@@ -287,7 +292,7 @@ def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding],
         cfg=cfg,
         catalog=gpu_catalog.load(),
         now=now,
-        expect=ctx.config.expect_gpus,
+        expect=expect,
         check="gpu",
     )
     ctx.extras["gpu.inventory"] = inv

@@ -33,6 +33,7 @@ import gpuvigil
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.node.probes import instance
 from gpuvigil.node.probes.nvml_readings import inventory_from_lines
 from gpuvigil.node.readings import GpuInventory, ReadError, XidEvent, normalize_bus_id
 from gpuvigil.node.rules import gpu as gpu_rules
@@ -236,7 +237,7 @@ PREVIOUS_KEY = "gpu.previous_inventory"
 )
 def gpu_check(ctx: CheckContext) -> list[Finding]:
     cfg = ctx.config.gpu
-    expect = ctx.config.expect_gpus
+    expect = expected_gpus(ctx)
     now = utcnow()
     client = client_for(cfg.nvml_module, ctx.env)
     inv, answer = client.snapshot(timeout_s=cfg.nvml_timeout_s, max_links=cfg.nvlink_max_links)
@@ -311,6 +312,15 @@ def _drain_xid_events(client: NvmlClient, ctx: CheckContext, *, timeout_s: float
     return []
 
 
+def expected_gpus(ctx: CheckContext) -> int | None:
+    """`node.expect_gpus`, else the instance type's GPU count from the catalog, else None
+    (then only what NVML itself says is attached is judged)."""
+    if ctx.config.expect_gpus is not None:
+        return int(ctx.config.expect_gpus)
+    _, entry = instance.lookup(ctx)
+    return entry[1].gpus if entry is not None else None
+
+
 def _worker_failure(answer: Answer, inv: GpuInventory, *, timeout_s: float) -> Finding:
     done = {g.index for g in inv.gpus}
     hung = next((i for i in range(len(done) + 1) if i not in done), None)
@@ -350,7 +360,7 @@ def _without_nvml(ctx: CheckContext, error: ReadError, *, expect: int | None) ->
     note = "nvidia-smi fallback disabled"
     if ctx.config.gpu.nvidia_smi_fallback:
         reason = f"{error.error}: {error.message}"
-        fallback, note = nvidia_smi.fallback_findings(ctx, reason=reason)
+        fallback, note = nvidia_smi.fallback_findings(ctx, reason=reason, expect=expect)
     if error.error == "ImportError":
         if fallback:
             return fallback

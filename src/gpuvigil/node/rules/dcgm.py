@@ -104,7 +104,7 @@ def diag(report: DcgmReport, *, now: datetime, check: str = "dcgm_diag") -> list
                 status=Status.FAILED if failed else Status.WARNING,
                 code="DCGM_DIAG_FAIL",
                 component=_component(gpu),
-                message=f"dcgmi diag -r {report.level or '?'}: "
+                message=f"dcgmi diag{f' -r {report.level}' if report.level else ''}: "
                 + ", ".join(f"{r.test} {r.result.lower()}" for r in bad),
                 action=Action.INVESTIGATE if failed else Action.NONE,
                 evidence={"tests": [_ev(r) for r in bad], "level": report.level},
