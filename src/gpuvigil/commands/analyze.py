@@ -9,6 +9,8 @@ be read is a failure of that input, never a silent pass. Exit codes as `check`.
 from __future__ import annotations
 
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -95,8 +97,26 @@ def analyze_kmsg(path: Path, *, node: NodeConfig, inv: GpuInventory | None) -> l
 
 
 def analyze_sysfs(root: Path, *, node: NodeConfig) -> list[tuple[list[Finding], CheckRun]]:
-    """The fabric and PCIe checks with sysfs read below `root` (no tools run)."""
+    """The fabric and PCIe checks with sysfs read below `root` (a folder, or a .tar/.tar.gz
+    of one; no tools run)."""
     load_checks()
+    if root.is_file():
+        with tempfile.TemporaryDirectory(prefix="gpuvigil-sysfs-") as tmp:
+            try:
+                with tarfile.open(root) as tar:
+                    tar.extractall(tmp, filter="data")  # no absolute paths, no escapes
+            except (tarfile.TarError, OSError) as e:
+                failed = Finding(
+                    check="fabric",
+                    status=Status.FAILED,
+                    code="CHECK_ERROR",
+                    message=f"cannot unpack {root}: {e}",
+                    evidence={"path": str(root)},
+                )
+                return [_timed("fabric", lambda: [failed])]
+            entries = list(Path(tmp).iterdir())
+            top = entries[0] if len(entries) == 1 and entries[0].is_dir() else Path(tmp)
+            return analyze_sysfs(top, node=node)
     ctx = CheckContext(config=node, root=root, env={"PATH": ""})
     return [run_check(REGISTRY[name], ctx) for name in ("fabric", "pcie") if name in REGISTRY]
 
@@ -133,7 +153,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         sysfs: Annotated[
             Path | None,
-            typer.Option("--sysfs", help="A captured root holding sys/class/infiniband etc."),
+            typer.Option(
+                "--sysfs",
+                help="A captured root holding sys/class/infiniband etc. (folder or .tar.gz).",
+            ),
         ] = None,
         instance_type: Annotated[
             str | None,

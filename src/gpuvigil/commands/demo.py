@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
                 str(BUNDLE / "dmesg.txt"),
                 "--dcgm-diag",
                 str(BUNDLE / "dcgmi-diag-r1.json"),
+                "--sysfs",
+                str(BUNDLE / "sysfs.tar.gz"),
                 "--instance-type",
                 "p5.48xlarge",
                 "--node",

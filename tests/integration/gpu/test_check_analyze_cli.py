@@ -116,6 +116,8 @@ def test_analyze_bundle(run_cli) -> None:
         str(BUNDLE / "dmesg.txt"),
         "--dcgm-diag",
         str(BUNDLE / "dcgmi-diag-r1.json"),
+        "--sysfs",
+        str(BUNDLE / "sysfs.tar.gz"),
         "--instance-type",
         "p5.48xlarge",
     )
@@ -131,6 +133,8 @@ def test_analyze_bundle(run_cli) -> None:
         ("DCGM_DIAG_FAIL", "gpu:2"),
         ("DCGM_DIAG_FAIL", "gpu:5"),
         ("XID_13", "gpu:0"),
+        ("FABRIC_COUNT_LOW", "node"),
+        ("FABRIC_PORT_DOWN", "nic:rdmap36s0"),
     } <= found
 
 
@@ -147,6 +151,14 @@ def test_analyze_unreadable_input_exits_2(run_cli, tmp_path: Path) -> None:
     garbage = tmp_path / "g.xml"
     garbage.write_bytes(os.urandom(2000))
     p = run_cli("analyze", "--nvidia-smi-xml", str(garbage), "--json")
+    assert p.returncode == 2
+    assert json.loads(p.stdout)["findings"][0]["code"] == "CHECK_ERROR"
+
+
+def test_analyze_bad_sysfs_tarball_fails_closed(run_cli, tmp_path: Path) -> None:
+    bad = tmp_path / "sysfs.tar.gz"
+    bad.write_bytes(b"not a tarball")
+    p = run_cli("analyze", "--sysfs", str(bad), "--json")
     assert p.returncode == 2
     assert json.loads(p.stdout)["findings"][0]["code"] == "CHECK_ERROR"
 
