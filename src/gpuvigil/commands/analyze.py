@@ -141,7 +141,12 @@ def register(app: typer.Typer) -> None:
             typer.Option("--kmsg", help="Kernel log (dmesg, journalctl -k, syslog, kmsg)."),
         ] = None,
         nvidia_smi_xml: Annotated[
-            Path | None, typer.Option("--nvidia-smi-xml", help="`nvidia-smi -q -x` output.")
+            Path | None,
+            typer.Option(
+                "--nvidia-smi-xml",
+                "--nvidia-smi",
+                help="`nvidia-smi -q -x` output (the `nvidia-smi -q` text is read too).",
+            ),
         ] = None,
         dcgm_health: Annotated[
             Path | None,

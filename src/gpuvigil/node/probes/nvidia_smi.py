@@ -20,6 +20,7 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.probes import nvidia_smi_text
 from gpuvigil.node.readings import (
     CLOCK_GPU_IDLE,
     CLOCK_HW_POWER_BRAKE,
@@ -183,7 +184,8 @@ def _arch(text: str | None, product: gpu_catalog.GpuProduct | None) -> str | Non
 
 
 def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuInventory:
-    """Never raises. Unreadable or cut output yields an inventory with `errors`."""
+    """`nvidia-smi -q -x` output (or the `-q` text form). Never raises: unreadable or cut
+    output yields an inventory with `errors`."""
     observed_at = observed_at or utcnow()
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
@@ -200,7 +202,12 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     marks = (text.find("<?xml"), text.find("<nvidia_smi_log"))
     start = min((i for i in marks if i >= 0), default=-1)
     root = None
-    if start < 0:
+    if start < 0 and nvidia_smi_text.looks_like_text(text):
+        try:
+            root = nvidia_smi_text.to_xml(text)  # `nvidia-smi -q` text, pasted
+        except Exception as e:  # noqa: BLE001 - never raise on input
+            errors.append(ReadError("text", "Unparsable", f"{type(e).__name__}: {e}"))
+    elif start < 0:
         errors.append(ReadError("xml", "Unparsable", "no nvidia_smi_log document in the output"))
     else:
         try:
