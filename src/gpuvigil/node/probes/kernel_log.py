@@ -186,6 +186,10 @@ def _read_kmsg(ctx: CheckContext, cfg: KernelLogConfig) -> tuple[bytes, int]:
             size += len(chunk)
     finally:
         os.close(fd)
+    if size >= cfg.max_bytes:  # stopped before the newest records: that is not a read
+        raise _Broken(
+            _failed("kmsg", "CHECK_ERROR", f"{path} holds more than {cfg.max_bytes} bytes")
+        )
     data = b"".join(chunks)
     if not data.strip():
         raise _Broken(_failed("kmsg", "CHECK_ERROR", f"{path} gave no records"))
