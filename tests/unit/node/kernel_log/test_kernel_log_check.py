@@ -245,3 +245,28 @@ def test_real_dev_kmsg_reads_without_blocking():
     )
     assert failures == [] and log is not None
     assert log.source == "kmsg" and log.lines_read > 0 and log.boot_id
+
+
+def test_analyze_capture_judges_as_of_the_capture_end():
+    cap = (
+        b"2025-01-21T02:00:00,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, x\n"
+        b"2025-01-21T02:10:00,000000+00:00 NVRM: Xid (PCI:0000:1b:00): 48, pid=1, name=a, DBE\n"
+        b"2025-01-21T02:30:00,000000+00:00 usb 1-1: last line of the capture\n"
+    )
+    got = kernel_log.analyze_capture(cap)
+    assert [(f.code, f.status.value) for f in got] == [("XID_48", "FAILED"), ("XID_13", "WARNING")]
+    later = datetime(2025, 1, 21, 4, 0, tzinfo=UTC)  # Xid 13's hour has passed
+    assert [f.code for f in kernel_log.analyze_capture(cap, now=later)] == ["XID_48"]
+    gpus = gpu_map([GpuRef(index=2, bus_id="0000:1b:00.0", family="ampere")])
+    assert kernel_log.analyze_capture(cap, gpus=gpus)[0].component == "gpu:2"
+
+
+def test_analyze_capture_of_the_corpus(corpus):
+    data = (corpus / "kernel_logs" / "xid79_sxid20034_hgx_gpud-sxid-readme.log").read_bytes()
+    got = {(f.code, f.component, f.action.value) for f in kernel_log.analyze_capture(data)}
+    assert got == {
+        ("XID_79", "pci:0000:91:00.0", "REBOOT"),
+        ("SXID_20034", "nvswitch:0", "REBOOT"),
+        ("SXID_20034", "nvswitch:1", "REBOOT"),
+        ("SXID_20034", "nvswitch:2", "REBOOT"),
+    }
