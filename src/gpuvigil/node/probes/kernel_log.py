@@ -49,6 +49,7 @@ from gpuvigil.node.rules import xid as xid_rules
 
 __all__ = [
     "analyze_capture",
+    "boot_info",
     "parse_kmsg_record",
     "parse_line",
     "read_kernel_log",
@@ -62,6 +63,11 @@ class SourceFailure:
 
     source: str
     finding: Finding
+
+
+# The agent's kernel-log stream (node.kernel_watch) imported this name before the sources
+# moved to kernel_log_sources; kept so that import keeps working.
+_boot = boot_info
 
 
 @check(
