@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
@@ -60,6 +61,12 @@ def register(app: typer.Typer) -> None:
             help="Year of syslog-style stamps ('Nov 30 07:31:02'), which print none; fills "
             "the 'time' field. Without it that field is null for such lines.",
         ),
+        tz: str = typer.Option(
+            "UTC",
+            "--tz",
+            help="IANA time zone of stamps printed without an offset (dmesg -T, syslog); "
+            "used for the 'time' field.",
+        ),
     ) -> None:
         """Every NVIDIA Xid (GPU) and SXid (NVSwitch) event in a kernel log, in order.
 
@@ -78,12 +85,17 @@ def register(app: typer.Typer) -> None:
           gpuvigil logscan /var/log/kern.log --year 2026
         """
         try:
+            zone = ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError) as e:
+            typer.echo(f"gpuvigil logscan: unknown time zone {tz!r}", err=True)
+            raise typer.Exit(2) from e
+        try:
             stream, close = _open(path)
         except OSError as e:
             typer.echo(f"gpuvigil logscan: cannot read {path}: {e.strerror or e}", err=True)
             raise typer.Exit(2) from e
         try:
-            events = iter_stream(stream, year=year)
+            events = iter_stream(stream, year=year, tz=zone)
             if as_json:
                 _print_json(events)
             else:

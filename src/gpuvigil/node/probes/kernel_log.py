@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo
 
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog.xid import load_catalog
@@ -129,7 +130,9 @@ def read_kernel_log(
         except SourceBroken as e:
             failures.append(SourceFailure(source, e.finding))
             continue
-        log = _reading(data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now)
+        log = _reading(
+            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
+        )
         fallback = tuple((f.source, f.finding.message) for f in failures)
         return _replace_fallback(log, fallback), failures
     return None, failures
@@ -164,7 +167,9 @@ def analyze_capture(
     clear reset-class events.
     """
     cfg = cfg or KernelLogConfig()
-    log = _reading(data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow())
+    log = _reading(
+        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=_zone(cfg)
+    )
     end = now or _capture_end(data, log) or utcnow()
     return xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
 
@@ -189,6 +194,7 @@ def _reading(
     booted_at: datetime | None,
     gaps: int,
     now: datetime,
+    tz: tzinfo = UTC,
 ) -> KernelLog:
     live = source != "file"  # kmsg/dmesg/journal -b read this boot only
     events: list[XidEvent]
@@ -199,7 +205,7 @@ def _reading(
             if (ev := parse_kmsg_record(rec)) is not None
         ]
     else:
-        events = scan_bytes(data, source=source, year=now.year)  # type: ignore[arg-type]
+        events = scan_bytes(data, source=source, year=now.year, tz=tz)  # type: ignore[arg-type]
         events = [_fix_year(ev, now) for ev in events]
     events = with_wall_time(events, booted_at if live else None)
     if live and boot_id:
@@ -209,10 +215,17 @@ def _reading(
         source=source,  # type: ignore[arg-type]
         boot_id=boot_id,
         booted_at=booted_at,
-        driver_loaded_at=_driver_loaded_at(data, source, booted_at if live else None, now),
+        driver_loaded_at=_driver_loaded_at(data, source, booted_at if live else None, now, tz),
         gaps=gaps,
         lines_read=data.count(b"\n"),
     )
+
+
+def _zone(cfg: KernelLogConfig) -> tzinfo:
+    """The zone of stamps printed without an offset: configured, else this node's."""
+    if cfg.timezone:
+        return ZoneInfo(cfg.timezone)
+    return datetime.now().astimezone().tzinfo or UTC
 
 
 def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
@@ -231,7 +244,7 @@ def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
 
 
 def _driver_loaded_at(
-    data: bytes, source: str, booted_at: datetime | None, now: datetime
+    data: bytes, source: str, booted_at: datetime | None, now: datetime, tz: tzinfo
 ) -> datetime | None:
     latest = None
     for raw in event_lines(data, b"NVRM: loading NVIDIA UNIX"):
@@ -241,7 +254,7 @@ def _driver_loaded_at(
             ok = booted_at is not None and usec is not None
             when = booted_at + timedelta(microseconds=usec) if ok else None  # type: ignore[operator]
         else:
-            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=now.year)
+            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=now.year, tz=tz)
             when = stamp.time if stamp else None
             if when is None and stamp and stamp.uptime_s is not None and booted_at:
                 when = booted_at + timedelta(seconds=stamp.uptime_s)

@@ -117,7 +117,18 @@ def _read_tool(
                 **res.evidence(),
             )
         )
-    if res.stdout.strip() and not _ISO_LINE.search(res.stdout[:65536]):
+    if not res.stdout.strip():
+        # The kernel logs hundreds of lines at every boot: nothing at all means this tool
+        # does not see the kernel log (a container's journal, dmesg -C), not "no Xid".
+        raise SourceBroken(
+            failed(
+                source,
+                "CHECK_ERROR",
+                f"{argv[0]} printed no kernel messages for this boot",
+                **res.evidence(),
+            )
+        )
+    if not _ISO_LINE.search(res.stdout[:65536]):
         raise SourceBroken(
             runner.unparsable_finding(
                 res, check=CHECK, component=f"source:{source}", problem="no time-stamped lines"

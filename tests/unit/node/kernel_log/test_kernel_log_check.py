@@ -149,6 +149,20 @@ def test_configured_file(root, fake_bin):
     assert all(f.code != "SOURCE_FALLBACK" for f in findings)
 
 
+def test_configured_file_time_zone(root, fake_bin):
+    (root / "k.log").write_text(
+        "[Mon Nov 30 09:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, gone\n"
+    )
+    ctx = ctx_for(root, fake_bin, file="k.log", timezone="Asia/Tokyo")
+    log, _ = kernel_log.read_kernel_log(ctx, cfg=ctx.config.kernel_log, now=NOW)
+    assert log.events[0].time == datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
+
+
+def test_unknown_time_zone_is_a_config_error():
+    with pytest.raises(ValueError, match="unknown time zone"):
+        KernelLogConfig(timezone="Mars/Olympus")
+
+
 def test_configured_file_missing_fails_closed(root, fake_bin):
     findings, _ = run(ctx_for(root, fake_bin, file="/var/log/nope.log"))
     assert codes(findings) == [("DEPENDENCY_MISSING", "source:file", "FAILED")]
@@ -230,10 +244,17 @@ def test_truncated_tool_output_is_not_a_read(root, fake_bin, tmp_path):
     assert "more than 4096 bytes" in findings[0].message
 
 
-def test_empty_dmesg_is_a_clean_read(root, fake_bin):
+def test_empty_tool_output_is_not_a_clean_read(root, fake_bin, tmp_path):
+    # A container's journal without the kernel log, or dmesg after `dmesg -C`: silence is
+    # not "no Xid", so the next source is read.
     fake_bin("dmesg", script("exit 0"))
-    findings, r = run(ctx_for(root, fake_bin, sources=["dmesg"]))
-    assert findings == [] and r.status is Status.OK
+    fake_bin("journalctl", cat_script(JOURNAL_OK, tmp_path, "journal"))
+    findings, r = run(ctx_for(root, fake_bin, sources=["dmesg", "journal"]))
+    assert [f.code for f in findings] == ["XID_48", "SOURCE_FALLBACK"]
+    assert "no kernel messages" in findings[1].message
+    fake_bin("journalctl", script("exit 0"))
+    findings, r = run(ctx_for(root, fake_bin, sources=["dmesg", "journal"]))
+    assert r.status is Status.FAILED and all(f.could_not_run for f in findings)
 
 
 def test_real_dev_kmsg_reads_without_blocking():

@@ -54,6 +54,16 @@ def test_table_garbage_and_stdin(run_cli, tmp_path):
     assert p.returncode == 0 and "no Xid or SXid events" in p.stdout
 
 
+def test_time_zone_and_year(run_cli):
+    line = "Nov 30 08:31:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, gone\n"
+    p = run_cli("logscan", "-", "--json", "--year", "2026", "--tz", "Europe/Berlin", input=line)
+    (ev,) = json.loads(p.stdout)
+    assert ev["timestamp"] == "Nov 30 08:31:02"
+    assert ev["time"] == "2026-11-30T08:31:02+01:00"
+    p = run_cli("logscan", "-", "--tz", "Mars/Olympus", input=line)
+    assert p.returncode == 2 and "unknown time zone" in p.stderr
+
+
 def test_unreadable_input_exits_2(run_cli, tmp_path):
     p = run_cli("logscan", str(tmp_path / "missing.log"))
     assert p.returncode == 2 and "cannot read" in p.stderr
