@@ -105,7 +105,7 @@ class _SlowCopy(OpsWrapper):
     """A PCIe link trained down: every copy takes far longer."""
 
     def copy(self, i: int, dst: Any, src: Any) -> None:
-        time.sleep(0.02)
+        time.sleep(0.05)
         self.inner.copy(i, dst, src)
 
 

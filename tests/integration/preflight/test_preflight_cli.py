@@ -28,10 +28,11 @@ def test_fabric_fault_fails_preflight(run_cli, tmp_path):
     fs = FakeSysfs.node(tmp_path / "root", gpus=0, kind="ib", adapters=8)
     fs.port_down("mlx5_2")
     p = run_cli("preflight", "--device", "cpu", "--expect-gpus", "0", "--checks", "matmul",
-                "--instance-type", "dgx-h100", "--root", str(fs.root), "--json", timeout=60)
+                "--instance-type", "dgx-h100", "--sysfs-root", str(fs.root), "--json", timeout=60)
     assert p.returncode == 1, p.stderr
     out = json.loads(p.stdout)
-    problems = {(f["code"], f["component"]) for f in out["report"]["findings"]}
+    problems = {(f["code"], f["component"]) for f in out["report"]["findings"]
+                if f["status"] == "FAILED"}
     assert problems == {("FABRIC_PORT_DOWN", "nic:mlx5_2")}
     assert out["result"] == "fail"
 

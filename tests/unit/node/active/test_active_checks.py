@@ -77,8 +77,10 @@ def test_memory_patterns(cpu_ops, small):
 
 
 def test_bandwidth(cpu_ops, small):
-    cfg = small.model_copy(update={"min_bandwidth_fraction": 0.5})
-    exp = {0: 0.2, 1: 0.2}  # GB/s: far below any healthy memcpy, far above a 50 ms copy
+    cfg = small.model_copy(update={"min_bandwidth_fraction": 0.5, "transfer_bytes": 1 << 18})
+    # 0.05 GB/s: a healthy 256 KiB memcpy is >20x faster even on a loaded 2-core machine;
+    # the injected 50 ms per copy makes it 10x slower than that.
+    exp = {0: 0.05, 1: 0.05}
     ms = bandwidth.transfers(cpu_ops(), cfg, cfg.sizes("cpu"), h2d_expected=exp,
                              p2p_expected=exp)
     assert {m.metric for m in ms} == {"h2d_gbs", "d2h_gbs", "p2p_gbs"}
