@@ -116,8 +116,9 @@ def register(app: typer.Typer) -> None:
         kubeconfig: Annotated[
             str | None, typer.Option("--kubeconfig", help="For --publish.")
         ] = None,
-        root: Annotated[
-            Path, typer.Option("--root", hidden=True, help="Read sysfs below this folder (tests).")
+        sysfs_root: Annotated[
+            Path,
+            typer.Option("--sysfs-root", help="Read sysfs and /dev below this folder."),
         ] = Path("/"),
     ) -> None:
         """Validate this node before it takes work: fast node checks, then active tests
@@ -159,7 +160,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"gpuvigil preflight: {e}", err=True)
             raise typer.Exit(2) from e
         name = node_name or os.environ.get("NODE_NAME") or None
-        result = run_preflight(cfg, root=root, node_name=name)
+        result = run_preflight(cfg, root=sysfs_root, node_name=name)
         if publish:
             from gpuvigil.platform.clusters.preflight_publish import (
                 PublishError,

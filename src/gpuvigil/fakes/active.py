@@ -11,6 +11,7 @@ Used by the tests and the simulator; production code never imports this module.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -75,6 +76,15 @@ class _HangingMatmul(OpsWrapper):
             time.sleep(1)
 
 
+class _FrozenMatmul(OpsWrapper):
+    """The whole process stops (as in uninterruptible sleep inside a driver call): even
+    its own watchdog cannot run; only the parent's deadline ends it."""
+
+    def matmul(self, i: int, a: Any, b: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return self.inner.matmul(i, a, b)
+
+
 class _CrashingMatmul(OpsWrapper):
     """The process dies mid-check (a segfault in a driver library)."""
 
@@ -129,6 +139,10 @@ def all_slow_matmul(ops: Any) -> Any:
 
 def hanging_matmul(ops: Any) -> Any:
     return _HangingMatmul(ops)
+
+
+def frozen_matmul(ops: Any) -> Any:
+    return _FrozenMatmul(ops)
 
 
 def crashing_matmul(ops: Any) -> Any:

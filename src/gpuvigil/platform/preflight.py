@@ -20,12 +20,12 @@ from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, utcnow
+from gpuvigil.node import sweep
 from gpuvigil.node.active.config import ActiveConfig
 from gpuvigil.node.active.results import Measurement
 from gpuvigil.node.active.runner import ActiveOutcome, run_active
-from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import instance
-from gpuvigil.node.sweep import load_checks
 
 FAST_GROUPS = ("fast",)
 
@@ -38,7 +38,10 @@ class PreflightConfig(StrictModel):
     # NCCL start-up; checks the budget cannot reach are failures, never skipped.
     budget_s: float = Field(default=120.0, gt=0)
     device: Literal["cuda", "cpu"] = "cuda"  # cpu: the same checks, small sizes, anywhere
-    fast_checks: bool = True  # run `gpuvigil check`'s fast group first
+    fast_checks: bool = True  # run node checks (as `gpuvigil check` does) first
+    # Which check groups: "fast" are the status checks; add "slow" for `dcgmi health`,
+    # "diag" for `dcgmi diag` (minutes: raise budget_s with it).
+    check_groups: list[Literal["fast", "slow", "diag"]] = Field(default_factory=lambda: ["fast"])
     active: ActiveConfig = Field(default_factory=ActiveConfig)
     node_name: str | None = None  # for --publish; default: $NODE_NAME, else the hostname
 
@@ -93,16 +96,12 @@ def internode_expectation(entry: Any) -> float | None:
     return total / 8.0 / gpus if total else None
 
 
-def run_fast(ctx: CheckContext) -> tuple[list[Finding], list[CheckRun]]:
-    load_checks()
-    findings: list[Finding] = []
-    runs: list[CheckRun] = []
-    for spec in REGISTRY.values():
-        if spec.group in FAST_GROUPS:
-            f, run = run_check(spec, ctx)
-            findings += f
-            runs.append(run)
-    return findings, runs
+def run_fast(
+    ctx: CheckContext, groups: list[str] | tuple[str, ...] = FAST_GROUPS
+) -> tuple[list[Finding], list[CheckRun]]:
+    """The node checks of `groups`, run as `gpuvigil check` runs them."""
+    report = sweep.run_sweep(ctx, specs=sweep.select(groups=groups))
+    return list(report.findings), list(report.checks)
 
 
 def run_preflight(
@@ -122,7 +121,7 @@ def run_preflight(
     runs: list[CheckRun] = []
     durations: dict[str, float] = {}
     if pf.fast_checks:
-        findings, runs = run_fast(ctx)
+        findings, runs = run_fast(ctx, pf.check_groups)
         durations["fast"] = time.monotonic() - t0
     _, entry = instance.lookup(ctx)
     outcome = ActiveOutcome()

@@ -39,6 +39,8 @@ class _Tally:
         self.offsets: list[int] = []
 
     def record(self, mask: Any, base: int) -> None:
+        if not bool(mask.any().item()):  # the common case, and cheaper than counting
+            return
         n = int(mask.sum().item())
         if n:
             self.bad += n
