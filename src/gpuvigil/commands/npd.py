@@ -114,8 +114,9 @@ def fresh_report(path: Path, *, max_age_s: float) -> NodeReport | None:
 def run_once(*, config: Path | None, sysfs_root: Path | None, expect_gpus: int | None,
              names: list[str] | None, node: str | None = None) -> NodeReport:
     """Load the config the way the agent does and run checks once (npd-plugin, Slurm)."""
-    from gpuvigil.node.checks import CheckContext
-    from gpuvigil.node.sweep import run_sweep
+    from gpuvigil.core.findings import Finding
+    from gpuvigil.node.checks import REGISTRY, CheckContext
+    from gpuvigil.node.sweep import run_sweep, select
 
     over: dict[str, object] = {}
     if expect_gpus is not None:
@@ -125,4 +126,12 @@ def run_once(*, config: Path | None, sysfs_root: Path | None, expect_gpus: int |
     ctx = CheckContext(config=cfg.node, root=root, env=dict(os.environ))
     name = node or cfg.agent.node_name or os.environ.get("NODE_NAME") or \
         socket.gethostname().split(".")[0]
-    return run_sweep(ctx, node=name, names=names)
+    specs = select(names=names) if names else select(groups=("fast",))
+    report = run_sweep(ctx, node=name, specs=specs)
+    unknown = [n for n in names or () if n not in REGISTRY]
+    if not unknown:
+        return report
+    missing = tuple(Finding(check=n, status=Status.FAILED, code="DEPENDENCY_MISSING",
+                            message=f"no check named {n!r}; known: {', '.join(sorted(REGISTRY))}")
+                    for n in unknown)  # a typo in NPD's config must not read as healthy
+    return report.model_copy(update={"findings": report.findings + missing})

@@ -6,8 +6,9 @@ One sub-model per area, each owned by that area's probe and rules.
 from __future__ import annotations
 
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.node.catalog.xid import CatalogOverrides, load_catalog
@@ -37,8 +38,9 @@ class GpuConfig(StrictModel):
     # Lifetime (aggregate) uncorrected ECC errors tolerated before a WARNING: any volatile
     # uncorrected error is a failure regardless; lifetime history is for trend and RMA.
     ecc_aggregate_uncorrected_max: int = Field(default=0, ge=0)
-    # ECC switched off on a GPU that supports it is a WARNING: memory errors go unseen.
-    ecc_required: bool = True
+    # ECC switched off is a WARNING: memory errors go unseen. None: only for the datacenter
+    # products in the GPU catalog (workstation cards ship with ECC off by design).
+    ecc_required: bool | None = None
     # NVIDIA replaces a GPU whose retired pages reach 60 DBE or 64 total (Volta/Turing
     # page retirement, "NVIDIA GPU Memory Error Management"); we use the total.
     retired_pages_max: int = Field(default=64, ge=1)
@@ -47,6 +49,10 @@ class GpuConfig(StrictModel):
     nvlink_crc_per_min_max: float = Field(default=100.0, ge=0)
     nvlink_replay_per_min_max: float = Field(default=10.0, ge=0)
     nvlink_recovery_per_min_max: float = Field(default=0.0, ge=0)
+    # PCIe width every GPU must have (None: the catalog's board width for SXM/HGX products).
+    # Below it is PCIE_DEGRADED/FAILED; below the GPU's own maximum otherwise only warns,
+    # as a PCIe card may sit in a narrower slot by design.
+    pcie_expected_width: int | None = Field(default=None, ge=1, le=32)
     # PCIe generation drops whenever the GPU saves power (also when not flagged idle: a
     # real Blackwell workstation reports gen 1 of 4 with no clock reason), so by default
     # only a narrower width is PCIE_DEGRADED. True: also warn on a lower generation while
@@ -94,6 +100,19 @@ class KernelLogConfig(CatalogOverrides):
     # Bound on what one read takes in (kmsg, tool output, file tail): the ring buffer is
     # at most a few MB; a 64 MiB bound keeps a runaway journal from exhausting memory.
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
+    # IANA zone of wall-clock stamps printed without an offset (dmesg -T output, syslog's
+    # kern.log) in `file`; None: this node's local zone, which is the one that wrote them.
+    timezone: str | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ZoneInfo(v)
+            except (ZoneInfoNotFoundError, ValueError) as e:
+                raise ValueError(f"unknown time zone {v!r}") from e
+        return v
 
     @model_validator(mode="after")
     def _catalog_builds(self) -> KernelLogConfig:

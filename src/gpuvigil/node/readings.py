@@ -105,6 +105,17 @@ class GpuInventory:
         """PCI bus id (upper case, domain kept) -> GPU: for mapping kernel-log Xids."""
         return {g.pci_bus_id.upper(): g for g in self.gpus if g.pci_bus_id}
 
+    def gpu_map(self) -> dict[str, GpuRef]:
+        """Normalized bus id -> GpuRef, the Xid rules' view of these GPUs (lower-case
+        family, as the Xid catalog names them)."""
+        refs = {}
+        for g in self.gpus:
+            bus = normalize_bus_id(g.pci_bus_id) if g.pci_bus_id else None
+            if bus is not None and g.index >= 0:
+                family = g.architecture.lower() if g.architecture else None
+                refs[bus] = GpuRef(index=g.index, bus_id=bus, family=family, uuid=g.uuid)
+        return refs
+
 
 # --- DCGM (owner: layer-1 GPU work) --------------------------------------------------------
 @dataclass(frozen=True, slots=True)

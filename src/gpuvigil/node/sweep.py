@@ -1,17 +1,21 @@
-"""One sweep: every registered check once -> a NodeReport (`gpuvigil check`, preflight).
+"""One sweep: every registered check once -> a NodeReport (`gpuvigil check`, preflight,
+the bench; the agent schedules checks by group instead).
 
 `load_checks()` imports every module that registers checks: this list is the one place
-that names them.
+that names them. `run_sweep` runs the checks that feed others first (`gpu` fills
+`CheckContext.extras` with the GPU map and NVML Xid events the `kernel_log` check
+reconciles with the log), then the rest concurrently, each under its own deadline.
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
+import socket
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
-from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status
-from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.core.findings import CheckRun, Finding, NodeReport
+from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, run_check
 
 CHECK_MODULES = (
     "gpuvigil.node.probes.nvml",
@@ -22,43 +26,50 @@ CHECK_MODULES = (
     "gpuvigil.node.probes.pcie",
 )
 
+# Checks whose results other checks read from the context: run before the rest.
+FIRST = ("gpu",)
+
 
 def load_checks() -> None:
     for name in CHECK_MODULES:
         importlib.import_module(name)
 
 
+def select(
+    *, groups: Iterable[str] | None = None, names: Iterable[str] | None = None
+) -> list[CheckSpec]:
+    """Registered checks, optionally only some groups or names, in a stable order."""
+    load_checks()
+    wanted_groups = set(groups) if groups is not None else None
+    wanted_names = set(names) if names is not None else None
+    specs = [
+        s
+        for s in REGISTRY.values()
+        if (wanted_groups is None or s.group in wanted_groups)
+        and (wanted_names is None or s.name in wanted_names)
+    ]
+    return sorted(specs, key=lambda s: (s.name not in FIRST, s.name))
+
+
 def run_sweep(
     ctx: CheckContext,
     *,
-    node: str,
-    names: Iterable[str] | None = None,
-    groups: tuple[str, ...] = ("fast",),
+    node: str | None = None,
+    specs: list[CheckSpec] | None = None,
+    max_workers: int = 8,
 ) -> NodeReport:
-    """Run checks once, all at the same time, each under its own deadline -> NodeReport.
-
-    `names` picks checks by name (unknown names are DEPENDENCY_MISSING findings, never
-    silently skipped); otherwise every check of `groups`. Used by `gpuvigil npd-plugin`
-    and `gpuvigil slurm-healthcheck` (added by the agent work).
-    """
-    load_checks()
-    wanted = list(names) if names is not None else [
-        n for n, s in REGISTRY.items() if s.group in groups]
-    results: dict[str, tuple[list[Finding], CheckRun]] = {}
-    missing = [n for n in wanted if n not in REGISTRY]
-
-    def one(name: str) -> None:
-        results[name] = run_check(REGISTRY[name], ctx)
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True)
-               for n in wanted if n in REGISTRY]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()  # run_check returns by each check's deadline
-    findings = [f for n in wanted if n in results for f in results[n][0]]
-    findings += [Finding(check=n, status=Status.FAILED, code="DEPENDENCY_MISSING",
-                         message=f"no check named {n!r}; known: {', '.join(sorted(REGISTRY))}")
-                 for n in missing]
-    runs = [results[n][1] for n in wanted if n in results]
-    return NodeReport(node=node, findings=tuple(findings), checks=tuple(runs))
+    """Run `specs` (default: every registered check) once and report. Never raises: a
+    check that cannot run is a FAILED finding of its own (see `run_check`)."""
+    specs = select() if specs is None else specs
+    first = [s for s in specs if s.name in FIRST]
+    rest = [s for s in specs if s.name not in FIRST]
+    results: list[tuple[list[Finding], CheckRun]] = [run_check(s, ctx) for s in first]
+    if rest:
+        with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sweep") as pool:
+            results += list(pool.map(lambda s: run_check(s, ctx), rest))
+    findings = tuple(f for fs, _ in results for f in fs)
+    return NodeReport(
+        node=node or socket.gethostname(),
+        findings=findings,
+        checks=tuple(run for _, run in results),
+    )

@@ -20,6 +20,7 @@ class GpuProduct(StrictModel):
     nvlinks: int = Field(ge=0, le=36)
     gpu_max_c: float
     memory_max_c: float
+    board_pcie_width: int | None = Field(default=None, ge=1, le=32)
 
 
 class GpuCatalog(StrictModel):

@@ -20,6 +20,7 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.probes import nvidia_smi_text
 from gpuvigil.node.readings import (
     CLOCK_GPU_IDLE,
     CLOCK_HW_POWER_BRAKE,
@@ -143,7 +144,7 @@ def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
         uuid=_text(gpu, "uuid"),
         serial=_text(gpu, "serial"),
         pci_bus_id=bus.upper() if bus else None,
-        architecture=_text(gpu, "product_architecture") or (product.family if product else None),
+        architecture=_arch(_text(gpu, "product_architecture"), product),
         memory_total_mib=_int(gpu, "fb_memory_usage/total"),
         ecc_enabled=_yes(gpu, "ecc_mode/current_ecc"),
         ecc_pending_enabled=_yes(gpu, "ecc_mode/pending_ecc"),
@@ -175,8 +176,16 @@ def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
     )
 
 
+def _arch(text: str | None, product: gpu_catalog.GpuProduct | None) -> str | None:
+    """NVML's family names ("Ada Lovelace" -> "Ada"), else the catalog's."""
+    if text:
+        return text.split()[0]
+    return product.family if product else None
+
+
 def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuInventory:
-    """Never raises. Unreadable or cut output yields an inventory with `errors`."""
+    """`nvidia-smi -q -x` output (or the `-q` text form). Never raises: unreadable or cut
+    output yields an inventory with `errors`."""
     observed_at = observed_at or utcnow()
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
@@ -193,7 +202,12 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     marks = (text.find("<?xml"), text.find("<nvidia_smi_log"))
     start = min((i for i in marks if i >= 0), default=-1)
     root = None
-    if start < 0:
+    if start < 0 and nvidia_smi_text.looks_like_text(text):
+        try:
+            root = nvidia_smi_text.to_xml(text)  # `nvidia-smi -q` text, pasted
+        except Exception as e:  # noqa: BLE001 - never raise on input
+            errors.append(ReadError("text", "Unparsable", f"{type(e).__name__}: {e}"))
+    elif start < 0:
         errors.append(ReadError("xml", "Unparsable", "no nvidia_smi_log document in the output"))
     else:
         try:
@@ -216,9 +230,12 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
             except Exception as e:  # noqa: BLE001 - one odd GPU block must not hide the rest
                 errors.append(ReadError(f"gpu[{i}]", "Unparsable", f"{type(e).__name__}: {e}"))
     known = {g.pci_bus_id for g in gpus}
-    for g in lost:
-        if g.pci_bus_id not in known:
-            gpus.append(replace(g, index=len(gpus)))
+    gpus += [g for g in lost if g.pci_bus_id not in known]
+    # GPU indexes follow PCI bus order (NVML's and nvidia-smi's default enumeration), so a
+    # GPU that nvidia-smi could not reach keeps its place and the others keep their index.
+    if all(g.pci_bus_id for g in gpus):
+        gpus.sort(key=lambda g: g.pci_bus_id or "")
+    gpus = [replace(g, index=i) for i, g in enumerate(gpus)]
     if attached is not None and len(gpus) < attached:
         errors.append(
             ReadError(
@@ -259,7 +276,9 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
     return inv, None
 
 
-def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding], str]:
+def fallback_findings(
+    ctx: CheckContext, *, reason: str, expect: int | None
+) -> tuple[list[Finding], str]:
     """NVML is unusable: judge the GPUs from nvidia-smi instead, saying so."""
     cfg = ctx.config.gpu
     inv, failure = collect(ctx, timeout_s=cfg.nvidia_smi_timeout_s)
@@ -280,7 +299,7 @@ def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding],
         cfg=cfg,
         catalog=gpu_catalog.load(),
         now=now,
-        expect=ctx.config.expect_gpus,
+        expect=expect,
         check="gpu",
     )
     ctx.extras["gpu.inventory"] = inv

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ import gpuvigil
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.node.probes import instance
 from gpuvigil.node.probes.nvml_readings import inventory_from_lines
-from gpuvigil.node.readings import GpuInventory, ReadError
+from gpuvigil.node.readings import GpuInventory, ReadError, XidEvent, normalize_bus_id
 from gpuvigil.node.rules import gpu as gpu_rules
 
 MAX_LINE = 4 * 1024 * 1024  # one GPU's raw answer is a few KB; bound a runaway worker
@@ -235,7 +237,7 @@ PREVIOUS_KEY = "gpu.previous_inventory"
 )
 def gpu_check(ctx: CheckContext) -> list[Finding]:
     cfg = ctx.config.gpu
-    expect = ctx.config.expect_gpus
+    expect = expected_gpus(ctx)
     now = utcnow()
     client = client_for(cfg.nvml_module, ctx.env)
     inv, answer = client.snapshot(timeout_s=cfg.nvml_timeout_s, max_links=cfg.nvlink_max_links)
@@ -259,7 +261,64 @@ def gpu_check(ctx: CheckContext) -> list[Finding]:
         check="gpu",
     )
     ctx.extras["gpu.inventory"] = inv
+    ctx.extras["gpu_map"] = inv.gpu_map()  # for the kernel-log Xid rules
+    if not answer.failure:
+        out += _drain_xid_events(client, ctx, timeout_s=cfg.nvml_timeout_s)
     return out
+
+
+XID_EVENTS_KEY = "nvml_xid_events"  # the kernel_log check reconciles these with the log
+MAX_KEPT_EVENTS = 1000
+
+
+def xid_events_from_answer(answer: Answer, *, at: datetime) -> list[XidEvent]:
+    """The worker's events answer -> XidEvents with source "nvml" (pure)."""
+    out = []
+    for line in answer.lines:
+        for ev in line.get("events", ()) if isinstance(line, dict) else ():
+            if not isinstance(ev, dict) or not isinstance(ev.get("xid"), int):
+                continue
+            pci = ev.get("pci") if isinstance(ev.get("pci"), str) else ""
+            gpu = ev.get("gpu") if isinstance(ev.get("gpu"), int) else None
+            text = f"NVML Xid {ev['xid']} on GPU {gpu} ({pci or 'unknown bus'})"
+            out.append(
+                XidEvent(
+                    kind="xid",
+                    code=ev["xid"],
+                    pci_bus_id=pci,
+                    bus_id=normalize_bus_id(pci) if pci else None,
+                    message="reported by NVML (nvmlEventTypeXidCriticalError)",
+                    line=text,
+                    time=at,
+                    source="nvml",
+                )
+            )
+    return out
+
+
+def _drain_xid_events(client: NvmlClient, ctx: CheckContext, *, timeout_s: float) -> list[Finding]:
+    """Collect Xid events NVML queued since the last sweep (the first call registers).
+
+    A worker kept warm (the agent) sees every Xid from its start; a one-shot `check`
+    only registers, and relies on the kernel log for earlier events.
+    """
+    answer = client.request({"op": "events", "timeout_ms": 0}, timeout_s=timeout_s)
+    if answer.failure:
+        return [_worker_failure(answer, GpuInventory("nvml", utcnow()), timeout_s=timeout_s)]
+    events = xid_events_from_answer(answer, at=utcnow())
+    if events:
+        kept = [*ctx.extras.get(XID_EVENTS_KEY, ()), *events][-MAX_KEPT_EVENTS:]
+        ctx.extras[XID_EVENTS_KEY] = kept
+    return []
+
+
+def expected_gpus(ctx: CheckContext) -> int | None:
+    """`node.expect_gpus`, else the instance type's GPU count from the catalog, else None
+    (then only what NVML itself says is attached is judged)."""
+    if ctx.config.expect_gpus is not None:
+        return int(ctx.config.expect_gpus)
+    _, entry = instance.lookup(ctx)
+    return entry[1].gpus if entry is not None else None
 
 
 def _worker_failure(answer: Answer, inv: GpuInventory, *, timeout_s: float) -> Finding:
@@ -301,7 +360,7 @@ def _without_nvml(ctx: CheckContext, error: ReadError, *, expect: int | None) ->
     note = "nvidia-smi fallback disabled"
     if ctx.config.gpu.nvidia_smi_fallback:
         reason = f"{error.error}: {error.message}"
-        fallback, note = nvidia_smi.fallback_findings(ctx, reason=reason)
+        fallback, note = nvidia_smi.fallback_findings(ctx, reason=reason, expect=expect)
     if error.error == "ImportError":
         if fallback:
             return fallback

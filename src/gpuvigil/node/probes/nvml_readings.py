@@ -74,7 +74,8 @@ def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
     remap_vals: list[Any] = remap if isinstance(remap, list) and len(remap) == 4 else [None] * 4
     arch = r.as_int("architecture")
     total = r.as_int("memory_total")
-    links = tuple(_link(entry, r) for entry in raw.get("nvlinks") or () if isinstance(entry, dict))
+    raw_links = raw.get("nvlinks") if isinstance(raw.get("nvlinks"), list) else []
+    links = tuple(_link(entry, r) for entry in raw_links if isinstance(entry, dict))
     bus = r.as_str("pci")
     return GpuReading(
         index=index,
@@ -166,7 +167,11 @@ def inventory_from_lines(lines: list[dict[str, Any]], *, observed_at: datetime) 
             lost = err.error in LOST_ERRORS
             gpus.append(GpuReading(index=index, lost=lost, errors=(err,)))
         elif isinstance(line.get("raw"), dict):
-            gpus.append(gpu_from_raw(index, line["raw"]))
+            try:
+                gpus.append(gpu_from_raw(index, line["raw"]))
+            except Exception as e:  # noqa: BLE001 - a malformed answer is an error, not a crash
+                err = ReadError("raw", "Unparsable", f"{type(e).__name__}: {e}")
+                gpus.append(GpuReading(index=index, errors=(err,)))
     return GpuInventory(
         source="nvml",
         observed_at=observed_at,

@@ -13,7 +13,7 @@ from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.gpus import GpuCatalog
 from gpuvigil.node.config import GpuConfig
 from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
-from gpuvigil.node.rules import memory, nvlink, pcie, thermal
+from gpuvigil.node.rules import gpu_pcie, memory, nvlink, thermal
 
 # NVML errors that mean "this GPU is gone or wedged" (also the worker's list).
 LOST_ERRORS = {"GpuIsLost", "Unknown", "ResetRequired"}
@@ -21,8 +21,8 @@ LOST_ERRORS = {"GpuIsLost", "Unknown", "ResetRequired"}
 
 def count(inv: GpuInventory, *, expect: int | None, now: datetime, check: str) -> list[Finding]:
     """GPU_COUNT_LOW when the source sees fewer GPUs than the node should have."""
-    if expect is None:
-        return []
+    if expect is None or (inv.count is None and inv.errors):
+        return []  # nothing expected, or the source could not be read (CHECK_ERROR says so)
     seen = inv.count if inv.count is not None else len(inv.gpus)
     if seen >= expect:
         return []
@@ -120,9 +120,9 @@ def judge_inventory(
         if gpu.lost:
             continue
         product = catalog.lookup(gpu.name)
-        out += memory.evaluate(gpu, cfg=cfg, now=now, check=check)
+        out += memory.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
         out += thermal.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
-        out += pcie.evaluate(gpu, cfg=cfg, now=now, check=check)
+        out += gpu_pcie.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
         out += nvlink.links_down(gpu, product=product, now=now, check=check)
     out += nvlink.error_rates(inv, previous, cfg=cfg, check=check)
     return out

@@ -12,11 +12,19 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.catalog.gpus import GpuProduct
 from gpuvigil.node.config import GpuConfig
 from gpuvigil.node.readings import GpuReading
 
 
-def evaluate(gpu: GpuReading, *, cfg: GpuConfig, now: datetime, check: str) -> list[Finding]:
+def evaluate(
+    gpu: GpuReading,
+    *,
+    cfg: GpuConfig,
+    product: GpuProduct | None = None,
+    now: datetime,
+    check: str,
+) -> list[Finding]:
     out: list[Finding] = []
 
     def add(code: str, status: Status, action: Action, message: str, **ev: object) -> None:
@@ -34,7 +42,8 @@ def evaluate(gpu: GpuReading, *, cfg: GpuConfig, now: datetime, check: str) -> l
             )
         )
 
-    if gpu.ecc_enabled is False and cfg.ecc_required:
+    ecc_required = cfg.ecc_required if cfg.ecc_required is not None else product is not None
+    if gpu.ecc_enabled is False and ecc_required:
         add(
             "ECC_DISABLED",
             Status.WARNING,

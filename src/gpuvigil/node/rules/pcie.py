@@ -1,60 +1,12 @@
-"""A GPU's PCIe link, current vs maximum, from NVML or nvidia-smi. Pure.
+"""Pure rules: a PcieReading -> PCIE_DEGRADED findings (current vs maximum link).
 
-PCIe generation drops when the GPU idles (power saving), so a lower generation only counts
-while the GPU is busy; a narrower link width is always a fault (a bad riser or retimer).
-The sysfs view of the same links (GPUs and network adapters) is `judge` below (fabric
-work), called by the `pcie` check, `gpuvigil analyze` and the simulator.
+Called by the `pcie` check (`node/probes/pcie.py`), `gpuvigil analyze` and the simulator.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from gpuvigil.core.findings import Action, Finding, Status
-from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.readings import CLOCK_GPU_IDLE, GpuReading, PcieLink, PcieReading
-
-
-def evaluate(gpu: GpuReading, *, cfg: GpuConfig, now: datetime, check: str) -> list[Finding]:
-    problems = []
-    if gpu.pcie_width is not None and gpu.pcie_width_max and gpu.pcie_width < gpu.pcie_width_max:
-        problems.append(f"width x{gpu.pcie_width} of x{gpu.pcie_width_max}")
-    busy = gpu.clock_event_reasons is not None and not gpu.clock_event_reasons & CLOCK_GPU_IDLE
-    if (
-        cfg.pcie_check_generation_when_busy
-        and busy
-        and gpu.pcie_gen is not None
-        and gpu.pcie_gen_max
-        and gpu.pcie_gen < gpu.pcie_gen_max
-    ):
-        problems.append(f"generation {gpu.pcie_gen} of {gpu.pcie_gen_max} while busy")
-    if not problems:
-        return []
-    # A narrow link cuts host and GPUDirect bandwidth for good: failed. A slow generation
-    # while busy can be transient (power management): a warning.
-    narrow = gpu.pcie_width is not None and gpu.pcie_width < (gpu.pcie_width_max or 0)
-    return [
-        Finding(
-            check=check,
-            status=Status.FAILED if narrow else Status.WARNING,
-            code="PCIE_DEGRADED",
-            component=gpu.component,
-            message="PCIe link degraded: " + ", ".join(problems),
-            action=Action.REBOOT if narrow else Action.NONE,
-            evidence={
-                "gpu_uuid": gpu.uuid,
-                "pci_bus_id": gpu.pci_bus_id,
-                "pcie_gen": gpu.pcie_gen,
-                "pcie_gen_max": gpu.pcie_gen_max,
-                "pcie_width": gpu.pcie_width,
-                "pcie_width_max": gpu.pcie_width_max,
-            },
-            observed_at=now,
-        )
-    ]
-
-
-# --- sysfs view (fabric/preflight work) ---------------------------------------------------
+from gpuvigil.node.readings import PcieLink, PcieReading
 
 CHECK = "pcie"
 

@@ -175,3 +175,17 @@ def test_nvlink_errors_are_rates(scenario, make_ctx) -> None:
     assert codes(findings) == [("NVLINK_ERRORS", "gpu:2")]
     # Same totals next time: no new errors, no finding (totals are not judged).
     assert run_gpu(ctx)[0] == []
+
+
+def test_xid_events_reach_the_kernel_log_seam(scenario, make_ctx) -> None:
+    node, path = scenario
+    ctx = make_ctx()
+    assert run_gpu(ctx)[0] == []  # registers for events
+    assert ctx.extras["gpu_map"]["0000:18:00.0"].family == "hopper"
+    faults.apply(node, Fault.APP_XID_43, gpu=6)
+    node.save(path)
+    run_gpu(ctx)
+    (ev,) = ctx.extras["nvml_xid_events"]
+    assert (ev.code, ev.source, ev.bus_id, ev.code_name) == (43, "nvml", "0000:ba:00.0", "XID_43")
+    run_gpu(ctx)
+    assert len(ctx.extras["nvml_xid_events"]) == 1  # delivered once
