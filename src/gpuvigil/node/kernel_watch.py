@@ -29,6 +29,7 @@ from gpuvigil.node.probes import kmsg_stream as ks
 from gpuvigil.node.probes.kernel_log import _boot
 from gpuvigil.node.scheduler import stale_finding
 
+NVML_XID_EVENTS = "nvml_xid_events"  # gpuvigil.node.probes.nvml.XID_EVENTS_KEY
 CHECK = ks.STREAM_CHECK  # "kernel_log": the stream replaces the one-shot check in the agent
 
 
@@ -52,12 +53,6 @@ class KernelStreamConfig(StrictModel):
     poll_timeout_s: float = Field(
         10.0, gt=0, description="Deadline of one journalctl/dmesg run; a hang is CHECK_TIMEOUT.",
     )
-    nvml_events_interval_s: float = Field(
-        5.0, gt=0, description="How often NVML's Xid event set is drained (the second Xid "
-        "source, reconciled with the kernel log's). Backs off to 5 min where NVML cannot "
-        "start, so a node without it spends nothing.",
-    )
-    nvml_events: bool = Field(True, description="Also read Xid events from NVML.")
     gap_hold_s: float = Field(
         900.0, ge=0, description="How long a KMSG_GAP warning stays after records were lost: "
         "long enough for the controller and a person to see it (NVML's Xid events cover "
@@ -81,13 +76,6 @@ class KernelWatch:
                 seconds=time.clock_gettime(time.CLOCK_BOOTTIME))
         self.feed = xid_feed.XidFeed(load_catalog(getattr(node_cfg, "kernel_log", None)),
                                      check=CHECK, boot_id=boot_id, booted_at=booted_at)
-        self.poller = None
-        gpu_cfg = getattr(node_cfg, "gpu", None)
-        if config.enabled and config.nvml_events and getattr(node_cfg, "expect_gpus", 1) != 0:
-            self.poller = xid_feed.NvmlXidPoller(
-                self.feed, module=getattr(gpu_cfg, "nvml_module", "pynvml"), env=env,
-                interval_s=config.nvml_events_interval_s,
-                timeout_s=getattr(gpu_cfg, "nvml_timeout_s", 10.0), changed=changed)
         self._gaps_counted = 0
         source = None
         if config.enabled:
@@ -102,13 +90,9 @@ class KernelWatch:
 
     def start(self) -> None:
         self.stream.start()
-        if self.poller is not None:
-            self.poller.start()
 
     def stop(self) -> None:
         self.stream.stop()
-        if self.poller is not None:
-            self.poller.stop()
 
     def _on_records(self, records: list[ks.Record], boot: bool) -> None:
         new = self.feed.add(records)
@@ -118,8 +102,7 @@ class KernelWatch:
                     where = ev.device or ev.bus_id or "nvswitch"
                     self.metrics.sxid_events.labels(str(ev.code), where).inc()
                 else:
-                    ref = xid_feed.gpu_map(self.ctx.extras.get("gpu.inventory")).get(
-                        ev.bus_id or "")
+                    ref = (self.ctx.extras.get("gpu_map") or {}).get(ev.bus_id or "")
                     gpu = str(ref.index) if ref else (ev.bus_id or ev.pci_bus_id or "unknown")
                     self.metrics.xid_events.labels(str(ev.code), gpu).inc()
             lost = self.health.gaps - self._gaps_counted
@@ -141,8 +124,11 @@ class KernelWatch:
                                message=f"no kernel log source could be read ({why})",
                                evidence={"tried": [s for s, _ in h.fallback_from]}))
         else:
-            gpus = xid_feed.gpu_map(self.ctx.extras.get("gpu.inventory"))
-            out.extend(self.feed.findings(datetime.now(UTC), gpus=gpus))
+            # The `gpu` check leaves the GPU map and NVML's own Xid events (its second
+            # source, drained on every run) in the shared context.
+            out.extend(self.feed.findings(
+                datetime.now(UTC), gpus=self.ctx.extras.get("gpu_map"),
+                nvml_events=tuple(self.ctx.extras.get(NVML_XID_EVENTS, ()))))
             if h.fallback_from and h.source in ("journal", "dmesg"):
                 why = "; ".join(f"{s}: {r}" for s, r in h.fallback_from)
                 out.append(Finding(

@@ -1,29 +1,26 @@
-"""Both Xid sources of the agent, collected for the layer-1 Xid rules.
+"""The kernel-log stream's Xid/SXid events, collected for the layer-1 Xid rules.
 
-Called by `kernel_watch`. `XidFeed` parses the kernel-log stream's records with the
-layer-1 parser and keeps a bounded window of events; `NvmlXidPoller` drains NVML's own
-Xid event set (through the NVML worker process, so a wedged driver cannot hang the agent)
-into the same feed. `findings` hands all of it to `node.rules.xid.evaluate`, which applies
-the catalog's boot-noise rules (driver load time, event times) to the records read at
-start and reconciles the kernel-log and NVML copies of one event.
+Called by `kernel_watch`. `XidFeed` parses the stream's records with the layer-1 parser
+and keeps a bounded window of events; `findings` hands them, with NVML's own Xid events
+(drained by the `gpu` check into `CheckContext.extras`), to `node.rules.xid.evaluate`,
+which applies the catalog's boot-noise rules (driver load time, event times) to the
+records read at start and reconciles the kernel-log and NVML copies of one event.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 from gpuvigil.core.findings import Finding, utcnow
-from gpuvigil.node.catalog.xid import XidCatalog, family_key
+from gpuvigil.node.catalog.xid import XidCatalog
 from gpuvigil.node.probes import kernel_log_parser as parser
 from gpuvigil.node.probes.kmsg_stream import Record
-from gpuvigil.node.readings import GpuInventory, GpuRef, XidEvent, XidSource, normalize_bus_id
+from gpuvigil.node.readings import GpuRef, XidEvent, XidSource
 from gpuvigil.node.rules import xid as xid_rules
 
-log = logging.getLogger("gpuvigil.agent.xid")
 MAX_EVENTS = 4096  # an Xid storm must not grow memory without bound; the newest are kept
 _SOURCES: dict[str, XidSource] = {
     "kmsg": "kmsg", "dmesg": "dmesg", "journal": "journal", "file": "file", "nvml": "nvml"}
@@ -57,11 +54,6 @@ class XidFeed:
                 self.events.extend(new)
         return new
 
-    def add_events(self, events: Iterable[XidEvent]) -> None:
-        """Events from NVML's event set, for reconciliation with the kernel log's."""
-        with self._lock:
-            self.events.extend(events)
-
     def _dated(self, ev: XidEvent) -> XidEvent:
         # The stream reads this boot's log: seconds-since-boot stamps get a wall time, and
         # events the boot id, which is how the rules tell a reboot cleared them.
@@ -81,75 +73,10 @@ class XidFeed:
         if when is not None and (self.driver_loaded_at is None or when > self.driver_loaded_at):
             self.driver_loaded_at = when
 
-    def findings(self, now: datetime, *, gpus: Mapping[str, GpuRef] | None = None
-                 ) -> list[Finding]:
+    def findings(self, now: datetime, *, gpus: Mapping[str, GpuRef] | None = None,
+                 nvml_events: Iterable[XidEvent] = ()) -> list[Finding]:
         with self._lock:
-            events = list(self.events)
+            events = [*self.events, *nvml_events]
         return xid_rules.evaluate(events, catalog=self.catalog, now=now, gpus=gpus,
                                   boot_id=self.boot_id, driver_loaded_at=self.driver_loaded_at,
                                   check=self.check)
-
-
-def gpu_map(inventory: object) -> dict[str, GpuRef]:
-    """Normalized bus id -> GpuRef from the `gpu` check's latest inventory (if any)."""
-    if not isinstance(inventory, GpuInventory):
-        return {}
-    out = {}
-    for g in inventory.gpus:
-        bus = normalize_bus_id(g.pci_bus_id or "")
-        if bus is not None:
-            out[bus] = GpuRef(index=g.index, bus_id=bus, family=family_key(g.architecture),
-                              uuid=g.uuid)
-    return out
-
-
-def nvml_events(lines: list[dict[str, object]], *, now: datetime,
-                boot_id: str | None) -> list[XidEvent]:
-    """The NVML worker's `events` answer -> XidEvents with source "nvml". Never raises."""
-    out = []
-    for line in lines:
-        for raw in line.get("events", []) if isinstance(line.get("events"), list) else []:
-            if not isinstance(raw, dict) or not isinstance(raw.get("xid"), int):
-                continue
-            pci = raw.get("pci") if isinstance(raw.get("pci"), str) else ""
-            out.append(XidEvent(kind="xid", code=raw["xid"], pci_bus_id=pci,
-                                bus_id=normalize_bus_id(pci), message="", line="",
-                                time=now, source="nvml", boot_id=boot_id))
-    return out
-
-
-class NvmlXidPoller:
-    """Drains NVML Xid events every `interval_s` into the feed (own thread)."""
-
-    def __init__(self, feed: XidFeed, *, module: str, env: dict[str, str], interval_s: float,
-                 timeout_s: float, changed: threading.Event) -> None:
-        self.feed, self.module, self.env = feed, module, env
-        self.interval_s, self.timeout_s, self.changed = interval_s, timeout_s, changed
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="nvml-xid", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        from gpuvigil.node.probes import nvml
-
-        wait = self.interval_s
-        while not self._stop.wait(wait):
-            client = nvml.client_for(self.module, self.env)
-            answer = client.request({"op": "events", "timeout_ms": 0, "max_events": 1000},
-                                    timeout_s=self.timeout_s)
-            if answer.failure:
-                # No NVML here, or it hung (the worker was killed): the `gpu` check reports
-                # that; polling a node without NVML every few seconds would only burn CPU.
-                wait = min(300.0, max(wait * 2, self.interval_s))
-                continue
-            wait = self.interval_s
-            events = nvml_events(answer.lines, now=utcnow(), boot_id=self.feed.boot_id)
-            if events:
-                log.warning("NVML reported %d Xid event(s)", len(events))
-                self.feed.add_events(events)
-                self.changed.set()

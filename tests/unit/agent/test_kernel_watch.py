@@ -15,7 +15,7 @@ from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
 def watch(tmp_path: Path, **cfg) -> KernelWatch:
     log = tmp_path / "kern.log"
     log.write_text("[ 1.0] boot\n")
-    config = KernelStreamConfig(**{"source": "file", "file": log, "nvml_events": False, **cfg})
+    config = KernelStreamConfig(**{"source": "file", "file": log, **cfg})
     ctx = CheckContext(config=NodeConfig(expect_gpus=0), root=tmp_path, env={"PATH": ""})
     return KernelWatch(config, ctx=ctx, changed=threading.Event(), metrics=None)
 
@@ -41,7 +41,7 @@ def test_a_reader_that_stopped_reading_is_stale(tmp_path):
 
 
 def test_no_source_at_all_fails_closed(tmp_path):
-    config = KernelStreamConfig(source="auto", kmsg_path=tmp_path / "none", nvml_events=False)
+    config = KernelStreamConfig(source="auto", kmsg_path=tmp_path / "none")
     ctx = CheckContext(config=NodeConfig(expect_gpus=0), root=tmp_path, env={"PATH": ""})
     w = KernelWatch(config, ctx=ctx, changed=threading.Event(), metrics=None)
     (f,) = w.snapshot(time.monotonic())[0]
