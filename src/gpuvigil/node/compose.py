@@ -89,7 +89,10 @@ def build_agent(a: AgentConfig, *, node_config: NodeConfig,
     workers: list[SinkWorker] = []
     agent = Agent(node=node, config=a, scheduler=scheduler, kernel=kernel, workers=workers,
                   metrics=metrics, watchdog=dog, events=events,
-                  first_publish_timeout_s=max((s.timeout_s for s in specs), default=5.0) + 5)
+                  # The first report waits for the fast and slow groups (a DCGM diag may take
+                  # minutes and is published when it finishes).
+                  first_publish_timeout_s=max((s.timeout_s for s in specs
+                                               if s.group in ("fast", "slow")), default=5.0) + 5)
     where = _build_sinks(a, node=node, env=env, registry=registry, metrics=metrics,
                          agent=agent, workers=workers)
     return agent, where

@@ -34,7 +34,7 @@ def k8s_agent(start_agent, kube, node: str, tmp_path: Path, fake_bin, **kw):
     resets = tmp_path / "resets.log"
     fake_bin("nvidia-smi", f"#!/bin/sh\necho \"$@\" >> {resets}\n")
     cfg = {"agent": {"sinks": {"kubernetes": {
-        "heartbeat_interval_s": 1.0,
+        "heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.5,
         "remediation": {"boot_id_path": str(tmp_path / "boot_id")}}}}}
     a = start_agent(cfg, "--interval", "1", "--node-name", node, "--sink", "kubernetes",
                     "--sink", "state-file", "--sink", "http", "--kubeconfig",

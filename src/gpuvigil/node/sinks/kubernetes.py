@@ -47,6 +47,11 @@ class KubernetesConfig(StrictModel):
         "changes. 60 s keeps API load at one patch per node per minute; the controller "
         "treats a heartbeat older than a few of these as a dead agent.",
     )
+    request_poll_interval_s: float = Field(
+        30.0, gt=0, description="While nothing changes, read the Node at most this often "
+        "(for the controller's remediation requests). With the 60 s heartbeat a node costs "
+        "the API server 2 GETs and 2 PATCHes a minute: 5,000 nodes ~ 330 requests/s.",
+    )
     request_timeout_s: float = Field(10.0, gt=0, description="Deadline of each API call.")
     events: bool = Field(True, description="Create an Event when a condition turns on or off.")
     event_namespace: str = Field(
@@ -114,9 +119,18 @@ class KubernetesSink:
         self._last_written: list[tuple[Any, ...]] | None = None
         self._last_summary: str | None = None
         self._last_write = 0.0
+        self._last_read = 0.0
         self._timeout = config.request_timeout_s
 
     def publish(self, report: NodeReport) -> None:
+        mono = time.monotonic()
+        wanted = _semantic(merge_conditions([], report, now=datetime.now(UTC))[0])
+        if (self._last_written == wanted
+                and _summary_without_time(report) == self._last_summary
+                and mono - self._last_write < self.config.heartbeat_interval_s
+                and mono - self._last_read < self.config.request_poll_interval_s):
+            return  # nothing to write and no reason to look: spare the API server
+        self._last_read = mono
         obj = self.api.read_node(self.node, _request_timeout=self._timeout)
         current = [c.to_dict() for c in (obj.status.conditions or [])]
         current = [_camel(c) for c in current]
