@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,6 +167,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             agent.kill()
         base.wait(5)
+        shutil.rmtree(work, ignore_errors=True)
 
     core = 100 * cpu
     print(f"agent CPU over {wall / 60:.1f} min at a {args.interval:g} s interval "
