@@ -103,6 +103,8 @@ def main() -> int:
     ap.add_argument("--xids", type=int, default=5, help="Xid latency samples")
     ap.add_argument("--polls", type=int, default=3, help="port-down latency samples")
     args = ap.parse_args()
+    # SIGTERM/SIGINT still stop the agent it started (the `finally` below runs).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     work = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-agent-"))
     fs = FakeSysfs.node(work / "root", gpus=8, kind="ib", adapters=4, rate_gbps=400)
     scenario = work / "nvml.json"
