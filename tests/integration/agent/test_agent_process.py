@@ -94,3 +94,9 @@ def test_help_stands_alone(run_cli):
     for flag in ("--config", "--kmsg-file", "--state-file", "--interval", "--expect-gpus",
                  "--sysfs-root", "--listen", "--node-name", "--sink"):
         assert flag in p.stdout
+
+
+def test_kubernetes_sink_without_credentials_exits_2(run_cli, tmp_path):
+    p = run_cli("agent", "--sink", "kubernetes", "--node-name", "x", "--expect-gpus", "0",
+                "--kubeconfig", str(tmp_path / "missing"), timeout=60)
+    assert p.returncode == 2 and "no usable credentials" in p.stderr

@@ -104,14 +104,18 @@ class KubernetesSink:
         from kubernetes import client
         from kubernetes import config as kconfig
 
-        if config.kubeconfig is not None:
-            api_client = kconfig.new_client_from_config(config_file=str(config.kubeconfig))
-        else:
-            try:
-                kconfig.load_incluster_config()
-                api_client = client.ApiClient()
-            except kconfig.ConfigException:
-                api_client = kconfig.new_client_from_config()
+        try:
+            if config.kubeconfig is not None:
+                api_client = kconfig.new_client_from_config(config_file=str(config.kubeconfig))
+            else:
+                try:
+                    kconfig.load_incluster_config()
+                    api_client = client.ApiClient()
+                except kconfig.ConfigException:
+                    api_client = kconfig.new_client_from_config()
+        except (kconfig.ConfigException, OSError) as e:
+            raise ValueError(f"kubernetes sink: no usable credentials ({e}); run in a pod "
+                             "with a service account, or pass --kubeconfig") from e
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
         self.remediator = Remediator(config.remediation, env=env)
