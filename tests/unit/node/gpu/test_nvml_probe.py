@@ -49,6 +49,19 @@ def test_fault_is_found_on_its_gpu(scenario, make_ctx, fault, expected) -> None:
     assert {f.component for f in findings if f.code in expected} == {"gpu:3"}
 
 
+def test_volta_page_retirement_through_nvml(tmp_path, make_ctx, scenario) -> None:
+    from gpuvigil.fakes import gpu as fake_gpu
+
+    _, path = scenario
+    node = fake_gpu.make_node(8, model="V100")
+    faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=2)
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert {("RETIRED_PAGES_PENDING", "gpu:2"), ("ECC_UNCORRECTED_VOLATILE", "gpu:2")} <= set(
+        codes(findings)
+    )
+
+
 def test_gpu_gone_from_the_bus_is_count_low(scenario, make_ctx) -> None:
     node, path = scenario
     node.gpus[5].present = False
