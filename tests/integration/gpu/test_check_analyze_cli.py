@@ -141,6 +141,7 @@ def test_analyze_bundle(run_cli) -> None:
         ("XID_79", "gpu:3"),
         ("ROW_REMAP_PENDING", "gpu:5"),
         ("ECC_UNCORRECTED_VOLATILE", "gpu:5"),
+        ("GPU_RECOVERY_REQUIRED", "gpu:5"),
         ("POWER_BRAKE", "gpu:6"),
         ("PCIE_DEGRADED", "gpu:2"),
         ("DCGM_DIAG_FAIL", "gpu:2"),

@@ -67,6 +67,9 @@ def test_corpus_specifics(corpus: Path) -> None:
     g = nvidia_smi.parse_xml(bw).gpus[0]
     assert g.architecture == "Blackwell" and g.ecc_enabled is False
     assert g.slowdown_temp_c is None  # relative "tlimit" thresholds are not absolute limits
+    r3060 = nvidia_smi.parse_xml((d / "x_rtx-3060-v12_telegraf.xml").read_bytes()).gpus[0]
+    assert r3060.recovery_action == "NONE"  # reset status "deprecated", recovery "None"
+    assert a100.recovery_action == "NONE"  # gpu_reset_status No/No
     r3090 = nvidia_smi.parse_xml((d / "x_3090-v13_telegraf.xml").read_bytes()).gpus[0]
     assert r3090.clock_event_reasons == 0x4  # SW power cap only: not a finding
 
