@@ -16,6 +16,7 @@ from rich.console import Console
 from gpuvigil import config as config_mod
 from gpuvigil.commands import report_view
 from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.readings import GpuInventory
 from gpuvigil.node.sweep import run_sweep, select
 
 
@@ -75,6 +76,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(report_view.as_json(report) + "\n")
         else:
+            inv = ctx.extras.get("gpu.inventory")
+            if isinstance(inv, GpuInventory):
+                typer.echo(report_view.inventory_line(inv))
             report_view.render(
                 report, console=Console(emoji=False, highlight=False), title="gpuvigil check"
             )

@@ -269,3 +269,14 @@ GPU 00000000:2A:00.0
 @given(st.text(alphabet=st.sampled_from(list(" :\nGPU0123456789ABCDEF.abcxyz=")), max_size=800))
 def test_text_garbage_never_raises(data) -> None:
     judge(nvidia_smi.parse_xml("Attached GPUs : 2\n" + data), expect=2)
+
+
+def test_inventory_line_says_what_was_looked_at() -> None:
+    from gpuvigil.commands.report_view import inventory_line
+
+    node = faults.apply(gpu.make_node(8), Fault.GPU_OFF_BUS, gpu=3)
+    line = inventory_line(parse_node(node))
+    assert line == (
+        "GPUs: 7 x NVIDIA H100 80GB HBM3 (Hopper), 1 not answering, driver 550.90.07, "
+        "read via nvidia-smi"
+    )
