@@ -49,6 +49,34 @@ def test_fault_is_found_on_its_gpu(scenario, make_ctx, fault, expected) -> None:
     assert {f.component for f in findings if f.code in expected} == {"gpu:3"}
 
 
+def test_volta_page_retirement_through_nvml(tmp_path, make_ctx, scenario) -> None:
+    from gpuvigil.fakes import gpu as fake_gpu
+
+    _, path = scenario
+    node = fake_gpu.make_node(8, model="V100")
+    faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=2)
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert {("RETIRED_PAGES_PENDING", "gpu:2"), ("ECC_UNCORRECTED_VOLATILE", "gpu:2")} <= set(
+        codes(findings)
+    )
+
+
+@pytest.mark.parametrize(("action", "ours"), [(1, "RESET_GPU"), (2, "REBOOT"), (4, "RESET_GPU")])
+def test_driver_recovery_action(scenario, make_ctx, action, ours) -> None:
+    node, path = scenario
+    node.gpus[6].recovery_action = action
+    node.save(path)
+    (f,) = run_gpu(make_ctx())[0]
+    assert (f.code, f.component, f.action) == ("GPU_RECOVERY_REQUIRED", "gpu:6", ours)
+    # The same verdict read back from nvidia-smi -q -x (the fallback and analyze).
+    from gpuvigil.fakes import nvidia_smi as fake_smi
+    from gpuvigil.node.probes import nvidia_smi
+
+    smi = nvidia_smi.parse_xml(fake_smi.render_xml(node)).gpus[6].recovery_action
+    assert smi == ("DRAIN_AND_RESET" if action == 4 else "GPU_RESET")
+
+
 def test_gpu_gone_from_the_bus_is_count_low(scenario, make_ctx) -> None:
     node, path = scenario
     node.gpus[5].present = False
