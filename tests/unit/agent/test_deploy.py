@@ -52,3 +52,24 @@ def test_daemonset_and_unit_run_the_agent_with_its_config():
     unit = (DEPLOY / "systemd/gpuvigil-agent.service").read_text()
     assert "ExecStart=/usr/local/bin/gpuvigil agent --config /etc/gpuvigil/agent.yaml" in unit
     assert "Restart=always" in unit
+
+
+def test_docs_list_every_agent_setting_and_flag():
+    from gpuvigil.node.agent import AgentConfig, CheckSchedule
+    from gpuvigil.node.kernel_watch import KernelStreamConfig
+    from gpuvigil.node.sinks.http import HttpConfig
+    from gpuvigil.node.sinks.kubernetes import KubernetesConfig
+    from gpuvigil.node.sinks.remediation import RemediationConfig
+    from gpuvigil.node.sinks.slurm import SlurmConfig
+    from gpuvigil.node.sinks.state_file import StateFileConfig
+
+    doc = (DEPLOY.parent / "docs/agent.md").read_text()
+    for model in (AgentConfig, CheckSchedule, KernelStreamConfig, HttpConfig,
+                  KubernetesConfig, RemediationConfig, SlurmConfig, StateFileConfig):
+        for name, field in model.model_fields.items():
+            assert f"| `{name}` |" in doc, f"{model.__name__}.{name} missing in docs/agent.md"
+            assert field.description, f"{model.__name__}.{name} has no description"
+    for flag in ("--config", "--kmsg-file", "--state-file", "--interval", "--expect-gpus",
+                 "--sysfs-root", "--listen", "--node-name", "--sink", "--slurm-mode",
+                 "--kubeconfig", "--events-file", "--log-level"):
+        assert f"`{flag}" in doc, flag
