@@ -117,7 +117,10 @@ def test_killed_agent_leaves_a_heartbeat_that_ages(start_agent, kube, tmp_path, 
     assert conds(kube, node)["GPUHealthCheckFailing"]["last_heartbeat_time"] == last
 
 
-def test_manifests_pass_server_dry_run_and_rbac_is_minimal(kube):
+@pytest.fixture(scope="module")
+def deployed(kube):
+    """The shipped manifests, server-side dry run first, then applied for real (the
+    DaemonSet's pods never start: there are no kubelets); deleted afterwards."""
     rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
                               capture_output=True, text=True, timeout=60)
     assert rendered.returncode == 0, rendered.stderr
@@ -125,22 +128,66 @@ def test_manifests_pass_server_dry_run_and_rbac_is_minimal(kube):
     assert ns.returncode == 0, ns.stderr
     dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
     assert dry.returncode == 0, dry.stderr
-    assert "daemonset.apps/gpuvigil-agent created (server dry run)" in dry.stdout
     real = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
     assert real.returncode == 0, real.stderr
-    try:
-        def can(*args: str) -> str:
-            r = kube.kubectl("auth", "can-i", *args, "--as", SA)
-            return r.stdout.strip()
+    yield dry.stdout
+    kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered.stdout)
 
-        assert can("patch", "nodes", "--subresource=status") == "yes"
-        assert can("get", "nodes") == "yes"
-        assert can("patch", "nodes") == "yes"
-        assert can("create", "events", "-n", "default") == "yes"
-        assert can("delete", "nodes") == "no"
-        assert can("get", "secrets", "-n", "gpuvigil") == "no"
-        assert can("list", "secrets", "--all-namespaces") == "no"
-        assert can("create", "pods/eviction", "-n", "default") == "no"
-        assert can("update", "nodes") == "no"
-    finally:
-        kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered.stdout)
+
+def test_manifests_pass_server_dry_run_and_rbac_is_minimal(kube, deployed):
+    assert "daemonset.apps/gpuvigil-agent created (server dry run)" in deployed
+
+    def can(*args: str) -> str:
+        return kube.kubectl("auth", "can-i", *args, "--as", SA).stdout.strip()
+
+    assert can("patch", "nodes", "--subresource=status") == "yes"
+    assert can("get", "nodes") == "yes"
+    assert can("patch", "nodes") == "yes"
+    assert can("create", "events", "-n", "default") == "yes"
+    assert can("delete", "nodes") == "no"
+    assert can("get", "secrets", "-n", "gpuvigil") == "no"
+    assert can("list", "secrets", "--all-namespaces") == "no"
+    assert can("create", "pods/eviction", "-n", "default") == "no"
+    assert can("update", "nodes") == "no"
+
+
+def test_the_agent_needs_nothing_beyond_its_rbac(start_agent, kube, deployed, tmp_path,
+                                                 fake_bin):
+    """The agent authenticated as its own ServiceAccount (a TokenRequest token) publishes
+    conditions, the annotation and Events, and answers a remediation request."""
+    tok = kube.core().create_namespaced_service_account_token(
+        "gpuvigil-agent", "gpuvigil",
+        {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}})
+    cfg = tmp_path / "sa.kubeconfig"
+    cfg.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {{server: "{kube.url}", insecure-skip-tls-verify: true}}
+users:
+- name: agent
+  user: {{token: "{tok.status.token}"}}
+contexts:
+- name: test
+  context: {{cluster: test, user: agent}}
+current-context: test
+""")
+    node = kube.create_node()
+    resets = tmp_path / "resets.log"
+    fake_bin("nvidia-smi", f"#!/bin/sh\necho \"$@\" >> {resets}\n")
+    a = start_agent({"agent": {"sinks": {"kubernetes": {
+        "heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.5,
+        "remediation": {"boot_id_path": str(tmp_path / "boot_id")}}}}},
+        "--interval", "1", "--node-name", node, "--sink", "kubernetes", "--sink",
+        "state-file", "--kubeconfig", str(cfg))
+    wait_until(lambda: set(codes.FAMILIES) <= set(conds(kube, node)), 15, "our conditions")
+    a.machine.log(XID79)
+    wait_until(lambda: conds(kube, node)["GPUXidError"]["status"] == "True", 5, "GPUXidError")
+    wait_until(lambda: any(e.reason == "XID_79" for e in kube.core().list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}").items), 5, "the Event")
+    kube.core().patch_node(node, {"metadata": {"annotations": {wire.REQUEST_ANNOTATION:
+        json.dumps({"id": "sa-1", "action": "RESET_GPU", "gpus": [2]})}}})
+    wait_until(lambda: '"succeeded"' in (kube.core().read_node(node).metadata.annotations
+                                          or {}).get(wire.RESULT_ANNOTATION, ""), 10,
+               "the remediation result")
+    assert "forbidden" not in a.log().lower(), a.log()
