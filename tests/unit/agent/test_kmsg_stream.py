@@ -124,3 +124,19 @@ def test_unreadable_kmsg_falls_back_in_order_and_says_why(fake_bin, tmp_path):
     assert ks.open_source(mode="auto", kmsg_path=Path("/nonexistent/kmsg"), file=None,
                           poll_timeout_s=1, env={"PATH": ""}, health=health) is None
     assert len(health.fallback_from) == 3
+
+
+def test_the_real_dev_kmsg_is_read_with_increasing_sequence_numbers():
+    kmsg = Path("/dev/kmsg")
+    if not os.access(kmsg, os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    health = ks.StreamHealth()
+    src = ks.DevKmsg(kmsg, health=health)
+    try:
+        boot = src.read(first=True, wait_s=0.1)
+    finally:
+        src.close()
+    assert boot, "the ring buffer holds at least the boot banner"
+    seqs = [r.seq for r in boot]
+    assert all(s is not None for s in seqs) and seqs == sorted(seqs)
+    assert all(r.source == "kmsg" and "\n" not in r.text for r in boot)
