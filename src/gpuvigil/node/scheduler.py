@@ -37,7 +37,6 @@ class Slot:
     next_due: float = 0.0  # monotonic
     worker: threading.Thread | None = None
     stuck_since: float | None = None  # monotonic: the check's code outlived its deadline
-    launched_at: float | None = None
     findings: list[Finding] = field(default_factory=list)
     run: CheckRun | None = None
     completed_at: float | None = None  # monotonic time of the latest result
@@ -93,7 +92,6 @@ class Scheduler:
             self._record(slot, [finding], run, now)
             return
         slot.stuck_since = None
-        slot.launched_at = now
         slot.worker = threading.Thread(
             target=self._run_one, args=(slot,), name=f"sched:{slot.name}", daemon=True
         )

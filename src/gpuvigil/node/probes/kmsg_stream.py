@@ -35,6 +35,7 @@ from gpuvigil.node.probes import exec as ex
 STREAM_CHECK = "kernel_log"  # the stream stands in for the one-shot check of that name
 _KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;")
 _DMESG_TS = re.compile(r"^\[\s*(\d+\.\d+)\]")
+MAX_LINE = 64 * 1024  # the kernel's records are < 1 KiB; a runaway file line is cut here
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,9 @@ class FollowFile(Source):
         data, self.partial = self.partial + data, b""
         lines = data.split(b"\n")
         self.partial = lines.pop()  # an unterminated last line waits for its newline
+        if len(self.partial) > MAX_LINE:  # ... but not forever: no kernel line is this long
+            lines.append(self.partial[:MAX_LINE])
+            self.partial = b""
         return [_text_record(ln.decode("utf-8", errors="replace"), "file") for ln in lines if ln]
 
     def _reopen_if_replaced(self) -> None:
