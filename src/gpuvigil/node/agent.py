@@ -74,6 +74,11 @@ class AgentConfig(StrictModel):
         21600.0, gt=0, description="A short DCGM diagnostic (when DCGM is installed). "
         "6 h: it briefly loads the GPUs, so it runs rarely.",
     )
+    diag_splay_s: float = Field(
+        3600.0, ge=0, description="The first diag run waits a random 0..this many seconds "
+        "(at most one diag interval): a fleet-wide rollout must not load every GPU of the "
+        "fleet with a DCGM diag in the same minute. New nodes are validated by preflight.",
+    )
     checks: dict[str, CheckSchedule] = Field(
         default_factory=dict, description="Per-check overrides, by check name.")
     check_modules: list[str] = Field(

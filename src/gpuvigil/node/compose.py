@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -80,8 +81,10 @@ def build_agent(a: AgentConfig, *, node_config: NodeConfig,
     def on_result(findings: list, run: object) -> None:
         observe_run(metrics, findings, run, now_s=time.time())  # type: ignore[arg-type]
 
+    splay = {s.name: random.uniform(0, min(a.diag_splay_s, s.interval_s))
+             for s in specs if s.group == "diag"}
     scheduler = Scheduler(specs, ctx, stale_factor=a.stale_factor, on_result=on_result,
-                          disabled=disabled)
+                          disabled=disabled, first_delay_s=splay)
     kernel = KernelWatch(a.kernel_log, ctx=ctx, changed=scheduler.changed, metrics=metrics,
                          stale_factor=a.stale_factor) if a.kernel_log.enabled else None
     dog = Watchdog(a.watchdog_timeout_s) if watchdog else None

@@ -9,7 +9,7 @@ carries the name for joins.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -37,6 +37,9 @@ class AgentMetrics:
     publish_errors: Counter
     last_publish: Gauge
     remediations: Counter
+    # Label sets rendered by the last report, so vanished ones are removed without a
+    # clear() that a concurrent scrape could observe as "no series at all".
+    rendered: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
 
 
 def build(registry: CollectorRegistry) -> AgentMetrics:
@@ -140,11 +143,21 @@ def observe_report(m: AgentMetrics, report: NodeReport) -> None:
     for run in report.checks:  # a check with no findings is OK on the node
         if not any(c == run.check for c, _ in worst):
             worst[(run.check, "node")] = run.status
-    m.check_status.clear()
     for (check, component), status in worst.items():
         m.check_status.labels(check, component).set(STATUS_VALUE[status])
-    m.check_could_not_run.clear()
     for check, v in could_not.items():
         m.check_could_not_run.labels(check).set(v)
+    _drop_vanished(m, "status", m.check_status, set(worst))
+    _drop_vanished(m, "could_not_run", m.check_could_not_run, {(c,) for c in could_not})
     for cond in report.conditions:
         m.node_condition.labels(cond.type).set(1 if cond.status else 0)
+
+
+def _drop_vanished(m: AgentMetrics, key: str, gauge: Gauge,
+                   now: set[tuple[str, ...]]) -> None:
+    for labels in m.rendered.get(key, set()) - now:
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass
+    m.rendered[key] = now

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -55,8 +55,12 @@ class Scheduler:
         stale_factor: float = 2.0,
         on_result: OnResult | None = None,
         disabled: Iterable[str] = (),
+        first_delay_s: Mapping[str, float] | None = None,
     ) -> None:
         self.ctx = ctx
+        # Seconds after the first tick before a check's first run (fleet-wide splay of
+        # expensive checks, so a DaemonSet rollout does not start every DCGM diag at once).
+        self.first_delay_s = dict(first_delay_s or {})
         self.stale_factor = stale_factor
         self._on_result = on_result
         self._lock = threading.Lock()
@@ -68,6 +72,9 @@ class Scheduler:
     def tick(self, now: float) -> float:
         """Launch every due check; returns the monotonic time of the next due check."""
         for slot in self.slots:
+            if slot.next_due == 0.0 and self.first_delay_s.get(slot.name, 0.0) > 0:
+                slot.next_due = now + self.first_delay_s[slot.name]
+                continue
             if now >= slot.next_due:
                 slot.next_due = now + slot.spec.interval_s
                 self._launch(slot, now)

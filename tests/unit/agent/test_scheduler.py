@@ -135,3 +135,19 @@ def test_crashing_check_is_check_error_and_others_still_run(register, tmp_path):
     findings, runs = s.snapshot(time.monotonic())
     assert [f.code for f in findings] == ["CHECK_ERROR"]
     assert {r.check for r in runs} == {"t_boom", "t_fine"}
+
+
+def test_first_run_can_be_delayed_for_fleet_wide_splay(register, tmp_path):
+    calls = []
+    spec = register("t_diag", lambda ctx: calls.append(1) or [], group="diag",
+                    interval_s=100.0)
+    s = Scheduler([spec], CheckContext(config=None, root=tmp_path),
+                  first_delay_s={"t_diag": 30.0})
+    t0 = time.monotonic()
+    assert s.tick(t0) == t0 + 30.0
+    s.tick(t0 + 29.0)
+    time.sleep(0.1)
+    assert calls == []
+    s.tick(t0 + 30.0)
+    wait_for(lambda: calls == [1])
+    assert s.slots[0].next_due == t0 + 130.0

@@ -173,6 +173,12 @@ def test_metrics_follow_the_report():
     assert v("gpuvigil_node_condition", {"condition": "GPUThermal"}) == 0
     assert v("gpuvigil_check_runs_total", {"check": "nvml", "result": "timeout"}) == 1
     assert v("gpuvigil_check_last_success_timestamp_seconds", {"check": "nvml"}) is None
+    # The next report no longer has the Xid: its series goes, the others stay.
+    agent_metrics.observe_report(m, r.model_copy(update={"findings": (timeout,)}))
+    assert v("gpuvigil_check_status", {"check": "kernel_log_stream", "component": "gpu:3"}) \
+        is None
+    assert v("gpuvigil_check_status", {"check": "pcie", "component": "node"}) == 0
+    assert v("gpuvigil_node_condition", {"condition": "GPUXidError"}) == 0
 
 
 def test_sink_worker_retries_with_the_newest_report():
