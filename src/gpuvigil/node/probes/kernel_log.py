@@ -20,7 +20,7 @@ Seams in `CheckContext.extras` (set by whoever knows them; all optional):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
@@ -134,21 +134,8 @@ def read_kernel_log(
             data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
         )
         fallback = tuple((f.source, f.finding.message) for f in failures)
-        return _replace_fallback(log, fallback), failures
+        return replace(log, fallback_from=fallback), failures
     return None, failures
-
-
-def _replace_fallback(log: KernelLog, fallback: tuple[tuple[str, str], ...]) -> KernelLog:
-    return KernelLog(
-        events=log.events,
-        source=log.source,
-        boot_id=log.boot_id,
-        booted_at=log.booted_at,
-        driver_loaded_at=log.driver_loaded_at,
-        gaps=log.gaps,
-        lines_read=log.lines_read,
-        fallback_from=fallback,
-    )
 
 
 def analyze_capture(
@@ -167,17 +154,19 @@ def analyze_capture(
     clear reset-class events.
     """
     cfg = cfg or KernelLogConfig()
+    tz = _zone(cfg)
     log = _reading(
-        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=_zone(cfg)
+        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=tz, year=year
     )
-    end = now or _capture_end(data, log) or utcnow()
+    end = now or _capture_end(data, log, tz=tz, year=year) or utcnow()
     return xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
 
 
-def _capture_end(data: bytes, log: KernelLog) -> datetime | None:
+def _capture_end(data: bytes, log: KernelLog, *, tz: tzinfo, year: int | None) -> datetime | None:
     times = [ev.time for ev in log.events if ev.time is not None]
     tail = data.rstrip().rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
-    last = parse_stamp(tail.split(";", 1)[-1] if KMSG_RECORD.match(tail.encode()) else tail)
+    head = tail.split(";", 1)[-1] if KMSG_RECORD.match(tail.encode()) else tail
+    last = parse_stamp(head, tz=tz, year=year)
     if last.time is not None:
         times.append(last.time)
     return max(times) if times else None
@@ -195,6 +184,7 @@ def _reading(
     gaps: int,
     now: datetime,
     tz: tzinfo = UTC,
+    year: int | None = None,
 ) -> KernelLog:
     live = source != "file"  # kmsg/dmesg/journal -b read this boot only
     events: list[XidEvent]
@@ -205,7 +195,8 @@ def _reading(
             if (ev := parse_kmsg_record(rec)) is not None
         ]
     else:
-        events = scan_bytes(data, source=source, year=now.year, tz=tz)  # type: ignore[arg-type]
+        year = year or now.year
+        events = scan_bytes(data, source=source, year=year, tz=tz)  # type: ignore[arg-type]
         events = [_fix_year(ev, now) for ev in events]
     events = with_wall_time(events, booted_at if live else None)
     if live and boot_id:
@@ -215,7 +206,9 @@ def _reading(
         source=source,  # type: ignore[arg-type]
         boot_id=boot_id,
         booted_at=booted_at,
-        driver_loaded_at=_driver_loaded_at(data, source, booted_at if live else None, now, tz),
+        driver_loaded_at=_driver_loaded_at(
+            data, source, booted_at if live else None, year or now.year, tz
+        ),
         gaps=gaps,
         lines_read=data.count(b"\n"),
     )
@@ -244,7 +237,7 @@ def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
 
 
 def _driver_loaded_at(
-    data: bytes, source: str, booted_at: datetime | None, now: datetime, tz: tzinfo
+    data: bytes, source: str, booted_at: datetime | None, year: int, tz: tzinfo
 ) -> datetime | None:
     latest = None
     for raw in event_lines(data, b"NVRM: loading NVIDIA UNIX"):
@@ -254,7 +247,7 @@ def _driver_loaded_at(
             ok = booted_at is not None and usec is not None
             when = booted_at + timedelta(microseconds=usec) if ok else None  # type: ignore[operator]
         else:
-            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=now.year, tz=tz)
+            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=year, tz=tz)
             when = stamp.time if stamp else None
             if when is None and stamp and stamp.uptime_s is not None and booted_at:
                 when = booted_at + timedelta(seconds=stamp.uptime_s)

@@ -99,9 +99,13 @@ def evaluate_log(
     released_at: datetime | None = None,
     check: str = "kernel_log",
 ) -> list[Finding]:
-    """`evaluate` over a KernelLog reading (plus e.g. NVML's events)."""
+    """`evaluate` over a KernelLog reading (plus e.g. NVML's events, which were collected
+    during this boot, so they take the log's boot id when they carry none)."""
+    extra = [
+        e if e.boot_id or not log.boot_id else e.with_(boot_id=log.boot_id) for e in extra_events
+    ]
     return evaluate(
-        [*log.events, *extra_events],
+        [*log.events, *extra],
         catalog=catalog,
         now=now,
         gpus=gpus,

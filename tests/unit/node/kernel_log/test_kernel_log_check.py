@@ -291,3 +291,14 @@ def test_analyze_capture_of_the_corpus(corpus):
         ("SXID_20034", "nvswitch:1", "REBOOT"),
         ("SXID_20034", "nvswitch:2", "REBOOT"),
     }
+
+
+def test_analyze_capture_of_a_syslog_file_takes_the_year():
+    cap = (
+        b"Nov 30 07:31:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, x\n"
+        b"Nov 30 07:40:00 gpu-7 kernel: eth0: link up\n"
+    )
+    cfg = KernelLogConfig(timezone="UTC")
+    (f,) = kernel_log.analyze_capture(cap, cfg=cfg, year=2024)
+    assert f.evidence["first_seen_at"] == "2024-11-30T07:31:02+00:00"
+    assert f.status is Status.WARNING  # judged as of 07:40 that day: inside its hour
