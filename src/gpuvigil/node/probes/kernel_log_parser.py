@@ -18,6 +18,8 @@ events. Prefixes understood (see docs/kernel-log.md for one example each):
   (no year: the wall time is derived only when the caller passes `year`)
 - journalctl short-iso / short-iso-precise and RFC 3339 syslog
   `2026-11-30T07:31:02[.123456]+00:00 host kernel: `
+- journalctl short-full `Mon 2026-11-30 07:31:02 UTC host kernel: ` and short-unix
+  `1795847462.123456 host kernel: `
 - /dev/kmsg records `pri,seq,usec,flags[,...];message` plus continuation lines
 - any of the wall-clock forms followed by a kernel `[  123.456789]` stamp
 """
@@ -53,6 +55,13 @@ _ISO = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]
 _SYSLOG = re.compile(
     r"^(([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?)(?= \S+ )"
 )
+# journalctl -o short-full: "Mon 2026-11-30 07:31:02 UTC host kernel: "
+_FULL = re.compile(
+    r"^((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?)"
+    r"(?: ([A-Z]{3,5}|[+-]\d{4}))?)(?= )"
+)
+# journalctl -o short-unix: "1795000000.123456 host kernel: "
+_UNIX = re.compile(r"^(\d{9,11}\.\d{1,9})(?= \S+ )")
 _MONTHS = {
     m: i
     for i, m in enumerate(
@@ -173,6 +182,21 @@ def _stamp(head: str, *, tz: tzinfo, year: int | None) -> Stamp:
         if when.tzinfo is None:
             when = when.replace(tzinfo=tz)
         return Stamp(text, when, _inner_uptime(head[im.end() :]))
+    fm = _FULL.match(head)
+    if fm is not None:
+        text, clock, zone = fm.groups()
+        when = datetime.fromisoformat(clock.replace(" ", "T"))
+        if zone in {"UTC", "GMT"} or zone is None:
+            when = when.replace(tzinfo=UTC if zone else tz)
+        elif zone[0] in "+-":
+            when = datetime.fromisoformat(f"{clock.replace(' ', 'T')}{zone}")
+        else:
+            when = None  # a zone abbreviation other than UTC: ambiguous, keep the text only
+        return Stamp(text, when, _inner_uptime(head[fm.end() :]))
+    um = _UNIX.match(head)
+    if um is not None:
+        when = datetime.fromtimestamp(float(um.group(1)), tz=UTC)
+        return Stamp(um.group(1), when, _inner_uptime(head[um.end() :]))
     sm = _SYSLOG.match(head)
     if sm is not None:
         text, mon, day, hh, mi, ss, frac = sm.groups()
