@@ -6,10 +6,10 @@
 #   or           HealthCheckProgram=/etc/slurm/gpuvigil-preflight.sh
 #                HealthCheckInterval=300 HealthCheckNodeState=IDLE
 #
-# Exit 0: the node passed. Otherwise the node is drained with a reason naming what failed
-# ("gpuvigil preflight: gpu:3 GPU_SDC; ...") and the script exits non-zero; as a Prolog,
-# Slurm then requeues the job on other nodes. The gpuvigil controller (--cluster slurm)
-# resumes the node once a later run passes.
+# Exit 0: the node passed (and, if this script had drained it, it is resumed). Otherwise
+# the node is drained with a reason naming what failed ("gpuvigil preflight: gpu:3 GPU_SDC;
+# ...") and the script exits non-zero; as a Prolog, Slurm then requeues the job elsewhere.
+# As a HealthCheckProgram on idle nodes (drained ones included), a later pass resumes it.
 #
 # Settings (environment, e.g. from /etc/default/gpuvigil):
 #   GPUVIGIL                 gpuvigil command (default: gpuvigil on PATH)
@@ -52,6 +52,13 @@ ERR=$(tail -c 300 /tmp/gpuvigil-preflight.$$.err 2>/dev/null)
 rm -f /tmp/gpuvigil-preflight.$$.err
 
 if [ "$RC" -eq 0 ]; then
+    # Passed: return the node to service only when this script drained it (its reason
+    # starts "gpuvigil preflight:"/"gpuvigil check:"); an admin's or another tool's drain,
+    # and the gpuvigil controller's own ("gpuvigil:<state>:..."), are not ours to lift.
+    if scontrol show node "$NODE" 2>/dev/null | grep -Eq "Reason=gpuvigil (preflight|check): "; then
+        echo "gpuvigil-preflight: $NODE passed; resuming it (it was drained by this script)" >&2
+        scontrol update NodeName="$NODE" State=RESUME
+    fi
     exit 0
 fi
 

@@ -69,27 +69,31 @@ class _AllSlowMatmul(OpsWrapper):
 
 
 class _HangingMatmul(OpsWrapper):
-    """A kernel that never completes."""
+    """A kernel on device 1 that never completes."""
 
     def matmul(self, i: int, a: Any, b: Any) -> Any:
-        while True:
+        while i == BAD:
             time.sleep(1)
+        return self.inner.matmul(i, a, b)
 
 
 class _FrozenMatmul(OpsWrapper):
-    """The whole process stops (as in uninterruptible sleep inside a driver call): even
+    """On device 1 the whole process stops (as in uninterruptible sleep in a driver): even
     its own watchdog cannot run; only the parent's deadline ends it."""
 
     def matmul(self, i: int, a: Any, b: Any) -> Any:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        if i == BAD:
+            os.kill(os.getpid(), signal.SIGSTOP)
         return self.inner.matmul(i, a, b)
 
 
 class _CrashingMatmul(OpsWrapper):
-    """The process dies mid-check (a segfault in a driver library)."""
+    """The process dies mid-check on device 1 (a segfault in a driver library)."""
 
     def matmul(self, i: int, a: Any, b: Any) -> Any:
-        os._exit(139)
+        if i == BAD:
+            os._exit(139)
+        return self.inner.matmul(i, a, b)
 
 
 class _BadMemory(OpsWrapper):
@@ -99,6 +103,15 @@ class _BadMemory(OpsWrapper):
         self.inner.fill(i, t, value)
         if i == BAD and t.numel() > 4099:
             t[4099] = value & ~0x02
+
+
+class _EccError(OpsWrapper):
+    """Device 1 raises the CUDA error an uncorrectable ECC error produces."""
+
+    def fill(self, i: int, t: Any, value: int) -> None:
+        if i == BAD:
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+        self.inner.fill(i, t, value)
 
 
 class _SlowCopy(OpsWrapper):
@@ -151,6 +164,10 @@ def crashing_matmul(ops: Any) -> Any:
 
 def bad_memory(ops: Any) -> Any:
     return _BadMemory(ops)
+
+
+def ecc_error(ops: Any) -> Any:
+    return _EccError(ops)
 
 
 def slow_copy(ops: Any) -> Any:

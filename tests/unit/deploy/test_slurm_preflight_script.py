@@ -25,7 +25,9 @@ def slurm(fake_bin, tmp_path):
         (tmp_path / "out.json").write_text(out)
         fake_bin("gpuvigil", f"#!/bin/sh\necho \"gpuvigil $*\" >> {log}\n"
                              f"cat {tmp_path / 'out.json'}\nexit {rc}\n")
-        fake_bin("scontrol", f"#!/bin/sh\necho \"scontrol $*\" >> {log}\n")
+        fake_bin("scontrol", f"#!/bin/sh\necho \"scontrol $*\" >> {log}\n"
+                             "[ \"$1\" = show ] && echo \"   Reason=$FAKE_REASON [root@t]\"\n"
+                             "exit 0\n")
         fake_bin("squeue", f"#!/bin/sh\necho '{running}'\n")
 
     def run(**env: str) -> tuple[int, list[str]]:
@@ -45,8 +47,14 @@ def slurm(fake_bin, tmp_path):
 
 def test_pass_leaves_the_node_alone(slurm):
     slurm(rc=0, out='{"result": "pass"}')
-    rc, calls = slurm.run()
-    assert rc == 0 and calls == ["gpuvigil preflight --json"]
+    rc, calls = slurm.run(FAKE_REASON="maintenance by alice")
+    assert rc == 0 and calls == ["gpuvigil preflight --json", "scontrol show node gpu7"]
+
+
+def test_pass_resumes_a_node_this_script_drained(slurm):
+    slurm(rc=0, out='{"result": "pass"}')
+    rc, calls = slurm.run(FAKE_REASON="gpuvigil preflight: gpu:3 GPU_SDC")
+    assert rc == 0 and calls[-1] == "scontrol update NodeName=gpu7 State=RESUME"
 
 
 def test_failure_drains_with_the_problems_as_reason(slurm):
@@ -66,7 +74,7 @@ def test_could_not_run_and_garbage_still_drain(slurm):
 
 def test_busy_node_gets_only_the_passive_check(slurm):
     slurm(rc=0, out="{}", running="4242")
-    rc, calls = slurm.run()
-    assert rc == 0 and calls == ["gpuvigil check --json"]
-    rc, calls = slurm.run(SLURM_JOB_ID="4243")  # as a Prolog: the job is ours, run it all
-    assert calls[-1] == "gpuvigil preflight --json"
+    rc, calls = slurm.run(FAKE_REASON="none")
+    assert rc == 0 and calls[0] == "gpuvigil check --json"
+    rc, calls = slurm.run(SLURM_JOB_ID="4243", FAKE_REASON="none")  # a Prolog: run it all
+    assert "gpuvigil preflight --json" in calls

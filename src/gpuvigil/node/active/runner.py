@@ -22,7 +22,7 @@ from typing import Any
 import gpuvigil
 from gpuvigil.core.findings import Action, Finding, Status, utcnow
 from gpuvigil.node.active.config import ActiveConfig
-from gpuvigil.node.active.results import Measurement, to_finding
+from gpuvigil.node.active.results import ACTIONS, Measurement, to_finding
 from gpuvigil.node.probes import exec as execp
 
 MIN_START_S = 5.0  # do not start a worker with less budget than this
@@ -46,9 +46,12 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
     return out
 
 
-def _failed(check: str, code: str, message: str, **evidence: Any) -> Finding:
-    return Finding(check=f"active.{check}", status=Status.FAILED, code=code, component="node",
-                   message=message, action=Action.NONE, evidence=evidence)
+def _failed(
+    check: str, code: str, message: str, component: str = "node", **evidence: Any
+) -> Finding:
+    return Finding(check=f"active.{check}", status=Status.FAILED, code=code,
+                   component=component, message=message, action=Action.NONE,
+                   evidence=evidence)
 
 
 def run_active(
@@ -107,6 +110,7 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
     """Read the worker's events into `outcome`; returns (checks settled, fatal or None)."""
     done: set[str] = set()
     started: str | None = None
+    where = "node"  # the device the running check last touched (progress events)
     for line in result.text.splitlines():
         try:
             ev = json.loads(line)
@@ -119,7 +123,9 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
             outcome.devices = list(ev.get("names", []))
             outcome.models = list(ev.get("models", []))
         elif kind == "start":
-            started = check
+            started, where = check, "node"
+        elif kind == "progress":
+            where = str(ev.get("component", "node"))
         elif kind == "result":
             try:
                 outcome.measurements += [Measurement.from_json(m) for m in ev["measurements"]]
@@ -131,16 +137,18 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
         elif kind == "error":
             code = str(ev.get("code", "CHECK_ERROR"))
             outcome.findings.append(Finding(
-                check=f"active.{check}", status=Status.FAILED, code=code, component="node",
+                check=f"active.{check}", status=Status.FAILED, code=code,
+                component=str(ev.get("component", where)),
                 message=str(ev.get("message", ""))[:500],
-                action=Action.RESET_GPU if code == "GPU_MEMORY_FAULT" else Action.NONE,
+                action=ACTIONS.get(code, (Action.NONE, False))[0],
+                fatal=ACTIONS.get(code, (Action.NONE, False))[1],
                 evidence={"traceback": ev.get("traceback", "")}))
             done.add(check)
             started = None
         elif kind == "timeout":
             outcome.findings.append(_failed(
                 check, "CHECK_TIMEOUT", f"did not finish within {ev.get('timeout_s')} s "
-                "(killed)", timeout_s=ev.get("timeout_s")))
+                f"(killed; last on {where})", where, timeout_s=ev.get("timeout_s")))
             done.add(check)
             started = None
         elif kind == "fatal":
@@ -150,12 +158,12 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
         # deadline (timeout) or crashed (a segfault in a driver, an OOM kill).
         if result.error == "timeout":
             outcome.findings.append(_failed(started, "CHECK_TIMEOUT",
-                                            "hung: killed at the preflight deadline",
-                                            **result.evidence()))
+                                            f"hung on {where}: killed at the preflight deadline",
+                                            where, **result.evidence()))
         else:
             outcome.findings.append(_failed(
                 started, "CHECK_ERROR",
-                f"the worker died while it ran (exit status {result.returncode}): "
-                f"{result.stderr_tail(300)}", **result.evidence()))
+                f"the worker died while it ran on {where} (exit status {result.returncode}): "
+                f"{result.stderr_tail(300)}", where, **result.evidence()))
         done.add(started)
     return done, None

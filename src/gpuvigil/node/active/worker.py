@@ -47,6 +47,55 @@ def build_ops(device: str, *, cpu_devices: int, wrapper: str | None) -> Any:
     return ops
 
 
+class _Progress:
+    """Outermost wrapper: says which device an op is about to touch (only when that
+    changes), so a check that hangs or dies is blamed on its GPU, not on the node.
+    Off for `load` and `allreduce`, which drive every device at once."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.check: str | None = None
+        self.last: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def start(self, check: str) -> None:
+        self.check = check if check not in ("load", "allreduce") else None
+        self.last = None
+
+    def _at(self, i: int) -> None:
+        if self.check is not None and i != self.last:
+            self.last = i
+            emit({"event": "progress", "check": self.check,
+                  "component": self.inner.component(i)})
+
+    def matmul(self, i: int, a: Any, b: Any) -> Any:
+        self._at(i)
+        return self.inner.matmul(i, a, b)
+
+    def fill(self, i: int, t: Any, value: int) -> None:
+        self._at(i)
+        self.inner.fill(i, t, value)
+
+    def fill_index(self, i: int, t: Any, start: int) -> None:
+        self._at(i)
+        self.inner.fill_index(i, t, start)
+
+    def copy(self, i: int, dst: Any, src: Any) -> None:
+        self._at(i)
+        self.inner.copy(i, dst, src)
+
+    def empty(self, i: int, numel: int, dtype: Any) -> Any:
+        self._at(i)
+        return self.inner.empty(i, numel, dtype)
+
+    def timer(self, i: int) -> Any:
+        from gpuvigil.node.active.ops import Timer
+
+        return Timer(self, i)  # type: ignore[arg-type]
+
+
 def _expected(cfg: ActiveConfig, ops: Any, sizes: Sizes, spec: dict[str, Any]) -> dict[str, Any]:
     models = load_models(cfg.gpu_models or None)
     per: dict[str, dict[int, Any]] = {"tflops": {}, "h2d": {}, "p2p": {}, "model": {}}
@@ -104,7 +153,7 @@ def main() -> int:
               "message": "CUDA is not available to PyTorch (no driver, no GPU, or a CPU "
                          f"build of torch {torch.__version__})"})
         return EXIT_FATAL
-    ops = build_ops(device, cpu_devices=cfg.cpu_devices, wrapper=spec.get("wrapper"))
+    ops = _Progress(build_ops(device, cpu_devices=cfg.cpu_devices, wrapper=spec.get("wrapper")))
     sizes = cfg.sizes(device)
     exp = _expected(cfg, ops, sizes, spec)
     emit({"event": "devices", "names": [ops.name(i) for i in range(ops.count())],
@@ -113,6 +162,7 @@ def main() -> int:
     for check in spec.get("checks", []):
         timeout_s = float(sizes.timeouts_s.get(check, 60.0))
         emit({"event": "start", "check": check, "timeout_s": timeout_s})
+        ops.start(check)
         watchdog = threading.Timer(timeout_s, _on_timeout, args=(check, timeout_s))
         watchdog.daemon = True
         watchdog.start()
@@ -122,7 +172,9 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - every failure of a check is reported
             text = f"{type(e).__name__}: {e}"
             code = "GPU_MEMORY_FAULT" if _MEMORY_ERROR.search(text) else "CHECK_ERROR"
+            where = ops.inner.component(ops.last) if ops.last is not None else "node"
             emit({"event": "error", "check": check, "code": code, "message": text[:2000],
+                  "component": where,
                   "traceback": traceback.format_exc(limit=6)})
             if "CUDA" in text or "cuda" in text:
                 return EXIT_FATAL  # the context may be poisoned: the parent starts afresh

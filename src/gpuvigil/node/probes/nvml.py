@@ -19,6 +19,7 @@ from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext, check
 from gpuvigil.node.probes import instance
 from gpuvigil.node.probes.nvml_client import Answer, NvmlClient, client_for, close_all
+from gpuvigil.node.probes.pcie import read_pcie
 from gpuvigil.node.readings import GpuInventory, ReadError, XidEvent, normalize_bus_id
 from gpuvigil.node.rules import gpu as gpu_rules
 
@@ -114,12 +115,19 @@ def _drain_xid_events(client: NvmlClient, ctx: CheckContext, *, timeout_s: float
 
 
 def expected_gpus(ctx: CheckContext) -> int | None:
-    """`node.expect_gpus`, else the instance type's GPU count from the catalog, else None
-    (then only what NVML itself says is attached is judged)."""
+    """`node.expect_gpus`, else the instance type's GPU count from the catalog, else the
+    NVIDIA GPUs on the PCI bus (sysfs: a second source, so a GPU whose driver did not bind
+    is still missed), else None (then only what NVML says is attached is judged).
+
+    A PCI bus without NVIDIA GPUs gives None, not 0: a node is only GPU-less when the
+    config says so (`--expect-gpus 0`), never because a broken bus shows nothing."""
     if ctx.config.expect_gpus is not None:
         return int(ctx.config.expect_gpus)
     _, entry = instance.lookup(ctx)
-    return entry[1].gpus if entry is not None else None
+    if entry is not None:
+        return entry[1].gpus
+    on_bus = sum(1 for link in read_pcie(ctx.root).links if link.role == "gpu")
+    return on_bus or None
 
 
 def _worker_failure(answer: Answer, inv: GpuInventory, *, timeout_s: float) -> Finding:

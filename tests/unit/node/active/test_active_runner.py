@@ -34,6 +34,7 @@ def test_hang_is_killed_by_the_watchdog_and_the_rest_still_runs():
     out = run_active(cfg(checks=["matmul", "memory"], timeouts_s={"matmul": 2}), device="cpu",
                      budget_s=60, wrapper="gpuvigil.fakes.active:hanging_matmul")
     assert codes(out) == [("active.matmul", "CHECK_TIMEOUT")]
+    assert out.findings[0].component == "cpu:1"  # blamed on the device that hung
     assert out.workers == 2  # restarted for the checks after the hung one
     assert {m.check for m in out.measurements} == {"memory"}
 
@@ -44,6 +45,7 @@ def test_frozen_process_is_killed_at_the_budget():
     assert codes(out) == [("active.matmul", "CHECK_TIMEOUT"), ("active.memory", "CHECK_TIMEOUT")]
     by = {f.check: f for f in out.findings}
     assert "killed at the preflight deadline" in by["active.matmul"].message
+    assert by["active.matmul"].component == "cpu:1"
     assert "budget ran out" in by["active.memory"].message
     assert out.duration_s < 15
 
@@ -53,7 +55,18 @@ def test_crash_is_a_check_error_and_the_rest_still_runs():
                      wrapper="gpuvigil.fakes.active:crashing_matmul")
     assert codes(out) == [("active.matmul", "CHECK_ERROR")]
     assert "exit status 139" in out.findings[0].message
+    assert out.findings[0].component == "cpu:1"
     assert {m.check for m in out.measurements} == {"memory"}
+
+
+def test_ecc_error_is_a_memory_fault_of_that_gpu_and_the_worker_restarts():
+    out = run_active(cfg(checks=["memory", "matmul"]), device="cpu", budget_s=60,
+                     wrapper="gpuvigil.fakes.active:ecc_error")
+    assert codes(out) == [("active.memory", "GPU_MEMORY_FAULT")]
+    f = out.findings[0]
+    assert f.component == "cpu:1" and "ECC" in f.message and f.fatal
+    assert out.workers == 2  # a CUDA error may poison the context: a fresh worker goes on
+    assert {m.check for m in out.measurements} == {"matmul"}
 
 
 def test_no_cuda_is_driver_unavailable_for_every_check():

@@ -217,3 +217,23 @@ def test_xid_events_reach_the_kernel_log_seam(scenario, make_ctx) -> None:
     assert (ev.code, ev.source, ev.bus_id, ev.code_name) == (43, "nvml", "0000:ba:00.0", "XID_43")
     run_gpu(ctx)
     assert len(ctx.extras["nvml_xid_events"]) == 1  # delivered once
+
+
+def test_gpus_on_the_pci_bus_are_the_expectation_without_config(scenario, make_ctx, tmp_path):
+    """8 NVIDIA GPUs in sysfs, 7 answering NVML, nothing configured: GPU_COUNT_LOW."""
+    from gpuvigil.fakes.sysfs import FakeSysfs
+
+    node, path = scenario
+    node.gpus[7].present = False
+    node.save(path)
+    ctx = make_ctx(expect_gpus=None)
+    ctx.root = FakeSysfs.node(tmp_path / "root", gpus=8, kind="ib", adapters=0).root
+    findings, _ = run_gpu(ctx)
+    assert [(f.code, f.evidence["expected"]) for f in findings] == [("GPU_COUNT_LOW", 8)]
+    # No NVIDIA device on the bus and nothing configured: not "0 expected".
+    ctx.root = tmp_path / "empty"
+    node.library_present = False
+    node.save(path)
+    nvml.close_all()  # a fresh worker meets the missing library at init
+    findings, _ = run_gpu(ctx)
+    assert [f.code for f in findings if f.code == "DRIVER_UNAVAILABLE"] == ["DRIVER_UNAVAILABLE"]
