@@ -73,6 +73,7 @@ class Record(BaseModel):
     fatal: bool = False  # the episode began with a fatal finding
     step: Action | None = None  # the ladder step in progress (REMEDIATING) or last taken
     request_id: str = ""  # id of the request for `step`: the agent acts once per id
+    issued: str = ""  # the request id the controller confirmed it sent (not re-sent after)
     boot_id: str = ""  # the node's boot id when a REBOOT was requested (verifies it)
     failures: int = 0  # failed steps in this episode (quarantine after K)
     last_step_done_at: datetime | None = None  # escalation: did the problem come back soon?

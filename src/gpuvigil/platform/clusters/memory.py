@@ -117,7 +117,7 @@ class MemoryCluster:
         unvalidated: bool = False,
     ) -> MemNode:
         node = MemNode(name=name, pool=pool, labels=dict(labels or {}))
-        node.labels.setdefault("pool", pool)
+        node.labels.setdefault("gpuvigil.io/pool", pool)
         node.pods = [Pod(f"{name}-p{i}") for i in range(pods)]
         node.pods += [Pod(f"{name}-pdb{i}", protected=True) for i in range(protected_pods)]
         if unvalidated:
