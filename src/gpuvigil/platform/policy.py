@@ -37,6 +37,7 @@ class PolicyConfig(StrictModel):
     """Timings of the state machine (seconds). Every default is explained in docs/controller.md."""
 
     suspect_grace_s: float = Field(600.0, ge=0)  # non-fatal problem: drain if it lasts this long
+    suspect_max_s: float = Field(14400.0, gt=0)  # nothing to repair for this long: quarantine
     block_on_warning: bool = False  # WARNING findings also block new work
     heartbeat_stale_s: float = Field(300.0, gt=0)  # older summaries are unknown, not healthy
     block_unknown: bool = True  # block new work on nodes whose summary is stale/unreadable
@@ -271,7 +272,8 @@ def _healthy(c: _Ctx) -> Decision:
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()  # ours only
         return Decision(c.rec, unblock, f"blocked by someone else ({who}): left alone")
     if not a.readable:
-        if c.cfg.block_unknown and not c.fleet.breaker_open and node.health_error != "absent":
+        seen_once = node.health is not None or node.health_error == "unreadable"
+        if c.cfg.block_unknown and not c.fleet.breaker_open and seen_once:
             return c.go(State.SUSPECT, f"unknown: {a.unknown_reason}")
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()
         return Decision(c.rec, unblock, f"not acted on: {a.unknown_reason}")
@@ -295,7 +297,12 @@ def _healthy(c: _Ctx) -> Decision:
 
 def _suspect(c: _Ctx) -> Decision:
     a = c.a
+    stuck = _age(c.rec.since, c.now) >= c.cfg.suspect_max_s
     if not a.readable:
+        if stuck:
+            return c.go(
+                State.QUARANTINED, f"unknown for {c.cfg.suspect_max_s:.0f} s: {a.unknown_reason}"
+            )
         return c.keep(f"unknown: {a.unknown_reason}")
     if not a.problems:
         return c.go(State.HEALTHY, "problem cleared", Op(OpKind.UNBLOCK))
@@ -304,6 +311,10 @@ def _suspect(c: _Ctx) -> Decision:
     persisted = _age(c.rec.since, c.now) >= c.cfg.suspect_grace_s
     if a.fatal or (persisted and a.action.rank >= Action.RESET_GPU.rank):
         return c.drain_or_hold(("fatal: " if a.fatal else "persisted: ") + a.describe())
+    if stuck:  # nothing automatic repairs it (a check that cannot run, a RESTART_APP finding)
+        return c.go(
+            State.QUARANTINED, f"unresolved for {c.cfg.suspect_max_s:.0f} s: {a.describe()}"
+        )
     return c.keep(a.describe())
 
 

@@ -104,6 +104,10 @@ class Breaker:
 
     config: SafetyConfig
     status: BreakerStatus = field(default_factory=BreakerStatus)
+    # When each node without a stored episode was first seen bad (a node a human cordoned
+    # and gpuvigil leaves alone stays bad without "turning" again). Lost on restart, which
+    # only makes a restarted controller more careful for one window.
+    first_bad: dict[str, datetime] = field(default_factory=dict)
 
     def evaluate(self, nodes: list[NodeView], *, now: datetime) -> str:
         """Why the breaker should be open now, or "" when the fleet looks normal."""
@@ -112,16 +116,20 @@ class Breaker:
             return ""
         turned = 0
         same: Counter[tuple[str, str]] = Counter()
+        seen: set[str] = set()
         for v in nodes:
             start = episode_start(v.record)
-            fresh_bad = v.health is not None and v.health.status is Status.FAILED
+            if start is None and v.health is not None and v.health.status is Status.FAILED:
+                start = self.first_bad.setdefault(v.name, now)  # about to turn: count it now
+                seen.add(v.name)
             if start is not None and (now - start).total_seconds() <= cfg.breaker_window_s:
                 turned += 1
-            elif (v.record is None or v.record.state is State.HEALTHY) and fresh_bad:
-                turned += 1  # about to turn: count it before it does
             if v.health is not None:
-                seen = {(f.check, f.code) for f in v.health.findings if f.code in COULD_NOT_RUN}
-                same.update(seen)
+                same.update(
+                    {(f.check, f.code) for f in v.health.findings if f.code in COULD_NOT_RUN}
+                )
+        for name in [n for n in self.first_bad if n not in seen]:
+            del self.first_bad[name]
         share = 100.0 * turned / n
         if turned >= cfg.breaker_min_nodes and share > cfg.breaker_unhealthy_percent:
             return (
