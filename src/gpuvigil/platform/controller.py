@@ -120,13 +120,19 @@ class Controller:
             result.decisions[node.name] = d
             if d.disruptive:
                 gate.consume(node)
-            elif node.record and node.record.state.disruptive and not d.state.disruptive:
+            elif node.record and node.record.in_budget and not d.record.in_budget:
                 gate.release(node)
             if d.held:
                 held += 1
                 self._say(node.name, f"held: {d.held}", now)
             try:
-                self._apply(node, d, now)
+                try:
+                    self._apply(node, d, now)
+                except Conflict:  # changed since the list (a heartbeat): re-read, decide again
+                    fresh = self.cluster.get_node(node.name)
+                    d = decide(fresh, fleet=fleet, now=now, config=self.config.policy)
+                    result.decisions[node.name] = d
+                    self._apply(fresh, d, now)
             except ClusterError as e:
                 self._api_error(e)
                 result.errors[node.name] = f"{e.kind}: {e}"
@@ -136,12 +142,13 @@ class Controller:
 
     def _apply(self, node: NodeView, d: Decision, now: datetime) -> None:
         old = node.record or Record()
-        if d.store:
-            self._transition(node, old, d, now)
         if self.config.dry_run:
+            if d.store:
+                self._transition(node, old, d, now)
             return
         if d.store:
             self.cluster.store(node.name, d.record, version=node.version)
+            self._transition(node, old, d, now)  # said once: only after the store held
         rec = d.record
         for op in d.ops:
             if op.kind is OpKind.BLOCK:

@@ -95,7 +95,7 @@ def run(
         in_use = {pool: 0 for pool in sizes}
         for name, node in c.nodes.items():
             view = c._view(node)
-            if view.record is not None and view.record.state.disruptive:
+            if view.record is not None and view.record.in_budget:
                 in_use[node.pool] += 1
             if name not in faulty:
                 assert not [a for a in node.actions if a[0] in ("drain", "request")], name

@@ -1,0 +1,458 @@
+"""The Kubernetes adapter: `Cluster` over the API server (kubernetes Python client).
+
+Called by the controller (`gpuvigil controller --cluster kubernetes`), `gpuvigil nodes` and
+`gpuvigil release`. What it does to a node:
+
+- block: taint `gpuvigil.io/unhealthy:NoSchedule` (never a cordon: `spec.unschedulable`
+  belongs to humans and `kubectl drain`, so a cordon is always someone else's block);
+- drain: the Eviction API, which honours PodDisruptionBudgets (429 = refused, try again),
+  policy/v1 first and policy/v1beta1 on 404/400 (servers < 1.22 serve only v1beta1; >= 1.25
+  only v1); each pod gets the `DisruptionTarget` condition so a Job's podFailurePolicy can
+  retry it without counting a failure; past the deadline what is left is deleted;
+- reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), answered
+  in `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
+  one) or a configured hook command run through `node.probes.exec.run`;
+- state: the JSON record in the `gpuvigil.io/state` annotation, written with the
+  resourceVersion read (a 409 is `Conflict`).
+
+Lists use raw JSON (`_preload_content=False`): deserialising 5,000 nodes into client
+objects costs seconds; `json.loads` costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from gpuvigil.core import wire
+from gpuvigil.core.codes import FAMILIES
+from gpuvigil.core.findings import Action, utcnow
+from gpuvigil.node.probes import exec as execp
+from gpuvigil.platform.clusters.base import (
+    AgentResult,
+    ClusterError,
+    Conflict,
+    DrainStatus,
+    Forbidden,
+    NodeView,
+    Preflight,
+    Record,
+    Unavailable,
+)
+from gpuvigil.platform.clusters.settings import KubernetesSettings
+from gpuvigil.platform.state import STATE_ANNOTATION, decode_record
+
+log = logging.getLogger("gpuvigil.clusters.kubernetes")
+T = TypeVar("T")
+OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
+IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
+DISRUPTION_REASON = "NodeFaultByGpuvigil"
+
+
+def _map(e: ApiException) -> ClusterError:
+    if e.status == 409:
+        return Conflict(f"{e.status} {e.reason}")
+    if e.status == 429 or (e.status or 0) >= 500:
+        return Unavailable(f"{e.status} {e.reason}")
+    return Forbidden(f"{e.status} {e.reason}: {(e.body or '')[:200]}")
+
+
+def _api(call: Callable[[], T]) -> T:
+    """Run one API call, mapping failures to the errors that say what to do next."""
+    try:
+        return call()
+    except ApiException as e:
+        raise _map(e) from e
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise Unavailable(f"API server unreachable: {e}") from e
+
+
+def _when(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _json(text: str | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load_api_client(settings: KubernetesSettings) -> client.ApiClient:
+    """The API client from the settings' kubeconfig, in-cluster config, or ~/.kube/config."""
+    if settings.kubeconfig:
+        return config.new_client_from_config(settings.kubeconfig, context=settings.context)
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(context=settings.context)
+
+
+def _workload(pod: dict[str, Any]) -> bool:
+    """Pods a drain moves: not DaemonSet-owned, not mirror (static) pods, not finished."""
+    meta = pod.get("metadata", {})
+    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+        return False
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return False
+    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+
+
+class KubernetesCluster:
+    name = "kubernetes"
+
+    def __init__(
+        self, settings: KubernetesSettings | None = None, *, api_client: Any = None
+    ) -> None:
+        self.settings = settings or KubernetesSettings()
+        self.api_client = api_client or load_api_client(self.settings)
+        self.core = client.CoreV1Api(self.api_client)
+        self.timeout = self.settings.request_timeout_s
+        self._eviction_version: str | None = None  # learnt on first use: policy/v1 or v1beta1
+        self.calls: Counter[str] = Counter()
+
+    # ---- reading --------------------------------------------------------------------
+
+    def _raw(self, op: str, call: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any]:
+        self.calls[op] += 1
+        resp = _api(
+            lambda: call(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
+        )
+        return json.loads(resp.data)
+
+    def _pages(self, op: str, call: Callable[..., Any], **kw: Any) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            extra = {"_continue": token} if token else {}
+            page = self._raw(op, call, limit=self.settings.list_page_size, **kw, **extra)
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    def _running(self, node: str | None = None) -> Counter[str]:
+        sel = "status.phase!=Succeeded,status.phase!=Failed"
+        if node:
+            sel += f",spec.nodeName={node}"
+        counts: Counter[str] = Counter()
+        for pod in self._pages(
+            "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
+        ):
+            where = pod.get("spec", {}).get("nodeName")
+            if where and _workload(pod):
+                counts[where] += 1
+        return counts
+
+    def list_nodes(self) -> list[NodeView]:
+        sel = {"label_selector": self.settings.node_selector} if self.settings.node_selector else {}
+        nodes = list(self._pages("list_nodes", self.core.list_node, **sel))
+        running = self._running()
+        return [self._view(n, running[n["metadata"]["name"]]) for n in nodes]
+
+    def get_node(self, name: str) -> NodeView:
+        raw = self._raw("get_node", self.core.read_node, name)
+        return self._view(raw, self._running(name)[name])
+
+    def _view(self, raw: dict[str, Any], running: int) -> NodeView:
+        meta, spec, status = raw["metadata"], raw.get("spec", {}), raw.get("status", {})
+        ann = meta.get("annotations") or {}
+        labels = meta.get("labels") or {}
+        health_text = ann.get(wire.HEALTH_ANNOTATION)
+        health = wire.decode_health(health_text)
+        beats = [health.generated_at] if health else []
+        for cond in status.get("conditions") or []:  # the agent's conditions carry heartbeats
+            if cond.get("type") in FAMILIES and health is not None:
+                beat = _when(cond.get("lastHeartbeatTime"))
+                if beat:
+                    beats.append(beat)
+        taints = spec.get("taints") or []
+        others = ["cordon"] if spec.get("unschedulable") else []
+        others += [
+            f"taint:{t['key']}"
+            for t in taints
+            if t.get("key") not in OUR_TAINTS + IGNORED_TAINTS
+            and t.get("effect") in ("NoSchedule", "NoExecute")
+        ]
+        keys = {t.get("key") for t in taints}
+        rec_text = ann.get(STATE_ANNOTATION)
+        record = decode_record(rec_text)
+        pf = _json(ann.get(wire.PREFLIGHT_ANNOTATION))
+        pf_at = _when(pf.get("at")) if pf else None
+        res = _json(ann.get(wire.RESULT_ANNOTATION))
+        return NodeView(
+            name=meta["name"],
+            pool=labels.get("gpuvigil.io/pool", "default"),
+            labels=labels,
+            health=health,
+            health_error=None if health else ("unreadable" if health_text else "absent"),
+            heartbeat_at=max(beats) if beats else None,
+            record=record,
+            record_error="unreadable" if rec_text and record is None else None,
+            blocked_by_us=wire.UNHEALTHY_TAINT in keys,
+            blocked_by_others=tuple(others),
+            unvalidated=wire.UNVALIDATED_TAINT in keys,
+            running=running,
+            preflight=Preflight(pf.get("result") == "pass", pf_at, str(pf.get("summary", "")))
+            if pf and pf_at
+            else None,
+            agent_result=AgentResult(
+                str(res.get("id", "")),
+                res.get("result") == "succeeded",
+                _when(res.get("at")),
+                str(res.get("detail", "")),
+            )
+            if res
+            else None,
+            boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
+            version=meta.get("resourceVersion", ""),
+        )
+
+    # ---- writing --------------------------------------------------------------------
+
+    def _patch_node(self, op: str, name: str, body: dict[str, Any]) -> None:
+        self.calls[op] += 1
+        _api(lambda: self.core.patch_node(name, body, _request_timeout=self.timeout))
+
+    def _set_taints(self, name: str, change: Callable[[list[dict[str, Any]]], list[Any]]) -> None:
+        """Read-modify-write of the taint list with the resourceVersion (no lost updates)."""
+        for attempt in range(3):
+            raw = self._raw("get_node", self.core.read_node, name)
+            taints = raw.get("spec", {}).get("taints") or []
+            new = change(list(taints))
+            if new == taints:
+                return
+            body = {
+                "metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
+                "spec": {"taints": new},
+            }
+            try:
+                self._patch_node("taint", name, body)
+                return
+            except Conflict:
+                if attempt == 2:
+                    raise
+
+    def block(self, name: str, *, reason: str) -> None:
+        taint = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
+        self._set_taints(
+            name, lambda ts: ts if any(t.get("key") == taint["key"] for t in ts) else [*ts, taint]
+        )
+
+    def unblock(self, name: str) -> None:
+        self._set_taints(name, lambda ts: [t for t in ts if t.get("key") not in OUR_TAINTS])
+
+    def store(self, name: str, record: Record, *, version: str = "") -> None:
+        meta: dict[str, Any] = {"annotations": {STATE_ANNOTATION: record.encode()}}
+        if version:
+            meta["resourceVersion"] = version
+        self._patch_node("store", name, {"metadata": meta})
+
+    def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
+        if action not in (Action.RESET_GPU, Action.REBOOT):
+            raise Forbidden(f"the agent cannot {action.value}")
+        body = {"id": request_id, "action": action.value, "gpus": gpus, "at": utcnow().isoformat()}
+        ann = {wire.REQUEST_ANNOTATION: json.dumps(body, separators=(",", ":"))}
+        self._patch_node("request", name, {"metadata": {"annotations": ann}})
+
+    def replace(self, name: str, *, reason: str) -> None:
+        mode = self.settings.replace
+        if mode == "none":
+            raise Forbidden("replacement is switched off (controller.kubernetes.replace: none)")
+        if mode == "hook":
+            argv = [a.replace("{node}", name) for a in self.settings.replace_hook]
+            if not argv:
+                raise Forbidden("controller.kubernetes.replace_hook is empty")
+            res = execp.run(argv, timeout_s=self.settings.hook_timeout_s)
+            if not res.ok:
+                raise Unavailable(
+                    f"replace hook failed: {res.error or res.returncode} {res.stderr_tail(300)}"
+                )
+            return
+        self.calls["delete_node"] += 1
+        try:
+            _api(lambda: self.core.delete_node(name, _request_timeout=self.timeout))
+        except Forbidden as e:
+            if "404" not in str(e):
+                raise  # 404: already gone, which is what we wanted
+
+    def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
+        now = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+        ns = self.settings.event_namespace
+        body = {
+            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": ns},
+            "involvedObject": {"kind": "Node", "name": name, "apiVersion": "v1", "uid": name},
+            "reason": reason[:128],
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpuvigil-controller"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.calls["event"] += 1
+        _api(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout))
+
+    # ---- draining -------------------------------------------------------------------
+
+    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
+        sel = f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
+        pods = [
+            p
+            for p in self._pages(
+                "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
+            )
+            if _workload(p)
+        ]
+        past = utcnow() >= deadline
+        blocked = forced = 0
+        for pod in pods:
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue  # already going; still counted as remaining
+            ns, pname = meta["namespace"], meta["name"]
+            if not past:
+                if self._evict(ns, pname):
+                    self._mark(ns, pname, reason)
+                else:
+                    blocked += 1
+                continue
+            self._mark(ns, pname, f"{reason} (drain deadline passed)")
+            self.calls["delete_pod"] += 1
+            try:
+                _api(
+                    lambda ns=ns, pname=pname: self.core.delete_namespaced_pod(
+                        pname,
+                        ns,
+                        grace_period_seconds=self.settings.eviction_grace_s,
+                        _request_timeout=self.timeout,
+                    )
+                )
+                forced += 1
+            except Forbidden:
+                pass  # gone already
+        left = sum(
+            1
+            for p in self._pages(
+                "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
+            )
+            if _workload(p)
+        )
+        return DrainStatus(remaining=left, blocked=blocked, forced=forced)
+
+    def _evict(self, ns: str, pod: str) -> bool:
+        """True when evicted (or already gone); False when a disruption budget refused."""
+        versions = (
+            [self._eviction_version] if self._eviction_version else ["policy/v1", "policy/v1beta1"]
+        )
+        for version in versions:
+            body: dict[str, Any] = {
+                "apiVersion": version,
+                "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": ns},
+            }
+            if self.settings.eviction_grace_s is not None:
+                body["deleteOptions"] = {"gracePeriodSeconds": self.settings.eviction_grace_s}
+            self.calls["evict"] += 1
+            try:
+                self.core.create_namespaced_pod_eviction(
+                    pod, ns, body, _request_timeout=self.timeout
+                )
+                self._eviction_version = version
+                return True
+            except ApiException as e:
+                if e.status == 429:  # a PodDisruptionBudget says not now
+                    self._eviction_version = version
+                    return False
+                if e.status in (400, 404) and version != versions[-1]:
+                    continue  # the server may not serve this version: try the next one
+                if e.status == 404:
+                    return True  # the pod is gone
+                raise _map(e) from e
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                raise Unavailable(f"eviction of {ns}/{pod}: {e}") from e
+        return False
+
+    def _mark(self, ns: str, pod: str, message: str) -> None:
+        """The DisruptionTarget condition: a Job's podFailurePolicy can ignore this failure."""
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": DISRUPTION_REASON,
+            "message": message[:512],
+            "lastTransitionTime": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        self.calls["mark_pod"] += 1
+        try:
+            _api(
+                lambda: self.core.patch_namespaced_pod_status(
+                    pod, ns, {"status": {"conditions": [cond]}}, _request_timeout=self.timeout
+                )
+            )
+        except ClusterError as e:  # gone already, or no permission: the eviction stands
+            log.info("could not mark %s/%s as DisruptionTarget: %s", ns, pod, e)
+
+    # ---- leader election storage ---------------------------------------------------------
+
+    def lease_store(self) -> LeaseStore:
+        return LeaseStore(self.api_client, self.settings)
+
+
+class LeaseStore:
+    """coordination.k8s.io/v1 Lease reads and writes for `platform.leader` (raw dicts)."""
+
+    def __init__(self, api_client: Any, settings: KubernetesSettings) -> None:
+        self.api = client.CoordinationV1Api(api_client)
+        self.ns, self.name = settings.lease_namespace, settings.lease_name
+        self.timeout = settings.request_timeout_s
+
+    def get(self) -> dict[str, Any] | None:
+        try:
+            resp = _api(
+                lambda: self.api.read_namespaced_lease(
+                    self.name, self.ns, _preload_content=False, _request_timeout=self.timeout
+                )
+            )
+        except Forbidden as e:
+            if "404" in str(e):
+                return None
+            raise
+        return json.loads(resp.data)
+
+    def create(self, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.ns},
+            "spec": spec,
+        }
+        _api(lambda: self.api.create_namespaced_lease(self.ns, body, _request_timeout=self.timeout))
+
+    def replace(self, spec: dict[str, Any], *, version: str) -> None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.ns, "resourceVersion": version},
+            "spec": spec,
+        }
+        _api(
+            lambda: self.api.replace_namespaced_lease(
+                self.name, self.ns, body, _request_timeout=self.timeout
+            )
+        )
