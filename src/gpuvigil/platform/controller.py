@@ -32,7 +32,6 @@ from gpuvigil.platform.clusters.base import (
     Cluster,
     ClusterError,
     Conflict,
-    Forbidden,
     NodeView,
     Unavailable,
 )
@@ -167,20 +166,18 @@ class Controller:
                         result="forced",
                         reason=f"{st.forced} left at the deadline",
                     )
-            elif op.kind in (OpKind.REQUEST, OpKind.REPLACE):
+            elif op.kind is OpKind.REPLACE:
+                # At most once: remember it first (a replacement is not idempotent when it is
+                # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
+                self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
+                self.cluster.replace(node.name, reason=rec.reason)
+            elif op.kind is OpKind.REQUEST:
                 assert op.action is not None
-                if op.kind is OpKind.REPLACE:
-                    self.cluster.replace(node.name, reason=rec.reason)
-                else:
-                    self.cluster.request(
-                        node.name, action=op.action, request_id=op.request_id, gpus=list(op.gpus)
-                    )
-                # Remember that it was sent, so no pass sends it again.
-                try:
-                    self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
-                except Forbidden:
-                    if op.kind is not OpKind.REPLACE:  # a replaced node is gone: expected
-                        raise
+                self.cluster.request(
+                    node.name, action=op.action, request_id=op.request_id, gpus=list(op.gpus)
+                )
+                # At least once: the agent acts once per id, so a resend after a crash is safe.
+                self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
 
     # ---- what it says about itself ---------------------------------------------------
 
