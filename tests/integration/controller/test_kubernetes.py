@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest_helpers import wait_for
+from ctl_helpers import FATAL, wait_for
 
 from gpuvigil.core import wire
 from gpuvigil.platform.clusters.base import Conflict
@@ -150,8 +150,6 @@ def test_evicted_pods_carry_disruption_target(kube, kube_cluster) -> None:  # ty
 
 
 def test_full_ladder_and_a_humans_cordon(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
-    from conftest import FATAL
-
     sel, names = fleet(kube, 3)
     bad = names[0]
     ns = kube.namespace()

@@ -7,8 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import FATAL, health
-from conftest_helpers import wait_for
+from ctl_helpers import FATAL, health, wait_for
 
 from gpuvigil.platform.clusters.settings import SlurmSettings
 from gpuvigil.platform.clusters.slurm import SlurmCluster, expand_hostlist

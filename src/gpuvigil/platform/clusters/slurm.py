@@ -79,6 +79,12 @@ def _flags(raw: dict[str, Any]) -> set[str]:
     return {str(s).upper() for s in [*states, *(raw.get("state_flags") or [])]}
 
 
+def _labels(raw: dict[str, Any]) -> dict[str, str]:
+    """A Slurm node's pool is its first partition (budgets are per pool)."""
+    parts = raw.get("partitions") or []
+    return {"gpuvigil.io/pool": str(parts[0])} if parts else {}
+
+
 def view(raw: dict[str, Any], running: int = 0) -> NodeView:
     """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output)."""
     flags = _flags(raw)
@@ -93,7 +99,7 @@ def view(raw: dict[str, Any], running: int = 0) -> NodeView:
     health = wire.decode_health(extra)
     record = decode_record(str(raw.get("comment") or ""))
     if record is None and ours:  # the comment is lost or garbled: the reason still says where
-        tag = parse_tag(reason.split(" : ")[0])
+        tag = parse_tag(reason.split(" : ", maxsplit=1)[0])
         if tag:
             since = _epoch(raw.get("reason_changed_at"))
             record = Record(state=tag[0], step=tag[1], code=tag[2], since=since)
@@ -110,7 +116,7 @@ def view(raw: dict[str, Any], running: int = 0) -> NodeView:
     return NodeView(
         name=str(raw.get("name")),
         pool="default",
-        labels={"gpuvigil.io/pool": p for p in (raw.get("partitions") or [])[:1]},
+        labels=_labels(raw),
         health=health,
         health_error=None if health else ("unreadable" if extra else "absent"),
         heartbeat_at=health.generated_at if health else None,
