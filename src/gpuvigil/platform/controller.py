@@ -305,7 +305,8 @@ class Controller:
                     self.reconcile()
                 except Exception:  # keep the loop alive; the next pass starts from the level
                     log.exception("reconcile pass failed")
-            stop.wait(self.config.interval_s)
+            # A standby looks again within a second, so it takes over as soon as it leads.
+            stop.wait(self.config.interval_s if leader else min(1.0, self.config.interval_s))
 
 
 def _remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:

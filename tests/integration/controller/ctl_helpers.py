@@ -4,9 +4,12 @@ health summaries, polling."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from gpuvigil.core import wire
@@ -83,3 +86,28 @@ def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finding_investigate() -> FindingSummary:
+    return FindingSummary(
+        code="GPU_SDC",
+        component="gpu:1",
+        status=Status.FAILED,
+        action=Action.INVESTIGATE,
+        check="matmul",
+    )
+
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+
+
+def controller_argv(*args: str) -> list[str]:
+    """This checkout's gpuvigil (tests/conftest.py's helpers are shadowed by ours here)."""
+    return [sys.executable, "-m", "gpuvigil", *args]
+
+
+def controller_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
