@@ -186,3 +186,33 @@ def test_full_ladder_and_a_humans_cordon(kube, kube_cluster, agent) -> None:  # 
         "default", field_selector=f"involvedObject.name={bad}"
     )
     assert any(e.reason == "gpuvigilDraining" for e in events.items)
+
+
+def test_fault_storm_trips_the_breaker_and_recoveries_continue(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    from gpuvigil.platform import metrics as pmetrics
+
+    sel, names = fleet(kube, 10)
+    for n in names:
+        agent.publish(n)
+    for n in names[:5]:  # half the fleet at once: a bad driver roll-out, not five bad GPUs
+        agent.publish(n, FATAL)
+    registry = CollectorRegistry()
+    ctl = Controller(
+        kube_cluster(node_selector=sel), config=config(), metrics=pmetrics.build(registry)
+    )
+    ctl.reconcile()
+    assert registry.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert registry.get_sample_value("gpuvigil_circuit_breaker_trips_total") == 1
+    for n in names[:5]:
+        rec = state_of(kube, n)
+        assert rec is not None and rec.state is State.SUSPECT  # blocked, never drained
+        assert wire.UNHEALTHY_TAINT in taints(kube, n)
+    assert registry.get_sample_value("gpuvigil_disruptions_held") == 5
+    agent.publish(names[0])  # one recovers while the breaker is open
+    ctl.reconcile()
+    assert state_of(kube, names[0]).state is State.HEALTHY
+    assert wire.UNHEALTHY_TAINT not in taints(kube, names[0])
+    assert registry.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert all(state_of(kube, n).state is State.SUSPECT for n in names[1:5])

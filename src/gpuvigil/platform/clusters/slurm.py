@@ -107,12 +107,11 @@ def view(raw: dict[str, Any], running: int = 0) -> NodeView:
     result = None
     if record is not None and record.state is State.REMEDIATING and record.request_id:
         requested = record.since
-        if not flags & REBOOT_FLAGS and boot and requested and boot > requested:
-            result = AgentResult(record.request_id, True, boot, "rebooted")
-        elif "reboot timed out" in reason.lower() or (
-            down and not flags & REBOOT_FLAGS and "REBOOT" in reason.upper()
-        ):
+        timed_out = "reboot timed out" in reason.lower()
+        if timed_out or (down and not flags & REBOOT_FLAGS and "REBOOT" in reason.upper()):
             result = AgentResult(record.request_id, False, None, reason)
+        elif not flags & REBOOT_FLAGS and boot and requested and boot > requested:
+            result = AgentResult(record.request_id, True, boot, "rebooted")
     return NodeView(
         name=str(raw.get("name")),
         pool="default",
