@@ -18,10 +18,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -49,6 +50,7 @@ class ControllerConfig(StrictModel):
 
     cluster: Literal["kubernetes", "slurm"] = "kubernetes"
     interval_s: float = Field(10.0, gt=0)  # between reconcile passes
+    apply_workers: int = Field(8, ge=1)  # nodes acted on at once (bounded by the adapter)
     dry_run: bool = False  # decide and record (events, metrics, log), never act
     events_path: Path | None = None  # JSONL event log (core.events); None: none written
     metrics_port: int = Field(9403, ge=0, le=65535)  # 0: no metrics endpoint
@@ -110,6 +112,7 @@ class Controller:
         result.breaker_open = self.breaker.status.open
         gate = Gate(self.config.safety, nodes, now=now, breaker=self.breaker.status)
         held = 0
+        work: list[tuple[NodeView, Decision, Any]] = []
         for node in nodes:
             if excluded(node, self.config.safety):
                 self._say(node.name, "excluded by label: observed, never acted on", now)
@@ -124,20 +127,37 @@ class Controller:
             if d.held:
                 held += 1
                 self._say(node.name, f"held: {d.held}", now)
-            try:
-                try:
-                    self._apply(node, d, now)
-                except Conflict:  # changed since the list (a heartbeat): re-read, decide again
-                    fresh = self.cluster.get_node(node.name)
-                    d = decide(fresh, fleet=fleet, now=now, config=self.config.policy)
-                    result.decisions[node.name] = d
-                    self._apply(fresh, d, now)
-            except ClusterError as e:
-                self._api_error(e)
-                result.errors[node.name] = f"{e.kind}: {e}"
-                log.info("node %s: %s (%s); next pass retries", node.name, e, e.kind)
+            if d.store or d.ops:
+                work.append((node, d, fleet))
+        # Decisions are made in order (the budget is consumed in order); applying them is
+        # independent per node, so an adapter that allows it does it concurrently.
+        workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
+        if workers > 1 and len(work) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="apply") as pool:
+                list(pool.map(lambda w: self._apply_one(*w, now, result), work))
+        else:
+            for w in work:
+                self._apply_one(*w, now, result)
         self._export(nodes, result, gate, held, started)
         return result
+
+    def _apply_one(
+        self, node: NodeView, d: Decision, fleet: Any, now: datetime, result: PassResult
+    ) -> None:
+        try:
+            try:
+                self._apply(node, d, now)
+            except Conflict:  # changed since the list (a heartbeat): re-read, decide again
+                fresh = self.cluster.get_node(node.name)
+                again = decide(fresh, fleet=fleet, now=now, config=self.config.policy)
+                if again.disruptive and not d.disruptive:
+                    return  # its budget was not counted in this pass: the next pass decides
+                result.decisions[node.name] = again
+                self._apply(fresh, again, now)
+        except ClusterError as e:
+            self._api_error(e)
+            result.errors[node.name] = f"{e.kind}: {e}"
+            log.info("node %s: %s (%s); next pass retries", node.name, e, e.kind)
 
     def _apply(self, node: NodeView, d: Decision, now: datetime) -> None:
         old = node.record or Record()

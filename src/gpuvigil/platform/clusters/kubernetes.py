@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -117,6 +118,7 @@ def _workload(pod: dict[str, Any]) -> bool:
 
 class KubernetesCluster:
     name = "kubernetes"
+    max_concurrency = 16  # the controller may apply decisions to this many nodes at once
 
     def __init__(
         self, settings: KubernetesSettings | None = None, *, api_client: Any = None
@@ -126,6 +128,8 @@ class KubernetesCluster:
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = self.settings.request_timeout_s
         self._eviction_version: str | None = None  # learnt on first use: policy/v1 or v1beta1
+        self._seen: dict[str, tuple[list[dict[str, Any]], str]] = {}
+        self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
 
     # ---- reading --------------------------------------------------------------------
@@ -163,11 +167,14 @@ class KubernetesCluster:
     def list_nodes(self) -> list[NodeView]:
         sel = {"label_selector": self.settings.node_selector} if self.settings.node_selector else {}
         nodes = list(self._pages("list_nodes", self.core.list_node, **sel))
+        for raw in nodes:
+            self._remember(raw)
         running = self._running()
         return [self._view(n, running[n["metadata"]["name"]]) for n in nodes]
 
     def get_node(self, name: str) -> NodeView:
         raw = self._raw("get_node", self.core.read_node, name)
+        self._remember(raw)
         return self._view(raw, self._running(name)[name])
 
     def _view(self, raw: dict[str, Any], running: int) -> NodeView:
@@ -228,20 +235,39 @@ class KubernetesCluster:
 
     def _patch_node(self, op: str, name: str, body: dict[str, Any]) -> None:
         self.calls[op] += 1
-        _api(lambda: self.core.patch_node(name, body, _request_timeout=self.timeout))
+        resp = _api(
+            lambda: self.core.patch_node(
+                name, body, _preload_content=False, _request_timeout=self.timeout
+            )
+        )
+        self._remember(json.loads(resp.data))
+
+    def _remember(self, raw: dict[str, Any]) -> None:
+        """The node's taints and resourceVersion as last seen (a list, a get, our own patch
+        response), so a taint change needs no extra GET; a stale entry costs one Conflict."""
+        meta = raw.get("metadata") or {}
+        if meta.get("name"):
+            with self._lock:
+                self._seen[meta["name"]] = (
+                    list(raw.get("spec", {}).get("taints") or []),
+                    meta.get("resourceVersion", ""),
+                )
 
     def _set_taints(self, name: str, change: Callable[[list[dict[str, Any]]], list[Any]]) -> None:
         """Read-modify-write of the taint list with the resourceVersion (no lost updates)."""
         for attempt in range(3):
-            raw = self._raw("get_node", self.core.read_node, name)
-            taints = raw.get("spec", {}).get("taints") or []
+            with self._lock:
+                seen = self._seen.pop(name, None) if attempt == 0 else None
+            if seen is None:
+                raw = self._raw("get_node", self.core.read_node, name)
+                seen = (raw.get("spec", {}).get("taints") or [], raw["metadata"]["resourceVersion"])
+            taints, version = seen
             new = change(list(taints))
             if new == taints:
+                with self._lock:
+                    self._seen[name] = seen
                 return
-            body = {
-                "metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
-                "spec": {"taints": new},
-            }
+            body = {"metadata": {"resourceVersion": version}, "spec": {"taints": new}}
             try:
                 self._patch_node("taint", name, body)
                 return
