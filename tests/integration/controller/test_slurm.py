@@ -112,3 +112,15 @@ def test_drain_requeue_reboot_and_restart_mid_drain(slurm) -> None:  # type: ign
         "gpu3 back in service",
     )
     assert c.get_node("gpu3").record.state is State.HEALTHY
+
+
+def test_nodes_command_on_slurm(slurm, run_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"controller:\n  cluster: slurm\n  slurm: {{conf: '{slurm.conf}'}}\n")
+    slurm.run("scontrol", "update", "NodeName=gpu1", "State=DRAIN", "Reason=bios update")
+    out = run_cli("nodes", "--config", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["node"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert set(rows) == set(slurm.names)
+    assert rows["gpu1"]["blocked_by"] == ["slurm:drain:bios update"]
+    assert rows["gpu2"]["state"] == "HEALTHY"
