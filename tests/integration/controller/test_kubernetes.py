@@ -127,7 +127,7 @@ spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{app}"}}}}}}
     c = kube_cluster(node_selector=sel)
     st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79")
     assert (st.remaining, st.blocked) == (1, 1)  # "free" evicted (v1beta1 here), "guarded" 429
-    assert c._eviction_version == "policy/v1beta1"
+    assert c.drainer._eviction_version == "policy/v1beta1"
     st = c.drain(name, deadline=utcnow() - timedelta(seconds=1), reason="XID_79")
     assert st.done and st.forced == 1
 

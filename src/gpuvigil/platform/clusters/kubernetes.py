@@ -27,12 +27,10 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any
 
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
 from gpuvigil.core import wire
 from gpuvigil.core.codes import FAMILIES
@@ -40,7 +38,6 @@ from gpuvigil.core.findings import Action, utcnow
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.platform.clusters.base import (
     AgentResult,
-    ClusterError,
     Conflict,
     DrainStatus,
     Forbidden,
@@ -49,71 +46,20 @@ from gpuvigil.platform.clusters.base import (
     Record,
     Unavailable,
 )
+from gpuvigil.platform.clusters.eviction import Drainer, workload
+from gpuvigil.platform.clusters.k8s_api import (
+    LeaseStore,
+    api_call,
+    json_object,
+    load_api_client,
+    when,
+)
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.state import STATE_ANNOTATION, decode_record
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
-T = TypeVar("T")
 OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
-DISRUPTION_REASON = "NodeFaultByGpuvigil"
-
-
-def _map(e: ApiException) -> ClusterError:
-    if e.status == 409:
-        return Conflict(f"{e.status} {e.reason}")
-    if e.status == 429 or (e.status or 0) >= 500:
-        return Unavailable(f"{e.status} {e.reason}")
-    return Forbidden(f"{e.status} {e.reason}: {(e.body or '')[:200]}")
-
-
-def _api(call: Callable[[], T]) -> T:
-    """Run one API call, mapping failures to the errors that say what to do next."""
-    try:
-        return call()
-    except ApiException as e:
-        raise _map(e) from e
-    except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise Unavailable(f"API server unreachable: {e}") from e
-
-
-def _when(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
-
-
-def _json(text: str | None) -> dict[str, Any] | None:
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def load_api_client(settings: KubernetesSettings) -> client.ApiClient:
-    """The API client from the settings' kubeconfig, in-cluster config, or ~/.kube/config."""
-    if settings.kubeconfig:
-        return config.new_client_from_config(settings.kubeconfig, context=settings.context)
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config(context=settings.context)
-
-
-def _workload(pod: dict[str, Any]) -> bool:
-    """Pods a drain moves: not DaemonSet-owned, not mirror (static) pods, not finished."""
-    meta = pod.get("metadata", {})
-    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
-        return False
-    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
-        return False
-    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
 
 
 class KubernetesCluster:
@@ -127,16 +73,16 @@ class KubernetesCluster:
         self.api_client = api_client or load_api_client(self.settings)
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = self.settings.request_timeout_s
-        self._eviction_version: str | None = None  # learnt on first use: policy/v1 or v1beta1
         self._seen: dict[str, tuple[list[dict[str, Any]], str]] = {}
         self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
+        self.drainer = Drainer(self.core, self.settings, self.calls, self._pages)
 
     # ---- reading --------------------------------------------------------------------
 
     def _raw(self, op: str, call: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any]:
         self.calls[op] += 1
-        resp = _api(
+        resp = api_call(
             lambda: call(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
         )
         return json.loads(resp.data)
@@ -160,7 +106,7 @@ class KubernetesCluster:
             "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
         ):
             where = pod.get("spec", {}).get("nodeName")
-            if where and _workload(pod):
+            if where and workload(pod):
                 counts[where] += 1
         return counts
 
@@ -186,7 +132,7 @@ class KubernetesCluster:
         beats = [health.generated_at] if health else []
         for cond in status.get("conditions") or []:  # the agent's conditions carry heartbeats
             if cond.get("type") in FAMILIES and health is not None:
-                beat = _when(cond.get("lastHeartbeatTime"))
+                beat = when(cond.get("lastHeartbeatTime"))
                 if beat:
                     beats.append(beat)
         taints = spec.get("taints") or []
@@ -200,9 +146,9 @@ class KubernetesCluster:
         keys = {t.get("key") for t in taints}
         rec_text = ann.get(STATE_ANNOTATION)
         record = decode_record(rec_text)
-        pf = _json(ann.get(wire.PREFLIGHT_ANNOTATION))
-        pf_at = _when(pf.get("at")) if pf else None
-        res = _json(ann.get(wire.RESULT_ANNOTATION))
+        pf = json_object(ann.get(wire.PREFLIGHT_ANNOTATION))
+        pf_at = when(pf.get("at")) if pf else None
+        res = json_object(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
             pool=labels.get("gpuvigil.io/pool", "default"),
@@ -222,7 +168,7 @@ class KubernetesCluster:
             agent_result=AgentResult(
                 str(res.get("id", "")),
                 res.get("result") == "succeeded",
-                _when(res.get("at")),
+                when(res.get("at")),
                 str(res.get("detail", "")),
             )
             if res
@@ -235,7 +181,7 @@ class KubernetesCluster:
 
     def _patch_node(self, op: str, name: str, body: dict[str, Any]) -> None:
         self.calls[op] += 1
-        resp = _api(
+        resp = api_call(
             lambda: self.core.patch_node(
                 name, body, _preload_content=False, _request_timeout=self.timeout
             )
@@ -313,7 +259,7 @@ class KubernetesCluster:
             return
         self.calls["delete_node"] += 1
         try:
-            _api(lambda: self.core.delete_node(name, _request_timeout=self.timeout))
+            api_call(lambda: self.core.delete_node(name, _request_timeout=self.timeout))
         except Forbidden as e:
             if "404" not in str(e):
                 raise  # 404: already gone, which is what we wanted
@@ -333,152 +279,12 @@ class KubernetesCluster:
             "count": 1,
         }
         self.calls["event"] += 1
-        _api(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout))
+        api_call(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout))
 
     # ---- draining -------------------------------------------------------------------
-
-    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        sel = f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
-        pods = [
-            p
-            for p in self._pages(
-                "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
-            )
-            if _workload(p)
-        ]
-        past = utcnow() >= deadline
-        blocked = forced = 0
-        for pod in pods:
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue  # already going; still counted as remaining
-            ns, pname = meta["namespace"], meta["name"]
-            if not past:
-                if self._evict(ns, pname):
-                    self._mark(ns, pname, reason)
-                else:
-                    blocked += 1
-                continue
-            self._mark(ns, pname, f"{reason} (drain deadline passed)")
-            self.calls["delete_pod"] += 1
-            try:
-                _api(
-                    lambda ns=ns, pname=pname: self.core.delete_namespaced_pod(
-                        pname,
-                        ns,
-                        grace_period_seconds=self.settings.eviction_grace_s,
-                        _request_timeout=self.timeout,
-                    )
-                )
-                forced += 1
-            except Forbidden:
-                pass  # gone already
-        left = sum(
-            1
-            for p in self._pages(
-                "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
-            )
-            if _workload(p)
-        )
-        return DrainStatus(remaining=left, blocked=blocked, forced=forced)
-
-    def _evict(self, ns: str, pod: str) -> bool:
-        """True when evicted (or already gone); False when a disruption budget refused."""
-        versions = (
-            [self._eviction_version] if self._eviction_version else ["policy/v1", "policy/v1beta1"]
-        )
-        for version in versions:
-            body: dict[str, Any] = {
-                "apiVersion": version,
-                "kind": "Eviction",
-                "metadata": {"name": pod, "namespace": ns},
-            }
-            if self.settings.eviction_grace_s is not None:
-                body["deleteOptions"] = {"gracePeriodSeconds": self.settings.eviction_grace_s}
-            self.calls["evict"] += 1
-            try:
-                self.core.create_namespaced_pod_eviction(
-                    pod, ns, body, _request_timeout=self.timeout
-                )
-                self._eviction_version = version
-                return True
-            except ApiException as e:
-                if e.status == 429:  # a PodDisruptionBudget says not now
-                    self._eviction_version = version
-                    return False
-                if e.status in (400, 404) and version != versions[-1]:
-                    continue  # the server may not serve this version: try the next one
-                if e.status == 404:
-                    return True  # the pod is gone
-                raise _map(e) from e
-            except (urllib3.exceptions.HTTPError, OSError) as e:
-                raise Unavailable(f"eviction of {ns}/{pod}: {e}") from e
-        return False
-
-    def _mark(self, ns: str, pod: str, message: str) -> None:
-        """The DisruptionTarget condition: a Job's podFailurePolicy can ignore this failure."""
-        cond = {
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": DISRUPTION_REASON,
-            "message": message[:512],
-            "lastTransitionTime": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
-        self.calls["mark_pod"] += 1
-        try:
-            _api(
-                lambda: self.core.patch_namespaced_pod_status(
-                    pod, ns, {"status": {"conditions": [cond]}}, _request_timeout=self.timeout
-                )
-            )
-        except ClusterError as e:  # gone already, or no permission: the eviction stands
-            log.info("could not mark %s/%s as DisruptionTarget: %s", ns, pod, e)
-
-    # ---- leader election storage ---------------------------------------------------------
 
     def lease_store(self) -> LeaseStore:
         return LeaseStore(self.api_client, self.settings)
 
-
-class LeaseStore:
-    """coordination.k8s.io/v1 Lease reads and writes for `platform.leader` (raw dicts)."""
-
-    def __init__(self, api_client: Any, settings: KubernetesSettings) -> None:
-        self.api = client.CoordinationV1Api(api_client)
-        self.ns, self.name = settings.lease_namespace, settings.lease_name
-        self.timeout = settings.request_timeout_s
-
-    def get(self) -> dict[str, Any] | None:
-        try:
-            resp = _api(
-                lambda: self.api.read_namespaced_lease(
-                    self.name, self.ns, _preload_content=False, _request_timeout=self.timeout
-                )
-            )
-        except Forbidden as e:
-            if "404" in str(e):
-                return None
-            raise
-        return json.loads(resp.data)
-
-    def create(self, spec: dict[str, Any]) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.ns},
-            "spec": spec,
-        }
-        _api(lambda: self.api.create_namespaced_lease(self.ns, body, _request_timeout=self.timeout))
-
-    def replace(self, spec: dict[str, Any], *, version: str) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.ns, "resourceVersion": version},
-            "spec": spec,
-        }
-        _api(
-            lambda: self.api.replace_namespaced_lease(
-                self.name, self.ns, body, _request_timeout=self.timeout
-            )
-        )
+    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
+        return self.drainer.drain(name, deadline=deadline, reason=reason)
