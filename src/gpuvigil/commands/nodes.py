@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.platform.state import State
 
         cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
-        adapter = open_cluster(cfg.cluster, kubernetes=cfg.kubernetes, slurm=cfg.slurm)
+        k8s = cfg.kubernetes.model_copy(update={"count_pods": "all"})  # show everyone's work
+        adapter = open_cluster(cfg.cluster, kubernetes=k8s, slurm=cfg.slurm)
         try:
             views = [adapter.get_node(name)] if name else adapter.list_nodes()
         except ClusterError as e:

@@ -115,8 +115,27 @@ class KubernetesCluster:
         nodes = list(self._pages("list_nodes", self.core.list_node, **sel))
         for raw in nodes:
             self._remember(raw)
-        running = self._running()
+        running = self._counts(nodes)
         return [self._view(n, running[n["metadata"]["name"]]) for n in nodes]
+
+    def _counts(self, nodes: list[dict[str, Any]]) -> Counter[str]:
+        """Running pods per node. Only a DRAINING node's count matters to the policy, so by
+        default only those are listed (one field-selected list each); many of them, or
+        `count_pods: all` (`gpuvigil nodes`), take one paged list of every pod instead."""
+        if self.settings.count_pods == "all":
+            return self._running()
+        draining = [
+            n["metadata"]["name"]
+            for n in nodes
+            if '"DRAINING"'
+            in ((n["metadata"].get("annotations") or {}).get(STATE_ANNOTATION) or "")
+        ]
+        if len(draining) > 20:
+            return self._running()
+        counts: Counter[str] = Counter()
+        for name in draining:
+            counts.update(self._running(name))
+        return counts
 
     def get_node(self, name: str) -> NodeView:
         raw = self._raw("get_node", self.core.read_node, name)
