@@ -27,8 +27,15 @@ def deployed(kube: Any) -> None:
     kube.kubectl("create", "namespace", "gpuvigil-system")
     dry = kube.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
-    rbac = kube.kubectl("apply", "-f", str(DEPLOY / "rbac.yaml"), "-f",
-                        str(DEPLOY / "serviceaccount.yaml"), "-n", "gpuvigil-system")
+    rbac = kube.kubectl(
+        "apply",
+        "-f",
+        str(DEPLOY / "rbac.yaml"),
+        "-f",
+        str(DEPLOY / "serviceaccount.yaml"),
+        "-n",
+        "gpuvigil-system",
+    )
     assert rbac.returncode == 0, rbac.stderr
 
 
@@ -39,13 +46,23 @@ def test_rbac_allows_what_it_uses_and_nothing_more(kube, deployed) -> None:  # t
         out = kube.kubectl("auth", "can-i", verb, res, *extra, *args, f"--as={SA}")
         return out.stdout.strip() == "yes"
 
-    for verb, res in [("list", "nodes"), ("patch", "nodes"), ("delete", "nodes"),
-                      ("list", "pods"), ("create", "pods/eviction"), ("patch", "pods/status"),
-                      ("create", "events")]:
+    for verb, res in [
+        ("list", "nodes"),
+        ("patch", "nodes"),
+        ("delete", "nodes"),
+        ("list", "pods"),
+        ("create", "pods/eviction"),
+        ("patch", "pods/status"),
+        ("create", "events"),
+    ]:
         assert can(verb, res, "-A"), (verb, res)
     assert can("update", "leases", "-n", "gpuvigil-system")
-    for verb, res in [("list", "secrets"), ("create", "pods"), ("update", "leases"),
-                      ("patch", "deployments")]:
+    for verb, res in [
+        ("list", "secrets"),
+        ("create", "pods"),
+        ("update", "leases"),
+        ("patch", "deployments"),
+    ]:
         assert not can(verb, res, "-n", "default"), (verb, res)
 
 

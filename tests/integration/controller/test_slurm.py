@@ -124,3 +124,18 @@ def test_nodes_command_on_slurm(slurm, run_cli, tmp_path) -> None:  # type: igno
     assert set(rows) == set(slurm.names)
     assert rows["gpu1"]["blocked_by"] == ["slurm:drain:bios update"]
     assert rows["gpu2"]["state"] == "HEALTHY"
+
+
+def test_controller_once_on_slurm(slurm, run_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for n in slurm.names:
+        publish(slurm, n)
+    publish(slurm, "gpu4", FATAL)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"controller:\n  cluster: slurm\n  slurm: {{conf: '{slurm.conf}'}}\n")
+    out = run_cli("controller", "--config", str(cfg), "--once")
+    assert out.returncode == 0, out.stderr
+    assert "gpu4\tDRAINING" in out.stdout and "gpu1\tHEALTHY" in out.stdout
+    assert "DRAIN" in slurm.node_state("gpu4")
+    assert (
+        "Reason=gpuvigil:DRAINING:-:XID_79" in slurm.run("scontrol", "show", "node", "gpu4").stdout
+    )
