@@ -216,3 +216,25 @@ def test_fault_storm_trips_the_breaker_and_recoveries_continue(kube, kube_cluste
     assert wire.UNHEALTHY_TAINT not in taints(kube, names[0])
     assert registry.get_sample_value("gpuvigil_circuit_breaker_open") == 1
     assert all(state_of(kube, n).state is State.SUSPECT for n in names[1:5])
+
+
+def test_agent_started_is_not_an_answer_and_new_nodes_validate(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from gpuvigil.core.findings import utcnow
+
+    sel, (name,) = fleet(kube, 1, taints=[{"key": wire.UNVALIDATED_TAINT, "effect": "NoSchedule"}])
+    agent.publish(name)
+    c = kube_cluster(node_selector=sel)
+    ctl = Controller(c, config=config())
+    ctl.reconcile()
+    assert state_of(kube, name).state is State.VALIDATING
+    agent.step(name)  # writes a preflight pass
+    ctl.reconcile()
+    assert state_of(kube, name).state is State.HEALTHY
+    assert taints(kube, name).isdisjoint({wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT})
+    started = {"id": "x", "result": "started", "at": utcnow().isoformat()}
+    kube.core().patch_node(
+        name, {"metadata": {"annotations": {wire.RESULT_ANNOTATION: json.dumps(started)}}}
+    )
+    assert c.get_node(name).agent_result is None

@@ -85,3 +85,8 @@ def test_health_from_extra() -> None:
 def test_hostlist_never_raises_on_garbage() -> None:
     for text in ["", "[", "]", "a[1-", "a[x-y]", ",,", "a[3-1]"]:
         expand_hostlist(text)
+
+
+def test_the_agents_standalone_drain_is_not_ours() -> None:
+    v = view(node(state_flags=["DRAIN"], reason="gpuvigil: XID_79 gpu:3"))
+    assert not v.blocked_by_us and v.blocked_by_others == ("slurm:drain:gpuvigil: XID_79 gpu:3",)

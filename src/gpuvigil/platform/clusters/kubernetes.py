@@ -190,7 +190,8 @@ class KubernetesCluster:
                 when(res.get("at")),
                 str(res.get("detail", "")),
             )
-            if res
+            # "started" (the agent records it before acting) is not an answer yet.
+            if res and res.get("result") in ("succeeded", "failed")
             else None,
             boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
             version=meta.get("resourceVersion", ""),

@@ -89,7 +89,9 @@ def view(raw: dict[str, Any], running: int = 0) -> NodeView:
     """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output)."""
     flags = _flags(raw)
     reason = str(raw.get("reason") or "")
-    ours = reason.startswith(TAG_PREFIX)
+    # Ours only if it parses as our tag: the agent's standalone drains ("gpuvigil: XID_79
+    # gpu:3") and everyone else's are foreign. Slurm may append " : reboot issued".
+    ours = parse_tag(reason.split(" : ", maxsplit=1)[0]) is not None
     drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
     down = bool(flags & {"DOWN", "FAIL", "FAILING"})
     others = []
