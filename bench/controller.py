@@ -30,17 +30,34 @@ from gpuvigil.core.wire import FindingSummary, HealthSummary
 from gpuvigil.platform.clusters.memory import MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
 
-FATAL = FindingSummary(code="XID_79", component="gpu:3", status=Status.FAILED,
-                       action=Action.RESET_GPU, fatal=True, check="xid")
-NONFATAL = FindingSummary(code="NVLINK_ERRORS", component="gpu:1", status=Status.FAILED,
-                          action=Action.RESET_GPU, check="nvlink")
-INVESTIGATE = FindingSummary(code="GPU_SDC", component="gpu:2", status=Status.FAILED,
-                             action=Action.INVESTIGATE, check="matmul")
+FATAL = FindingSummary(
+    code="XID_79",
+    component="gpu:3",
+    status=Status.FAILED,
+    action=Action.RESET_GPU,
+    fatal=True,
+    check="xid",
+)
+NONFATAL = FindingSummary(
+    code="NVLINK_ERRORS",
+    component="gpu:1",
+    status=Status.FAILED,
+    action=Action.RESET_GPU,
+    check="nvlink",
+)
+INVESTIGATE = FindingSummary(
+    code="GPU_SDC",
+    component="gpu:2",
+    status=Status.FAILED,
+    action=Action.INVESTIGATE,
+    check="matmul",
+)
 
 
 def fault_for(i: int) -> FindingSummary:
-    return (FATAL, FATAL, FATAL, FATAL, FATAL, FATAL, NONFATAL, NONFATAL, NONFATAL,
-            INVESTIGATE)[i % 10]
+    return (FATAL, FATAL, FATAL, FATAL, FATAL, FATAL, NONFATAL, NONFATAL, NONFATAL, INVESTIGATE)[
+        i % 10
+    ]
 
 
 def measure(ctl: Controller, calls: Callable[[], int]) -> dict[str, float]:
@@ -53,22 +70,32 @@ def measure(ctl: Controller, calls: Callable[[], int]) -> dict[str, float]:
     assert result.listed and n, "the pass did not decide"
     changed = sum(1 for d in result.decisions.values() if d.store)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"decisions": n, "changed": changed, "seconds": elapsed,
-            "calls": calls() - before, "rss_mib": rss, "errors": len(result.errors),
-            "breaker": float(result.breaker_open)}
+    return {
+        "decisions": n,
+        "changed": changed,
+        "seconds": elapsed,
+        "calls": calls() - before,
+        "rss_mib": rss,
+        "errors": len(result.errors),
+        "breaker": float(result.breaker_open),
+    }
 
 
 def report(label: str, quiet: dict[str, float], storm: dict[str, float]) -> None:
     print(f"\n== {label}")
     for name, m in (("quiet (baseline)", quiet), ("500-fault storm", storm)):
-        print(f"{name:>18}: {m['decisions']:.0f} decisions ({m['changed']:.0f} changed) in "
-              f"{m['seconds']:.2f} s; {m['calls']:.0f} API calls = "
-              f"{m['calls'] / m['decisions']:.3f}/decision, "
-              f"{m['calls'] / max(1, m['changed']):.1f}/changed node; "
-              f"process max RSS {m['rss_mib']:.0f} MiB; breaker "
-              f"{'open' if m['breaker'] else 'closed'}; errors {m['errors']:.0f}")
-    print(f"{'ratio storm/quiet':>18}: time x{storm['seconds'] / quiet['seconds']:.2f}, "
-          f"calls x{storm['calls'] / max(1, quiet['calls']):.1f}")
+        print(
+            f"{name:>18}: {m['decisions']:.0f} decisions ({m['changed']:.0f} changed) in "
+            f"{m['seconds']:.2f} s; {m['calls']:.0f} API calls = "
+            f"{m['calls'] / m['decisions']:.3f}/decision, "
+            f"{m['calls'] / max(1, m['changed']):.1f}/changed node; "
+            f"process max RSS {m['rss_mib']:.0f} MiB; breaker "
+            f"{'open' if m['breaker'] else 'closed'}; errors {m['errors']:.0f}"
+        )
+    print(
+        f"{'ratio storm/quiet':>18}: time x{storm['seconds'] / quiet['seconds']:.2f}, "
+        f"calls x{storm['calls'] / max(1, quiet['calls']):.1f}"
+    )
 
 
 def memory_bench(nodes: int, faults: int) -> None:
@@ -105,9 +132,17 @@ def real_bench(nodes: int, faults: int) -> None:
 
         def create(i: int) -> None:
             name = f"gpu-{i:05d}"
-            v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
-                "name": name, "labels": {"gpuvigil.io/pool": f"pool{i % 10}"},
-                "annotations": {wire.HEALTH_ANNOTATION: healthy.model_dump_json()}}})
+            v1.create_node(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "labels": {"gpuvigil.io/pool": f"pool{i % 10}"},
+                        "annotations": {wire.HEALTH_ANNOTATION: healthy.model_dump_json()},
+                    },
+                }
+            )
             # Admission adds node.kubernetes.io/not-ready (no kubelet will lift it): a
             # foreign block gpuvigil would rightly leave alone, so lift it here.
             v1.patch_node(name, {"spec": {"taints": []}})
@@ -123,10 +158,13 @@ def real_bench(nodes: int, faults: int) -> None:
         quiet = measure(ctl, calls)
 
         def fault(i: int) -> None:
-            bad = HealthSummary(generated_at=utcnow(), status=Status.FAILED,
-                                findings=[fault_for(i)])
-            v1.patch_node(f"gpu-{i * (nodes // faults):05d}", {"metadata": {"annotations": {
-                wire.HEALTH_ANNOTATION: bad.model_dump_json()}}})
+            bad = HealthSummary(
+                generated_at=utcnow(), status=Status.FAILED, findings=[fault_for(i)]
+            )
+            v1.patch_node(
+                f"gpu-{i * (nodes // faults):05d}",
+                {"metadata": {"annotations": {wire.HEALTH_ANNOTATION: bad.model_dump_json()}}},
+            )
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(fault, range(faults)))
