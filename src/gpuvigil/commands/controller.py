@@ -48,10 +48,11 @@ def register(app: typer.Typer) -> None:
         Disruption budget, cooldown, rate limit and a circuit breaker bound what it does;
         nodes someone else blocked are left alone. See docs/controller.md.
         """
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         from gpuvigil.core.events import EventWriter
         from gpuvigil.platform import metrics as pmetrics
+        from gpuvigil.platform import serve
         from gpuvigil.platform.clusters import open_cluster
         from gpuvigil.platform.controller import Controller
 
@@ -85,12 +86,16 @@ def register(app: typer.Typer) -> None:
                 ops = ",".join(op.kind.value for op in d.ops) or "-"
                 typer.echo(f"{name}\t{d.state.value}\t{ops}\t{d.held or d.reason}")
             return
-        if cfg.metrics_port:
-            start_http_server(cfg.metrics_port, registry=registry)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         is_leader, thread = _leader(cfg, adapter, ctl.identity, metrics, stop)
+        if cfg.metrics_port:
+            app = serve.health_app(
+                registry, last_pass=lambda: ctl.last_pass_at, is_leader=is_leader,
+                stale_after_s=max(120.0, 6 * cfg.interval_s),
+            )  # fmt: skip
+            serve.serve(app, port=cfg.metrics_port)
         ctl.run(stop, is_leader=is_leader)
         if thread is not None:
             thread.join(timeout=10)  # it gives the Lease up, so a standby starts at once

@@ -92,6 +92,7 @@ class Controller:
         self.breaker = Breaker(self.config.safety)
         self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
         self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
+        self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
     # ---- one pass -------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class Controller:
             for w in work:
                 self._apply_one(*w, now, result)
         self._export(nodes, result, gate, held, started)
+        self.last_pass_at = time.time()
         return result
 
     def _apply_one(
