@@ -115,7 +115,7 @@ def run(
     return Outcome(states, steps)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     plans=st.lists(node_plans, min_size=2, max_size=8).filter(
         lambda ps: sum(p.fault == "cannot_run" for p in ps) < 5

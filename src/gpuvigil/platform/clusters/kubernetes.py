@@ -55,7 +55,7 @@ from gpuvigil.platform.clusters.k8s_api import (
     when,
 )
 from gpuvigil.platform.clusters.settings import KubernetesSettings
-from gpuvigil.platform.state import STATE_ANNOTATION, decode_record
+from gpuvigil.platform.state import STATE_ANNOTATION, State, decode_record
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
 OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
@@ -124,12 +124,12 @@ class KubernetesCluster:
         `count_pods: all` (`gpuvigil nodes`), take one paged list of every pod instead."""
         if self.settings.count_pods == "all":
             return self._running()
-        draining = [
-            n["metadata"]["name"]
-            for n in nodes
-            if '"DRAINING"'
-            in ((n["metadata"].get("annotations") or {}).get(STATE_ANNOTATION) or "")
-        ]
+        draining = []
+        for n in nodes:
+            text = (n["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
+            rec = decode_record(text) if text and "DRAINING" in text else None
+            if rec is not None and rec.state is State.DRAINING:
+                draining.append(n["metadata"]["name"])
         if len(draining) > 20:
             return self._running()
         counts: Counter[str] = Counter()
