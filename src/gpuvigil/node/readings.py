@@ -13,9 +13,136 @@ from datetime import datetime
 from typing import Any, Literal
 
 # --- GPU: NVML and nvidia-smi (owner: layer-1 GPU work) ------------------------------------
+# Every field is None when the source could not say (not supported, N/A, not reported):
+# rules treat None as "unknown", never as healthy-by-default for required readings.
+
+# Clock-event reason bits as NVML defines them (nvmlClocksEventReason*); nvidia-smi's named
+# fields are converted to the same bits.
+CLOCK_GPU_IDLE = 0x1
+CLOCK_SW_POWER_CAP = 0x4
+CLOCK_HW_SLOWDOWN = 0x8
+CLOCK_SW_THERMAL = 0x20
+CLOCK_HW_THERMAL = 0x40
+CLOCK_HW_POWER_BRAKE = 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkReading:
+    """One NVLink link: state and its cumulative data-link error counters."""
+
+    link: int
+    active: bool | None
+    replay: int | None = None
+    recovery: int | None = None
+    crc_flit: int | None = None
+    crc_data: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadError:
+    """A reading that failed for a reason other than "not supported"."""
+
+    field: str  # what was being read, e.g. "remapped_rows" or "handle"
+    error: str  # NVML error name ("GpuIsLost", "Unknown", "Timeout", ...) or a parser note
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as NVML or nvidia-smi sees it."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None  # NVML form, upper case: "00000000:3B:00.0"
+    architecture: str | None = None  # "Volta", "Ampere", "Hopper", "Blackwell", ...
+    memory_total_mib: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_pending_enabled: bool | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_sbe: int | None = None
+    retired_dbe: int | None = None
+    retired_pending: bool | None = None
+    remap_corrected: int | None = None
+    remap_uncorrected: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    temperature_gpu_c: float | None = None
+    temperature_memory_c: float | None = None
+    slowdown_temp_c: float | None = None  # the GPU's own thresholds, when it reports them
+    shutdown_temp_c: float | None = None
+    memory_max_temp_c: float | None = None
+    clock_event_reasons: int | None = None  # bitmask of CLOCK_* above
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    nvlinks: tuple[NvLinkReading, ...] = ()
+    # The driver's own verdict (nvmlDeviceGpuRecoveryAction_t, r550+; older drivers: reset
+    # status): "NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET",
+    # "RECOVER_IMEX_DOMAIN", "BUS_RESET", "SYSTEM_REBOOT".
+    recovery_action: str | None = None
+    lost: bool = False  # NVML said "GPU is lost" (or the tool could not reach it)
+    errors: tuple[ReadError, ...] = ()
+
+    @property
+    def component(self) -> str:
+        return f"gpu:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInventory:
+    """All GPUs of a node from one source at one moment."""
+
+    source: str  # "nvml" | "nvidia-smi"
+    observed_at: datetime
+    gpus: tuple[GpuReading, ...] = ()
+    count: int | None = None  # what the source says is attached (may exceed len(gpus))
+    driver_version: str | None = None
+    errors: tuple[ReadError, ...] = ()  # node-wide problems (truncated output, init failure)
+
+    def by_bus_id(self) -> dict[str, GpuReading]:
+        """PCI bus id (upper case, domain kept) -> GPU: for mapping kernel-log Xids."""
+        return {g.pci_bus_id.upper(): g for g in self.gpus if g.pci_bus_id}
+
+    def gpu_map(self) -> dict[str, GpuRef]:
+        """Normalized bus id -> GpuRef, the Xid rules' view of these GPUs (lower-case
+        family, as the Xid catalog names them)."""
+        refs = {}
+        for g in self.gpus:
+            bus = normalize_bus_id(g.pci_bus_id) if g.pci_bus_id else None
+            if bus is not None and g.index >= 0:
+                family = g.architecture.lower() if g.architecture else None
+                refs[bus] = GpuRef(index=g.index, bus_id=bus, family=family, uuid=g.uuid)
+        return refs
 
 
 # --- DCGM (owner: layer-1 GPU work) --------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DcgmResult:
+    """One line of a DCGM verdict: a health watch system or a diag test, for one GPU
+    (gpu None: the whole node / all GPUs)."""
+
+    test: str  # "memory", "nvlink", "pcie" (health); "Memory", "Diagnostic" (diag)
+    result: str  # "Pass" | "Fail" | "Warn" | "Skip" | "Incomplete"
+    gpu: int | None = None
+    info: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmReport:
+    """What `dcgmi health -c` or `dcgmi diag -r N` said."""
+
+    kind: str  # "health" | "diag"
+    results: tuple[DcgmResult, ...] = ()
+    overall: str | None = None  # "Pass" | "Fail" | "Warn" | None when not stated
+    complete: bool = True  # False: the run stopped early or the output was cut
+    errors: tuple[str, ...] = ()  # why the parse is incomplete
+    level: int | None = None  # diag run level
 
 
 # --- Kernel log: Xid and SXid events (owner: layer-1 kernel-log work) ----------------------
@@ -128,3 +255,86 @@ def normalize_bus_id(text: str) -> str | None:
 
 
 # --- Network fabric and PCIe (owner: fabric/preflight work) --------------------------------
+# The fabric probe (`node/probes/fabric.py`) and the simulator build these; the fabric
+# rules (`node/rules/fabric.py`) judge them. A value that could not be read is None and
+# the reason is in `problems`: the rules turn problems into findings (fail closed).
+
+
+@dataclass(frozen=True)
+class NetDev:
+    """The network interface that belongs to an adapter (EFA/RoCE), from sysfs class/net."""
+
+    name: str
+    operstate: str | None  # "up", "down", "lowerlayerdown", ... (None: unreadable)
+    carrier: int | None  # 1 link up, 0 down (None: unreadable, or the interface is down)
+
+
+@dataclass(frozen=True)
+class FabricPort:
+    """One port of an RDMA adapter (`/sys/class/infiniband/<dev>/ports/<n>/`)."""
+
+    number: int
+    state: str | None  # "ACTIVE", "DOWN", "INIT", "ARMED" (text after "4: ")
+    phys_state: str | None  # "LinkUp", "Polling", "Disabled", ...
+    rate_gbps: float | None  # from "400 Gb/sec (4X NDR)"
+    link_layer: str | None  # "InfiniBand" | "Ethernet" | "Unspecified" (EFA)
+    # counters/ and hw_counters/ merged; hw_counters keep their own names.
+    counters: tuple[tuple[str, int], ...] = ()
+    problems: tuple[str, ...] = ()  # files that could not be read or parsed
+
+    def counter(self, name: str) -> int | None:
+        return dict(self.counters).get(name)
+
+
+@dataclass(frozen=True)
+class FabricAdapter:
+    """One RDMA device: an InfiniBand/RoCE HCA (mlx5_*) or an AWS EFA (rdmap*)."""
+
+    name: str
+    kind: str  # "efa" | "ib" | "roce" (from the driver/name and the ports' link layer)
+    ports: tuple[FabricPort, ...]
+    pci_address: str | None = None
+    hca_type: str | None = None  # "MT4129" (ConnectX-7), "efa", ...
+    netdevs: tuple[NetDev, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FiInfo:
+    """What `fi_info -p efa` listed: unique EFA domains (`rdmap79s0`), or why it could not."""
+
+    domains: tuple[str, ...] = ()
+    ran: bool = False  # False: not installed and not required
+    error: str | None = None  # "missing" | "timeout" | "exit <n>: <stderr>" | "oserror"
+
+
+@dataclass(frozen=True)
+class FabricReading:
+    """The node's RDMA adapters at one moment; `taken_at` dates the counters for rates."""
+
+    taken_at: datetime
+    adapters: tuple[FabricAdapter, ...]
+    sysfs_present: bool = True  # False: /sys/class/infiniband does not exist at all
+    problems: tuple[str, ...] = ()
+    fi_info: FiInfo | None = None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """One PCIe function's link (`/sys/bus/pci/devices/<addr>/current_link_*`)."""
+
+    address: str  # "0000:18:00.0"
+    role: str  # "gpu" | "nic"
+    name: str  # "gpu:0000:18:00.0" or the adapter name ("mlx5_0")
+    speed_gts: float | None  # current; None when "Unknown" (link down) or unreadable
+    max_speed_gts: float | None
+    width: int | None  # current lanes; 0 when the link is down
+    max_width: int | None
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PcieReading:
+    taken_at: datetime
+    links: tuple[PcieLink, ...]
+    problems: tuple[str, ...] = ()
