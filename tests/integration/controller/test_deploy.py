@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (fixtures imported from ctl_helpers are parameters here)
 """The controller's manifests against the real API server: they apply (server-side dry run
 of everything, then the RBAC for real), and the controller does its whole job with nothing
 but the ServiceAccount's permissions (impersonated)."""
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL
+from ctl_helpers import FATAL, agent, kube_cluster  # noqa: F401  (fixtures)
 
 from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
 from gpuvigil.platform.clusters.settings import KubernetesSettings
