@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SHARED_CORPUS, cli_env, gpuvigil_argv, in_ci, require, require_binary
+from testkit import SHARED_CORPUS, cli_env, gpuvigil_argv, in_ci, require, require_binary
 
 pytest_plugins = ["realparts.fixtures"]
 

@@ -1,4 +1,4 @@
-"""Test helpers importable from any test module: `from helpers import require, cli_env`.
+"""Test helpers importable from any test module: `from testkit import require, cli_env`.
 
 Kept out of conftest.py because nested conftest files all import as the module
 `conftest`, so `from conftest import ...` can pick the wrong one.
