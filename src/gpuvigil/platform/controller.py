@@ -193,6 +193,12 @@ class Controller:
                 # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
                 self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
                 self.cluster.replace(node.name, reason=rec.reason)
+            elif op.kind is OpKind.REVALIDATE:
+                # At least once: revalidate deletes only preflight pods older than `since`,
+                # so a repeat after a crash here never kills the fresh run.
+                assert rec.since is not None
+                self.cluster.revalidate(node.name, since=rec.since)
+                self.cluster.store(node.name, rec.model_copy(update={"preflight_for": rec.since}))
             elif op.kind is OpKind.REQUEST:
                 assert op.action is not None
                 self.cluster.request(

@@ -78,6 +78,10 @@ class Record(BaseModel):
     failures: int = 0  # failed steps in this episode (quarantine after K)
     last_step_done_at: datetime | None = None  # escalation: did the problem come back soon?
     last_action_at: datetime | None = None  # per-node cooldown
+    # The validation (its `since`) for which a fresh preflight run is under way: a new
+    # node's first preflight pod, or the run the controller triggered (`Cluster.revalidate`)
+    # after a step or a release. Stored so a restarted controller does not trigger it again.
+    preflight_for: datetime | None = None
     history: tuple[Transition, ...] = ()
 
     @property

@@ -58,6 +58,7 @@ def test_rbac_allows_what_it_uses_and_nothing_more(kube, deployed) -> None:  # t
     ]:
         assert can(verb, res, "-A"), (verb, res)
     assert can("update", "leases", "-n", "gpuvigil")
+    assert can("delete", "pods", "-n", "gpuvigil")  # re-validation: the preflight pod
     for verb, res in [
         ("list", "secrets"),
         ("create", "pods"),

@@ -114,7 +114,7 @@ CASES = [
         ),
         Fleet(),
         State.VALIDATING,
-        [],
+        ["revalidate"],  # preflight must run again: its pod ran when the node joined
     ),
     (
         "reset failed -> reboot",
@@ -176,6 +176,34 @@ CASES = [
         view(
             record=rec(State.VALIDATING, 60, step=Action.RESET_GPU),
             preflight=Preflight(True, T0 - 120 * S),
+        ),
+        Fleet(),
+        State.VALIDATING,
+        ["revalidate"],  # and preflight is asked to run again (no run recorded yet)
+    ),
+    (
+        "validating: preflight asked once per validation (restart-safe)",
+        view(
+            record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, preflight_for=T0 - 60 * S),
+            preflight=Preflight(True, T0 - 120 * S),
+        ),
+        Fleet(),
+        State.VALIDATING,
+        [],
+    ),
+    (
+        "released node: preflight runs again",
+        view(record=release(rec(State.QUARANTINED, 600), now=T0 - 5 * S)),
+        Fleet(),
+        State.VALIDATING,
+        ["revalidate"],
+    ),
+    (
+        "slurm (no preflight channel): nothing to trigger",
+        view(
+            record=rec(State.VALIDATING, 60, step=Action.RESET_GPU),
+            preflight_supported=False,
+            at=T0 - 120 * S,  # no summary newer than the validation yet
         ),
         Fleet(),
         State.VALIDATING,

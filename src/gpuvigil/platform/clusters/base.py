@@ -115,6 +115,14 @@ class Cluster(Protocol):
         """Ask the node's agent (or the scheduler) for RESET_GPU or REBOOT, once per id."""
         ...
 
+    def revalidate(self, name: str, *, since: datetime) -> int:
+        """Have preflight run again on a VALIDATING node, so that a result newer than
+        `since` (the start of validation) comes. k8s: delete the node's preflight pods
+        created before `since` (the DaemonSet starts a fresh one, which runs preflight);
+        pods created since are that fresh run and are kept, which makes a repeat harmless.
+        Slurm: nothing (no preflight channel). Returns how many runs were started."""
+        ...
+
     def replace(self, name: str, *, reason: str) -> None:
         """Give the node back for replacement (k8s: delete the Node, or a hook command)."""
         ...

@@ -12,6 +12,8 @@ Called by the controller (`gpuvigil controller --cluster kubernetes`), `gpuvigil
 - reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), answered
   in `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
   one) or a configured hook command run through `node.probes.exec.run`;
+- revalidate: delete the node's preflight pod (`preflight_selector` in
+  `preflight_namespace`); its DaemonSet starts a fresh one, which runs preflight again;
 - state: the JSON record in the `gpuvigil.io/state` annotation, written with the
   resourceVersion read (a 409 is `Conflict`).
 
@@ -262,6 +264,42 @@ class KubernetesCluster:
         body = {"id": request_id, "action": action.value, "gpus": gpus, "at": utcnow().isoformat()}
         ann = {wire.REQUEST_ANNOTATION: json.dumps(body, separators=(",", ":"))}
         self._patch_node("request", name, {"metadata": {"annotations": ann}})
+
+    def revalidate(self, name: str, *, since: datetime) -> int:
+        """Delete the node's preflight pods created before `since`; the DaemonSet starts a
+        fresh one, which runs preflight and writes a result newer than `since`. Terminating
+        pods and pods created since (the fresh run) are left alone, so a repeat is harmless.
+        Graceful deletion: the kubelet stops the old pod; GPUs are freed before the new one
+        can claim them."""
+        sel = self.settings.preflight_selector
+        if not sel:
+            return 0
+        ns = self.settings.preflight_namespace
+        cutoff = since.replace(microsecond=0)  # creationTimestamp has whole seconds
+        pods = self._pages(
+            "list_preflight_pods",
+            lambda **kw: self.core.list_namespaced_pod(ns, **kw),
+            label_selector=sel,
+            field_selector=f"spec.nodeName={name}",
+        )
+        deleted = 0
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            created = when(meta.get("creationTimestamp"))
+            if meta.get("deletionTimestamp") or (created is not None and created >= cutoff):
+                continue
+            self.calls["delete_preflight_pod"] += 1
+            try:
+                api_call(
+                    lambda m=meta: self.core.delete_namespaced_pod(
+                        m["name"], ns, _request_timeout=self.timeout
+                    )
+                )
+                deleted += 1
+            except Forbidden as e:
+                if "404" not in str(e):
+                    raise  # 404: gone already, which is what we wanted
+        return deleted
 
     def replace(self, name: str, *, reason: str) -> None:
         mode = self.settings.replace

@@ -8,7 +8,9 @@ delay, a reboot changes the boot id, stores are optimistic (`Conflict` on a stal
 and every call is counted (`calls`) so API calls per decision can be measured.
 
 The "world" side (tests, simulator) uses `add_node`, `set_findings`, `cordon`, `fail_next`,
-`advance` and friends; the controller uses only the `Cluster` methods.
+`advance` and friends; the controller uses only the `Cluster` methods. Preflight runs by
+itself only on a new node (the `unvalidated` taint, as the DaemonSet's first pod does);
+anywhere else only after `revalidate`, `preflight_s` later.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class MemNode:
     answered: set[str] = field(default_factory=set)
     result: AgentResult | None = None
     preflight: Preflight | None = None
+    preflight_asked: datetime | None = None  # when `revalidate` last started a fresh run
     boot: int = 0
     version: int = 1
     events: list[tuple[datetime, str, str]] = field(default_factory=list)
@@ -179,13 +182,18 @@ class MemoryCluster:
             if node.agent_alive:
                 node.heartbeat_at = now
             rec = decode_record(node.record_raw)
+            if rec is None or rec.state is not State.VALIDATING or rec.since is None:
+                continue
+            # Like the preflight DaemonSet: a new node's pod runs as it joins; on any other
+            # node preflight runs again only when the controller asked (`revalidate`).
+            started = rec.since if "unvalidated" in node.our_taints else None
+            if node.preflight_asked is not None and node.preflight_asked >= rec.since:
+                started = node.preflight_asked
             if (
                 self.auto_preflight
-                and rec is not None
-                and rec.state is State.VALIDATING
-                and rec.since is not None
-                and (now - rec.since).total_seconds() >= self.preflight_s
-                and (node.preflight is None or node.preflight.at < rec.since)
+                and started is not None
+                and (now - started).total_seconds() >= self.preflight_s
+                and (node.preflight is None or node.preflight.at < started)
             ):
                 node.preflight = Preflight(passed=not node.faults, at=now)
                 node.version += 1
@@ -297,6 +305,15 @@ class MemoryCluster:
         node.request = (request_id, action, self.clock.now() + timedelta(seconds=delay))
         node.version += 1
         node.actions.append(("request", f"{action.value} {request_id}"))
+
+    def revalidate(self, name: str, *, since: datetime) -> int:
+        node = self._call("revalidate", name)
+        assert node is not None
+        if node.preflight_asked is not None and node.preflight_asked >= since:
+            return 0  # the fresh run for this validation is under way
+        node.preflight_asked = self.clock.now()
+        node.actions.append(("revalidate", ""))
+        return 1
 
     def replace(self, name: str, *, reason: str) -> None:
         node = self._call("replace", name)

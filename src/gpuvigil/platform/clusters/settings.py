@@ -26,6 +26,10 @@ class KubernetesSettings(StrictModel):
     replace: Literal["delete-node", "hook", "none"] = "delete-node"
     replace_hook: list[str] = Field(default_factory=list)  # argv; "{node}" is substituted
     hook_timeout_s: float = Field(120.0, gt=0)
+    # The preflight DaemonSet's pods (deploy/kubernetes/preflight): deleted to validate a
+    # node again after a repair or a release; an empty selector switches that off.
+    preflight_namespace: str = "gpuvigil"
+    preflight_selector: str = "app.kubernetes.io/name=gpuvigil-preflight"
     event_namespace: str = "default"  # Node events live in "default" by convention
     lease_namespace: str = "gpuvigil"
     lease_name: str = "gpuvigil-controller"

@@ -237,6 +237,14 @@ class SlurmCluster:
         tag = f"{TAG_PREFIX}{State.REMEDIATING.value}:{action.value}:{request_id}"
         self._run("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={tag}", name)
 
+    def revalidate(self, name: str, *, since: datetime) -> int:
+        """Nothing to do: Slurm has no preflight channel to the controller. A VALIDATING
+        node ends its validation on a fresh clean health summary published after `since`
+        (the agent publishes every interval), and `deploy/slurm/gpuvigil-preflight.sh`
+        runs preflight itself as a HealthCheckProgram / Prolog. (The policy does not even
+        ask: `NodeView.preflight_supported` is False here.)"""
+        return 0
+
     def replace(self, name: str, *, reason: str) -> None:
         argv = [a.replace("{node}", name) for a in self.settings.replace_hook]
         if not argv:

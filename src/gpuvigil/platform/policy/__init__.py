@@ -96,7 +96,18 @@ class _Ctx:
         block: tuple[Op, ...] = ()
         if to.blocks and not self.node.blocked_by_us:
             block = (Op(OpKind.BLOCK),)
+        if to is State.VALIDATING:
+            ops = (*ops, *self.revalidate(rec))
         return Decision(rec, (*block, *ops), reason, store=True, disruptive=disruptive)
+
+    def revalidate(self, rec: Record) -> tuple[Op, ...]:
+        """Run preflight again for this validation, unless a run for it is under way (the
+        record says so) or the cluster has no preflight channel (Slurm: a fresh clean
+        summary ends the validation). The preflight pod ran when the node joined; without
+        a fresh run no pass newer than `since` ever comes (after a reset, a release)."""
+        if not self.node.preflight_supported or rec.preflight_for == rec.since:
+            return ()
+        return (Op(OpKind.REVALIDATE),)
 
     def drain_or_hold(self, reason: str) -> Decision:
         """Start draining if safety allows; otherwise stay SUSPECT (blocked) and say why."""
@@ -169,8 +180,8 @@ def decide(
 
 def _healthy(c: _Ctx) -> Decision:
     a, node = c.a, c.node
-    if node.record is None and node.unvalidated:
-        return c.go(State.VALIDATING, "new node: waiting for preflight")
+    if node.record is None and node.unvalidated:  # its preflight pod starts as it joins
+        return c.go(State.VALIDATING, "new node: waiting for preflight", preflight_for=c.now)
     if node.blocked_by_someone_else and not c.cfg.act_on_foreign_blocked:
         who = ", ".join(node.blocked_by_others)
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()  # ours only
@@ -281,7 +292,9 @@ def _validating(c: _Ctx) -> Decision:
         if not a.readable:  # never escalate on data we could not read: ask a human
             return c.go(State.QUARANTINED, f"validation timed out; {a.unknown_reason}")
         return c.fail_step("validation timed out")
-    return c.keep("waiting for preflight" if not fresh_pf else "waiting for a healthy summary")
+    if fresh_pf:
+        return c.keep("waiting for a healthy summary")
+    return c.keep("waiting for preflight", *c.revalidate(rec))
 
 
 def _quarantined(c: _Ctx) -> Decision:

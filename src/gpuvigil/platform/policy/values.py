@@ -45,6 +45,7 @@ class OpKind(StrEnum):
     DRAIN = "drain"
     REQUEST = "request"
     REPLACE = "replace"
+    REVALIDATE = "revalidate"  # run preflight again on a VALIDATING node (Cluster.revalidate)
 
 
 @dataclass(frozen=True)
