@@ -61,6 +61,7 @@ def overrides_from_flags(
     slurm_mode: str | None,
     kubeconfig: Path | None,
     events_file: Path | None,
+    state_dir: Path | None = None,
 ) -> dict[str, Any]:
     agent: dict[str, Any] = {}
     sink_cfg: dict[str, Any] = {}
@@ -74,6 +75,8 @@ def overrides_from_flags(
         agent["node_name"] = node_name
     if events_file is not None:
         agent["events_file"] = str(events_file)
+    if state_dir is not None:
+        agent["state_dir"] = str(state_dir)
     if state_file is not None:
         sink_cfg["state_file"] = {"path": str(state_file)}
     if listen is not None:
@@ -127,6 +130,10 @@ def register(app: typer.Typer) -> None:
             "service account, else $KUBECONFIG).")] = None,
         events_file: Annotated[Path | None, typer.Option(
             "--events-file", help="Append finding events (JSONL) here.")] = None,
+        state_dir: Annotated[Path | None, typer.Option(
+            "--state-dir", help="Where the agent keeps the Xid events that must outlive a "
+            "reboot (REPLACE/INVESTIGATE) and the `released-at` marker (default "
+            "/var/lib/gpuvigil).")] = None,
         log_level: Annotated[str, typer.Option(
             "--log-level", help="debug, info, warning, error.")] = "info",
     ) -> None:
@@ -143,7 +150,7 @@ def register(app: typer.Typer) -> None:
             kmsg_file=kmsg_file, state_file=state_file, interval=interval,
             expect_gpus=expect_gpus, sysfs_root=sysfs_root, listen=listen,
             node_name=node_name, sinks=sink, slurm_mode=slurm_mode, kubeconfig=kubeconfig,
-            events_file=events_file)
+            events_file=events_file, state_dir=state_dir)
         try:
             cfg = gconfig.load(path, overrides=over)
         except gconfig.ConfigError as e:

@@ -45,9 +45,12 @@ def register(app: typer.Typer) -> None:
                     f"{name} is {state.value}, not QUARANTINED (--force to revalidate)", err=True
                 )
                 raise typer.Exit(1)
-            rec = release(v.record, now=utcnow(), who=who)
+            now = utcnow()
+            rec = release(v.record, now=now, who=who)
             adapter.store(name, rec, version=v.version)
             adapter.block(name, reason=rec.tag())  # stays off work until it validates
+            # The agent forgets the REPLACE/INVESTIGATE Xid events it kept across reboots.
+            adapter.mark_released(name, at=now)
             adapter.record_event(
                 name,
                 reason="gpuvigilReleased",

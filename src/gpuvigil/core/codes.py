@@ -91,6 +91,11 @@ _CODES = [
     Code("FABRIC_SLOW", NETWORK_FABRIC, "all-reduce bus bandwidth below the expected fraction"),
     # Kernel log stream.
     Code("KMSG_GAP", HEALTH_CHECK, "kernel log records were lost (ring buffer overrun)"),
+    Code(
+        "AGENT_STATE",
+        HEALTH_CHECK,
+        "the agent's kept Xid events (agent.state_dir) could not be read or written",
+    ),
     # Training (layer 3) records, attributed to a node.
     Code("STRAGGLER", HEALTH_CHECK, "a rank is persistently slower than the gang's median"),
     Code("TRAINING_HANG", HEALTH_CHECK, "a training step did not complete within its timeout"),

@@ -41,6 +41,9 @@ RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"
 # Preflight -> controller: {"result": "pass"|"fail", "at": iso, "summary": str}. A node in
 # VALIDATING leaves it only on a "pass" newer than the start of its validation.
 PREFLIGHT_ANNOTATION = f"{DOMAIN}/preflight"
+# Controller (`gpuvigil release NODE`) -> agent: an ISO time with zone. The agent forgets the
+# Xid events it kept across reboots (REPLACE/INVESTIGATE) that were logged before it.
+RELEASED_ANNOTATION = f"{DOMAIN}/released-at"
 UNHEALTHY_TAINT = f"{DOMAIN}/unhealthy"
 UNVALIDATED_TAINT = f"{DOMAIN}/unvalidated"
 SLURM_HEALTH_FIELD = "Extra"
@@ -102,3 +105,14 @@ def decode_health(text: str | None) -> HealthSummary | None:
         return HealthSummary.model_validate(json.loads(text))
     except (ValueError, ValidationError, TypeError):
         return None
+
+
+def decode_time(text: str | None) -> datetime | None:
+    """An ISO time with a zone (`RELEASED_ANNOTATION`); None for absent or garbage."""
+    if not text or len(text) > 64:
+        return None
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None

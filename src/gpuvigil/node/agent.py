@@ -102,6 +102,13 @@ class AgentConfig(StrictModel):
         None, description="Append finding.set/finding.cleared events (JSONL, "
         "docs/events.md) here for `gpuvigil report`. None: no event log.",
     )
+    state_dir: Path | None = Field(
+        Path("/var/lib/gpuvigil"), description="Where the agent keeps what must outlive a "
+        "reboot: the kernel-log events that call for REPLACE or INVESTIGATE (the kernel "
+        "log starts empty at every boot; docs/kernel-log.md), and the `released-at` "
+        "marker. Persistent (not /run, which is tmpfs), small (bounded to 256 events). "
+        "None: nothing is kept, and a reboot forgets such an Xid.",
+    )
     kernel_log: KernelStreamConfig = Field(
         default_factory=KernelStreamConfig, description="The kernel log as a stream.")
     sinks: SinksConfig = Field(

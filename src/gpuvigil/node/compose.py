@@ -86,7 +86,8 @@ def build_agent(a: AgentConfig, *, node_config: NodeConfig,
     scheduler = Scheduler(specs, ctx, stale_factor=a.stale_factor, on_result=on_result,
                           disabled=disabled, first_delay_s=splay)
     kernel = KernelWatch(a.kernel_log, ctx=ctx, changed=scheduler.changed, metrics=metrics,
-                         stale_factor=a.stale_factor) if a.kernel_log.enabled else None
+                         stale_factor=a.stale_factor, state_dir=a.state_dir,
+                         ) if a.kernel_log.enabled else None
     dog = Watchdog(a.watchdog_timeout_s) if watchdog else None
     events = EventWriter(a.events_file) if a.events_file is not None else None
     workers: list[SinkWorker] = []
@@ -131,8 +132,10 @@ def _build_sinks(a: AgentConfig, *, node: str, env: dict[str, str],
         def remediated(action: str, result: str) -> None:
             metrics.remediations.labels(action, result).inc()
 
+        kernel = agent.kernel
         sinks.append(KubernetesSink(s.kubernetes, node=node, env=env,
-                                    on_remediation=remediated))
+                                    on_remediation=remediated,
+                                    on_release=kernel.release if kernel else None))
         where["kubernetes"] = f"node/{node}"
     if s.slurm.enabled:
         from gpuvigil.node.sinks.slurm import SlurmSink

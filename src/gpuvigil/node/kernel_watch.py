@@ -6,7 +6,9 @@ rules to the records since boot and reconcile with NVML's own Xid events), and a
 `snapshot(now)` with the findings the next report carries: the Xid/SXid findings, plus
 how trustworthy the stream itself is (no source: FAILED; a fallback source:
 SOURCE_FALLBACK warning; records lost: KMSG_GAP warning for `gap_hold_s`; a reader that
-stopped reading: RESULT_STALE).
+stopped reading: RESULT_STALE). With a state folder, the events that only a person's
+release clears are kept across reboots (`xid_state`) and dropped at the next release
+(`release(at)`, from the Kubernetes sink, or the folder's `released-at` file).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import CheckRun, Finding, Status
-from gpuvigil.node import xid_feed
+from gpuvigil.node import xid_feed, xid_state
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.metrics import AgentMetrics
@@ -63,7 +65,7 @@ class KernelStreamConfig(StrictModel):
 class KernelWatch:
     def __init__(self, config: KernelStreamConfig, *, ctx: CheckContext,
                  changed: threading.Event, metrics: AgentMetrics | None,
-                 stale_factor: float = 2.0) -> None:
+                 stale_factor: float = 2.0, state_dir: Path | None = None) -> None:
         self.config, self.ctx, self.changed, self.metrics = config, ctx, changed, metrics
         self.stale_factor = stale_factor
         self.health = ks.StreamHealth()
@@ -77,6 +79,10 @@ class KernelWatch:
         self.feed = xid_feed.XidFeed(load_catalog(getattr(node_cfg, "kernel_log", None)),
                                      check=CHECK, boot_id=boot_id, booted_at=booted_at)
         self._gaps_counted = 0
+        self.state = xid_state.XidState(state_dir) if state_dir is not None else None
+        self._released_remote: datetime | None = None  # set by a sink's thread
+        if self.state is not None:
+            self.feed.remember(self.state.load())
         source = None
         if config.enabled:
             source = ks.open_source(
@@ -96,6 +102,8 @@ class KernelWatch:
 
     def _on_records(self, records: list[ks.Record], boot: bool) -> None:
         new = self.feed.add(records)
+        if self.state is not None and new:
+            self.state.add(self.feed.outliving_reboot(new, self.ctx.extras.get("gpu_map")))
         if self.metrics is not None:
             for ev in new:
                 if ev.kind == "sxid":
@@ -113,11 +121,28 @@ class KernelWatch:
         if new or boot:
             self.changed.set()
 
+    def release(self, at: datetime) -> None:
+        """A person released the node at `at` (the Node annotation `RELEASED_ANNOTATION`,
+        read by the Kubernetes sink on its thread); applied at the next snapshot."""
+        if self._released_remote is None or at > self._released_remote:
+            self._released_remote = at
+            self.changed.set()
+
+    def _released_at(self) -> datetime | None:
+        if self.state is None:
+            return self._released_remote
+        marks = [self._released_remote,
+                 xid_state.read_release_marker(self.state.dir / xid_state.RELEASE_FILE)]
+        for at in sorted(m for m in marks if m is not None):
+            self.state.release(at)
+        return self.state.released_at
+
     def snapshot(self, now: float) -> tuple[list[Finding], list[CheckRun]]:
         if not self.config.enabled:
             return [], []
         h = self.health
-        out: list[Finding] = []
+        released_at = self._released_at()  # first: a release also ends a read warning
+        out: list[Finding] = self.state.problems() if self.state is not None else []
         if self.stream.source is None:
             why = "; ".join(f"{s}: {r}" for s, r in h.fallback_from) or "disabled"
             out.append(Finding(check=CHECK, status=Status.FAILED, code="DEPENDENCY_MISSING",
@@ -128,7 +153,8 @@ class KernelWatch:
             # source, drained on every run) in the shared context.
             out.extend(self.feed.findings(
                 datetime.now(UTC), gpus=self.ctx.extras.get("gpu_map"),
-                nvml_events=tuple(self.ctx.extras.get(NVML_XID_EVENTS, ()))))
+                nvml_events=tuple(self.ctx.extras.get(NVML_XID_EVENTS, ())),
+                released_at=released_at))
             if h.fallback_from and h.source in ("journal", "dmesg"):
                 why = "; ".join(f"{s}: {r}" for s, r in h.fallback_from)
                 out.append(Finding(

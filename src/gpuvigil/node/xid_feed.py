@@ -73,10 +73,22 @@ class XidFeed:
         if when is not None and (self.driver_loaded_at is None or when > self.driver_loaded_at):
             self.driver_loaded_at = when
 
+    def remember(self, events: Iterable[XidEvent]) -> None:
+        """Events of earlier boots kept by the agent (`xid_state`), with their boot ids."""
+        with self._lock:
+            self.events.extendleft(reversed(list(events)))
+
+    def outliving_reboot(self, events: Iterable[XidEvent],
+                         gpus: Mapping[str, GpuRef] | None = None) -> list[XidEvent]:
+        """The ones that only a person's release clears (worth keeping across a reboot)."""
+        return [ev for ev in events
+                if xid_rules.outlives_reboot(ev, catalog=self.catalog, gpus=gpus)]
+
     def findings(self, now: datetime, *, gpus: Mapping[str, GpuRef] | None = None,
-                 nvml_events: Iterable[XidEvent] = ()) -> list[Finding]:
+                 nvml_events: Iterable[XidEvent] = (),
+                 released_at: datetime | None = None) -> list[Finding]:
         with self._lock:
             events = [*self.events, *nvml_events]
         return xid_rules.evaluate(events, catalog=self.catalog, now=now, gpus=gpus,
                                   boot_id=self.boot_id, driver_loaded_at=self.driver_loaded_at,
-                                  check=self.check)
+                                  released_at=released_at, check=self.check)

@@ -117,7 +117,7 @@ def machine_config(m: FakeMachine) -> dict[str, Any]:
         "node": {"expect_gpus": GPUS, "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
                  "fabric": {"expect_adapters": ADAPTERS, "kind": "ib",
                             "expect_rate_gbps": 400}},
-        "agent": {"sysfs_root": str(m.root),
+        "agent": {"sysfs_root": str(m.root), "state_dir": str(m.root.parent / "state"),
                   "kernel_log": {"source": "file", "file": str(m.kmsg)}},
     }
 

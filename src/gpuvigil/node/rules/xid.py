@@ -117,6 +117,18 @@ def evaluate_log(
     )
 
 
+def outlives_reboot(
+    ev: XidEvent, *, catalog: XidCatalog, gpus: Mapping[str, GpuRef] | None = None
+) -> bool:
+    """True when no reboot clears what `ev` calls for (REPLACE, INVESTIGATE, also through
+    escalation): only a person's release does. The agent keeps such events across reboots
+    (`node.xid_state`), because the kernel log it reads starts empty at every boot."""
+    ref = _gpu(ev, gpus or {})
+    rule = catalog.rule(ev.kind, ev.code, ref.family if ref else None)
+    action = Action.worst([rule.outcome_for(ev.message).action, _escalated_action(rule)])
+    return action not in _CLEARED_BY_REBOOT
+
+
 # --- clearing and suppression -------------------------------------------------------------
 
 

@@ -9,7 +9,9 @@ writes, and nothing else:
   healthy node); `lastTransitionTime` changes only when a condition's status changes.
 - the `core.wire.HEALTH_ANNOTATION` summary the controller decodes;
 - an Event for every condition that turns on or off;
-- `core.wire.RESULT_ANNOTATION`, answering `REQUEST_ANNOTATION` (see `remediation`).
+- `core.wire.RESULT_ANNOTATION`, answering `REQUEST_ANNOTATION` (see `remediation`);
+and it reads `core.wire.RELEASED_ANNOTATION` (a person released the node: the kernel
+watch forgets the Xid events it kept across reboots).
 On a graceful stop the conditions are set to Unknown ("AgentStopped"), so `kubectl
 describe node` says the verdict is no longer maintained; after a SIGKILL only the
 heartbeat age tells (documented in docs/agent.md).
@@ -100,7 +102,8 @@ class KubernetesSink:
 
     def __init__(self, config: KubernetesConfig, *, node: str,
                  env: dict[str, str] | None = None,
-                 on_remediation: Callable[[str, str], None] | None = None) -> None:
+                 on_remediation: Callable[[str, str], None] | None = None,
+                 on_release: Callable[[datetime], None] | None = None) -> None:
         from kubernetes import client
         from kubernetes import config as kconfig
 
@@ -120,6 +123,7 @@ class KubernetesSink:
         self.config, self.node = config, node
         self.remediator = Remediator(config.remediation, env=env)
         self._on_remediation = on_remediation  # (action, result) when a request finishes
+        self._on_release = on_release  # a person released the node (RELEASED_ANNOTATION)
         self._last_written: list[tuple[Any, ...]] | None = None
         self._last_summary: str | None = None
         self._last_write = 0.0
@@ -153,6 +157,9 @@ class KubernetesSink:
         if self.config.events:
             for new, old in flipped:
                 self._event(obj, new, old)
+        released = wire.decode_time(annotations.get(wire.RELEASED_ANNOTATION))
+        if released is not None and self._on_release is not None:
+            self._on_release(released)
         self.remediator.handle(decode(annotations.get(wire.REQUEST_ANNOTATION)),
                                decode(annotations.get(wire.RESULT_ANNOTATION)),
                                self._answer)

@@ -123,6 +123,13 @@ class Cluster(Protocol):
         Slurm: nothing (no preflight channel). Returns how many runs were started."""
         ...
 
+    def mark_released(self, name: str, *, at: datetime) -> None:
+        """Tell the node's agent a person released the node at `at` (`gpuvigil release`),
+        so it forgets the Xid events it kept across reboots. k8s: the Node annotation
+        `core.wire.RELEASED_ANNOTATION`; Slurm: nothing reaches the agent (docs/agent.md:
+        write `<state_dir>/released-at` on the node)."""
+        ...
+
     def replace(self, name: str, *, reason: str) -> None:
         """Give the node back for replacement (k8s: delete the Node, or a hook command)."""
         ...

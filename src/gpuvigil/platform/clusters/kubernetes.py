@@ -265,6 +265,10 @@ class KubernetesCluster:
         ann = {wire.REQUEST_ANNOTATION: json.dumps(body, separators=(",", ":"))}
         self._patch_node("request", name, {"metadata": {"annotations": ann}})
 
+    def mark_released(self, name: str, *, at: datetime) -> None:
+        ann = {wire.RELEASED_ANNOTATION: at.isoformat()}
+        self._patch_node("released", name, {"metadata": {"annotations": ann}})
+
     def revalidate(self, name: str, *, since: datetime) -> int:
         """Delete the node's preflight pods created before `since`; the DaemonSet starts a
         fresh one, which runs preflight and writes a result newer than `since`. Terminating

@@ -77,6 +77,7 @@ class MemNode:
     result: AgentResult | None = None
     preflight: Preflight | None = None
     preflight_asked: datetime | None = None  # when `revalidate` last started a fresh run
+    released_at: datetime | None = None  # `mark_released`: what the agent would read
     boot: int = 0
     version: int = 1
     events: list[tuple[datetime, str, str]] = field(default_factory=list)
@@ -305,6 +306,12 @@ class MemoryCluster:
         node.request = (request_id, action, self.clock.now() + timedelta(seconds=delay))
         node.version += 1
         node.actions.append(("request", f"{action.value} {request_id}"))
+
+    def mark_released(self, name: str, *, at: datetime) -> None:
+        node = self._call("released", name)
+        assert node is not None
+        node.released_at = at
+        node.version += 1
 
     def revalidate(self, name: str, *, since: datetime) -> int:
         node = self._call("revalidate", name)

@@ -237,6 +237,11 @@ class SlurmCluster:
         tag = f"{TAG_PREFIX}{State.REMEDIATING.value}:{action.value}:{request_id}"
         self._run("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={tag}", name)
 
+    def mark_released(self, name: str, *, at: datetime) -> None:
+        """Nothing: the agent on a Slurm node reads no controller-written field. A person
+        releasing a node after a repair also writes the time into the agent's
+        `<state_dir>/released-at` on the node (docs/agent.md)."""
+
     def revalidate(self, name: str, *, since: datetime) -> int:
         """Nothing to do: Slurm has no preflight channel to the controller. A VALIDATING
         node ends its validation on a fresh clean health summary published after `since`
