@@ -37,8 +37,7 @@ def watch(root: Path, boot: str, state: Path | None) -> KernelWatch:
     log.write_text("")
     config = KernelStreamConfig(source="file", file=log)
     ctx = CheckContext(config=NodeConfig(expect_gpus=0), root=root, env={"PATH": ""})
-    return KernelWatch(config, ctx=ctx, changed=threading.Event(), metrics=None,
-                       state_dir=state)
+    return KernelWatch(config, ctx=ctx, changed=threading.Event(), metrics=None, state_dir=state)
 
 
 def codes(w: KernelWatch) -> dict[str, object]:
@@ -117,11 +116,33 @@ def test_wrong_shapes_and_bad_events_are_skipped_or_a_warning(tmp_path):
     s = xid_state.XidState(state)
     assert s.load() == [] and s.problems()[0].code == xid_state.CODE
     good = xid_state.encode_event(
-        xid_state.decode_event({"kind": "xid", "code": 54, "pci_bus_id": "0000:3b:00",
-                                "bus_id": "0000:3b:00.0", "message": "m", "line": "l",
-                                "time": T.isoformat(), "boot_id": "a"}))  # type: ignore[arg-type]
-    path.write_text(json.dumps({"v": 1, "events": [good, {"code": "x"}, 7, {"bogus": 1},
-                                                    {**good, "time": "2026-01-01T00:00"}]}))
+        xid_state.decode_event(
+            {
+                "kind": "xid",
+                "code": 54,
+                "pci_bus_id": "0000:3b:00",
+                "bus_id": "0000:3b:00.0",
+                "message": "m",
+                "line": "l",
+                "time": T.isoformat(),
+                "boot_id": "a",
+            }
+        )
+    )  # type: ignore[arg-type]
+    path.write_text(
+        json.dumps(
+            {
+                "v": 1,
+                "events": [
+                    good,
+                    {"code": "x"},
+                    7,
+                    {"bogus": 1},
+                    {**good, "time": "2026-01-01T00:00"},
+                ],
+            }
+        )
+    )
     s = xid_state.XidState(state)
     assert [e.code for e in s.load()] == [54] and not s.problems()
 
@@ -131,8 +152,10 @@ def test_size_is_bounded(tmp_path):
     w = watch(tmp_path, "boot-a", state)
     n = xid_state.MAX_EVENTS + 44
     long = "y" * 5000
-    w._on_records([Record(line(54, T + timedelta(seconds=i), text=f"{i} {long}"), "file")
-                   for i in range(n)], True)
+    w._on_records(
+        [Record(line(54, T + timedelta(seconds=i), text=f"{i} {long}"), "file") for i in range(n)],
+        True,
+    )
     path = state / xid_state.EVENTS_FILE
     kept = json.loads(path.read_text())["events"]
     assert len(kept) == xid_state.MAX_EVENTS
@@ -164,11 +187,22 @@ def test_write_is_atomic(tmp_path):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(
-                        st.sampled_from(["kind", "code", "time", "line", "message",
-                                         "pci_bus_id", "boot_id", "seq", "x"]), c, max_size=6),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda c: (
+            st.lists(c, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(
+                    ["kind", "code", "time", "line", "message", "pci_bus_id", "boot_id", "seq", "x"]
+                ),
+                c,
+                max_size=6,
+            )
+        ),
+        max_leaves=12,
+    )
+)
 def test_decode_event_never_raises(raw):
     xid_state.decode_event(raw)
 
@@ -176,6 +210,13 @@ def test_decode_event_never_raises(raw):
 def test_decoded_events_have_the_right_types():
     base = {"kind": "xid", "code": 54, "pci_bus_id": "p", "message": "m", "line": "l"}
     assert xid_state.decode_event(base) is not None
-    for bad in ({"seq": "1"}, {"source": 3}, {"source": "tcp"}, {"boot_id": 1},
-                {"uptime_s": "2"}, {"code": True}, {"time": "2026-01-01T00:00:00"}):
+    for bad in (
+        {"seq": "1"},
+        {"source": 3},
+        {"source": "tcp"},
+        {"boot_id": 1},
+        {"uptime_s": "2"},
+        {"code": True},
+        {"time": "2026-01-01T00:00:00"},
+    ):
         assert xid_state.decode_event({**base, **bad}) is None, bad

@@ -120,3 +120,18 @@ def test_defaults_match_the_shipped_preflight_daemonset() -> None:
     k8s = yaml.safe_load(cm["data"]["config.yaml"])["controller"]["kubernetes"]
     assert k8s["preflight_namespace"] == s.preflight_namespace
     assert k8s["preflight_selector"] == s.preflight_selector
+
+
+def test_every_adapter_implements_the_new_operations() -> None:
+    from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
+    from gpuvigil.platform.clusters.slurm import SlurmCluster
+
+    for cls in (KubernetesCluster, SlurmCluster, MemoryCluster):
+        for op in ("revalidate", "mark_released"):
+            assert callable(getattr(cls, op, None)), (cls.__name__, op)
+    s = SlurmCluster()
+    assert s.revalidate("gpu1", since=MemoryCluster().clock.now()) == 0  # no-op, no command
+    c = MemoryCluster()
+    c.add_node("n0")
+    c.mark_released("n0", at=c.clock.now())
+    assert c.nodes["n0"].released_at == c.clock.now()
