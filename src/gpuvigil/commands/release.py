@@ -28,7 +28,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Release a QUARANTINED node: gpuvigil forgets its failed steps and moves it to
         VALIDATING; it returns to service when preflight passes (and a fresh health summary
-        is clean). Exit 1 when the node is not quarantined (use --force)."""
+        is clean). On Kubernetes it also writes gpuvigil.io/released-at, so the node's agent
+        forgets the REPLACE/INVESTIGATE Xid events it kept across reboots. Exit 1 when the
+        node is not quarantined (use --force)."""
         from gpuvigil.core.findings import utcnow
         from gpuvigil.platform.clusters.base import ClusterError
         from gpuvigil.platform.policy import release
