@@ -32,7 +32,7 @@ class Summary:
     events_by_kind: Counter[str] = field(default_factory=Counter)
 
     def top_nodes(self, n: int = TOP) -> list[dict[str, Any]]:
-        """Nodes by downtime, with their hardware-attributed job failures."""
+        """Nodes by downtime (then hardware-attributed job failures)."""
         down = self.slo.node_downtime_s
         names = set(down) | set(self.attribution.by_node)
         rows = [
@@ -43,7 +43,7 @@ class Summary:
             }
             for name in names
         ]
-        rows.sort(key=lambda r: (-r["job_failures"], -r["downtime_s"], r["node"]))
+        rows.sort(key=lambda r: (-r["downtime_s"], -r["job_failures"], r["node"]))
         return rows[:n]
 
     def top_gpus(self, n: int = TOP) -> list[dict[str, Any]]:
