@@ -38,6 +38,9 @@ class SloConfig:
     in_service_states: frozenset[str] = frozenset({"HEALTHY"})
     maintenance_states: frozenset[str] = frozenset({"MAINTENANCE"})
     removed_states: frozenset[str] = frozenset({"REMOVED"})
+    # States that mean running work was (being) moved off: an episode that reaches one is a
+    # drain; one that only blocked new work (SUSPECT) is a cordon.
+    drain_states: frozenset[str] = frozenset({"DRAINING", "DRAINED", "REMEDIATING", "QUARANTINED"})
     # Remediations that repair a node (a drain ended by one of these is not a false positive).
     repair_actions: frozenset[str] = frozenset({"RESET_GPU", "REBOOT", "REPLACE"})
     max_open_jobs: int = 100_000  # jobs started but not ended; the oldest are forgotten past it
@@ -54,6 +57,7 @@ class _Node:
     incident_at: float | None = None  # condition set (first FAILED finding) not yet resolved
     out_at: float | None = None  # left service (a drain episode), not yet back
     repaired: bool = False  # a repair happened during the drain episode
+    drained: bool = False  # the episode reached a drain state
     failing: set[tuple[str, str]] = field(default_factory=set)
     faults: deque[float] = field(default_factory=lambda: deque(maxlen=16))
 
@@ -82,6 +86,7 @@ class SloReport:
     mttd: Distribution = field(default_factory=Distribution)
     mttr: Distribution = field(default_factory=Distribution)
     drains: int = 0
+    cordons: int = 0  # out of service without a drain (new work blocked), then back
     false_positive_drains: int = 0
     incidents_absorbed: int = 0  # conditions set and cleared without leaving service
     breaker_trips: int = 0
@@ -135,6 +140,7 @@ class SloReport:
             "drains": {
                 "total": self.drains,
                 "false_positive": self.false_positive_drains,
+                "cordons": self.cordons,
                 "absorbed_incidents": self.incidents_absorbed,
             },
             "breaker_trips": self.breaker_trips,
@@ -219,6 +225,8 @@ class SloTracker:
             return
         name, n = got
         to = str(ev.data.get("to", ""))
+        if ev.data.get("dry_run") is True:
+            return  # the controller only said what it would do
         self._account(name, n, ev.ts)
         was_in = n.in_service and n.state is not None
         flag = ev.data.get("in_service")
@@ -230,17 +238,21 @@ class SloTracker:
         if n.out_at is not None and entering_maint:
             n.repaired = True  # a person took the node for repair
         if was_in and not n.in_service and not (entering_maint or n.planned or n.removed):
-            n.out_at, n.repaired = ev.ts, False
+            n.out_at, n.repaired, n.drained = ev.ts, False, False
             if n.incident_at is None:
                 n.incident_at = ev.ts
-        elif n.in_service and n.out_at is not None:
+        if n.out_at is not None and to in self.cfg.drain_states:
+            n.drained = True
+        if n.in_service and n.out_at is not None:
             if self._in_window(ev.ts):
                 r = self.r
-                r.drains += 1
                 r.mttr.add(ev.ts - (n.incident_at if n.incident_at is not None else n.out_at))
-                if not n.repaired:
-                    r.false_positive_drains += 1
-            n.out_at, n.incident_at, n.repaired = None, None, False
+                if not n.drained:
+                    r.cordons += 1
+                else:
+                    r.drains += 1
+                    r.false_positive_drains += 0 if n.repaired else 1
+            n.out_at, n.incident_at, n.repaired, n.drained = None, None, False, False
             n.failing.clear()
 
     def _on_maintenance(self, ev: Event) -> None:

@@ -79,6 +79,7 @@ def slo_table(s: Summary) -> Table:
     t.add_row(
         "false-positive drains", pct(fp, 1), "-", "-", "-",
         f"{dr['false_positive']} of {dr['total']} drains returned without repair; "
+        f"{dr['cordons']} cordons without drain; "
         f"{dr['absorbed_incidents']} incidents cleared in service; "
         f"{j['breaker_trips']} breaker trips",
     )  # fmt: skip

@@ -45,7 +45,12 @@ def test_json_report(run_cli, log: Path) -> None:
     assert out["slo"]["availability"]["node_seconds"] == 4 * 86400
     assert out["slo"]["mttd"]["count"] == 1 and out["slo"]["mttd"]["mean_s"] == 10
     assert out["slo"]["mttr"]["mean_s"] == 3600
-    assert out["slo"]["drains"] == {"total": 1, "false_positive": 1, "absorbed_incidents": 0}
+    assert out["slo"]["drains"] == {
+        "total": 1,
+        "false_positive": 1,
+        "cordons": 0,
+        "absorbed_incidents": 0,
+    }
     [failure] = out["attribution"]["failures"]
     assert failure["cause"] == "hardware" and failure["summary"] == "Xid 79 on gpu:3 of n2"
     assert out["top_gpus"] == [{"node": "n2", "gpu": "gpu:3", "findings": 1}]

@@ -145,13 +145,36 @@ def test_condition_cleared_without_leaving_service_is_absorbed() -> None:
     assert (r.incidents_absorbed, r.drains, r.mttr.count) == (1, 0, 0)
 
 
-def test_drain_without_a_finding_measures_mttr_from_leaving_service() -> None:
-    r = slo.compute(
-        _states((0, "n1", "HEALTHY"), (50, "n1", "CORDONED"), (80, "n1", "HEALTHY")),
-        start=0,
-        end=100,
-    )
+def test_cordon_without_a_finding_measures_mttr_from_leaving_service() -> None:
+    evs = _states((0, "n1", "HEALTHY"), (50, "n1", "SUSPECT"), (80, "n1", "HEALTHY"))
+    r = slo.compute(evs, start=0, end=100)
     assert r.mttr.samples == [30.0]
+    assert (r.cordons, r.drains, r.false_positive_drains) == (1, 0, 0)
+
+
+def test_real_controller_path_is_a_repaired_drain() -> None:
+    evs = [
+        *_states(
+            (0, "n1", "HEALTHY"),
+            (10, "n1", "SUSPECT"),
+            (20, "n1", "DRAINING"),
+            (30, "n1", "REMEDIATING"),
+        ),
+        E(30, "remediation", node="n1", action="RESET_GPU", result="started"),
+        E(90, "remediation", node="n1", action="RESET_GPU", result="succeeded"),
+        *_states((90, "n1", "VALIDATING"), (100, "n1", "HEALTHY")),
+    ]
+    r = slo.compute(evs, start=0, end=200)
+    assert (r.drains, r.false_positive_drains, r.cordons) == (1, 0, 0)
+    assert r.mttr.samples == [90.0]
+
+
+def test_dry_run_transitions_are_ignored() -> None:
+    evs = [
+        *_states((0, "n1", "HEALTHY")),
+        E(10, "node.state", node="n1", to="DRAINING", dry_run=True),
+    ]
+    assert slo.compute(evs, start=0, end=100).availability == 1.0
 
 
 def test_job_success_and_goodput() -> None:
