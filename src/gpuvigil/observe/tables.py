@@ -87,7 +87,7 @@ def slo_table(s: Summary) -> Table:
 
 
 def cause_table(s: Summary) -> Table:
-    t = Table(title="Failures and restarts by cause", title_justify="left")
+    t = Table(title="Failures and restarts by cause", title_justify="left", min_width=40)
     t.add_column("cause")
     t.add_column("count", justify="right")
     t.add_column("share", justify="right")
