@@ -1,0 +1,80 @@
+"""Benchmark: `gpuvigil report` over a large event log, against `wc -l` of the same file.
+
+Generates N synthetic events (default 10 million) in a temporary folder, then measures in
+the same run, each as a child process (wall time and peak RSS from wait4):
+  - the baseline: `wc -l FILE` (the cost of reading the bytes at all);
+  - `gpuvigil report FILE --window all --json` (parse, SLOs, attribution);
+  - the same report over the first tenth of the file, to show that memory is bounded
+    (peak RSS must not grow with the number of events).
+Prints the figures and the ratios. Usage:
+    PYTHONPATH=src python bench/report.py [--events 10000000] [--nodes 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from gpuvigil.observe import synthetic  # noqa: E402
+
+
+def measure(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[float, float]:
+    """Run argv; return (wall seconds, peak RSS in MiB) of that child alone."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv} exited {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--nodes", type=int, default=1024)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-report-"))
+    try:
+        log = tmp / "events.jsonl"
+        t0 = time.perf_counter()
+        n = synthetic.write(log, nodes=args.nodes, events=args.events)
+        gen_s = time.perf_counter() - t0
+        size_mb = log.stat().st_size / 2**20
+        tenth = tmp / "tenth.jsonl"
+        with log.open("rb") as src, tenth.open("wb") as dst:
+            for i, line in enumerate(src):
+                if i >= n // 10:
+                    break
+                dst.write(line)
+        report = [sys.executable, "-m", "gpuvigil", "report", "--window", "all", "--json"]
+        wc_s, wc_mb = measure(["wc", "-l", str(log)])
+        rep_s, rep_mb = measure([*report, str(log)])
+        small_s, small_mb = measure([*report, str(tenth)])
+        wc2_s, _ = measure(["wc", "-l", str(log)])  # again, after the report warmed the cache
+        base = min(wc_s, wc2_s)
+        print(f"events: {n:,} ({size_mb:,.0f} MiB, {args.nodes} nodes); generated in {gen_s:.0f} s")
+        print(f"wc -l:            {base:8.2f} s  peak {wc_mb:7.1f} MiB")
+        print(f"gpuvigil report:  {rep_s:8.2f} s  peak {rep_mb:7.1f} MiB  "
+              f"({n / rep_s:,.0f} events/s)")  # fmt: skip
+        print(f"report, 1/10:     {small_s:8.2f} s  peak {small_mb:7.1f} MiB")
+        print(f"ratio time   report / wc -l: {rep_s / base:,.0f}x")
+        print(f"ratio memory report / wc -l: {rep_mb / wc_mb:,.1f}x")
+        print(f"memory growth 10x events:    {rep_mb / small_mb:.2f}x (1.0 = bounded)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
