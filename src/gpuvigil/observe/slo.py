@@ -13,6 +13,7 @@ Public API (stable, used by the simulator): `Targets`, `SloConfig`, `SloTracker`
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ class _Job:
     start: float
     gpus: int = 0
     lost_s: float = 0.0
+
+
+def _num(x: object) -> float | None:
+    """A finite, non-negative number from event data, else None (bools are not numbers)."""
+    if (type(x) is int or type(x) is float) and math.isfinite(x) and x >= 0:  # type: ignore[arg-type]
+        return float(x)  # type: ignore[arg-type]
+    return None
 
 
 @dataclass
@@ -270,8 +278,8 @@ class SloTracker:
         if got is None or str(ev.data.get("status", "FAILED")) != "FAILED":
             return
         _, n = got
-        evidence = ev.data.get("evidence_ts")
-        first = evidence if isinstance(evidence, int | float) and evidence <= ev.ts else None
+        evidence = _num(ev.data.get("evidence_ts"))
+        first = evidence if evidence is not None and evidence <= ev.ts else None
         if first is None and n.faults:
             first = n.faults.popleft()
         if first is not None and self._in_window(ev.ts):
@@ -318,15 +326,15 @@ class SloTracker:
         if ev.job is None:
             return
         gpus = ev.data.get("gpus", 0)
-        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus if isinstance(gpus, int) else 0)
+        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus if type(gpus) is int and gpus > 0 else 0)
         if len(self._jobs) > self.cfg.max_open_jobs:
             del self._jobs[next(iter(self._jobs))]
 
     def _on_job_restart(self, ev: Event) -> None:
         job = self._jobs.get(ev.job or "")
-        lost = ev.data.get("lost_s", 0.0)
-        if job is not None and isinstance(lost, int | float):
-            job.lost_s += float(lost)
+        lost = _num(ev.data.get("lost_s"))
+        if job is not None and lost is not None:
+            job.lost_s += lost
         if self._in_window(ev.ts):
             self.r.job_restarts += 1
 
@@ -342,14 +350,14 @@ class SloTracker:
             r.jobs_cancelled += 1
         else:
             r.jobs_failed += 1
-        alloc, prod = d.get("allocated_gpu_s"), d.get("productive_gpu_s")
-        if not isinstance(alloc, int | float) and job is not None and job.gpus:
-            alloc = job.gpus * (ev.ts - job.start)
-        if not isinstance(prod, int | float) and job is not None and isinstance(alloc, float):
+        alloc, prod = _num(d.get("allocated_gpu_s")), _num(d.get("productive_gpu_s"))
+        if alloc is None and job is not None and job.gpus:
+            alloc = job.gpus * max(0.0, ev.ts - job.start)
+        if prod is None and job is not None and alloc is not None:
             prod = max(0.0, alloc - job.gpus * job.lost_s)
-        if isinstance(alloc, int | float) and isinstance(prod, int | float) and alloc > 0:
-            r.allocated_gpu_s += float(alloc)
-            r.productive_gpu_s += min(float(prod), float(alloc))
+        if alloc is not None and prod is not None and alloc > 0:
+            r.allocated_gpu_s += alloc
+            r.productive_gpu_s += min(prod, alloc)
 
     def finish(self) -> SloReport:
         r = self.r
