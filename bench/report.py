@@ -26,22 +26,28 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from gpuvigil.observe import synthetic  # noqa: E402
 
+TIME = Path("/usr/bin/time")  # GNU time: the child's own peak RSS, not the forked parent's
 
-def measure(
-    argv: list[str], *, stdout: int | None = subprocess.DEVNULL
-) -> tuple[float, float, float]:
-    """Run argv; return (wall s, CPU s, peak RSS MiB) of that child alone (wait4).
 
-    CPU time (user + system) is the figure to compare on a shared machine: wall time
-    also counts the time other processes held the cores."""
+def measure(argv: list[str], *, workdir: Path) -> tuple[float, float, float]:
+    """Run argv; return (wall s, CPU s, peak RSS MiB) of that command alone.
+
+    CPU time (user + system) is the figure to compare on a shared machine: wall time also
+    counts the time other processes held the cores. Peak RSS comes from GNU time when it
+    is installed: rusage of a child forked from this interpreter would start at this
+    interpreter's size."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    out = workdir / "time.out"
+    timed = [str(TIME), "-f", "%M %U %S", "-o", str(out), *argv] if TIME.exists() else argv
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(timed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv} exited {proc.returncode}")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv} failed")
+    if TIME.exists():
+        kb, user, sys_s = out.read_text().split()[-3:]
+        return wall, float(user) + float(sys_s), int(kb) / 1024
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
@@ -64,10 +70,12 @@ def main() -> None:
                     break
                 dst.write(line)
         report = [sys.executable, "-m", "gpuvigil", "report", "--window", "all", "--json"]
-        wc_s, wc_cpu, wc_mb = measure(["wc", "-l", str(log)])
-        rep_s, rep_cpu, rep_mb = measure([*report, str(log)])
-        small_s, small_cpu, small_mb = measure([*report, str(tenth)])
-        wc2_s, wc2_cpu, _ = measure(["wc", "-l", str(log)])  # again, cache warmed by the report
+        wc_s, wc_cpu, wc_mb = measure(["wc", "-l", str(log)], workdir=tmp)
+        rep_s, rep_cpu, rep_mb = measure([*report, str(log)], workdir=tmp)
+        small_s, small_cpu, small_mb = measure([*report, str(tenth)], workdir=tmp)
+        wc2_s, wc2_cpu, _ = measure(
+            ["wc", "-l", str(log)], workdir=tmp
+        )  # again, cache warmed by the report
         base, base_cpu = min(wc_s, wc2_s), max(min(wc_cpu, wc2_cpu), 1e-3)
         print(f"events: {n:,} ({size_mb:,.0f} MiB, {args.nodes} nodes); generated in {gen_s:.0f} s")
         print(f"wc -l:           wall {base:8.2f} s  cpu {base_cpu:8.2f} s  peak {wc_mb:7.1f} MiB")
