@@ -55,12 +55,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=10_000_000)
     ap.add_argument("--nodes", type=int, default=1024)
+    ap.add_argument("--file", type=Path, help="use this event log instead of generating one")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-report-"))
     try:
         log = tmp / "events.jsonl"
         t0 = time.perf_counter()
-        n = synthetic.write(log, nodes=args.nodes, events=args.events)
+        if args.file:
+            log = args.file
+            with log.open("rb") as f:
+                n = sum(1 for _ in f)
+        else:
+            n = synthetic.write(log, nodes=args.nodes, events=args.events)
         gen_s = time.perf_counter() - t0
         size_mb = log.stat().st_size / 2**20
         tenth = tmp / "tenth.jsonl"
