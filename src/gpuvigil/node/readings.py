@@ -6,13 +6,335 @@ readings from simulated hardware) share one definition of each. Sections by sour
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+
 # --- GPU: NVML and nvidia-smi (owner: layer-1 GPU work) ------------------------------------
+# Every field is None when the source could not say (not supported, N/A, not reported):
+# rules treat None as "unknown", never as healthy-by-default for required readings.
+
+# Clock-event reason bits as NVML defines them (nvmlClocksEventReason*); nvidia-smi's named
+# fields are converted to the same bits.
+CLOCK_GPU_IDLE = 0x1
+CLOCK_SW_POWER_CAP = 0x4
+CLOCK_HW_SLOWDOWN = 0x8
+CLOCK_SW_THERMAL = 0x20
+CLOCK_HW_THERMAL = 0x40
+CLOCK_HW_POWER_BRAKE = 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkReading:
+    """One NVLink link: state and its cumulative data-link error counters."""
+
+    link: int
+    active: bool | None
+    replay: int | None = None
+    recovery: int | None = None
+    crc_flit: int | None = None
+    crc_data: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadError:
+    """A reading that failed for a reason other than "not supported"."""
+
+    field: str  # what was being read, e.g. "remapped_rows" or "handle"
+    error: str  # NVML error name ("GpuIsLost", "Unknown", "Timeout", ...) or a parser note
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as NVML or nvidia-smi sees it."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None  # NVML form, upper case: "00000000:3B:00.0"
+    architecture: str | None = None  # "Volta", "Ampere", "Hopper", "Blackwell", ...
+    memory_total_mib: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_pending_enabled: bool | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_sbe: int | None = None
+    retired_dbe: int | None = None
+    retired_pending: bool | None = None
+    remap_corrected: int | None = None
+    remap_uncorrected: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    temperature_gpu_c: float | None = None
+    temperature_memory_c: float | None = None
+    slowdown_temp_c: float | None = None  # the GPU's own thresholds, when it reports them
+    shutdown_temp_c: float | None = None
+    memory_max_temp_c: float | None = None
+    clock_event_reasons: int | None = None  # bitmask of CLOCK_* above
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    nvlinks: tuple[NvLinkReading, ...] = ()
+    # The driver's own verdict (nvmlDeviceGpuRecoveryAction_t, r550+; older drivers: reset
+    # status): "NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET",
+    # "RECOVER_IMEX_DOMAIN", "BUS_RESET", "SYSTEM_REBOOT".
+    recovery_action: str | None = None
+    lost: bool = False  # NVML said "GPU is lost" (or the tool could not reach it)
+    errors: tuple[ReadError, ...] = ()
+
+    @property
+    def component(self) -> str:
+        return f"gpu:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInventory:
+    """All GPUs of a node from one source at one moment."""
+
+    source: str  # "nvml" | "nvidia-smi"
+    observed_at: datetime
+    gpus: tuple[GpuReading, ...] = ()
+    count: int | None = None  # what the source says is attached (may exceed len(gpus))
+    driver_version: str | None = None
+    errors: tuple[ReadError, ...] = ()  # node-wide problems (truncated output, init failure)
+
+    def by_bus_id(self) -> dict[str, GpuReading]:
+        """PCI bus id (upper case, domain kept) -> GPU: for mapping kernel-log Xids."""
+        return {g.pci_bus_id.upper(): g for g in self.gpus if g.pci_bus_id}
+
+    def gpu_map(self) -> dict[str, GpuRef]:
+        """Normalized bus id -> GpuRef, the Xid rules' view of these GPUs (lower-case
+        family, as the Xid catalog names them)."""
+        refs = {}
+        for g in self.gpus:
+            bus = normalize_bus_id(g.pci_bus_id) if g.pci_bus_id else None
+            if bus is not None and g.index >= 0:
+                family = g.architecture.lower() if g.architecture else None
+                refs[bus] = GpuRef(index=g.index, bus_id=bus, family=family, uuid=g.uuid)
+        return refs
 
 
 # --- DCGM (owner: layer-1 GPU work) --------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DcgmResult:
+    """One line of a DCGM verdict: a health watch system or a diag test, for one GPU
+    (gpu None: the whole node / all GPUs)."""
+
+    test: str  # "memory", "nvlink", "pcie" (health); "Memory", "Diagnostic" (diag)
+    result: str  # "Pass" | "Fail" | "Warn" | "Skip" | "Incomplete"
+    gpu: int | None = None
+    info: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmReport:
+    """What `dcgmi health -c` or `dcgmi diag -r N` said."""
+
+    kind: str  # "health" | "diag"
+    results: tuple[DcgmResult, ...] = ()
+    overall: str | None = None  # "Pass" | "Fail" | "Warn" | None when not stated
+    complete: bool = True  # False: the run stopped early or the output was cut
+    errors: tuple[str, ...] = ()  # why the parse is incomplete
+    level: int | None = None  # diag run level
 
 
 # --- Kernel log: Xid and SXid events (owner: layer-1 kernel-log work) ----------------------
+# Producers: `node.probes.kernel_log_parser` (one line or /dev/kmsg record -> XidEvent), the
+# kernel_log check (-> KernelLog), the agent's /dev/kmsg follower and NVML's event loop
+# (source "nvml"). Consumer: `node.rules.xid`.
+
+XidKind = Literal["xid", "sxid"]
+XidSource = Literal["kmsg", "dmesg", "journal", "file", "nvml"]
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One Xid (GPU) or SXid (NVSwitch) event line, as the driver printed it.
+
+    `pci_bus_id` is the text inside the parentheses minus a leading "PCI:", exactly as
+    printed ("0000:3b:00", "0000:06:00.0"); `bus_id` is its normalized form for matching
+    against NVML ("0000:3b:00.0", see `normalize_bus_id`), None when it does not parse.
+    `timestamp` is the line's time stamp as printed (no brackets), None when it has none;
+    `time` (wall clock, timezone-aware) and `uptime_s` (seconds since boot) are what
+    could be derived from it. `message` is the driver's text after the code and the
+    pid/name fields; `line` is the whole line.
+    """
+
+    kind: XidKind
+    code: int
+    pci_bus_id: str
+    bus_id: str | None
+    message: str
+    line: str
+    timestamp: str | None = None
+    time: datetime | None = None
+    uptime_s: float | None = None
+    source: XidSource = "file"
+    seq: int | None = None  # /dev/kmsg sequence number
+    pid: int | None = None  # None when printed as '<unknown>' or absent
+    process: str | None = None  # the `name=` field; None when '<unknown>' or absent
+    device: str | None = None  # the driver instance that printed an SXid ("nvidia-nvswitch1")
+    boot_id: str | None = None  # the boot it was logged in, when the reader knows it
+
+    @property
+    def code_name(self) -> str:
+        """The finding code: XID_<n> or SXID_<n>."""
+        return f"{'S' if self.kind == 'sxid' else ''}XID_{self.code}"
+
+    def with_(self, **changes: Any) -> XidEvent:
+        """A copy with some fields set (readers add source, seq, boot id, derived time)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLog:
+    """What one read of the kernel log found, and how trustworthy the read was.
+
+    `driver_loaded_at` is the latest NVIDIA driver load seen in the log ("NVRM: loading
+    NVIDIA UNIX ... Kernel Module"); a GPU event before it has been through a reset.
+    `gaps` counts records lost to ring-buffer overruns (/dev/kmsg EPIPE) during the read.
+    `source` is the source actually used; `fallback_from` names the sources that failed
+    before it, each with why.
+    """
+
+    events: tuple[XidEvent, ...] = ()
+    source: XidSource = "file"
+    boot_id: str | None = None
+    booted_at: datetime | None = None
+    driver_loaded_at: datetime | None = None
+    gaps: int = 0
+    lines_read: int = 0
+    fallback_from: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """What the Xid rules need to know about one GPU: which one it is and its family.
+
+    Built from the GPU readings (NVML or nvidia-smi) when available; `family` is one of
+    the catalog's families ("volta", "ampere", "hopper", "blackwell") or None.
+    """
+
+    index: int
+    bus_id: str  # normalized, see normalize_bus_id
+    family: str | None = None
+    uuid: str | None = None
+
+
+# Normalized PCI bus id -> GPU. A plain Mapping so any reading can build one.
+GpuMap = Mapping[str, GpuRef]
+
+
+def gpu_map(gpus: Iterable[GpuRef]) -> dict[str, GpuRef]:
+    return {g.bus_id: g for g in gpus}
+
+
+_BUS_ID = re.compile(
+    r"^\s*(?:PCI:)?(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.([0-7]))?\s*$"
+)
+
+
+def normalize_bus_id(text: str) -> str | None:
+    """`PCI:0000:3b:00`, `00000000:3B:00.0`, `3b:00` -> `0000:3b:00.0`; None if not a bus id.
+
+    The kernel log prints a 4-digit domain without the function; NVML prints an 8-digit
+    upper-case domain with it. GPUs are function 0, so a missing function means 0.
+    """
+    m = _BUS_ID.match(text)
+    if m is None:
+        return None
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn or '0'}"
 
 
 # --- Network fabric and PCIe (owner: fabric/preflight work) --------------------------------
+# The fabric probe (`node/probes/fabric.py`) and the simulator build these; the fabric
+# rules (`node/rules/fabric.py`) judge them. A value that could not be read is None and
+# the reason is in `problems`: the rules turn problems into findings (fail closed).
+
+
+@dataclass(frozen=True)
+class NetDev:
+    """The network interface that belongs to an adapter (EFA/RoCE), from sysfs class/net."""
+
+    name: str
+    operstate: str | None  # "up", "down", "lowerlayerdown", ... (None: unreadable)
+    carrier: int | None  # 1 link up, 0 down (None: unreadable, or the interface is down)
+
+
+@dataclass(frozen=True)
+class FabricPort:
+    """One port of an RDMA adapter (`/sys/class/infiniband/<dev>/ports/<n>/`)."""
+
+    number: int
+    state: str | None  # "ACTIVE", "DOWN", "INIT", "ARMED" (text after "4: ")
+    phys_state: str | None  # "LinkUp", "Polling", "Disabled", ...
+    rate_gbps: float | None  # from "400 Gb/sec (4X NDR)"
+    link_layer: str | None  # "InfiniBand" | "Ethernet" | "Unspecified" (EFA)
+    # counters/ and hw_counters/ merged; hw_counters keep their own names.
+    counters: tuple[tuple[str, int], ...] = ()
+    problems: tuple[str, ...] = ()  # files that could not be read or parsed
+
+    def counter(self, name: str) -> int | None:
+        return dict(self.counters).get(name)
+
+
+@dataclass(frozen=True)
+class FabricAdapter:
+    """One RDMA device: an InfiniBand/RoCE HCA (mlx5_*) or an AWS EFA (rdmap*)."""
+
+    name: str
+    kind: str  # "efa" | "ib" | "roce" (from the driver/name and the ports' link layer)
+    ports: tuple[FabricPort, ...]
+    pci_address: str | None = None
+    hca_type: str | None = None  # "MT4129" (ConnectX-7), "efa", ...
+    netdevs: tuple[NetDev, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FiInfo:
+    """What `fi_info -p efa` listed: unique EFA domains (`rdmap79s0`), or why it could not."""
+
+    domains: tuple[str, ...] = ()
+    ran: bool = False  # False: not installed and not required
+    error: str | None = None  # "missing" | "timeout" | "exit <n>: <stderr>" | "oserror"
+
+
+@dataclass(frozen=True)
+class FabricReading:
+    """The node's RDMA adapters at one moment; `taken_at` dates the counters for rates."""
+
+    taken_at: datetime
+    adapters: tuple[FabricAdapter, ...]
+    sysfs_present: bool = True  # False: /sys/class/infiniband does not exist at all
+    problems: tuple[str, ...] = ()
+    fi_info: FiInfo | None = None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """One PCIe function's link (`/sys/bus/pci/devices/<addr>/current_link_*`)."""
+
+    address: str  # "0000:18:00.0"
+    role: str  # "gpu" | "nic"
+    name: str  # "gpu:0000:18:00.0" or the adapter name ("mlx5_0")
+    speed_gts: float | None  # current; None when "Unknown" (link down) or unreadable
+    max_speed_gts: float | None
+    width: int | None  # current lanes; 0 when the link is down
+    max_width: int | None
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PcieReading:
+    taken_at: datetime
+    links: tuple[PcieLink, ...]
+    problems: tuple[str, ...] = ()

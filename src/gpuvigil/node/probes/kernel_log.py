@@ -1,1 +1,282 @@
-"""Probe: kernel_log (filled in by the layer-1 work)."""
+"""Probe: the kernel log as a source of Xid/SXid events (the `kernel_log` check).
+
+Reads the current boot's kernel log once - a non-blocking read of /dev/kmsg, `dmesg`, or
+`journalctl -k` (in the order `node.kernel_log.sources` gives), or one configured file -
+into a `KernelLog` reading, then hands it to the pure rules (`node.rules.xid`). A source
+that is missing, hangs, crashes or prints garbage is skipped for the next one with a
+SOURCE_FALLBACK warning that says which source broke and how; when every source fails the
+check fails closed with each source's own finding.
+
+Called by `gpuvigil check`, the agent's fast loop and preflight (through the registry).
+The agent's streaming follower of /dev/kmsg uses the parser beside this module
+(`kernel_log_parser.parse_kmsg_record`), re-exported here.
+
+Seams in `CheckContext.extras` (set by whoever knows them; all optional):
+`gpu_map` (normalized bus id -> GpuRef, from the GPU readings), `nvml_xid_events`
+(XidEvents with source "nvml"), `gpu_resets` (bus id -> datetime of the last reset),
+`released_at` (when a person last released the node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo
+
+from gpuvigil.core.findings import Finding, Status, utcnow
+from gpuvigil.node.catalog.xid import load_catalog
+from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.node.config import KernelLogConfig
+from gpuvigil.node.probes.kernel_log_parser import (
+    driver_load_stamp,
+    event_lines,
+    kmsg_records,
+    parse_kmsg_record,
+    parse_line,
+    parse_stamp,
+    scan_bytes,
+    with_wall_time,
+)
+from gpuvigil.node.probes.kernel_log_sources import (
+    CHECK,
+    KMSG_RECORD,
+    SourceBroken,
+    boot_info,
+    read_source,
+)
+from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
+from gpuvigil.node.rules import xid as xid_rules
+
+__all__ = [
+    "analyze_capture",
+    "boot_info",
+    "parse_kmsg_record",
+    "parse_line",
+    "read_kernel_log",
+    "scan_bytes",
+]
+
+
+@dataclass(frozen=True)
+class SourceFailure:
+    """Why one source could not be used: its finding (FAILED, a could-not-run code)."""
+
+    source: str
+    finding: Finding
+
+
+# The agent's kernel-log stream (node.kernel_watch) imported this name before the sources
+# moved to kernel_log_sources; kept so that import keeps working.
+_boot = boot_info
+
+
+@check(
+    CHECK,
+    group="fast",
+    interval_s=60,
+    # Two tools at node.kernel_log.timeout_s (10 s) each plus a bounded /dev/kmsg read.
+    timeout_s=60,
+    description="Xid/SXid events in the kernel log (/dev/kmsg, dmesg, journalctl or a file)",
+)
+def kernel_log_check(ctx: CheckContext) -> list[Finding]:
+    cfg = _config(ctx)
+    now = utcnow()
+    log, failures = read_kernel_log(ctx, cfg=cfg, now=now)
+    if log is None:
+        return [f.finding for f in failures]
+    findings = xid_rules.evaluate_log(
+        log,
+        catalog=load_catalog(cfg),
+        now=now,
+        gpus=ctx.extras.get("gpu_map"),
+        extra_events=tuple(ctx.extras.get("nvml_xid_events", ())),
+        resets=ctx.extras.get("gpu_resets"),
+        released_at=ctx.extras.get("released_at"),
+        check=CHECK,
+    )
+    if failures:
+        findings.append(_fallback_finding(log, failures))
+    if log.gaps:
+        findings.append(
+            Finding(
+                check=CHECK,
+                status=Status.WARNING,
+                code="KMSG_GAP",
+                message=f"{log.gaps} kernel log record(s) were overwritten before they were "
+                "read: Xid events may be missing",
+                evidence={"gaps": log.gaps, "source": log.source},
+            )
+        )
+    return findings
+
+
+def _config(ctx: CheckContext) -> KernelLogConfig:
+    node = ctx.config
+    cfg = getattr(node, "kernel_log", None)
+    return cfg if isinstance(cfg, KernelLogConfig) else KernelLogConfig()
+
+
+def read_kernel_log(
+    ctx: CheckContext, *, cfg: KernelLogConfig, now: datetime
+) -> tuple[KernelLog | None, list[SourceFailure]]:
+    """The first source that works, and the failures of those tried before it."""
+    boot_id, booted_at = boot_info(ctx)
+    sources = ("file",) if cfg.file else cfg.sources
+    failures: list[SourceFailure] = []
+    for source in sources:
+        try:
+            data, gaps = read_source(source, ctx, cfg)
+        except SourceBroken as e:
+            failures.append(SourceFailure(source, e.finding))
+            continue
+        log = _reading(
+            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
+        )
+        fallback = tuple((f.source, f.finding.message) for f in failures)
+        return replace(log, fallback_from=fallback), failures
+    return None, failures
+
+
+def analyze_capture(
+    data: bytes,
+    *,
+    cfg: KernelLogConfig | None = None,
+    gpus: Mapping[str, GpuRef] | None = None,
+    now: datetime | None = None,
+    year: int | None = None,
+) -> list[Finding]:
+    """Findings for a captured kernel log (`gpuvigil analyze --kmsg F`, support bundles).
+
+    Judged as of `now`, by default the capture's own end (its last time stamp), so a
+    post-mortem of an old capture shows what was active when it was taken rather than
+    what has expired since. A capture has no boot id; the driver loads it records still
+    clear reset-class events.
+    """
+    cfg = cfg or KernelLogConfig()
+    tz = _zone(cfg)
+    log = _reading(
+        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=tz, year=year
+    )
+    end = now or _capture_end(data, log, tz=tz, year=year) or utcnow()
+    return xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
+
+
+def _capture_end(data: bytes, log: KernelLog, *, tz: tzinfo, year: int | None) -> datetime | None:
+    times = [ev.time for ev in log.events if ev.time is not None]
+    tail = data.rstrip().rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
+    head = tail.split(";", 1)[-1] if KMSG_RECORD.match(tail.encode()) else tail
+    last = parse_stamp(head, tz=tz, year=year)
+    if last.time is not None:
+        times.append(last.time)
+    return max(times) if times else None
+
+
+# --- the reading --------------------------------------------------------------------------
+
+
+def _reading(
+    data: bytes,
+    source: str,
+    *,
+    boot_id: str | None,
+    booted_at: datetime | None,
+    gaps: int,
+    now: datetime,
+    tz: tzinfo = UTC,
+    year: int | None = None,
+) -> KernelLog:
+    live = source != "file"  # kmsg/dmesg/journal -b read this boot only
+    events: list[XidEvent]
+    if source == "kmsg":
+        events = [
+            ev
+            for rec in kmsg_records(b"\n".join(event_lines(data)))
+            if (ev := parse_kmsg_record(rec)) is not None
+        ]
+    else:
+        year = year or now.year
+        events = scan_bytes(data, source=source, year=year, tz=tz)  # type: ignore[arg-type]
+        events = [_fix_year(ev, now) for ev in events]
+    events = with_wall_time(events, booted_at if live else None)
+    if live and boot_id:
+        events = [ev.with_(boot_id=boot_id) for ev in events]
+    return KernelLog(
+        events=tuple(events),
+        source=source,  # type: ignore[arg-type]
+        boot_id=boot_id,
+        booted_at=booted_at,
+        driver_loaded_at=_driver_loaded_at(
+            data, source, booted_at if live else None, year or now.year, tz
+        ),
+        gaps=gaps,
+        lines_read=data.count(b"\n"),
+    )
+
+
+def _zone(cfg: KernelLogConfig) -> tzinfo:
+    """The zone of stamps printed without an offset: configured, else this node's."""
+    if cfg.timezone:
+        return ZoneInfo(cfg.timezone)
+    return datetime.now().astimezone().tzinfo or UTC
+
+
+def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
+    """Syslog stamps have no year: one that lands in the future is from last year."""
+    if (
+        ev.time is not None
+        and ev.time > now + timedelta(days=1)
+        and ev.timestamp
+        and (ev.timestamp[:1].isalpha())
+    ):
+        try:
+            return ev.with_(time=ev.time.replace(year=ev.time.year - 1))
+        except ValueError:  # Feb 29
+            return ev
+    return ev
+
+
+def _driver_loaded_at(
+    data: bytes, source: str, booted_at: datetime | None, year: int, tz: tzinfo
+) -> datetime | None:
+    latest = None
+    for raw in event_lines(data, b"NVRM: loading NVIDIA UNIX"):
+        if source == "kmsg":
+            head = raw.split(b";", 1)[0].split(b",")
+            usec = int(head[2]) if len(head) > 2 and head[2].isdigit() else None
+            ok = booted_at is not None and usec is not None
+            when = booted_at + timedelta(microseconds=usec) if ok else None  # type: ignore[operator]
+        else:
+            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=year, tz=tz)
+            when = stamp.time if stamp else None
+            if when is None and stamp and stamp.uptime_s is not None and booted_at:
+                when = booted_at + timedelta(seconds=stamp.uptime_s)
+        if when is not None and (latest is None or when > latest):
+            latest = when
+    return latest
+
+
+# --- findings about the sources -----------------------------------------------------------
+
+
+def _fallback_finding(log: KernelLog, failures: list[SourceFailure]) -> Finding:
+    broken = ", ".join(f"{f.source} ({f.finding.code}: {f.finding.message})" for f in failures)
+    return Finding(
+        check=CHECK,
+        status=Status.WARNING,
+        code="SOURCE_FALLBACK",
+        component="node",
+        message=f"read the kernel log from {log.source} because {broken}",
+        evidence={
+            "used": log.source,
+            "broken": [
+                {
+                    "source": f.source,
+                    "code": f.finding.code,
+                    "message": f.finding.message,
+                    **f.finding.evidence,
+                }
+                for f in failures
+            ],
+        },
+    )

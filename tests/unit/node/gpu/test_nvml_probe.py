@@ -1,0 +1,239 @@
+"""The NVML check end to end through the worker process and the fake NVML: healthy, each
+fault, and every fail-closed path (hang, lost, no library, no driver, no binding, crash)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from gpuvigil.fakes import faults
+from gpuvigil.fakes.faults import Fault
+from gpuvigil.node.checks import REGISTRY, run_check
+from gpuvigil.node.probes import nvml
+
+
+def codes(findings):
+    return sorted((f.code, f.component) for f in findings)
+
+
+def run_gpu(ctx):
+    return run_check(REGISTRY["gpu"], ctx)
+
+
+def test_healthy_node_has_no_findings(make_ctx) -> None:
+    findings, run = run_gpu(make_ctx())
+    assert findings == [] and run.status == "OK"
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        (Fault.ECC_UNCORRECTABLE, {"ECC_UNCORRECTED_VOLATILE", "ROW_REMAP_PENDING"}),
+        (Fault.ROW_REMAP_FAILURE, {"ROW_REMAP_FAILURE", "ECC_UNCORRECTED_VOLATILE"}),
+        (Fault.NVLINK_DOWN, {"NVLINK_DOWN"}),
+        (Fault.THERMAL_SLOWDOWN, {"THERMAL_SLOWDOWN", "TEMPERATURE_HIGH"}),
+        (Fault.HW_SLOWDOWN, {"HW_SLOWDOWN"}),
+        (Fault.POWER_BRAKE, {"POWER_BRAKE"}),
+        (Fault.PCIE_DEGRADED, {"PCIE_DEGRADED"}),
+        (Fault.GPU_OFF_BUS, {"GPU_LOST"}),
+    ],
+)
+def test_fault_is_found_on_its_gpu(scenario, make_ctx, fault, expected) -> None:
+    node, path = scenario
+    faults.apply(node, fault, gpu=3)
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert expected <= {f.code for f in findings}
+    assert {f.component for f in findings if f.code in expected} == {"gpu:3"}
+
+
+def test_volta_page_retirement_through_nvml(tmp_path, make_ctx, scenario) -> None:
+    from gpuvigil.fakes import gpu as fake_gpu
+
+    _, path = scenario
+    node = fake_gpu.make_node(8, model="V100")
+    faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=2)
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert {("RETIRED_PAGES_PENDING", "gpu:2"), ("ECC_UNCORRECTED_VOLATILE", "gpu:2")} <= set(
+        codes(findings)
+    )
+
+
+@pytest.mark.parametrize(("action", "ours"), [(1, "RESET_GPU"), (2, "REBOOT"), (4, "RESET_GPU")])
+def test_driver_recovery_action(scenario, make_ctx, action, ours) -> None:
+    node, path = scenario
+    node.gpus[6].recovery_action = action
+    node.save(path)
+    (f,) = run_gpu(make_ctx())[0]
+    assert (f.code, f.component, f.action) == ("GPU_RECOVERY_REQUIRED", "gpu:6", ours)
+    # The same verdict read back from nvidia-smi -q -x (the fallback and analyze).
+    from gpuvigil.fakes import nvidia_smi as fake_smi
+    from gpuvigil.node.probes import nvidia_smi
+
+    smi = nvidia_smi.parse_xml(fake_smi.render_xml(node)).gpus[6].recovery_action
+    assert smi == ("DRAIN_AND_RESET" if action == 4 else "GPU_RESET")
+
+
+def test_gpu_gone_from_the_bus_is_count_low(scenario, make_ctx) -> None:
+    node, path = scenario
+    node.gpus[5].present = False
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert [(f.code, f.status) for f in findings] == [("GPU_COUNT_LOW", "FAILED")]
+    assert findings[0].evidence["seen"] == 7
+
+
+def test_unknown_error_is_gpu_lost(scenario, make_ctx) -> None:
+    node, path = scenario
+    node.gpus[1].errors = {"nvmlDeviceGetRemappedRows": 999}
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert codes(findings) == [("GPU_LOST", "gpu:1")]
+
+
+def test_other_nvml_error_fails_closed(scenario, make_ctx) -> None:
+    node, path = scenario
+    node.gpus[1].errors = {"nvmlDeviceGetTotalEccErrors": 4}  # NoPermission
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert codes(findings) == [("CHECK_ERROR", "gpu:1")]
+
+
+def test_hang_is_check_timeout_and_worker_replaced(scenario, make_ctx) -> None:
+    node, path = scenario
+    node.gpus[4].hang = True
+    node.save(path)
+    ctx = make_ctx(nvml_timeout_s=1.5)
+    t0 = time.monotonic()
+    findings, run = run_gpu(ctx)
+    assert time.monotonic() - t0 < 5
+    assert ("CHECK_TIMEOUT", "gpu:4") in codes(findings)
+    assert run.status == "FAILED"
+    client = nvml.client_for("gpuvigil.fakes.nvml", ctx.env)
+    assert client.pid is None  # the hung worker was killed
+    node.gpus[4].hang = False
+    node.save(path)
+    findings, _ = run_gpu(ctx)
+    assert findings == [] and client.starts == 2
+
+
+def test_warm_worker_is_reused(make_ctx) -> None:
+    ctx = make_ctx()
+    run_gpu(ctx)
+    client = nvml.client_for("gpuvigil.fakes.nvml", ctx.env)
+    pid = client.pid
+    run_gpu(ctx)
+    assert client.pid == pid and client.starts == 1
+
+
+def test_worker_killed_under_us_is_restarted(make_ctx) -> None:
+    ctx = make_ctx()
+    run_gpu(ctx)
+    client = nvml.client_for("gpuvigil.fakes.nvml", ctx.env)
+    os.kill(client.pid, 9)
+    time.sleep(0.1)
+    findings, _ = run_gpu(ctx)
+    assert findings == [] and client.starts == 2
+
+
+def test_library_not_found_is_driver_unavailable(scenario, make_ctx, fake_bin) -> None:
+    node, path = scenario
+    node.library_present = False
+    node.save(path)
+    findings, _ = run_gpu(make_ctx(path_env=str(fake_bin.dir)))
+    assert [f.code for f in findings] == ["DRIVER_UNAVAILABLE"]
+    assert "LibraryNotFound" in findings[0].message and "nvidia-smi" in findings[0].message
+
+
+def test_driver_not_loaded_is_driver_unavailable(scenario, make_ctx, fake_bin) -> None:
+    node, path = scenario
+    faults.apply(node, Fault.DRIVER_UNAVAILABLE)
+    node.save(path)
+    findings, _ = run_gpu(make_ctx(path_env=str(fake_bin.dir)))
+    assert [f.code for f in findings] == ["DRIVER_UNAVAILABLE"]
+    assert findings[0].could_not_run
+
+
+def test_no_gpus_expected_and_no_driver_is_fine(scenario, make_ctx, fake_bin) -> None:
+    node, path = scenario
+    node.library_present = False
+    node.save(path)
+    findings, _ = run_gpu(make_ctx(path_env=str(fake_bin.dir), expect_gpus=0))
+    assert findings == []
+
+
+def test_missing_binding_falls_back_to_nvidia_smi(make_ctx, fake_bin, tmp_path) -> None:
+    from gpuvigil.fakes import gpu as fake_gpu
+    from gpuvigil.fakes import nvidia_smi as fake_smi
+
+    xml = tmp_path / "q.xml"
+    xml.write_text(
+        fake_smi.render_xml(faults.apply(fake_gpu.make_node(8), Fault.HW_SLOWDOWN, gpu=6))
+    )
+    fake_bin("nvidia-smi", f"#!/bin/sh\ncat {xml}\n")
+    ctx = make_ctx(path_env=f"{fake_bin.dir}:/usr/bin:/bin", nvml_module="gpuvigil_no_such_binding")
+    findings, _ = run_gpu(ctx)
+    assert codes(findings) == [("HW_SLOWDOWN", "gpu:6"), ("SOURCE_FALLBACK", "node")]
+
+
+def test_missing_binding_and_no_nvidia_smi(make_ctx, fake_bin) -> None:
+    ctx = make_ctx(path_env=str(fake_bin.dir), nvml_module="gpuvigil_no_such_binding")
+    findings, _ = run_gpu(ctx)
+    assert [f.code for f in findings] == ["DEPENDENCY_MISSING"]
+
+
+def test_init_hang_is_check_timeout(scenario, make_ctx) -> None:
+    node, path = scenario
+    node.init_hang = True
+    node.save(path)
+    findings, _ = run_gpu(make_ctx(nvml_timeout_s=1))
+    assert [f.code for f in findings] == ["CHECK_TIMEOUT"]
+
+
+def test_nvlink_errors_are_rates(scenario, make_ctx) -> None:
+    node, path = scenario
+    ctx = make_ctx()
+    assert run_gpu(ctx)[0] == []
+    faults.apply(node, Fault.NVLINK_ERRORS, gpu=2)
+    node.save(path)
+    findings, _ = run_gpu(ctx)
+    assert codes(findings) == [("NVLINK_ERRORS", "gpu:2")]
+    # Same totals next time: no new errors, no finding (totals are not judged).
+    assert run_gpu(ctx)[0] == []
+
+
+def test_xid_events_reach_the_kernel_log_seam(scenario, make_ctx) -> None:
+    node, path = scenario
+    ctx = make_ctx()
+    assert run_gpu(ctx)[0] == []  # registers for events
+    assert ctx.extras["gpu_map"]["0000:18:00.0"].family == "hopper"
+    faults.apply(node, Fault.APP_XID_43, gpu=6)
+    node.save(path)
+    run_gpu(ctx)
+    (ev,) = ctx.extras["nvml_xid_events"]
+    assert (ev.code, ev.source, ev.bus_id, ev.code_name) == (43, "nvml", "0000:ba:00.0", "XID_43")
+    run_gpu(ctx)
+    assert len(ctx.extras["nvml_xid_events"]) == 1  # delivered once
+
+
+def test_gpus_on_the_pci_bus_are_the_expectation_without_config(scenario, make_ctx, tmp_path):
+    """8 NVIDIA GPUs in sysfs, 7 answering NVML, nothing configured: GPU_COUNT_LOW."""
+    from gpuvigil.fakes.sysfs import FakeSysfs
+
+    node, path = scenario
+    node.gpus[7].present = False
+    node.save(path)
+    ctx = make_ctx(expect_gpus=None)
+    ctx.root = FakeSysfs.node(tmp_path / "root", gpus=8, kind="ib", adapters=0).root
+    findings, _ = run_gpu(ctx)
+    assert [(f.code, f.evidence["expected"]) for f in findings] == [("GPU_COUNT_LOW", 8)]
+    # No NVIDIA device on the bus and nothing configured: not "0 expected".
+    ctx.root = tmp_path / "empty"
+    node.library_present = False
+    node.save(path)
+    nvml.close_all()  # a fresh worker meets the missing library at init
+    findings, _ = run_gpu(ctx)
+    assert [f.code for f in findings if f.code == "DRIVER_UNAVAILABLE"] == ["DRIVER_UNAVAILABLE"]
