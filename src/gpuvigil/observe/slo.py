@@ -104,6 +104,8 @@ class SloTracker:
         if n.since is None or n.removed or n.state is None:
             n.since = ts
             return
+        if ts < n.since:
+            return  # a late event (writers interleave): it takes effect at n.since, no double count
         a = n.since if self.r.start is None else max(n.since, self.r.start)
         b = ts if self.r.end is None else min(ts, self.r.end)
         n.since = ts

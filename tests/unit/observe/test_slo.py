@@ -257,3 +257,9 @@ def test_a_node_first_seen_in_a_transition_was_in_its_from_state_since_the_log_b
     r = slo.compute(evs, start=0, end=400)
     assert (r.node_seconds, r.in_service_seconds) == (800, 700)
     assert r.drains == 1 and r.mttr.samples == [100.0]
+
+
+def test_a_late_event_is_not_counted_twice() -> None:
+    evs = _states((0, "n1", "HEALTHY"), (100, "n1", "DRAINING"), (50, "n1", "HEALTHY"))
+    r = slo.compute(evs, start=0, end=200)
+    assert r.node_seconds == 200  # never more node-time than wall time
