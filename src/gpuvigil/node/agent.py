@@ -216,6 +216,8 @@ class Agent:
         data = {"code": f.code, "component": f.component, "status": f.status.value,
                 "action": f.action.value, "fatal": f.fatal, "check": f.check,
                 "message": f.message}
+        if kind is Kind.FINDING_SET:  # for MTTD: the first evidence, e.g. the Xid line's time
+            data["evidence_ts"] = f.observed_at.timestamp()
         try:
             self.events.write(Event(ts=time.time(), kind=kind.value, source="agent",
                                     node=self.node, data=data))
