@@ -245,7 +245,12 @@ class Controller:
                 node.name,
                 Kind.NODE_STATE,
                 now,
-                **{"from": None, "to": state.value, "reason": "observed", "dry_run": self.config.dry_run},
+                **{
+                    "from": None,
+                    "to": state.value,
+                    "reason": "observed",
+                    "dry_run": self.config.dry_run,
+                },
             )
 
     def _say(self, name: str, message: str, now: datetime) -> None:
