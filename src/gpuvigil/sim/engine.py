@@ -1,0 +1,176 @@
+"""The discrete-event engine: one event heap, faults -> detection -> decisions -> jobs.
+
+Called by `sim.run` (the CLI and the bench). Periodic checks are not ticked: a fault is
+seen at the next run of the check that sees it (a uniform delay within its interval), so
+the cost grows with the number of faults and jobs, never with simulated time.
+Random streams are split by purpose (faults, jobs, placement, delays) so every scenario
+of one seed sees the same faults and the same jobs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+
+from gpuvigil.core.findings import Action
+from gpuvigil.sim import lifecycle
+from gpuvigil.sim.control import Control
+from gpuvigil.sim.detect import Layer1
+from gpuvigil.sim.faults import Cause, Effect, FaultKind, FaultModel, Storm
+from gpuvigil.sim.fleet import FaultInstance, Fleet, NodeState
+from gpuvigil.sim.jobs import DAY, Job, Workload
+from gpuvigil.sim.record import Recorder
+from gpuvigil.sim.results import Results, Tally
+from gpuvigil.sim.scenarios import Scenario, SimConfig
+
+FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
+
+
+class Engine(lifecycle.Lifecycle):
+    def __init__(
+        self,
+        *,
+        scenario: Scenario,
+        nodes: int,
+        days: float,
+        seed: int,
+        workload: Workload,
+        config: SimConfig | None = None,
+        model: FaultModel | None = None,
+        storm: Storm | None = None,
+        breaker: bool = True,
+        control: Control | None = None,
+        layer1: Layer1 | None = None,
+        recorder: Recorder | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.sc, self.cfg = scenario, config or SimConfig()
+        self.horizon = days * DAY
+        self.workload = workload
+        self.model = model or FaultModel()
+        self.storm = storm
+        self.rng = random.Random(f"{seed}:delays")
+        self.fleet = Fleet(nodes, random.Random(f"{seed}:placement"))
+        self.control = control or Control(fleet_size=nodes, breaker=breaker)
+        self.layer1 = layer1 or Layer1()
+        self.rec = recorder or Recorder()
+        self.tally = Tally()
+        self.res = Results(scenario.name, nodes, days, seed, workload.name)
+        self.jobs: list[Job] = workload.initial_and_arrivals(
+            random.Random(f"{seed}:jobs"), nodes=nodes, horizon_s=self.horizon,
+            gpus_per_node=self.cfg.gpus_per_node,
+        )  # fmt: skip
+        self.queue: deque[int] = deque()
+        self.progress = progress
+        self._heap: list[tuple[float, int, int, object, int]] = []
+        self._seq = 0
+        self._fault_ids = 0
+        for onset, kind, nid in self.model.sample(
+            random.Random(f"{seed}:faults"), nodes=nodes, horizon_s=self.horizon
+        ):
+            self.push(onset, FAULT, self._instance(kind, nid, onset))
+        for job in self.jobs:
+            self.push(job.submit_s, ARRIVE, job)
+        if storm is not None and storm.at_s < self.horizon:
+            self.push(storm.at_s, STORM, None)
+            self.push(storm.at_s + storm.fixed_after_s, STORM_FIX, None)
+
+    # --- the loop -----------------------------------------------------------------------
+    def push(self, t: float, kind: int, obj: object, tag: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, obj, tag))
+
+    def run(self) -> Results:
+        handlers = {
+            FAULT: self.on_fault, DETECT: self.on_detect, REPAIRED: self.on_repaired,
+            ARRIVE: self.on_arrive, JOB_END: self.on_job_end, JOB_HIT: self.on_job_hit,
+            STORM: self.on_storm, STORM_FIX: self.on_storm_fix, DRAIN: self.on_drain,
+        }  # fmt: skip
+        heap, events, next_report = self._heap, 0, 0.0
+        while heap:
+            t, _, kind, obj, tag = heapq.heappop(heap)
+            if t > self.horizon:
+                break
+            events += 1
+            handlers[kind](t, obj, tag)
+            if self.progress is not None and t >= next_report:
+                self.progress(t / self.horizon)
+                next_report = t + self.horizon / 100
+        self.finish(self.horizon)
+        self.res.events = events
+        return self.res
+
+    def _instance(self, kind: FaultKind, nid: int, onset: float) -> FaultInstance:
+        self._fault_ids += 1
+        return FaultInstance(self._fault_ids, kind, nid, onset)
+
+    # --- faults and detection -----------------------------------------------------------
+    def on_fault(self, t: float, fi: FaultInstance, _: int) -> None:
+        node = self.fleet.nodes[fi.node]
+        kind = fi.kind
+        if node.state in (NodeState.REPAIR, NodeState.DOWN):
+            return  # the node is out of service already; its repair covers this
+        if not kind.persistent and node.job is None:
+            return  # an application fault needs an application
+        self.tally.faults += 1
+        if kind.persistent:
+            node.faults.append(fi)
+            if kind.cause is not Cause.TOOLING:
+                node.hardware_faults += 1
+        if kind.host_down:
+            node.state = NodeState.DOWN
+            self.fleet.remove_free(node.id)
+        self.fleet.mark(node, t)
+        if node.job is not None:
+            self.hit_job(self.jobs[node.job], fi, t)
+        self.schedule_detection(fi, t)
+
+    def schedule_detection(self, fi: FaultInstance, t: float) -> None:
+        kind, sc, u = fi.kind, self.sc, self.rng.uniform
+        options: list[tuple[float, str]] = []
+        if kind.host_down:
+            options.append((u(0, self.cfg.instance_check_s), "instance-check"))
+        if sc.layer1:
+            v = self.layer1.verdict(kind.fault)
+            if v.seen:
+                options.append((u(0, v.interval_s), "layer1"))
+            active = sc.layer4 and kind.effect is Effect.SILENT
+            if active and self.layer1.verdict(kind.fault, active=True).seen:
+                options.append((u(0, self.cfg.active_check_interval_s), "active-check"))
+        if kind.persistent and kind.effect is not Effect.NONE:
+            options.append((self.rng.expovariate(1 / self.cfg.human_detect_mean_s), "human"))
+        if options:
+            delay, by = min(options)
+            self.push(t + delay, DETECT, fi, _BY.index(by))
+
+    def on_detect(self, t: float, fi: FaultInstance, by_i: int) -> None:
+        by = _BY[by_i]
+        node = self.fleet.nodes[fi.node]
+        if fi.kind.persistent and fi not in node.faults:
+            return  # repaired meanwhile
+        if node.state is NodeState.REPAIR:
+            return  # already being repaired; the repair clears every fault on the node
+        if fi.detected_s is None:
+            fi.detected_s, fi.detected_by = t, by
+            if fi.kind.persistent and fi.kind.cause is not Cause.TOOLING:
+                self.tally.detect.append(t - fi.onset_s)
+            v = self.layer1.verdict(fi.kind.fault, active=by == "active-check")
+            if v.seen and by in ("layer1", "active-check"):
+                self.rec.findings(t, node.name, v.findings)
+        if by == "human":
+            self.take_out(node, t, reason="human")
+            self.push(t + self._human_repair(), REPAIRED, node, node.repair_epoch)
+        elif by == "instance-check":
+            self.take_out(node, t, reason="instance check failed")
+            self.remediate(node, t, Action.REBOOT if fi.kind.fix[0][0] == "REBOOT"
+                           else Action.REPLACE)  # fmt: skip
+        else:
+            self.layer_decision(node, fi, t, active=by == "active-check")
+
+    def _human_repair(self) -> float:
+        return self.rng.expovariate(1 / self.cfg.human_repair_mean_s)
+
+
+_BY = ("instance-check", "layer1", "active-check", "human", "boot")
