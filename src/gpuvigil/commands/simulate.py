@@ -14,8 +14,11 @@ SCENARIO_HELP = "baseline | node | platform | full | all (default: all, plus the
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
+        *,
         scenario: Annotated[str, typer.Option(help=SCENARIO_HELP)] = "all",
-        nodes: Annotated[int | None, typer.Option(help="Nodes (8 GPUs each); default 1,024.")] = None,
+        nodes: Annotated[
+            int | None, typer.Option(help="Nodes (8 GPUs each); default 1,024.")
+        ] = None,
         days: Annotated[float, typer.Option(help="Simulated days.")] = 30.0,
         seed: Annotated[int, typer.Option(help="Same seed, same numbers.")] = 1,
         workload: Annotated[
@@ -26,10 +29,16 @@ def register(app: typer.Typer) -> None:
         ] = True,
         policy: Annotated[
             Path | None,
-            typer.Option(help="A gpuvigil config (its controller: section) to compare with the "
-                         "default policy.", exists=True, dir_okay=False),
+            typer.Option(
+                help="A gpuvigil config (its controller: section) to compare with the "
+                "default policy.",
+                exists=True,
+                dir_okay=False,
+            ),
         ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON keyed by run name.")] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print JSON keyed by run name.")
+        ] = False,
     ) -> None:
         """Simulate a GPU fleet with and without gpuvigil's layers and print what each buys.
 
