@@ -29,7 +29,7 @@ demo: venv
 	$(VENV)/bin/gpuvigil demo
 
 lint: venv
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check $(wildcard src tests bench examples)
 	$(VENV)/bin/lint-imports
 
 test: venv system-deps kube lint

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["realparts.fixtures"]
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 SHARED_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
