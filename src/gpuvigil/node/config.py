@@ -12,12 +12,65 @@ from gpuvigil.core.config import StrictModel
 
 # --- GPU: NVML, nvidia-smi, thermal/ECC thresholds (layer-1 GPU work) ----------------------
 class GpuConfig(StrictModel):
-    pass
+    """GPU checks: where NVML comes from, how long it may take, and the thresholds."""
+
+    # Python module that provides the pynvml API. "pynvml" is nvidia-ml-py, NVIDIA's own
+    # binding; tests and the simulator use "gpuvigil.fakes.nvml".
+    nvml_module: str = "pynvml"
+    # One NVML sweep of all GPUs. A healthy 8-GPU node answers in well under a second; a
+    # hung driver call never returns, so the worker is killed after this long.
+    nvml_timeout_s: float = Field(default=10.0, gt=0)
+    # NVLink links probed per GPU (NVML_NVLINK_MAX_LINKS is 36; probing stops at the first
+    # link NVML does not support).
+    nvlink_max_links: int = Field(default=36, ge=0, le=36)
+    # Fall back to `nvidia-smi -q -x` when NVML is unusable (said so by SOURCE_FALLBACK).
+    nvidia_smi_fallback: bool = True
+    nvidia_smi_timeout_s: float = Field(default=30.0, gt=0)
+    # Temperatures: None means "use the GPU's own slowdown threshold (NVML) minus the
+    # margin, else the catalog's figure for the product".
+    gpu_temperature_max_c: float | None = None
+    memory_temperature_max_c: float | None = None
+    temperature_margin_c: float = Field(default=5.0, ge=0)
+    # Lifetime (aggregate) uncorrected ECC errors tolerated before a WARNING: any volatile
+    # uncorrected error is a failure regardless; lifetime history is for trend and RMA.
+    ecc_aggregate_uncorrected_max: int = Field(default=0, ge=0)
+    # ECC switched off is a WARNING: memory errors go unseen. None: only for the datacenter
+    # products in the GPU catalog (workstation cards ship with ECC off by design).
+    ecc_required: bool | None = None
+    # NVIDIA replaces a GPU whose retired pages reach 60 DBE or 64 total (Volta/Turing
+    # page retirement, "NVIDIA GPU Memory Error Management"); we use the total.
+    retired_pages_max: int = Field(default=64, ge=1)
+    # NVLink error counters are judged as rates between two readings (totals only grow).
+    # Per-minute rates above these are NVLINK_ERRORS; recovery means link retraining.
+    nvlink_crc_per_min_max: float = Field(default=100.0, ge=0)
+    nvlink_replay_per_min_max: float = Field(default=10.0, ge=0)
+    nvlink_recovery_per_min_max: float = Field(default=0.0, ge=0)
+    # PCIe width every GPU must have (None: the catalog's board width for SXM/HGX products).
+    # Below it is PCIE_DEGRADED/FAILED; below the GPU's own maximum otherwise only warns,
+    # as a PCIe card may sit in a narrower slot by design.
+    pcie_expected_width: int | None = Field(default=None, ge=1, le=32)
+    # PCIe generation drops whenever the GPU saves power (also when not flagged idle: a
+    # real Blackwell workstation reports gen 1 of 4 with no clock reason), so by default
+    # only a narrower width is PCIE_DEGRADED. True: also warn on a lower generation while
+    # the GPU is not idle.
+    pcie_check_generation_when_busy: bool = False
 
 
 # --- DCGM (layer-1 GPU work) ---------------------------------------------------------------
 class DcgmConfig(StrictModel):
-    pass
+    """DCGM checks (`dcgmi health`, `dcgmi diag`)."""
+
+    # Required: an absent dcgmi is DEPENDENCY_MISSING (fails the node). Optional (default,
+    # DCGM is not on every node): absent is reported as CHECK_DISABLED, never a silent pass.
+    required: bool = False
+    binary: str = "dcgmi"
+    health_timeout_s: float = Field(default=30.0, gt=0)
+    health_interval_s: float = Field(default=300.0, gt=0)
+    # `dcgmi diag -r 1` takes seconds, `-r 2` minutes and `-r 3` 30+ minutes; run level 1
+    # in the node's diag group and deeper levels from preflight.
+    diag_level: int = Field(default=1, ge=1, le=4)
+    diag_timeout_s: float = Field(default=600.0, gt=0)
+    diag_interval_s: float = Field(default=86400.0, gt=0)
 
 
 # --- Kernel log, Xid/SXid catalog overrides (layer-1 kernel-log work) ----------------------

@@ -1,1 +1,294 @@
-"""Probe: nvidia_smi (filled in by the layer-1 work)."""
+"""`nvidia-smi -q -x` -> the same GPU readings as NVML: the fallback when NVML is unusable
+from Python, and the input of `gpuvigil analyze --nvidia-smi-xml`.
+
+Handles the DTD versions seen in the field (v10-v13: `clocks_throttle_reasons` and
+`clocks_event_reasons`, `single_bit/double_bit` and `sram_/dram_` ECC trees, split SRAM
+parity/SECDED counters, scalar `<remapped_rows>N/A</remapped_rows>`, relative "tlimit"
+thresholds), "Unable to determine the device handle" lines printed before the XML for a
+lost GPU, and output cut short. `parse_xml` never raises: what it cannot read becomes a
+`ReadError` on the inventory, which the rules turn into CHECK_ERROR.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from datetime import datetime
+
+from gpuvigil.core.findings import Finding, Status, utcnow
+from gpuvigil.node.catalog import gpus as gpu_catalog
+from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.readings import (
+    CLOCK_GPU_IDLE,
+    CLOCK_HW_POWER_BRAKE,
+    CLOCK_HW_SLOWDOWN,
+    CLOCK_HW_THERMAL,
+    CLOCK_SW_POWER_CAP,
+    CLOCK_SW_THERMAL,
+    GpuInventory,
+    GpuReading,
+    ReadError,
+)
+from gpuvigil.node.rules import gpu as gpu_rules
+
+ARGV = ("nvidia-smi", "-q", "-x")
+_NUM = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
+_LOST_LINE = re.compile(
+    r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+    r"[0-9A-Fa-f]{2}\.[0-7]):\s*(.*)"
+)
+_LOST_TEXT = ("gpu is lost", "unknown error", "gpu requires reset")
+_REASONS = {
+    "gpu_idle": CLOCK_GPU_IDLE,
+    "sw_power_cap": CLOCK_SW_POWER_CAP,
+    "hw_slowdown": CLOCK_HW_SLOWDOWN,
+    "sw_thermal_slowdown": CLOCK_SW_THERMAL,
+    "hw_thermal_slowdown": CLOCK_HW_THERMAL,
+    "hw_power_brake_slowdown": CLOCK_HW_POWER_BRAKE,
+}
+
+
+def _text(el: ET.Element | None, path: str) -> str | None:
+    if el is None:
+        return None
+    node = el.find(path)
+    if node is None or node.text is None:
+        return None
+    value = node.text.strip()
+    return None if value in {"", "N/A", "[N/A]"} or value.startswith("Requested func") else value
+
+
+def _num(el: ET.Element | None, path: str) -> float | None:
+    value = _text(el, path)
+    m = _NUM.match(value) if value else None
+    return float(m.group(1)) if m else None
+
+
+def _int(el: ET.Element | None, path: str) -> int | None:
+    value = _num(el, path)
+    return int(value) if value is not None else None
+
+
+def _yes(el: ET.Element | None, path: str) -> bool | None:
+    value = _text(el, path)
+    if value is None:
+        return None
+    low = value.lower()
+    if low in {"yes", "enabled", "active"}:
+        return True
+    if low in {"no", "disabled", "not active"}:
+        return False
+    return None
+
+
+def _sum(*values: int | None) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _ecc(scope: ET.Element | None) -> tuple[int | None, int | None]:
+    """(corrected, uncorrected) of one ECC scope, across the DTD generations."""
+    if scope is None:
+        return None, None
+    if scope.find("single_bit") is not None or scope.find("double_bit") is not None:
+        return _int(scope, "single_bit/total"), _int(scope, "double_bit/total")
+    corrected = _sum(_int(scope, "dram_correctable"), _int(scope, "sram_correctable"))
+    uncorrected = _sum(
+        _int(scope, "dram_uncorrectable"),
+        _int(scope, "sram_uncorrectable"),
+        _int(scope, "sram_uncorrectable_parity"),
+        _int(scope, "sram_uncorrectable_secded"),
+    )
+    return corrected, uncorrected
+
+
+def _clock_reasons(gpu: ET.Element) -> int | None:
+    block = gpu.find("clocks_event_reasons")
+    prefix = "clocks_event_reason_"
+    if block is None:
+        block, prefix = gpu.find("clocks_throttle_reasons"), "clocks_throttle_reason_"
+    if block is None:
+        return None
+    mask, seen = 0, False
+    for name, bit in _REASONS.items():
+        state = _yes(block, prefix + name)
+        seen = seen or state is not None
+        if state:
+            mask |= bit
+    return mask if seen else None
+
+
+def _threshold(temp: ET.Element | None, name: str) -> float | None:
+    return _num(temp, name)  # absolute thresholds only; "*_tlimit_*" names are relative
+
+
+def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
+    name = _text(gpu, "product_name")
+    texts = " ".join((el.text or "") for el in gpu.iter() if el.text).lower()
+    lost = any(t in texts for t in _LOST_TEXT)
+    ecc_vol = _ecc(gpu.find("ecc_errors/volatile"))
+    ecc_agg = _ecc(gpu.find("ecc_errors/aggregate"))
+    temp = gpu.find("temperature")
+    link = gpu.find("pci/pci_gpu_link_info")
+    product = gpu_catalog.load().lookup(name)
+    pending = _yes(gpu, "retired_pages/pending_retirement")
+    if pending is None:
+        pending = _yes(gpu, "retired_pages/pending_blacklist")
+    bus = _text(gpu, "pci/pci_bus_id") or gpu.get("id")
+    return GpuReading(
+        index=index,
+        name=name,
+        uuid=_text(gpu, "uuid"),
+        serial=_text(gpu, "serial"),
+        pci_bus_id=bus.upper() if bus else None,
+        architecture=_arch(_text(gpu, "product_architecture"), product),
+        memory_total_mib=_int(gpu, "fb_memory_usage/total"),
+        ecc_enabled=_yes(gpu, "ecc_mode/current_ecc"),
+        ecc_pending_enabled=_yes(gpu, "ecc_mode/pending_ecc"),
+        ecc_volatile_corrected=ecc_vol[0],
+        ecc_volatile_uncorrected=ecc_vol[1],
+        ecc_aggregate_corrected=ecc_agg[0],
+        ecc_aggregate_uncorrected=ecc_agg[1],
+        retired_sbe=_int(gpu, "retired_pages/multiple_single_bit_retirement/retired_count"),
+        retired_dbe=_int(gpu, "retired_pages/double_bit_retirement/retired_count"),
+        retired_pending=pending,
+        remap_corrected=_int(gpu, "remapped_rows/remapped_row_corr"),
+        remap_uncorrected=_int(gpu, "remapped_rows/remapped_row_unc"),
+        remap_pending=_yes(gpu, "remapped_rows/remapped_row_pending"),
+        remap_failure=_yes(gpu, "remapped_rows/remapped_row_failure"),
+        temperature_gpu_c=_num(temp, "gpu_temp"),
+        temperature_memory_c=_num(temp, "memory_temp"),
+        slowdown_temp_c=_threshold(temp, "gpu_temp_slow_threshold"),
+        shutdown_temp_c=_threshold(temp, "gpu_temp_max_threshold"),
+        memory_max_temp_c=_threshold(temp, "gpu_temp_max_mem_threshold"),
+        clock_event_reasons=_clock_reasons(gpu),
+        pcie_gen=_int(link, "pcie_gen/current_link_gen"),
+        pcie_gen_max=_int(link, "pcie_gen/max_link_gen"),
+        pcie_width=_int(link, "link_widths/current_link_width"),
+        pcie_width_max=_int(link, "link_widths/max_link_width"),
+        lost=lost,
+        errors=(ReadError("gpu", "Unknown", "nvidia-smi reports an error for this GPU"),)
+        if lost
+        else (),
+    )
+
+
+def _arch(text: str | None, product: gpu_catalog.GpuProduct | None) -> str | None:
+    """NVML's family names ("Ada Lovelace" -> "Ada"), else the catalog's."""
+    if text:
+        return text.split()[0]
+    return product.family if product else None
+
+
+def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuInventory:
+    """Never raises. Unreadable or cut output yields an inventory with `errors`."""
+    observed_at = observed_at or utcnow()
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    errors: list[ReadError] = []
+    lost = [
+        GpuReading(
+            index=-1,
+            pci_bus_id=_normal_bus(m.group(1)),
+            lost=True,
+            errors=(ReadError("handle", "Unknown", m.group(2).strip()[:200]),),
+        )
+        for m in _LOST_LINE.finditer(text)
+    ]
+    marks = (text.find("<?xml"), text.find("<nvidia_smi_log"))
+    start = min((i for i in marks if i >= 0), default=-1)
+    root = None
+    if start < 0:
+        errors.append(ReadError("xml", "Unparsable", "no nvidia_smi_log document in the output"))
+    else:
+        try:
+            root = ET.fromstring(text[start:])
+        except ET.ParseError as e:
+            errors.append(ReadError("xml", "Unparsable", f"output does not parse: {e}"))
+        except Exception as e:  # noqa: BLE001 - expat limits, recursion: never raise
+            errors.append(ReadError("xml", "Unparsable", f"{type(e).__name__}: {e}"))
+    gpus: list[GpuReading] = []
+    attached: int | None = None
+    driver: str | None = None
+    if root is not None:
+        if root.tag != "nvidia_smi_log":
+            errors.append(ReadError("xml", "Unparsable", f"root element is <{root.tag}>"))
+        attached = _int(root, "attached_gpus")
+        driver = _text(root, "driver_version")
+        for i, el in enumerate(root.findall("gpu")):
+            try:
+                gpus.append(gpu_from_xml(i, el))
+            except Exception as e:  # noqa: BLE001 - one odd GPU block must not hide the rest
+                errors.append(ReadError(f"gpu[{i}]", "Unparsable", f"{type(e).__name__}: {e}"))
+    known = {g.pci_bus_id for g in gpus}
+    for g in lost:
+        if g.pci_bus_id not in known:
+            gpus.append(replace(g, index=len(gpus)))
+    if attached is not None and len(gpus) < attached:
+        errors.append(
+            ReadError(
+                "gpu",
+                "Incomplete",
+                f"nvidia-smi says {attached} GPU(s) are attached but describes {len(gpus)}",
+            )
+        )
+    return GpuInventory(
+        source="nvidia-smi",
+        observed_at=observed_at,
+        gpus=tuple(gpus),
+        count=attached if attached is not None else len(gpus) if root is not None else None,
+        driver_version=driver,
+        errors=tuple(errors),
+    )
+
+
+def _normal_bus(bus: str) -> str:
+    """NVML form: 8-digit domain, upper case ("0000:3b:00.0" -> "00000000:3B:00.0")."""
+    domain, rest = bus.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+# --- Running it ----------------------------------------------------------------------------
+def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None, Finding | None]:
+    """Run `nvidia-smi -q -x` fail-closed: (inventory, None) or (None, failure finding)."""
+    result = ex.run(ARGV, timeout_s=timeout_s, env=ctx.env)
+    failure = ex.failure_finding(result, check="gpu", what="nvidia-smi")
+    if failure is not None:
+        # nvidia-smi exits non-zero when one GPU is lost but still prints the others.
+        if result.error is None and b"<nvidia_smi_log" in result.stdout:
+            return parse_xml(result.stdout + b"\n" + result.stderr), None
+        return None, failure
+    inv = parse_xml(result.stdout + b"\n" + result.stderr)
+    if not inv.gpus and inv.errors:
+        return None, ex.unparsable_finding(result, check="gpu", problem=inv.errors[0].message)
+    return inv, None
+
+
+def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding], str]:
+    """NVML is unusable: judge the GPUs from nvidia-smi instead, saying so."""
+    cfg = ctx.config.gpu
+    inv, failure = collect(ctx, timeout_s=cfg.nvidia_smi_timeout_s)
+    if inv is None:
+        assert failure is not None
+        return [], f"nvidia-smi fallback failed too ({failure.code}: {failure.message})"
+    now = utcnow()
+    note = Finding(
+        check="gpu",
+        status=Status.WARNING,
+        code="SOURCE_FALLBACK",
+        message=f"NVML unusable ({reason}); GPUs read from nvidia-smi -q -x instead",
+        evidence={"primary": "nvml", "fallback": "nvidia-smi", "reason": reason},
+        observed_at=now,
+    )
+    findings = gpu_rules.judge_inventory(
+        inv,
+        cfg=cfg,
+        catalog=gpu_catalog.load(),
+        now=now,
+        expect=ctx.config.expect_gpus,
+        check="gpu",
+    )
+    ctx.extras["gpu.inventory"] = inv
+    return [note, *findings], "judged from nvidia-smi instead"

@@ -1,0 +1,177 @@
+"""Raw NVML answers (as the NVML worker prints them) -> frozen GPU readings.
+
+Pure: called by `gpuvigil.node.probes.nvml` on the worker's JSON lines, and by tests and
+the simulator directly. "Not supported" becomes None; any other NVML error is kept as a
+`ReadError` (the rules turn GpuIsLost/Unknown into GPU_LOST and the rest into CHECK_ERROR).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from gpuvigil.node.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
+from gpuvigil.node.rules.gpu import LOST_ERRORS
+
+# nvmlDeviceArchitecture_t -> family name used by the catalogs.
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
+
+# Errors that only say "this GPU / driver does not have that": the reading is absent.
+_ABSENT = {"NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound", "NoData"}
+
+
+def _is_err(value: Any) -> bool:
+    return isinstance(value, dict) and "__err__" in value
+
+
+class _Reader:
+    """Pulls typed values out of one GPU's raw dict, collecting the errors on the way."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.errors: list[ReadError] = []
+
+    def get(self, key: str) -> Any:
+        value = self.raw.get(key)
+        if _is_err(value):
+            if value.get("name") not in _ABSENT:
+                self.errors.append(
+                    ReadError(key, str(value.get("name")), str(value.get("message", "")))
+                )
+            return None
+        return value
+
+    def as_int(self, key: str) -> int | None:
+        return _opt_int(self.get(key))
+
+    def as_str(self, key: str) -> str | None:
+        value = self.get(key)
+        return value.strip() or None if isinstance(value, str) else None
+
+    def flag(self, key: str) -> bool | None:
+        value = self.as_int(key)
+        return None if value is None else bool(value)
+
+
+def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
+    r = _Reader(raw)
+    ecc_mode = r.get("ecc_mode")
+    ecc_cur = ecc_pend = None
+    if isinstance(ecc_mode, list) and len(ecc_mode) == 2:
+        ecc_cur, ecc_pend = bool(ecc_mode[0]), bool(ecc_mode[1])
+    remap = r.get("remapped_rows")
+    remap_vals: list[Any] = remap if isinstance(remap, list) and len(remap) == 4 else [None] * 4
+    arch = r.as_int("architecture")
+    total = r.as_int("memory_total")
+    links = tuple(_link(entry, r) for entry in raw.get("nvlinks") or () if isinstance(entry, dict))
+    bus = r.as_str("pci")
+    return GpuReading(
+        index=index,
+        name=r.as_str("name"),
+        uuid=r.as_str("uuid"),
+        serial=r.as_str("serial"),
+        pci_bus_id=bus.upper() if bus else None,
+        architecture=ARCHITECTURES.get(arch) if arch is not None else None,
+        memory_total_mib=total >> 20 if total is not None else None,
+        ecc_enabled=ecc_cur,
+        ecc_pending_enabled=ecc_pend,
+        ecc_volatile_corrected=r.as_int("ecc_volatile_corrected"),
+        ecc_volatile_uncorrected=r.as_int("ecc_volatile_uncorrected"),
+        ecc_aggregate_corrected=r.as_int("ecc_aggregate_corrected"),
+        ecc_aggregate_uncorrected=r.as_int("ecc_aggregate_uncorrected"),
+        retired_sbe=r.as_int("retired_sbe"),
+        retired_dbe=r.as_int("retired_dbe"),
+        retired_pending=r.flag("retired_pending"),
+        remap_corrected=_opt_int(remap_vals[0]),
+        remap_uncorrected=_opt_int(remap_vals[1]),
+        remap_pending=_opt_bool(remap_vals[2]),
+        remap_failure=_opt_bool(remap_vals[3]),
+        temperature_gpu_c=_opt_float(r.as_int("temperature_gpu")),
+        temperature_memory_c=_opt_float(r.as_int("temperature_memory")),
+        slowdown_temp_c=_opt_float(r.as_int("threshold_slowdown")),
+        shutdown_temp_c=_opt_float(r.as_int("threshold_shutdown")),
+        memory_max_temp_c=_opt_float(r.as_int("threshold_mem_max")),
+        clock_event_reasons=r.as_int("clock_event_reasons"),
+        pcie_gen=r.as_int("pcie_gen"),
+        pcie_gen_max=r.as_int("pcie_gen_max"),
+        pcie_width=r.as_int("pcie_width"),
+        pcie_width_max=r.as_int("pcie_width_max"),
+        nvlinks=links,
+        lost=any(e.error in LOST_ERRORS for e in r.errors),
+        errors=tuple(r.errors),
+    )
+
+
+def _link(entry: dict[str, Any], r: _Reader) -> NvLinkReading:
+    sub = _Reader(entry)
+    link = entry.get("link") if isinstance(entry.get("link"), int) else -1
+    state = sub.flag("state")
+    reading = NvLinkReading(
+        link=link,
+        active=state,
+        replay=sub.as_int("replay"),
+        recovery=sub.as_int("recovery"),
+        crc_flit=sub.as_int("crc_flit"),
+        crc_data=sub.as_int("crc_data"),
+    )
+    r.errors.extend(ReadError(f"nvlink{link}.{e.field}", e.error, e.message) for e in sub.errors)
+    return reading
+
+
+def _opt_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_bool(value: Any) -> bool | None:
+    return bool(value) if isinstance(value, int) else None
+
+
+def _opt_float(value: int | None) -> float | None:
+    return float(value) if value is not None else None
+
+
+def inventory_from_lines(lines: list[dict[str, Any]], *, observed_at: datetime) -> GpuInventory:
+    """The worker's answer to one snapshot request (possibly cut short by a hang)."""
+    gpus: list[GpuReading] = []
+    errors: list[ReadError] = []
+    count: int | None = None
+    driver: str | None = None
+    for line in lines:
+        if not isinstance(line, dict):
+            continue
+        if line.get("done"):
+            c, d = line.get("count"), line.get("driver_version")
+            count = c if isinstance(c, int) else None
+            driver = d if isinstance(d, str) else None
+            if _is_err(c):
+                errors.append(ReadError("device_count", str(c.get("name")), str(c.get("message"))))
+            continue
+        index = line.get("gpu")
+        if not isinstance(index, int):
+            continue
+        if "handle_error" in line:
+            e = line["handle_error"] if isinstance(line["handle_error"], dict) else {}
+            err = ReadError("handle", str(e.get("name")), str(e.get("message", "")))
+            lost = err.error in LOST_ERRORS
+            gpus.append(GpuReading(index=index, lost=lost, errors=(err,)))
+        elif isinstance(line.get("raw"), dict):
+            gpus.append(gpu_from_raw(index, line["raw"]))
+    return GpuInventory(
+        source="nvml",
+        observed_at=observed_at,
+        gpus=tuple(gpus),
+        count=count,
+        driver_version=driver,
+        errors=tuple(errors),
+    )

@@ -1,0 +1,164 @@
+"""GPU presence and reachability (count, lost, driver, read errors), and the one entry point
+that judges a whole GPU inventory with every GPU rule. Pure.
+
+Called by the NVML check, the nvidia-smi fallback, `gpuvigil analyze` and the simulator:
+the same readings always get the same findings, whatever their source.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.catalog.gpus import GpuCatalog
+from gpuvigil.node.config import GpuConfig
+from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
+from gpuvigil.node.rules import memory, nvlink, pcie, thermal
+
+# NVML errors that mean "this GPU is gone or wedged" (also the worker's list).
+LOST_ERRORS = {"GpuIsLost", "Unknown", "ResetRequired"}
+
+
+def count(inv: GpuInventory, *, expect: int | None, now: datetime, check: str) -> list[Finding]:
+    """GPU_COUNT_LOW when the source sees fewer GPUs than the node should have."""
+    if expect is None or (inv.count is None and inv.errors):
+        return []  # nothing expected, or the source could not be read (CHECK_ERROR says so)
+    seen = inv.count if inv.count is not None else len(inv.gpus)
+    if seen >= expect:
+        return []
+    return [
+        Finding(
+            check=check,
+            status=Status.FAILED,
+            code="GPU_COUNT_LOW",
+            message=f"{seen} GPU(s) visible to {inv.source}, {expect} expected",
+            action=Action.REBOOT,
+            fatal=True,
+            evidence={
+                "seen": seen,
+                "expected": expect,
+                "source": inv.source,
+                "pci_bus_ids": sorted(b for b in inv.by_bus_id()),
+            },
+            observed_at=now,
+        )
+    ]
+
+
+def reachability(gpu: GpuReading, *, now: datetime, check: str) -> list[Finding]:
+    """GPU_LOST for a GPU that is lost or answers with unknown errors; CHECK_ERROR /
+    CHECK_TIMEOUT for readings that failed for another reason (fail closed)."""
+    ev = {"gpu_uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id}
+    if gpu.lost:
+        lost = [e for e in gpu.errors if e.error in LOST_ERRORS] or list(gpu.errors[:1])
+        reset_only = bool(lost) and all(e.error == "ResetRequired" for e in lost)
+        return [
+            Finding(
+                check=check,
+                status=Status.FAILED,
+                code="GPU_LOST",
+                component=gpu.component,
+                message=_lost_message(lost),
+                action=Action.RESET_GPU if reset_only else Action.REBOOT,
+                fatal=True,
+                evidence={**ev, "errors": [_err(e) for e in lost]},
+                observed_at=now,
+            )
+        ]
+    out = []
+    for code, errs in (
+        ("CHECK_TIMEOUT", [e for e in gpu.errors if e.error == "Timeout"]),
+        ("CHECK_ERROR", [e for e in gpu.errors if e.error != "Timeout"]),
+    ):
+        if errs:
+            fields = ", ".join(sorted({e.field for e in errs}))
+            out.append(
+                Finding(
+                    check=check,
+                    status=Status.FAILED,
+                    code=code,
+                    component=gpu.component,
+                    message=f"could not read {fields}: {errs[0].error}",
+                    evidence={**ev, "errors": [_err(e) for e in errs]},
+                    observed_at=now,
+                )
+            )
+    return out
+
+
+def inventory_errors(inv: GpuInventory, *, now: datetime, check: str) -> list[Finding]:
+    """Node-wide problems of the source (truncated output, a failed device count)."""
+    if not inv.errors:
+        return []
+    return [
+        Finding(
+            check=check,
+            status=Status.FAILED,
+            code="CHECK_ERROR",
+            message=f"{inv.source}: " + "; ".join(e.message or e.error for e in inv.errors),
+            evidence={"source": inv.source, "errors": [_err(e) for e in inv.errors]},
+            observed_at=now,
+        )
+    ]
+
+
+def judge_inventory(
+    inv: GpuInventory,
+    *,
+    cfg: GpuConfig,
+    catalog: GpuCatalog,
+    now: datetime,
+    expect: int | None = None,
+    previous: GpuInventory | None = None,
+    check: str = "gpu",
+) -> list[Finding]:
+    """Every GPU rule over one inventory (`previous`: the last one, for NVLink rates)."""
+    out = count(inv, expect=expect, now=now, check=check)
+    out += inventory_errors(inv, now=now, check=check)
+    for gpu in inv.gpus:
+        out += reachability(gpu, now=now, check=check)
+        if gpu.lost:
+            continue
+        product = catalog.lookup(gpu.name)
+        out += memory.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
+        out += thermal.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
+        out += pcie.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
+        out += nvlink.links_down(gpu, product=product, now=now, check=check)
+    out += nvlink.error_rates(inv, previous, cfg=cfg, check=check)
+    return out
+
+
+def driver_unavailable(
+    error: ReadError, *, expect: int | None, now: datetime, check: str, fallback: str = ""
+) -> list[Finding]:
+    """NVML could not start. On a node that should have GPUs (expect None or > 0) that is
+    DRIVER_UNAVAILABLE; on a node configured with no GPUs it is nothing."""
+    if expect == 0:
+        return []
+    return [
+        Finding(
+            check=check,
+            status=Status.FAILED,
+            code="DRIVER_UNAVAILABLE",
+            message=f"NVML cannot initialise ({error.error}: {error.message})"
+            + (f"; {fallback}" if fallback else "")
+            + (
+                ". Is the NVIDIA driver installed and loaded? On a node without GPUs, "
+                "use --expect-gpus 0."
+            ),
+            action=Action.REBOOT if error.error == "DriverNotLoaded" else Action.INVESTIGATE,
+            evidence={"error": _err(error), "expected_gpus": expect},
+            observed_at=now,
+        )
+    ]
+
+
+def _lost_message(errs: list[ReadError]) -> str:
+    if not errs:
+        return "the GPU is lost"
+    names = sorted({e.error for e in errs})
+    return f"the GPU does not answer ({', '.join(names)} on {errs[0].field})"
+
+
+def _err(e: ReadError) -> dict[str, str]:
+    return {"field": e.field, "error": e.error, "message": e.message}

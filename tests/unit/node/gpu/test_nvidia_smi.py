@@ -1,0 +1,193 @@
+"""`nvidia-smi -q -x`: the real corpus (ground truth in its MANIFEST), our own fixtures in the
+real format, garbage (hypothesis), and the fake binary's fail-closed paths."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuvigil.core.findings import Status, utcnow
+from gpuvigil.fakes import faults, gpu
+from gpuvigil.fakes import nvidia_smi as fake_smi
+from gpuvigil.fakes.faults import Fault
+from gpuvigil.node.catalog import gpus as catalog
+from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.config import GpuConfig, NodeConfig
+from gpuvigil.node.probes import nvidia_smi
+from gpuvigil.node.rules import gpu as rules
+
+
+def judge(inv, **kw):
+    return rules.judge_inventory(inv, cfg=GpuConfig(), catalog=catalog.load(), now=utcnow(), **kw)
+
+
+def manifest(corpus: Path) -> dict[str, dict[str, str]]:
+    with (corpus / "nvidia_smi" / "MANIFEST.tsv").open() as f:
+        return {row["file"]: row for row in csv.DictReader(f, delimiter="\t")}
+
+
+def test_corpus_xml_matches_ground_truth(corpus: Path) -> None:
+    rows = manifest(corpus)
+    xmls = sorted((corpus / "nvidia_smi").glob("x_*.xml"))
+    assert len(xmls) >= 10
+    for path in xmls:
+        inv = nvidia_smi.parse_xml(path.read_bytes())
+        truth = rows[path.name]
+        findings = judge(inv)
+        failed = [f.code for f in findings if f.status is Status.FAILED]
+        assert inv.gpus, path.name
+        assert truth["gpu_model"].startswith(inv.gpus[0].name), path.name
+        if "only 1 <gpu> element" in truth["gpu_count"]:
+            # attached_gpus=4 but one block: never "4 healthy GPUs", a failed parse instead.
+            assert failed == ["CHECK_ERROR"], path.name
+        else:
+            assert failed == [], (path.name, failed)
+            if truth["gpu_count"].isdigit():
+                assert len(inv.gpus) == int(truth["gpu_count"]), path.name
+
+
+def test_corpus_specifics(corpus: Path) -> None:
+    d = corpus / "nvidia_smi"
+    a100 = nvidia_smi.parse_xml((d / "x_a100-sxm4-v12_telegraf.xml").read_bytes()).gpus[0]
+    assert a100.ecc_enabled is True and a100.ecc_volatile_uncorrected == 0
+    assert a100.remap_pending is None  # <remapped_rows>N/A</remapped_rows>
+    assert a100.slowdown_temp_c == 89 and a100.memory_max_temp_c == 95
+    a10g = nvidia_smi.parse_xml((d / "x_a10g_telegraf.xml").read_bytes()).gpus[0]
+    assert a10g.clock_event_reasons == 0x1  # old clocks_throttle_reasons names
+    assert a10g.remap_pending is False and a10g.remap_failure is False
+    t4 = nvidia_smi.parse_xml((d / "x_tesla-t4_telegraf.xml").read_bytes()).gpus[0]
+    assert (t4.retired_sbe, t4.retired_dbe, t4.retired_pending) == (0, 0, False)
+    bw = (d / "x_pro-6000-maxq-blackwell-v13_telegraf.xml").read_bytes()
+    g = nvidia_smi.parse_xml(bw).gpus[0]
+    assert g.architecture == "Blackwell" and g.ecc_enabled is False
+    assert g.slowdown_temp_c is None  # relative "tlimit" thresholds are not absolute limits
+    r3090 = nvidia_smi.parse_xml((d / "x_3090-v13_telegraf.xml").read_bytes()).gpus[0]
+    assert r3090.clock_event_reasons == 0x4  # SW power cap only: not a finding
+
+
+def parse_node(node: gpu.FakeNode):
+    return nvidia_smi.parse_xml(fake_smi.lost_lines(node) + fake_smi.render_xml(node))
+
+
+@pytest.mark.parametrize(
+    ("fault", "codes"),
+    [
+        (Fault.ECC_UNCORRECTABLE, {"ECC_UNCORRECTED_VOLATILE", "ROW_REMAP_PENDING"}),
+        (Fault.ROW_REMAP_FAILURE, {"ROW_REMAP_FAILURE"}),
+        (Fault.POWER_BRAKE, {"POWER_BRAKE"}),
+        (Fault.HW_SLOWDOWN, {"HW_SLOWDOWN"}),
+        (Fault.THERMAL_SLOWDOWN, {"THERMAL_SLOWDOWN"}),
+        (Fault.PCIE_DEGRADED, {"PCIE_DEGRADED"}),
+        (Fault.GPU_OFF_BUS, {"GPU_LOST"}),
+    ],
+)
+def test_own_fixtures_in_the_real_format(fault, codes) -> None:
+    node = faults.apply(gpu.make_node(8), fault, gpu=2)
+    inv = parse_node(node)
+    assert len(inv.gpus) == 8 and inv.count == 8
+    found = {f.code: f for f in judge(inv, expect=8)}
+    assert codes <= set(found)
+    lost_bus = node.gpus[2].pci_bus_id
+    assert all(
+        found[c].component == "gpu:2" or found[c].evidence.get("pci_bus_id") == lost_bus
+        for c in codes
+    )
+
+
+def test_healthy_fixture_is_clean() -> None:
+    assert judge(parse_node(gpu.make_node(8)), expect=8) == []
+
+
+def test_volta_page_retirement() -> None:
+    node = gpu.make_node(8, model="V100")
+    faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=1)
+    node.gpus[4].retired_sbe = list(range(70))
+    codes = {(f.code, f.component) for f in judge(parse_node(node))}
+    assert ("RETIRED_PAGES_PENDING", "gpu:1") in codes
+    assert ("RETIRED_PAGES_LIMIT", "gpu:4") in codes
+
+
+def test_truncated_output_is_not_healthy() -> None:
+    xml = fake_smi.render_xml(gpu.make_node(8))
+    inv = nvidia_smi.parse_xml(xml[: len(xml) // 2])
+    assert [f.code for f in judge(inv, expect=8)] == ["CHECK_ERROR"]
+
+
+def test_fewer_gpu_blocks_than_attached_is_an_error() -> None:
+    xml = fake_smi.render_xml(gpu.make_node(8))
+    second = xml.index("\t<gpu id", xml.index("\t<gpu id") + 5)
+    cut = xml[:second] + "</nvidia_smi_log>\n"
+    inv = nvidia_smi.parse_xml(cut)
+    assert len(inv.gpus) == 1 and inv.count == 8
+    assert "CHECK_ERROR" in {f.code for f in judge(inv)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.binary(max_size=2000), st.text(max_size=2000)))
+def test_garbage_never_raises(data) -> None:
+    inv = nvidia_smi.parse_xml(data)
+    judge(inv, expect=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=0, max_value=20000), st.text(max_size=50))
+def test_mangled_real_output_never_raises(cut, junk) -> None:
+    xml = fake_smi.render_xml(faults.apply(gpu.make_node(4), Fault.POWER_BRAKE, gpu=1))
+    inv = nvidia_smi.parse_xml(xml[:cut] + junk + xml[cut:])
+    judge(inv, expect=4)
+
+
+# --- The binary, fail closed -----------------------------------------------------------------
+def ctx_with(path: str) -> CheckContext:
+    return CheckContext(config=NodeConfig(), env={**os.environ, "PATH": path})
+
+
+def test_binary_prints_captured_output(fake_bin, tmp_path) -> None:
+    out = tmp_path / "q.xml"
+    out.write_text(fake_smi.render_xml(gpu.make_node(8)))
+    fake_bin("nvidia-smi", f"#!/bin/sh\ncat {out}\n")
+    inv, failure = nvidia_smi.collect(ctx_with(f"{fake_bin.dir}:/usr/bin:/bin"), timeout_s=10)
+    assert failure is None and inv is not None and len(inv.gpus) == 8
+
+
+def test_binary_lost_gpu_exit_nonzero_still_read(fake_bin, tmp_path) -> None:
+    node = faults.apply(gpu.make_node(8), Fault.GPU_OFF_BUS, gpu=3)
+    out = tmp_path / "q.xml"
+    out.write_text(fake_smi.render_xml(node))
+    err = tmp_path / "err"
+    err.write_text(fake_smi.lost_lines(node))
+    fake_bin("nvidia-smi", f"#!/bin/sh\ncat {err} >&2\ncat {out}\nexit 15\n")
+    inv, failure = nvidia_smi.collect(ctx_with(f"{fake_bin.dir}:/usr/bin:/bin"), timeout_s=10)
+    assert failure is None and inv is not None
+    assert [g.pci_bus_id for g in inv.gpus if g.lost] == [node.gpus[3].pci_bus_id]
+
+
+@pytest.mark.parametrize(
+    ("script", "code"),
+    [
+        ("#!/bin/sh\nsleep 60\n", "CHECK_TIMEOUT"),
+        ("#!/bin/sh\nsleep 60 &\nwait\n", "CHECK_TIMEOUT"),
+        ("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n", "CHECK_ERROR"),
+        ("#!/bin/sh\nkill -SEGV $$\n", "CHECK_ERROR"),
+        ("#!/bin/sh\necho 'not xml at all'\n", "CHECK_ERROR"),
+        ("#!/bin/sh\nhead -c 100000000 /dev/zero | tr '\\0' x\n", "CHECK_ERROR"),
+    ],
+    ids=["hang", "hanging-child", "exit-9", "crash", "garbage", "100MB"],
+)
+def test_binary_fail_closed(fake_bin, script, code) -> None:
+    fake_bin("nvidia-smi", script)
+    t0 = time.monotonic()
+    inv, failure = nvidia_smi.collect(ctx_with(f"{fake_bin.dir}:/usr/bin:/bin"), timeout_s=2)
+    assert time.monotonic() - t0 < 20
+    assert inv is None and failure is not None and failure.code == code
+
+
+def test_binary_missing(fake_bin) -> None:
+    inv, failure = nvidia_smi.collect(ctx_with(str(fake_bin.dir)), timeout_s=2)
+    assert inv is None and failure is not None and failure.code == "DEPENDENCY_MISSING"
