@@ -1,0 +1,321 @@
+"""Pure parser of kernel-log lines into Xid/SXid events. Never raises, never does I/O.
+
+Called by the kernel_log check (a one-shot read of /dev/kmsg, dmesg, journalctl or a file),
+by the agent's streaming /dev/kmsg follower (`parse_kmsg_record`), and by `gpuvigil
+logscan` / `analyze` (`scan_bytes` / `iter_stream`, which skip the 99% of lines that are
+not Xid lines with one substring search per chunk instead of one regex per line).
+
+An event is a line where the driver printed `Xid (<PCI id>): <code>` (NVRM, GPU) or
+`SXid (<PCI id>): <code>` (nvidia-nvswitchN, NVSwitch). References such as "caused by
+previous Xid 149" or a `_kgspLogXid119` banner have no "(<PCI id>): <code>" and are not
+events. Prefixes understood (see docs/kernel-log.md for one example each):
+
+- raw dmesg / journalctl -o short-monotonic `[  123.456789]`, dmesg -r `<4>[ 123.45]`
+- dmesg -T / --time-format ctime `[Mon Nov 30 07:31:02 2026]`
+- dmesg --time-format iso `2026-11-30T07:31:02,123456+00:00`, with or without
+  dmesg --decode's `kern  :warn  : ` facility prefix
+- syslog and journalctl short / short-precise `Nov 30 07:31:02[.123456] host kernel: `
+  (no year: the wall time is derived only when the caller passes `year`)
+- journalctl short-iso / short-iso-precise and RFC 3339 syslog
+  `2026-11-30T07:31:02[.123456]+00:00 host kernel: `
+- /dev/kmsg records `pri,seq,usec,flags[,...];message` plus continuation lines
+- any of the wall-clock forms followed by a kernel `[  123.456789]` stamp
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import BinaryIO
+
+from gpuvigil.node.readings import XidEvent, XidSource, normalize_bus_id
+
+# The event itself, searched anywhere in the line. The look-behind keeps "fooXid (" out.
+_EVENT = re.compile(
+    r"(?<![A-Za-z0-9_])(?:(nvidia-nvswitch\d+): )?(S?)Xid \((?:PCI:)?([^()\s]{1,40})\): "
+    r"(\d{1,7})\b,? ?(.*)"
+)
+_PID_NAME = re.compile(r"^pid=('?<unknown>'?|\d+|'?\d+'?),\s*(?:name=(.*?),\s*)?(.*)$")
+_DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX")
+
+# Prefixes, tried at the start of the line (after any `<pri>` and kmsg header).
+_PRI = re.compile(r"^<\d{1,3}>")
+_KMSG = re.compile(r"^(\d{1,3}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
+_FACILITY = re.compile(r"^[a-z]{2,8}\s*:[a-z]{2,8}\s*: ")
+_MONO = re.compile(r"\[\s*(\d{1,12}\.\d{1,9})\]")
+_CTIME = re.compile(
+    r"^\[((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) {1,2}(\d{1,2}) "
+    r"(\d\d):(\d\d):(\d\d) (\d{4}))\]"
+)
+_ISO = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?)(?= )")
+_SYSLOG = re.compile(
+    r"^(([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?)(?= \S+ )"
+)
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+_UNKNOWN = frozenset({"<unknown>", "'<unknown>'", ""})
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """A line's time stamp: as printed, and what could be derived from it."""
+
+    text: str | None = None
+    time: datetime | None = None
+    uptime_s: float | None = None
+
+
+def parse_line(
+    line: str,
+    *,
+    source: XidSource = "file",
+    tz: tzinfo = UTC,
+    year: int | None = None,
+) -> XidEvent | None:
+    """One log line -> the Xid/SXid event on it, or None. Never raises.
+
+    `tz` is the zone of wall-clock stamps printed without an offset (dmesg -T, syslog);
+    `year` completes syslog stamps, which print none (without it their `time` is None).
+    """
+    if "Xid (" not in line:  # the cheap pre-filter: most lines stop here
+        return None
+    try:
+        return _parse(line.rstrip("\r\n"), source=source, tz=tz, year=year)
+    except (ValueError, OverflowError, IndexError):  # a stamp like Feb 30: no event time
+        return None
+
+
+def _parse(line: str, *, source: XidSource, tz: tzinfo, year: int | None) -> XidEvent | None:
+    m = _EVENT.search(line)
+    if m is None:
+        return None
+    device, s, printed_bus, code_text, rest = m.groups()
+    kind = "sxid" if s else "xid"
+    if kind == "xid" and device:
+        return None  # a switch never prints a plain Xid: not a line we understand
+    seq = None
+    head = line[: m.start()]
+    km = _KMSG.match(head)
+    if km is not None:
+        seq = int(km.group(2))
+        stamp = Stamp(km.group(3), None, int(km.group(3)) / 1e6)
+    else:
+        stamp = parse_stamp(head, tz=tz, year=year)
+    pid, process, message = _pid_name(rest)
+    return XidEvent(
+        kind=kind,
+        code=int(code_text),
+        pci_bus_id=printed_bus,
+        bus_id=normalize_bus_id(printed_bus),
+        message=message,
+        line=line,
+        timestamp=stamp.text,
+        time=stamp.time,
+        uptime_s=stamp.uptime_s,
+        source=source,
+        seq=seq,
+        pid=pid,
+        process=process,
+        device=device,
+    )
+
+
+def _pid_name(rest: str) -> tuple[int | None, str | None, str]:
+    m = _PID_NAME.match(rest)
+    if m is None:
+        return None, None, rest.strip()
+    pid_text, name, message = m.groups()
+    pid_text = pid_text.strip("'")
+    pid = int(pid_text) if pid_text.isdigit() else None
+    process = None if name is None or name.strip() in _UNKNOWN else name.strip()
+    return pid, process, message.strip()
+
+
+def parse_stamp(head: str, *, tz: tzinfo = UTC, year: int | None = None) -> Stamp:
+    """The time stamp at the start of `head` (the text before the message).
+
+    A stamp that matches a format but is not a real time (Feb 30) yields an empty Stamp:
+    the event still counts, it only has no time.
+    """
+    try:
+        return _stamp(head, tz=tz, year=year)
+    except (ValueError, OverflowError, IndexError):
+        return Stamp()
+
+
+def _stamp(head: str, *, tz: tzinfo, year: int | None) -> Stamp:
+    pm = _PRI.match(head)
+    if pm is not None:
+        head = head[pm.end() :]
+    fm = _FACILITY.match(head)
+    if fm is not None:
+        head = head[fm.end() :]
+    if head.startswith("["):
+        mm = _MONO.match(head)
+        if mm is not None:
+            return Stamp(mm.group(1), None, float(mm.group(1)))
+        cm = _CTIME.match(head)
+        if cm is not None:
+            text, mon, day, hh, mi, ss, yy = cm.groups()
+            when = datetime(int(yy), _MONTHS[mon], int(day), int(hh), int(mi), int(ss), tzinfo=tz)
+            return Stamp(text, when, _inner_uptime(head[cm.end() :]))
+        return Stamp()
+    im = _ISO.match(head)
+    if im is not None:
+        text = im.group(1)
+        when = datetime.fromisoformat(text.replace(",", ".").replace(" ", "T"))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=tz)
+        return Stamp(text, when, _inner_uptime(head[im.end() :]))
+    sm = _SYSLOG.match(head)
+    if sm is not None:
+        text, mon, day, hh, mi, ss, frac = sm.groups()
+        when = None
+        if year is not None and mon in _MONTHS:
+            micro = int((frac or "0")[:6].ljust(6, "0"))
+            when = datetime(
+                year, _MONTHS[mon], int(day), int(hh), int(mi), int(ss), micro, tzinfo=tz
+            )
+        return Stamp(text, when, _inner_uptime(head[sm.end() :]))
+    return Stamp()
+
+
+def _inner_uptime(after: str) -> float | None:
+    """A kernel `[  123.456]` stamp after a syslog/journal wall-clock prefix."""
+    if "[" not in after:
+        return None
+    mm = _MONO.search(after)
+    return float(mm.group(1)) if mm is not None else None
+
+
+def parse_kmsg_record(raw: bytes | str, *, boot_id: str | None = None) -> XidEvent | None:
+    """One /dev/kmsg record (`pri,seq,usec,flags[,...];message` + continuation lines).
+
+    The continuation lines (` SUBSYSTEM=pci`, ` DEVICE=+pci:...`) are dropped; the
+    kernel escapes non-printable bytes in the message as \\xNN, so decoding is lossless
+    for well-formed records and replaces bytes in malformed ones. Never raises.
+    """
+    try:
+        text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+        first = text.split("\n", 1)[0]
+        if "Xid (" not in first:
+            return None
+        km = _KMSG.match(first)
+        if km is None:
+            return None
+        ev = _parse(first, source="kmsg", tz=UTC, year=None)
+    except (ValueError, OverflowError, IndexError, TypeError):
+        return None
+    if ev is None:
+        return None
+    return ev.with_(boot_id=boot_id) if boot_id else ev
+
+
+def kmsg_records(data: bytes) -> list[bytes]:
+    """Split bytes read from /dev/kmsg (one record per read on the device, or many when a
+    capture is read from a file) into records; continuation lines start with a space."""
+    out: list[bytes] = []
+    for line in data.split(b"\n"):
+        if line.startswith(b" ") and out:
+            out[-1] += b"\n" + line
+        elif line:
+            out.append(line)
+    return out
+
+
+def driver_load_stamp(line: str, *, tz: tzinfo = UTC, year: int | None = None) -> Stamp | None:
+    """The stamp of an `NVRM: loading NVIDIA UNIX ... Kernel Module` line, else None."""
+    m = _DRIVER_LOAD.search(line) if "NVRM: loading" in line else None
+    if m is None:
+        return None
+    head = line[: m.start()]
+    km = _KMSG.match(head)
+    if km is not None:
+        return Stamp(km.group(3), None, int(km.group(3)) / 1e6)
+    return parse_stamp(head, tz=tz, year=year)
+
+
+# --- bulk scanning ------------------------------------------------------------------------
+
+_NEEDLE = b"Xid ("
+_CHUNK = 8 * 1024 * 1024
+
+
+def event_lines(buf: bytes, needle: bytes = _NEEDLE) -> Iterator[bytes]:
+    """Each line of `buf` that contains `needle`, in order, once per line.
+
+    One `bytes.find` per hit instead of one Python step per line: this is why logscan
+    keeps up with grep on logs where 1% of the lines matter.
+    """
+    pos = 0
+    find, rfind = buf.find, buf.rfind
+    while True:
+        hit = find(needle, pos)
+        if hit < 0:
+            return
+        start = rfind(b"\n", 0, hit) + 1
+        end = find(b"\n", hit)
+        if end < 0:
+            end = len(buf)
+        yield buf[start:end]
+        pos = end + 1
+
+
+def scan_bytes(
+    buf: bytes,
+    *,
+    source: XidSource = "file",
+    tz: tzinfo = UTC,
+    year: int | None = None,
+) -> list[XidEvent]:
+    """Every Xid/SXid event in `buf` (a whole log), in order of appearance."""
+    out = []
+    for raw in event_lines(buf):
+        ev = parse_line(raw.decode("utf-8", errors="replace"), source=source, tz=tz, year=year)
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def iter_stream(
+    stream: BinaryIO,
+    *,
+    source: XidSource = "file",
+    tz: tzinfo = UTC,
+    year: int | None = None,
+    chunk_size: int = _CHUNK,
+) -> Iterator[XidEvent]:
+    """Events from a binary stream of any size, read in chunks split at line ends."""
+    tail = b""
+    while True:
+        chunk = stream.read(chunk_size)
+        if not chunk:
+            break
+        buf = tail + chunk
+        cut = buf.rfind(b"\n") + 1
+        if cut == 0:  # no line end yet: keep reading (bounded by the caller's input)
+            tail = buf
+            continue
+        tail = buf[cut:]
+        yield from scan_bytes(buf[:cut], source=source, tz=tz, year=year)
+    if tail:
+        yield from scan_bytes(tail, source=source, tz=tz, year=year)
+
+
+def with_wall_time(events: Iterable[XidEvent], booted_at: datetime | None) -> list[XidEvent]:
+    """Give events that carry only seconds-since-boot a wall time, when the boot time is
+    known (the check reads it from /proc/stat's btime)."""
+    if booted_at is None:
+        return list(events)
+    return [
+        ev.with_(time=booted_at + timedelta(seconds=ev.uptime_s))
+        if ev.time is None and ev.uptime_s is not None
+        else ev
+        for ev in events
+    ]

@@ -1,0 +1,82 @@
+"""`gpuvigil logscan`: JSON contract, table, stdin, garbage, errors, corpus ground truth."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+LOG = "\n".join(
+    [
+        "[    5.000001] pci 0000:3b:00.0: [10de:2330] type 00 class 0x030200",
+        "[  812.441210] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen "
+        "off the bus.",
+        "[  812.441290] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",
+        "[  813.000000] NVRM: GPU4 Reset required, caused by previous Xid 79",
+        "[  814.120000] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 22013, Non-fatal, Link 33 "
+        "Minion Link DLREQ interrupt",
+        "[  900.000000] NVRM: Xid (0000:1b:00): 13, Graphics Exception: ESR 0x4041b0=0x3f",
+    ]
+)
+
+
+def test_json_contract(run_cli, tmp_path):
+    f = tmp_path / "dmesg.log"
+    f.write_text(LOG)
+    p = run_cli("logscan", str(f), "--json")
+    assert p.returncode == 0, p.stderr
+    events = json.loads(p.stdout)
+    assert [(e["kind"], e["code"], e["pci_bus_id"], e["timestamp"]) for e in events] == [
+        ("xid", 79, "0000:3b:00", "812.441210"),
+        ("sxid", 22013, "0000:07:00.0", "814.120000"),
+        ("xid", 13, "0000:1b:00", "900.000000"),
+    ]
+    assert events[0]["message"] == "GPU has fallen off the bus."
+    assert events[0]["pid"] == 4242 and events[0]["process"] == "python3"
+    assert events[1]["device"] == "nvidia-nvswitch2"
+    assert events[2]["message"] == "Graphics Exception: ESR 0x4041b0=0x3f"
+    for e in events:
+        assert isinstance(e["code"], int)
+        assert {"kind", "code", "pci_bus_id", "timestamp", "message"} <= e.keys()
+
+
+def test_table_garbage_and_stdin(run_cli, tmp_path):
+    f = tmp_path / "mixed.log"
+    garbage = b"\x00\x01\xff\xfe Xid (PCI:): x\n" * 3 + b"\xc3NVRM: Xid (PCI:0000:3b:00): 48, DBE\n"
+    f.write_bytes(garbage + LOG.encode())
+    p = run_cli("logscan", str(f))
+    assert p.returncode == 0, p.stderr
+    assert "79" in p.stdout and "22013" in p.stdout and "4 event(s)" in p.stdout
+    p = run_cli("logscan", "-", "--json", input=LOG)
+    assert p.returncode == 0 and len(json.loads(p.stdout)) == 3
+    p = run_cli("logscan", "-", "--json", input="no events here\n\x7f\x00")
+    assert p.returncode == 0 and json.loads(p.stdout) == []
+    p = run_cli("logscan", "-", input="")
+    assert p.returncode == 0 and "no Xid or SXid events" in p.stdout
+
+
+def test_unreadable_input_exits_2(run_cli, tmp_path):
+    p = run_cli("logscan", str(tmp_path / "missing.log"))
+    assert p.returncode == 2 and "cannot read" in p.stderr
+    p = run_cli("logscan", str(tmp_path))
+    assert p.returncode == 2
+
+
+def test_corpus_ground_truth(run_cli, corpus):
+    with (corpus / "kernel_logs" / "MANIFEST.tsv").open() as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    for row in rows:
+        p = run_cli("logscan", str(corpus / "kernel_logs" / row["file"]), "--json")
+        assert p.returncode == 0, p.stderr
+        events = json.loads(p.stdout)
+        xids: list[int] = []
+        for e in events:
+            if e["kind"] == "xid" and e["code"] not in xids:
+                xids.append(e["code"])
+        assert xids == [int(c) for c in row["xid_codes_present"].split(",") if c], row["file"]
+        sx = {int(c) for c in row["sxid_codes_present"].split(",") if c}
+        assert {e["code"] for e in events if e["kind"] == "sxid"} == sx
+        assert {f"PCI:{e['pci_bus_id']}" for e in events} == set(
+            row["pci_bus_ids_present"].split(";")
+        )
+        notes = dict(p.strip().split("=") for p in row["notes"].split(";")[:2])
+        assert len(events) == int(notes["xid_event_lines"]) + int(notes["sxid_event_lines"])
