@@ -79,7 +79,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
     # --- the Llama 3 table (shares of 419 unexpected interruptions) ---------------------
     K(
         "gpu_lost",
-        "GPU_FALLEN_OFF_BUS",
+        "GPU_OFF_BUS",
         Cause.GPU,
         Effect.CRASH,
         _llama(20.1),
@@ -129,7 +129,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
     ),
     K(
         "sdc",
-        "SILENT_CORRUPTION",
+        "SDC",
         Cause.GPU,
         Effect.SILENT,
         _llama(1.4),
@@ -138,7 +138,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
     ),
     K(
         "thermal_fault",
-        "THERMAL_FAULT",
+        "HW_SLOWDOWN",
         Cause.GPU,
         Effect.CRASH,
         _llama(1.4),
@@ -147,7 +147,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
     ),
     K(
         "fabric_link",
-        "FABRIC_LINK_DOWN",
+        "EFA_DOWN",
         Cause.NETWORK,
         Effect.CRASH,
         _llama(8.4),
@@ -178,7 +178,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
     ),
     K(
         "software_bug",
-        "APP_XID",
+        "APP_XID_13",
         Cause.SOFTWARE,
         Effect.CRASH,
         _llama(13.4),
@@ -198,7 +198,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
     ),
     K(
         "unlisted",
-        "APP_XID",
+        "APP_XID_43",
         Cause.UNKNOWN,
         Effect.CRASH,
         _llama(4.6),
@@ -226,8 +226,8 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
         fix=(("REBOOT", 0.7), ("REPLACE", 1.0)),
     ),
     K(
-        "efa_down",
-        "EFA_DOWN",
+        "efa_missing",
+        "EFA_MISSING",
         Cause.NETWORK,
         Effect.DEGRADE,
         0.3e-3,
