@@ -15,12 +15,13 @@ from collections import deque
 from collections.abc import Callable
 
 from gpuvigil.core.findings import Action
-from gpuvigil.sim import lifecycle
-from gpuvigil.sim.control import Control
+from gpuvigil.platform.controller import ControllerConfig
+from gpuvigil.sim import episodes, lifecycle
 from gpuvigil.sim.detect import Layer1
-from gpuvigil.sim.faults import Cause, Effect, FaultKind, FaultModel, Storm
+from gpuvigil.sim.faults import BOOT_NOISE, Cause, Effect, FaultKind, FaultModel, Storm
 from gpuvigil.sim.fleet import FaultInstance, Fleet, NodeState
 from gpuvigil.sim.jobs import DAY, Job, Workload
+from gpuvigil.sim.platform import Platform
 from gpuvigil.sim.record import Recorder
 from gpuvigil.sim.results import Results, Tally
 from gpuvigil.sim.scenarios import Scenario, SimConfig
@@ -28,7 +29,7 @@ from gpuvigil.sim.scenarios import Scenario, SimConfig
 FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
 
 
-class Engine(lifecycle.Lifecycle):
+class Engine(lifecycle.Lifecycle, episodes.Episodes):
     def __init__(
         self,
         *,
@@ -41,7 +42,7 @@ class Engine(lifecycle.Lifecycle):
         model: FaultModel | None = None,
         storm: Storm | None = None,
         breaker: bool = True,
-        control: Control | None = None,
+        controller: ControllerConfig | None = None,
         layer1: Layer1 | None = None,
         recorder: Recorder | None = None,
         progress: Callable[[float], None] | None = None,
@@ -53,7 +54,13 @@ class Engine(lifecycle.Lifecycle):
         self.storm = storm
         self.rng = random.Random(f"{seed}:delays")
         self.fleet = Fleet(nodes, random.Random(f"{seed}:placement"))
-        self.control = control or Control(fleet_size=nodes, breaker=breaker)
+        self.by_name = {n.name: n.id for n in self.fleet.nodes}
+        self.platform = Platform(
+            total=nodes, config=controller, reset_s=self.cfg.reset_gpu_s,
+            reboot_s=self.cfg.reboot_s, preflight_s=self.cfg.validate_s, breaker=breaker,
+            events=recorder,
+        ) if scenario.layer2 else None  # fmt: skip
+        self._pass_at: float | None = None
         self.layer1 = layer1 or Layer1()
         self.rec = recorder or Recorder()
         self.tally = Tally()
@@ -87,6 +94,9 @@ class Engine(lifecycle.Lifecycle):
             FAULT: self.on_fault, DETECT: self.on_detect, REPAIRED: self.on_repaired,
             ARRIVE: self.on_arrive, JOB_END: self.on_job_end, JOB_HIT: self.on_job_hit,
             STORM: self.on_storm, STORM_FIX: self.on_storm_fix, DRAIN: self.on_drain,
+            episodes.CONTROL_PASS: self.control_pass,
+            episodes.CONTROL_ARRIVE: self.on_control_arrive,
+            episodes.CONTROL_HUMAN: self.on_control_human,
         }  # fmt: skip
         heap, events, next_report = self._heap, 0, 0.0
         while heap:
@@ -148,6 +158,10 @@ class Engine(lifecycle.Lifecycle):
     def on_detect(self, t: float, fi: FaultInstance, by_i: int) -> None:
         by = _BY[by_i]
         node = self.fleet.nodes[fi.node]
+        if fi.kind is BOOT_NOISE:
+            if not self.layer1.verdict(fi.kind.fault).seen:
+                return  # the catalog knows this fleet's boot noise: nothing to do
+            node.faults.append(fi)  # misread noise: the node looks faulty until cleared
         if fi.kind.persistent and fi not in node.faults:
             return  # repaired meanwhile
         if node.state is NodeState.REPAIR:
@@ -157,7 +171,7 @@ class Engine(lifecycle.Lifecycle):
             if fi.kind.persistent and fi.kind.cause is not Cause.TOOLING:
                 self.tally.detect.append(t - fi.onset_s)
             v = self.layer1.verdict(fi.kind.fault, active=by == "active-check")
-            if v.seen and by in ("layer1", "active-check"):
+            if v.seen and by in ("layer1", "active-check") and not self.sc.layer2:
                 self.rec.findings(t, node.name, v.findings)
         if by == "human":
             self.take_out(node, t, reason="human")

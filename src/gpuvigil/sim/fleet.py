@@ -31,6 +31,7 @@ class FaultInstance:
     detected_by: str = ""
     repaired_s: float | None = None
     interrupted_job: bool = False
+    fixed_by: object = None  # the least ladder step that cures this instance (layer 2)
 
 
 @dataclass(eq=False)
@@ -41,6 +42,7 @@ class Node:
     job: int | None = None  # job id
     unavailable_since: float | None = None
     hardware_faults: int = 0  # lifetime count, for repeat-offender replacement
+    recovering: list[FaultInstance] = field(default_factory=list)  # fixed, not yet in service
     repair_epoch: int = 0
 
     @property

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action
 from gpuvigil.sim import restart
-from gpuvigil.sim.faults import BOOT_NOISE, TOOL_MISSING, Cause, Effect
+from gpuvigil.sim.faults import TOOL_MISSING, Cause, Effect
 from gpuvigil.sim.fleet import FaultInstance, Node, NodeState
 from gpuvigil.sim.jobs import Job, JobState
 
@@ -29,30 +29,12 @@ class Lifecycle:
         v = self.layer1.verdict(fi.kind.fault, active=active)
         if not v.seen:
             return
-        if not self.sc.layer2:
+        if not self.sc.layer2:  # layer 1 alone: the agent cordons (NPD + a cordon hook)
             if v.could_not_run or v.action.rank >= Action.RESET_GPU.rank:
                 self.cordon(node, t, reason=v.findings[0].code)
                 self.push(t + self._human_repair(), REPAIRED_EV, node, node.repair_epoch)
             return
-        plan = self.control.plan(node.id, v, t)
-        if plan.held:
-            self.rec.held(t, node.name, plan.held)
-            if plan.block:
-                self.cordon(node, t, reason=plan.held)
-            self.push(t + self.cfg.remediation_retry_s, DETECT_EV, fi, 1)
-            return
-        if not plan.block:
-            return
-        if plan.human:
-            self.take_out(node, t, reason=plan.reason)
-            self.push(t + self._human_repair(), REPAIRED_EV, node, node.repair_epoch)
-            return
-        if plan.grace_s > 0 and fi.kind.effect is not Effect.CRASH:
-            self.cordon(node, t, reason=plan.reason)
-            self.push(t + plan.grace_s, DRAIN_EV, (node, plan.step), node.repair_epoch)
-            return
-        self.take_out(node, t, reason=plan.reason)
-        self.remediate(node, t, plan.step or Action.REBOOT)
+        self.publish(node, t)
 
     def on_drain(self: Engine, t: float, obj: tuple[Node, Action | None], epoch: int) -> None:
         node, step = obj
@@ -120,19 +102,15 @@ class Lifecycle:
         if node.job is not None:
             fi = node.faults[0] if node.faults else None
             self.interrupt(self.jobs[node.job], t, fi, reason="repair")
-        for fi in node.faults:
-            fi.repaired_s = t
-            if fi.kind.cause is not Cause.TOOLING:
-                self.tally.repair.append(t - fi.onset_s)
-        node.faults.clear()
+        self.clear_faults(node, t)
         node.state = NodeState.UP
         self.fleet.add_free(node.id)
         self.fleet.mark(node, t)
-        self.control.done(node.id)
-        self.rec.state(t, node.name, "HEALTHY", "repaired")
-        if self.sc.layer1 and self.rng.random() < self.model.boot_noise_probability:
-            noise = self._instance(BOOT_NOISE, node.id, t)
-            self.push(t + 30.0, DETECT_EV, noise, 4)
+        if self.platform is not None:  # the controller hears the node is fine again
+            self.platform.at(t)
+            self.platform.clear(node.name)
+        self.back_in_service(node, t)
+        self.maybe_boot_noise(node, t)
         self.schedule(t)
 
     # --- the storm ----------------------------------------------------------------------
@@ -291,7 +269,8 @@ class Lifecycle:
             1 for n in self.fleet.nodes for f in n.faults
             if f.detected_s is None and f.kind.cause is not Cause.TOOLING
         )  # fmt: skip
-        self.res.breaker_trips = self.control.trips
+        if self.platform is not None:
+            self.res.breaker_trips = self.platform.controller.breaker.status.trips
         self.tally.finish(self.res, unavailable_s=self.fleet.unavailable_s,
                           gpus_per_node=self.cfg.gpus_per_node)  # fmt: skip
         self.rec.finish(t, self.res)
