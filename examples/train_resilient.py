@@ -30,11 +30,13 @@ def main() -> None:
     p.add_argument("--save-final", help="rank 0 writes the final parameters here (torch.save)")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s"
+    )
 
-    config = training.TrainingConfig.load(overrides={"checkpoint": {
-        "dir": args.checkpoint_dir, "every_steps": args.checkpoint_every}})
+    config = training.TrainingConfig.load(
+        overrides={"checkpoint": {"dir": args.checkpoint_dir, "every_steps": args.checkpoint_every}}
+    )
     env = training.init(config)  # health gate, then a process group that survives restarts
     faults.install(env)
 
@@ -45,11 +47,13 @@ def main() -> None:
     model = DistributedDataParallel(net.to(env.device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.9)
-    sampler = training.ResumableSampler(len(x), rank=env.rank, world_size=env.world_size,
-                                        batch_size=args.batch_size)
+    sampler = training.ResumableSampler(
+        len(x), rank=env.rank, world_size=env.world_size, batch_size=args.batch_size
+    )
 
-    with training.Run(env, model=model, optimizer=optimizer, scheduler=scheduler,
-                      sampler=sampler) as run:
+    with training.Run(
+        env, model=model, optimizer=optimizer, scheduler=scheduler, sampler=sampler
+    ) as run:
         for step in run.steps(args.steps):
             faults.at_step(step)
             idx = sampler.current_batch()

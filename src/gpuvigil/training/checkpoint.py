@@ -220,10 +220,16 @@ class Checkpointer:
             m, why = manifest.verify(self.storage, folder, checksums=self.config.checksums)
             if m is not None:
                 return folder, notes
-            notes.append(
-                f"gpuvigil checkpoint: {manifest.dir_name(step)} is unusable ({why}); "
-                "falling back to the previous checkpoint"
-            )
+            if why.startswith("no manifest"):
+                notes.append(
+                    f"gpuvigil checkpoint: {manifest.dir_name(step)} was never "
+                    "committed (its save was interrupted); skipping it"
+                )
+            else:
+                notes.append(
+                    f"gpuvigil checkpoint: {manifest.dir_name(step)} is DAMAGED "
+                    f"({why}); falling back to the previous checkpoint"
+                )
         return None, notes
 
     def load(self, tensors: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
@@ -234,7 +240,7 @@ class Checkpointer:
             box = list(self.choose())
         dist.broadcast_object_list(box, src=0, group=self.group)
         folder, notes = box
-        self.fallbacks = len([n for n in notes if "no manifest" not in n])
+        self.fallbacks = len([n for n in notes if "DAMAGED" in n])
         if self.rank == 0:
             for note in notes:
                 log.warning(note)
