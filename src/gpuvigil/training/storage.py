@@ -106,7 +106,11 @@ class FsspecStorage:
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
 
     def join(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts])
+        """Relative to the root, unless the first part already is a full path (like os.path)."""
+        base = self.root
+        if parts and parts[0].startswith(self.root):
+            base, parts = parts[0], parts[1:]
+        return "/".join([base.rstrip("/"), *parts])
 
     def list_dir(self, path: str) -> list[str]:
         try:
