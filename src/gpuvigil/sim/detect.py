@@ -39,12 +39,16 @@ class Verdict:
         return bool(failed) and all(f.could_not_run for f in failed)
 
 
+# Verdicts for the default node config, shared by every run in this process.
+_SHARED: dict[tuple[str, bool], Verdict] = {}
+
+
 class Layer1:
     """Verdicts of the real node checks (`sim.hardware`), cached per fault name."""
 
     def __init__(self, config: NodeConfig | None = None) -> None:
         self.config = config
-        self._cache: dict[tuple[str, bool], Verdict] = {}
+        self._cache: dict[tuple[str, bool], Verdict] = _SHARED if config is None else {}
         self.rule_calls = 0
 
     def verdict(self, fault: str, *, active: bool = False) -> Verdict:

@@ -170,8 +170,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             fi.detected_s, fi.detected_by = t, by
             if fi.kind.persistent and fi.kind.cause is not Cause.TOOLING:
                 self.tally.detect.append(t - fi.onset_s)
-            v = self.layer1.verdict(fi.kind.fault, active=by == "active-check")
-            if v.seen and by in ("layer1", "active-check") and not self.sc.layer2:
+            if by in ("layer1", "active-check") and not self.sc.layer2:
+                v = self.layer1.verdict(fi.kind.fault, active=by == "active-check")
                 self.rec.findings(t, node.name, v.findings)
         if by == "human":
             self.take_out(node, t, reason="human")

@@ -16,6 +16,7 @@ fault is built the way the tests build it, then judged by the real parsers and r
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 from dataclasses import replace
@@ -47,7 +48,8 @@ from gpuvigil.node.rules import xid as xid_rules
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BOOTED = NOW - timedelta(days=3)
 GPU = 3  # the GPU every per-GPU fault lands on (which one does not change the verdict)
-EFA_ADAPTERS = 32  # p5.48xlarge: 32 EFA adapters
+# p5.48xlarge has 32 EFA adapters; 4 give the same verdicts and build 8x faster.
+EFA_ADAPTERS = 4
 
 # Faults the seeded enum does not carry: the Xid the driver prints for them.
 XID_ONLY = {"SRAM_ECC": 95, "GSP_ERROR": 119}
@@ -115,6 +117,7 @@ def _nvml_inventory(node: FakeNode) -> GpuInventory:
     return inventory_from_lines(lines, observed_at=NOW)
 
 
+@functools.cache
 def sim_node_config() -> NodeConfig:
     """The simulated fleet's node config: defaults, plus the boot noise its GPUs print
     (the fake's driver-load Xid), as an operator adds what their fleet shows."""
@@ -165,11 +168,11 @@ def _xids(
     )  # fmt: skip
 
 
-_CATALOGS: dict[int, XidCatalog] = {}
+_CATALOGS: dict[str, XidCatalog] = {}
 
 
 def _catalog(cfg: NodeConfig) -> XidCatalog:
-    key = id(cfg.kernel_log)
+    key = cfg.kernel_log.model_dump_json()
     if key not in _CATALOGS:
         _CATALOGS[key] = load_catalog(cfg.kernel_log)
     return _CATALOGS[key]

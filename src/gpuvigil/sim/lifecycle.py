@@ -192,7 +192,7 @@ class Lifecycle:
             if job.hung_since is None and t >= job.run_start:
                 job.rebase(t, job.speed)
                 job.hung_since = t
-            timeout = self.cfg.hang_watchdog_s if self.sc.layer3 else self.cfg.nccl_timeout_s
+            timeout = restart.hang_timeout_s(self.cfg, layer3=self.sc.layer3)
             self.push(t + timeout, JOB_HIT_EV, (job, fi), job.restarts)
         elif effect is Effect.SILENT:
             self.push(t + self.cfg.sdc_job_detect_s, JOB_HIT_EV, (job, fi), job.restarts)
@@ -226,8 +226,8 @@ class Lifecycle:
             self.tally.fault_interruption(cause=cause, calibrated=fi.kind.calibrated)
         if progressed:
             job.failures_in_row = 0
-        if not reason.startswith("drain"):  # a drain is the platform's doing, not a crash
-            job.failures_in_row += 1
+        if not reason.startswith("drain") and restart.counts_against_job(fi, layer3=self.sc.layer3):
+            job.failures_in_row += 1  # a drain is the platform's doing, not the job's
         self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t))
         if job.failures_in_row >= self.workload.max_failures_in_row:
             job.state = JobState.FAILED

@@ -70,8 +70,10 @@ class SimConfig(StrictModel):
     nccl_timeout_s: float = Field(
         600.0, description="PyTorch's default collective timeout (10 min) ends a hung job."
     )
-    hang_watchdog_s: float = Field(
-        120.0, description="Layer 3's step watchdog: a step 10x slower than usual is a hang."
+    step_p99_s: float = Field(
+        10.0,
+        description="p99 step time of a large job; layer 3's watchdog derives its hang "
+        "timeout from it (factor x p99, training.config.WatchdogConfig).",
     )
     sdc_job_detect_s: float = Field(
         6 * 3600.0,
