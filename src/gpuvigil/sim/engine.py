@@ -22,7 +22,7 @@ from gpuvigil.sim.faults import BOOT_NOISE, Cause, Effect, FaultKind, FaultModel
 from gpuvigil.sim.fleet import FaultInstance, Fleet, NodeState
 from gpuvigil.sim.jobs import DAY, Job, Workload
 from gpuvigil.sim.platform import Platform
-from gpuvigil.sim.record import Recorder
+from gpuvigil.sim.record import EventRecorder, Recorder
 from gpuvigil.sim.results import Results, Tally
 from gpuvigil.sim.scenarios import Scenario, SimConfig
 
@@ -63,6 +63,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self._pass_at: float | None = None
         self.layer1 = layer1 or Layer1()
         self.rec = recorder or Recorder()
+        if isinstance(self.rec, EventRecorder):  # the real controller reports node states
+            self.rec.sim_states = not scenario.layer2
         self.tally = Tally()
         self.res = Results(scenario.name, nodes, days, seed, workload.name)
         self.jobs: list[Job] = workload.initial_and_arrivals(
@@ -98,6 +100,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_ARRIVE: self.on_control_arrive,
             episodes.CONTROL_HUMAN: self.on_control_human,
         }  # fmt: skip
+        self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0
         while heap:
             t, _, kind, obj, tag = heapq.heappop(heap)
@@ -125,6 +128,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         if not kind.persistent and node.job is None:
             return  # an application fault needs an application
         self.tally.faults += 1
+        self.rec.fault(t, node.name, kind.name, kind.fault)
         if kind.persistent:
             node.faults.append(fi)
             if kind.cause is not Cause.TOOLING:
@@ -175,6 +179,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
                 self.rec.findings(t, node.name, v.findings)
         if by == "human":
             self.take_out(node, t, reason="human")
+            node.last_step = "REPLACE"  # a person swaps what is broken
             self.push(t + self._human_repair(), REPAIRED, node, node.repair_epoch)
         elif by == "instance-check":
             self.take_out(node, t, reason="instance check failed")

@@ -44,6 +44,7 @@ class Node:
     hardware_faults: int = 0  # lifetime count, for repeat-offender replacement
     recovering: list[FaultInstance] = field(default_factory=list)  # fixed, not yet in service
     repair_epoch: int = 0
+    last_step: str = "REPLACE"  # the repair under way (a person's repair: parts swapped)
 
     @property
     def name(self) -> str:

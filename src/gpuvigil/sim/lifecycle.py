@@ -32,6 +32,7 @@ class Lifecycle:
         if not self.sc.layer2:  # layer 1 alone: the agent cordons (NPD + a cordon hook)
             if v.could_not_run or v.action.rank >= Action.RESET_GPU.rank:
                 self.cordon(node, t, reason=v.findings[0].code)
+                node.last_step = "REPLACE"  # a person swaps what is broken
                 self.push(t + self._human_repair(), REPAIRED_EV, node, node.repair_epoch)
             return
         self.publish(node, t)
@@ -93,7 +94,8 @@ class Lifecycle:
             total += self._human_repair()
         if any(f.kind.name == "tool_missing" for f in node.faults) and self.storm is not None:
             total = max(total, self.storm.at_s + self.storm.fixed_after_s - t)
-        self.rec.remediation(t, node.name, step.value)
+        node.last_step = step.value
+        self.rec.remediation(t, node.name, step.value, reason="cloud instance check")
         self.push(t + total, REPAIRED_EV, node, node.repair_epoch)
 
     def on_repaired(self: Engine, t: float, node: Node, epoch: int) -> None:
@@ -102,6 +104,7 @@ class Lifecycle:
         if node.job is not None:
             fi = node.faults[0] if node.faults else None
             self.interrupt(self.jobs[node.job], t, fi, reason="repair")
+        self.rec.remediation(t, node.name, node.last_step, result="succeeded", reason="repaired")
         self.clear_faults(node, t)
         node.state = NodeState.UP
         self.fleet.add_free(node.id)
@@ -228,7 +231,8 @@ class Lifecycle:
             job.failures_in_row = 0
         if not reason.startswith("drain") and restart.counts_against_job(fi, layer3=self.sc.layer3):
             job.failures_in_row += 1  # a drain is the platform's doing, not the job's
-        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t))
+        blamed = f"node-{fi.node:05d}" if fi is not None else None
+        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t), node=blamed)
         if job.failures_in_row >= self.workload.max_failures_in_row:
             job.state = JobState.FAILED
             self.tally.failed += 1

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from gpuvigil.platform.controller import ControllerConfig
 from gpuvigil.sim.engine import Engine
 from gpuvigil.sim.faults import FaultModel, Storm
 from gpuvigil.sim.jobs import WORKLOADS, Workload
+from gpuvigil.sim.record import EventRecorder, Recorder
 from gpuvigil.sim.results import Results
 from gpuvigil.sim.scenarios import SCENARIOS, SimConfig
 
@@ -27,7 +29,11 @@ def simulate(
     storm: Storm | None = None,
     breaker: bool = True,
     progress: Callable[[float], None] | None = None,
+    recorder: Recorder | None = None,
+    events: bool = True,
+    controller: ControllerConfig | None = None,
 ) -> Results:
+    """One run. `events`: record real events and score them with layer 4 (observe)."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     if wl.single_job_days > 0 and days == DEFAULT_DAYS:
         days = wl.single_job_days
@@ -37,6 +43,7 @@ def simulate(
     engine = Engine(
         scenario=SCENARIOS[scenario], nodes=nodes, days=days, seed=seed, workload=wl,
         config=config, model=model, storm=storm, breaker=breaker, progress=progress,
+        recorder=recorder or (EventRecorder() if events else None), controller=controller,
     )  # fmt: skip
     res = engine.run()
     res.wall_s = time.perf_counter() - started
