@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpuvigil.sim.faults import Storm
 from gpuvigil.sim.jobs import WORKLOADS
+from gpuvigil.sim.record import Recorder
 from gpuvigil.sim.results import Results, fmt_duration, table
 from gpuvigil.sim.run import simulate
 from gpuvigil.sim.scenarios import SCENARIOS
@@ -26,6 +27,7 @@ def run_all(
     storm: bool = True,
     policy: Path | None = None,
     progress: Callable[[str, float], None] | None = None,
+    recorders: dict[str, Recorder] | None = None,
 ) -> dict[str, Results]:
     """Every requested run, keyed by name: the scenarios, then the storm pair."""
     if scenario != "all" and scenario not in SCENARIOS:
@@ -54,7 +56,8 @@ def run_all(
     out: dict[str, Results] = {}
     for name, extra in runs:
         cb = None if progress is None else (lambda f, name=name: progress(name, f))
-        res = simulate(**kw, **extra, progress=cb)  # type: ignore[arg-type]
+        rec = (recorders or {}).get(name)
+        res = simulate(**kw, **extra, progress=cb, recorder=rec)  # type: ignore[arg-type]
         res.scenario = name
         out[name] = res
     return out
