@@ -154,7 +154,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             if active and self.layer1.verdict(kind.fault, active=True).seen:
                 options.append((u(0, self.cfg.active_check_interval_s), "active-check"))
         if kind.persistent and kind.effect is not Effect.NONE:
-            options.append((self.rng.expovariate(1 / self.cfg.human_detect_mean_s), "human"))
+            mean = self.workload.human_detect_mean_s or self.cfg.human_detect_mean_s
+            options.append((self.rng.expovariate(1 / mean), "human"))
         if options:
             delay, by = min(options)
             self.push(t + delay, DETECT, fi, _BY.index(by))

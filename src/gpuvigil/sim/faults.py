@@ -201,9 +201,9 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = (
         "APP_XID_43",
         Cause.UNKNOWN,
         Effect.CRASH,
-        _llama(4.6),
+        _llama(5.1),
         persistent=False,
-        source="llama3:rows-not-listed (100% - 95.4%)",
+        source="llama3:rows-not-listed (100% - 94.9%)",
         calibrated=True,
     ),
     # --- no published rate: assumptions (docs/simulator.md says why each) ----------------

@@ -115,6 +115,9 @@ class Workload:
     single_job_days: float = 0.0  # > 0: one job on every node for this long (llama3)
     max_failures_in_row: int = 3  # a job that fails this often without progress gives up
     spare_fraction: float = 0.0  # single job: extra idle nodes the job can restart onto
+    # > 0: people watch this work and find the host named in a crash this fast on average
+    # (a flagship run's on-call team), instead of SimConfig.human_detect_mean_s
+    human_detect_mean_s: float = 0.0
 
     def initial_and_arrivals(
         self, rng: random.Random, *, nodes: int, horizon_s: float, gpus_per_node: int
@@ -159,5 +162,6 @@ WORKLOADS = {
         max_failures_in_row=10**9,
         spare_fraction=0.0625,
         nodes=2176,
+        human_detect_mean_s=1800.0,
     ),
 }

@@ -1,0 +1,29 @@
+"""`gpuvigil simulate --json`: the contract other tools read."""
+
+from __future__ import annotations
+
+import json
+
+FIELDS = ("node_availability", "job_success_rate", "goodput", "job_interruptions", "mttd_s",
+          "mttr_s", "gpu_hours_lost", "false_drains")  # fmt: skip
+
+
+def test_simulate_json_contract(run_cli):
+    p = run_cli("simulate", "--nodes", "64", "--days", "5", "--seed", "2", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for name in ("baseline", "node", "platform", "full", "storm+breaker", "storm-no-breaker"):
+        row = out[name]
+        for key in FIELDS:
+            assert key in row, (name, key)
+        for key in ("node_availability", "job_success_rate", "goodput"):
+            assert 0.0 <= row[key] <= 1.0
+        assert row["nodes"] == 64 and row["seed"] == 2
+
+
+def test_simulate_one_scenario_and_bad_values(run_cli):
+    p = run_cli("simulate", "--scenario", "node", "--nodes", "32", "--days", "3", "--json")
+    assert p.returncode == 0, p.stderr
+    assert list(json.loads(p.stdout)) == ["node"]
+    bad = run_cli("simulate", "--scenario", "nope")
+    assert bad.returncode == 2 and "unknown scenario" in bad.stderr
