@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
+from gpuvigil.node.config import NodeConfig
+from gpuvigil.platform.controller import ControllerConfig
+from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import Storm
 from gpuvigil.sim.jobs import WORKLOADS
 from gpuvigil.sim.record import Recorder
@@ -25,7 +27,8 @@ def run_all(
     seed: int = 1,
     workload: str = "mixed",
     storm: bool = True,
-    policy: Path | None = None,
+    policy: ControllerConfig | None = None,
+    node_config: NodeConfig | None = None,
     progress: Callable[[str, float], None] | None = None,
     recorders: dict[str, Recorder] | None = None,
 ) -> dict[str, Results]:
@@ -41,12 +44,10 @@ def run_all(
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     kw = {"nodes": nodes, "days": days, "seed": seed, "workload": workload}
     runs: list[tuple[str, dict[str, object]]] = [(n, {"scenario": n}) for n in names]
-    if policy is not None:
-        from gpuvigil.sim import policy as user_policy
-
-        control = user_policy.load(policy)
-        runs += [(f"{n}+policy", {"scenario": n, "policy": control}) for n in names
-                 if SCENARIOS[n].layer2]  # fmt: skip
+    if policy is not None or node_config is not None:  # the user's policy next to the default
+        user = {"controller": policy, "layer1": Layer1(node_config) if node_config else None}
+        runs += [(f"{n}+policy", {"scenario": n, **user}) for n in names
+                 if SCENARIOS[n].layer1]  # fmt: skip
     if storm and scenario == "all" and workload == "mixed":
         s = Storm(at_s=min(10.0, days / 3) * 86400.0)
         runs += [

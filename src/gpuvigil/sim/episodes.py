@@ -127,6 +127,9 @@ class Episodes:
             fi.repaired_s = t
             if fi.kind.cause is not Cause.TOOLING:
                 node.recovering.append(fi)
+            if fi.detected_by in ("layer1", "active-check", "boot"):
+                v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+                self.rec.findings(t, node.name, v.findings, cleared=True)
         node.faults.clear()
         self.fleet.mark(node, t)
 

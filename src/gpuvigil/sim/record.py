@@ -28,7 +28,9 @@ class Recorder:
 
     def fault(self, t: float, node: str, fault: str, component: str) -> None: ...
     def fleet(self, t: float, names: Iterable[str]) -> None: ...
-    def findings(self, t: float, node: str, findings: Iterable[Finding]) -> None: ...
+    def findings(
+        self, t: float, node: str, findings: Iterable[Finding], *, cleared: bool = False
+    ) -> None: ...
     def state(self, t: float, node: str, to: str, reason: str) -> None: ...
     def held(self, t: float, node: str, why: str) -> None: ...
     def remediation(
@@ -79,9 +81,12 @@ class EventRecorder(Recorder):
     def fault(self, t: float, node: str, fault: str, component: str) -> None:
         self._emit(t, Kind.FAULT, node=node, fault=fault, component=component)
 
-    def findings(self, t: float, node: str, findings: Iterable[Finding]) -> None:
+    def findings(
+        self, t: float, node: str, findings: Iterable[Finding], *, cleared: bool = False
+    ) -> None:
+        kind = Kind.FINDING_CLEARED if cleared else Kind.FINDING_SET
         for f in findings:
-            self._emit(t, Kind.FINDING_SET, node=node, source="agent", code=f.code,
+            self._emit(t, kind, node=node, source="agent", code=f.code,
                        component=f.component, status=f.status.value, action=f.action.value,
                        fatal=f.fatal, check=f.check, message=f.message)  # fmt: skip
 

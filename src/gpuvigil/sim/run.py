@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from gpuvigil.platform.controller import ControllerConfig
+from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.engine import Engine
 from gpuvigil.sim.faults import FaultModel, Storm
 from gpuvigil.sim.jobs import WORKLOADS, Workload
@@ -32,6 +33,7 @@ def simulate(
     recorder: Recorder | None = None,
     events: bool = True,
     controller: ControllerConfig | None = None,
+    layer1: Layer1 | None = None,
 ) -> Results:
     """One run. `events`: record real events and score them with layer 4 (observe)."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
@@ -44,6 +46,7 @@ def simulate(
         scenario=SCENARIOS[scenario], nodes=nodes, days=days, seed=seed, workload=wl,
         config=config, model=model, storm=storm, breaker=breaker, progress=progress,
         recorder=recorder or (EventRecorder() if events else None), controller=controller,
+        layer1=layer1,
     )  # fmt: skip
     res = engine.run()
     res.wall_s = time.perf_counter() - started
