@@ -123,8 +123,18 @@ def changes_from_kernel_logs(paths: Iterable[Path], *, config: NodeConfig) -> It
         yield ts, node, [f for f in found if f.status is not Status.OK]
 
 
-def replay(changes: Iterable[Change], *, controller: ControllerConfig | None = None) -> Replay:
-    """Drive the real controller through `changes` (time-ordered) in virtual time."""
+def replay(
+    changes: Iterable[Change],
+    *,
+    controller: ControllerConfig | None = None,
+    steps_work: bool = False,
+) -> Replay:
+    """Drive the real controller through `changes` (time-ordered) in virtual time.
+
+    `steps_work`: a remediation step at least as strong as the findings ask for cures them
+    (kernel logs cannot show whether it did); otherwise problems stay until the history
+    clears them (event logs carry `finding.cleared`).
+    """
     items = sorted(changes, key=lambda c: c[0])
     out = Replay(changes=len(items), nodes=len({c[1] for c in items}))
     if not items:
