@@ -1,11 +1,182 @@
-"""`gpuvigil preflight`: not implemented yet (see the open issues)."""
+"""`gpuvigil preflight`: fast node checks plus active GPU and fabric tests, in one budget.
+
+Composes the config, calls `platform.preflight.run_preflight`, prints a table or JSON and
+exits 0 (passed), 1 (a problem found) or 2 (a check could not run), like `gpuvigil check`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from gpuvigil.core.config import ConfigError
+
+
+def _render(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="Active checks: achieved vs expected")
+    for col in ("check", "component", "metric", "achieved", "expected", "status"):
+        table.add_column(col)
+    for m in result.measurements:
+        table.add_row(
+            m.check,
+            m.component,
+            m.metric,
+            "-" if m.achieved is None else f"{m.achieved:.4g} {m.unit}",
+            "-" if m.expected is None else f"{m.expected:.4g}",
+            m.status if not m.code else f"{m.status} {m.code}",
+        )
+    if result.measurements:
+        console.print(table)
+    problems = result.report.problems
+    if problems:
+        t = Table(title="Problems")
+        for col in ("check", "component", "code", "status", "action", "message"):
+            t.add_column(col)
+        for f in problems:
+            t.add_row(f.check, f.component, f.code, f.status.value, f.action.value, f.message[:120])
+        console.print(t)
+    verdict = "PASSED" if result.passed else "FAILED"
+    devices = ", ".join(sorted(set(result.devices))) or "none"
+    console.print(
+        f"preflight {verdict} on {result.report.node} in {result.duration_s:.1f} s "
+        f"(budget {result.budget_s:g} s; device {result.device}: {devices})"
+    )
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("preflight", hidden=True)
-    def _todo() -> None:
-        """Not implemented yet."""
-        typer.echo("gpuvigil preflight: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("preflight")
+    def preflight(
+        *,
+        config: Annotated[
+            Path | None, typer.Option("--config", "-c", help="gpuvigil YAML file.")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+        device: Annotated[
+            str | None,
+            typer.Option("--device", help="cuda (default) or cpu: the same checks, small sizes."),
+        ] = None,
+        expect_gpus: Annotated[
+            int | None,
+            typer.Option(
+                "--expect-gpus", help="GPUs this node must have (0: a node without GPUs)."
+            ),
+        ] = None,
+        instance_type: Annotated[
+            str | None,
+            typer.Option("--instance-type", help="e.g. p5.48xlarge (default: detected)."),
+        ] = None,
+        budget_s: Annotated[
+            float | None,
+            typer.Option("--budget-s", help="Time budget for the whole run (default 120)."),
+        ] = None,
+        checks: Annotated[
+            str | None,
+            typer.Option(
+                "--checks",
+                help="Comma-separated active checks: matmul,memory,bandwidth,load,allreduce.",
+            ),
+        ] = None,
+        skip_fast: Annotated[
+            bool, typer.Option("--skip-fast", help="Only the active checks.")
+        ] = False,
+        master: Annotated[
+            str | None,
+            typer.Option(
+                "--master", help="HOST:PORT of node rank 0 for the cross-node all-reduce."
+            ),
+        ] = None,
+        nnodes: Annotated[
+            int | None, typer.Option("--nnodes", help="Nodes in the all-reduce.")
+        ] = None,
+        node_rank: Annotated[
+            int | None, typer.Option("--node-rank", help="This node's rank.")
+        ] = None,
+        publish: Annotated[
+            str | None,
+            typer.Option(
+                "--publish",
+                help="kubernetes: write the result to this Node's gpuvigil.io/preflight "
+                "annotation, where the controller reads it.",
+            ),
+        ] = None,
+        node_name: Annotated[
+            str | None,
+            typer.Option(
+                "--node-name", help="Node name for --publish (default $NODE_NAME/hostname)."
+            ),
+        ] = None,
+        kubeconfig: Annotated[
+            str | None, typer.Option("--kubeconfig", help="For --publish.")
+        ] = None,
+        sysfs_root: Annotated[
+            Path,
+            typer.Option("--sysfs-root", help="Read sysfs and /dev below this folder."),
+        ] = Path("/"),
+    ) -> None:
+        """Validate this node before it takes work: fast node checks, then active tests
+        (matmul correctness in bf16/fp16/tf32/fp32, sustained TFLOP/s vs the GPU's peak,
+        device-memory patterns, host/peer bandwidth, all-reduce bus bandwidth), all within
+        one time budget. Exit 0 passed, 1 a problem found, 2 a check could not run.
+
+        Try it anywhere: gpuvigil preflight --device cpu --expect-gpus 0
+        """
+        from gpuvigil import config as config_mod
+        from gpuvigil.platform.preflight import run_preflight
+
+        overrides: dict[str, Any] = {"node": {}, "preflight": {"active": {}}}
+        if expect_gpus is not None:
+            overrides["node"]["expect_gpus"] = expect_gpus
+        if instance_type:
+            overrides["node"]["instance_type"] = instance_type
+        if device:
+            overrides["preflight"]["device"] = device
+        if budget_s is not None:
+            overrides["preflight"]["budget_s"] = budget_s
+        if skip_fast:
+            overrides["preflight"]["fast_checks"] = False
+        if checks is not None:
+            overrides["preflight"]["active"]["checks"] = [
+                c.strip() for c in checks.split(",") if c.strip()
+            ]
+        if master:
+            addr, _, port = master.rpartition(":")
+            overrides["preflight"]["active"]["peers"] = {
+                "master_addr": addr or master,
+                "master_port": int(port or 29533),
+                "nnodes": nnodes or 0,
+                "node_rank": node_rank or 0,
+            }
+        try:
+            cfg = config_mod.load(config, overrides=overrides)
+        except (ConfigError, ValueError) as e:
+            typer.echo(f"gpuvigil preflight: {e}", err=True)
+            raise typer.Exit(2) from e
+        name = node_name or os.environ.get("NODE_NAME") or None
+        result = run_preflight(cfg, root=sysfs_root, node_name=name)
+        if publish:
+            from gpuvigil.platform.clusters.preflight_publish import (
+                PublishError,
+                publish_kubernetes,
+            )
+
+            if publish != "kubernetes":
+                typer.echo(f"gpuvigil preflight: unknown --publish {publish!r}", err=True)
+                raise typer.Exit(2)
+            try:
+                publish_kubernetes(result.report.node, result.annotation(), kubeconfig=kubeconfig)
+            except PublishError as e:
+                typer.echo(f"gpuvigil preflight: {e}", err=True)
+                raise typer.Exit(2) from e
+        if as_json:
+            typer.echo(json.dumps(result.to_json(), indent=2, default=str))
+        else:
+            _render(result)
+        raise typer.Exit(result.report.exit_code())

@@ -124,6 +124,8 @@ def run_check(spec: CheckSpec, ctx: CheckContext) -> tuple[list[Finding], CheckR
         status=Status.worst(f.status for f in findings),
         started_at=started_at,
         duration_s=time.monotonic() - t0,
+        # A check that reports only that it is switched off (an optional tool absent).
+        disabled=bool(findings) and all(f.code == "CHECK_DISABLED" for f in findings),
     )
     return findings, run
 

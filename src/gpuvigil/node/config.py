@@ -6,8 +6,9 @@ One sub-model per area, each owned by that area's probe and rules.
 from __future__ import annotations
 
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.node.catalog.xid import CatalogOverrides, load_catalog
@@ -99,6 +100,19 @@ class KernelLogConfig(CatalogOverrides):
     # Bound on what one read takes in (kmsg, tool output, file tail): the ring buffer is
     # at most a few MB; a 64 MiB bound keeps a runaway journal from exhausting memory.
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
+    # IANA zone of wall-clock stamps printed without an offset (dmesg -T output, syslog's
+    # kern.log) in `file`; None: this node's local zone, which is the one that wrote them.
+    timezone: str | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ZoneInfo(v)
+            except (ZoneInfoNotFoundError, ValueError) as e:
+                raise ValueError(f"unknown time zone {v!r}") from e
+        return v
 
     @model_validator(mode="after")
     def _catalog_builds(self) -> KernelLogConfig:

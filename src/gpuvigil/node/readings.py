@@ -82,6 +82,10 @@ class GpuReading:
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     nvlinks: tuple[NvLinkReading, ...] = ()
+    # The driver's own verdict (nvmlDeviceGpuRecoveryAction_t, r550+; older drivers: reset
+    # status): "NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET",
+    # "RECOVER_IMEX_DOMAIN", "BUS_RESET", "SYSTEM_REBOOT".
+    recovery_action: str | None = None
     lost: bool = False  # NVML said "GPU is lost" (or the tool could not reach it)
     errors: tuple[ReadError, ...] = ()
 
@@ -104,6 +108,17 @@ class GpuInventory:
     def by_bus_id(self) -> dict[str, GpuReading]:
         """PCI bus id (upper case, domain kept) -> GPU: for mapping kernel-log Xids."""
         return {g.pci_bus_id.upper(): g for g in self.gpus if g.pci_bus_id}
+
+    def gpu_map(self) -> dict[str, GpuRef]:
+        """Normalized bus id -> GpuRef, the Xid rules' view of these GPUs (lower-case
+        family, as the Xid catalog names them)."""
+        refs = {}
+        for g in self.gpus:
+            bus = normalize_bus_id(g.pci_bus_id) if g.pci_bus_id else None
+            if bus is not None and g.index >= 0:
+                family = g.architecture.lower() if g.architecture else None
+                refs[bus] = GpuRef(index=g.index, bus_id=bus, family=family, uuid=g.uuid)
+        return refs
 
 
 # --- DCGM (owner: layer-1 GPU work) --------------------------------------------------------

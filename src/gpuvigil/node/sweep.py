@@ -1,12 +1,21 @@
-"""One sweep: every registered check once -> a NodeReport (`gpuvigil check`, preflight).
+"""One sweep: every registered check once -> a NodeReport (`gpuvigil check`, preflight,
+the bench; the agent schedules checks by group instead).
 
 `load_checks()` imports every module that registers checks: this list is the one place
-that names them.
+that names them. `run_sweep` runs the checks that feed others first (`gpu` fills
+`CheckContext.extras` with the GPU map and NVML Xid events the `kernel_log` check
+reconciles with the log), then the rest concurrently, each under its own deadline.
 """
 
 from __future__ import annotations
 
 import importlib
+import socket
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
+from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, run_check
 
 CHECK_MODULES = (
     "gpuvigil.node.probes.nvml",
@@ -17,7 +26,67 @@ CHECK_MODULES = (
     "gpuvigil.node.probes.pcie",
 )
 
+# Checks whose results other checks read from the context: run before the rest.
+FIRST = ("gpu",)
+
 
 def load_checks() -> None:
     for name in CHECK_MODULES:
         importlib.import_module(name)
+
+
+def select(
+    *, groups: Iterable[str] | None = None, names: Iterable[str] | None = None
+) -> list[CheckSpec]:
+    """Registered checks, optionally only some groups or names, in a stable order."""
+    load_checks()
+    wanted_groups = set(groups) if groups is not None else None
+    wanted_names = set(names) if names is not None else None
+    specs = [
+        s
+        for s in REGISTRY.values()
+        if (wanted_groups is None or s.group in wanted_groups)
+        and (wanted_names is None or s.name in wanted_names)
+    ]
+    return sorted(specs, key=lambda s: (s.name not in FIRST, s.name))
+
+
+def _skipped(spec: CheckSpec) -> tuple[list[Finding], CheckRun]:
+    finding = Finding(
+        check=spec.name,
+        status=Status.OK,
+        code="CHECK_DISABLED",
+        message="skipped for this run (--skip): not checked, not passed",
+    )
+    run = CheckRun(
+        check=spec.name, status=Status.OK, started_at=utcnow(), duration_s=0.0, disabled=True
+    )
+    return [finding], run
+
+
+def run_sweep(
+    ctx: CheckContext,
+    *,
+    node: str | None = None,
+    specs: list[CheckSpec] | None = None,
+    skipped: Iterable[str] = (),
+    max_workers: int = 8,
+) -> NodeReport:
+    """Run `specs` (default: every registered check) once and report. Never raises: a
+    check that cannot run is a FAILED finding of its own (see `run_check`). A check named
+    in `skipped` is not run and is reported as disabled (CHECK_DISABLED), not dropped."""
+    specs = select() if specs is None else specs
+    skip = set(skipped)
+    first = [s for s in specs if s.name in FIRST and s.name not in skip]
+    rest = [s for s in specs if s.name not in FIRST and s.name not in skip]
+    results: list[tuple[list[Finding], CheckRun]] = [_skipped(s) for s in specs if s.name in skip]
+    results += [run_check(s, ctx) for s in first]
+    if rest:
+        with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sweep") as pool:
+            results += list(pool.map(lambda s: run_check(s, ctx), rest))
+    findings = tuple(f for fs, _ in results for f in fs)
+    return NodeReport(
+        node=node or socket.gethostname(),
+        findings=findings,
+        checks=tuple(run for _, run in results),
+    )

@@ -27,6 +27,7 @@ class FabricSpec(StrictModel):
     kind: FabricKind
     count: int = Field(ge=0)  # compute adapters (EFA devices, or IB/RoCE ports)
     rate_gbps: float | None = Field(default=None, gt=0)  # per port; None: not judged
+    total_gbps: float | None = Field(default=None, gt=0)  # the node's fabric bandwidth
 
 
 class InstanceType(StrictModel):

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from gpuvigil.core.findings import Finding, utcnow
+from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.checks import CheckContext, check
 from gpuvigil.node.config import FabricConfig
 from gpuvigil.node.probes import exec as execp
@@ -205,10 +205,20 @@ def run_fi_info(ctx: CheckContext, cfg: FabricConfig) -> tuple[FiInfo, Finding |
 def fabric_check(ctx: CheckContext) -> list[Finding]:
     """RDMA adapters (EFA/InfiniBand/RoCE): count, port state, rate, error-counter rates."""
     cfg: FabricConfig = ctx.config.fabric
-    _, entry = instance.lookup(ctx)
+    name, entry = instance.lookup(ctx)
     expected = rules.expectation(cfg, entry)
     reading = read_fabric(ctx.root)
     findings: list[Finding] = []
+    configured = getattr(ctx.config, "instance_type", None)
+    if configured and entry is None and cfg.expect_adapters is None:
+        # Asked to judge against a type we do not know (a typo, a new type): failing
+        # closed beats silently not counting. A DMI name we do not know is not an error:
+        # it is any generic server's model name.
+        findings.append(Finding(
+            check=rules.CHECK, status=Status.FAILED, code="CHECK_ERROR",
+            message=f"instance type {name!r} is not in the catalog: add it under "
+                    "node.fabric.instances or set node.fabric.expect_adapters",
+            evidence={"instance_type": name}))
     if expected.kind == "efa" or any(a.kind == "efa" for a in reading.adapters):
         fi, failure = run_fi_info(ctx, cfg)
         reading = FabricReading(

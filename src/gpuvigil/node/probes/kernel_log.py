@@ -19,40 +19,43 @@ Seams in `CheckContext.extras` (set by whoever knows them; all optional):
 
 from __future__ import annotations
 
-import errno
-import os
-import re
-import time
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo
 
-from gpuvigil.core.findings import Action, Finding, Status, utcnow
+from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import CheckContext, check
 from gpuvigil.node.config import KernelLogConfig
-from gpuvigil.node.probes import exec as runner
 from gpuvigil.node.probes.kernel_log_parser import (
     driver_load_stamp,
     event_lines,
     kmsg_records,
     parse_kmsg_record,
     parse_line,
+    parse_stamp,
     scan_bytes,
     with_wall_time,
 )
-from gpuvigil.node.readings import KernelLog, XidEvent
+from gpuvigil.node.probes.kernel_log_sources import (
+    CHECK,
+    KMSG_RECORD,
+    SourceBroken,
+    boot_info,
+    read_source,
+)
+from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
 from gpuvigil.node.rules import xid as xid_rules
 
-__all__ = ["parse_kmsg_record", "parse_line", "read_kernel_log", "scan_bytes"]
-
-CHECK = "kernel_log"
-DMESG_ARGV = ("dmesg", "--time-format", "iso")
-JOURNAL_ARGV = ("journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso-precise")
-# A line of dmesg --time-format iso / journalctl short-iso-precise starts with this.
-_ISO_LINE = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", re.MULTILINE)
-_KMSG_RECORD = re.compile(rb"^\d{1,3},\d{1,20},\d{1,20},[^;\n]{0,64};", re.MULTILINE)
+__all__ = [
+    "analyze_capture",
+    "boot_info",
+    "parse_kmsg_record",
+    "parse_line",
+    "read_kernel_log",
+    "scan_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,9 @@ class SourceFailure:
     finding: Finding
 
 
-class _Broken(Exception):
-    def __init__(self, finding: Finding) -> None:
-        super().__init__(finding.message)
-        self.finding = finding
+# The agent's kernel-log stream (node.kernel_watch) imported this name before the sources
+# moved to kernel_log_sources; kept so that import keeps working.
+_boot = boot_info
 
 
 @check(
@@ -119,140 +121,55 @@ def read_kernel_log(
     ctx: CheckContext, *, cfg: KernelLogConfig, now: datetime
 ) -> tuple[KernelLog | None, list[SourceFailure]]:
     """The first source that works, and the failures of those tried before it."""
-    boot_id, booted_at = _boot(ctx)
+    boot_id, booted_at = boot_info(ctx)
     sources = ("file",) if cfg.file else cfg.sources
     failures: list[SourceFailure] = []
     for source in sources:
         try:
-            data, gaps = _READERS[source](ctx, cfg)
-        except _Broken as e:
+            data, gaps = read_source(source, ctx, cfg)
+        except SourceBroken as e:
             failures.append(SourceFailure(source, e.finding))
             continue
-        log = _reading(data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now)
+        log = _reading(
+            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
+        )
         fallback = tuple((f.source, f.finding.message) for f in failures)
-        return _replace_fallback(log, fallback), failures
+        return replace(log, fallback_from=fallback), failures
     return None, failures
 
 
-def _replace_fallback(log: KernelLog, fallback: tuple[tuple[str, str], ...]) -> KernelLog:
-    return KernelLog(
-        events=log.events,
-        source=log.source,
-        boot_id=log.boot_id,
-        booted_at=log.booted_at,
-        driver_loaded_at=log.driver_loaded_at,
-        gaps=log.gaps,
-        lines_read=log.lines_read,
-        fallback_from=fallback,
+def analyze_capture(
+    data: bytes,
+    *,
+    cfg: KernelLogConfig | None = None,
+    gpus: Mapping[str, GpuRef] | None = None,
+    now: datetime | None = None,
+    year: int | None = None,
+) -> list[Finding]:
+    """Findings for a captured kernel log (`gpuvigil analyze --kmsg F`, support bundles).
+
+    Judged as of `now`, by default the capture's own end (its last time stamp), so a
+    post-mortem of an old capture shows what was active when it was taken rather than
+    what has expired since. A capture has no boot id; the driver loads it records still
+    clear reset-class events.
+    """
+    cfg = cfg or KernelLogConfig()
+    tz = _zone(cfg)
+    log = _reading(
+        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=tz, year=year
     )
+    end = now or _capture_end(data, log, tz=tz, year=year) or utcnow()
+    return xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
 
 
-# --- sources ------------------------------------------------------------------------------
-
-
-def _read_kmsg(ctx: CheckContext, cfg: KernelLogConfig) -> tuple[bytes, int]:
-    """Every record in the ring buffer now, without blocking: one record per read(2),
-    EAGAIN at the end, EPIPE when records were overwritten while reading (a gap)."""
-    path = ctx.path("dev/kmsg")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError as e:
-        raise _Broken(_failed("kmsg", "DEPENDENCY_MISSING", f"{path} does not exist")) from e
-    except OSError as e:
-        raise _Broken(_failed("kmsg", "CHECK_ERROR", f"cannot open {path}: {e.strerror}")) from e
-    chunks: list[bytes] = []
-    size, gaps = 0, 0
-    deadline = time.monotonic() + cfg.timeout_s
-    try:
-        while size < cfg.max_bytes:
-            if time.monotonic() > deadline:
-                raise _Broken(
-                    _failed("kmsg", "CHECK_TIMEOUT", f"reading {path} took over {cfg.timeout_s} s")
-                )
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                break  # EAGAIN: read everything there is
-            except OSError as e:
-                if e.errno == errno.EPIPE:
-                    gaps += 1
-                    continue
-                raise _Broken(
-                    _failed("kmsg", "CHECK_ERROR", f"reading {path}: {e.strerror}")
-                ) from e
-            if not chunk:
-                break  # a regular file (a capture): end of file
-            chunks.append(chunk if chunk.endswith(b"\n") else chunk + b"\n")
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if not data.strip():
-        raise _Broken(_failed("kmsg", "CHECK_ERROR", f"{path} gave no records"))
-    if not _KMSG_RECORD.search(data[:65536]):
-        raise _Broken(
-            _failed(
-                "kmsg",
-                "CHECK_ERROR",
-                f"{path} gave data that is not kmsg records",
-                head=data[:300].decode("utf-8", "replace"),
-            )
-        )
-    return data, gaps
-
-
-def _read_tool(
-    source: str, argv: tuple[str, ...], ctx: CheckContext, cfg: KernelLogConfig
-) -> tuple[bytes, int]:
-    res = runner.run(argv, timeout_s=cfg.timeout_s, max_output=cfg.max_bytes, env=ctx.env)
-    bad = runner.failure_finding(res, check=CHECK, component=f"source:{source}")
-    if bad is not None:
-        raise _Broken(bad)
-    if res.truncated:  # the newest lines are the ones cut off: that is not a read
-        raise _Broken(
-            _failed(
-                source,
-                "CHECK_ERROR",
-                f"{argv[0]} printed more than {cfg.max_bytes} bytes",
-                **res.evidence(),
-            )
-        )
-    if res.stdout.strip() and not _ISO_LINE.search(res.stdout[:65536]):
-        raise _Broken(
-            runner.unparsable_finding(
-                res, check=CHECK, component=f"source:{source}", problem="no time-stamped lines"
-            )
-        )
-    return res.stdout, 0
-
-
-def _read_dmesg(ctx: CheckContext, cfg: KernelLogConfig) -> tuple[bytes, int]:
-    return _read_tool("dmesg", DMESG_ARGV, ctx, cfg)
-
-
-def _read_journal(ctx: CheckContext, cfg: KernelLogConfig) -> tuple[bytes, int]:
-    return _read_tool("journal", JOURNAL_ARGV, ctx, cfg)
-
-
-def _read_file(ctx: CheckContext, cfg: KernelLogConfig) -> tuple[bytes, int]:
-    """The configured file's last `max_bytes` (the newest lines), from a whole line on."""
-    path = ctx.path(cfg.file or "")
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - cfg.max_bytes)
-            f.seek(start)
-            data = f.read(cfg.max_bytes)
-    except FileNotFoundError as e:
-        raise _Broken(_failed("file", "DEPENDENCY_MISSING", f"{path} does not exist")) from e
-    except OSError as e:
-        raise _Broken(_failed("file", "CHECK_ERROR", f"cannot read {path}: {e.strerror}")) from e
-    if start:
-        data = data[data.find(b"\n") + 1 :]
-    return data, 0
-
-
-_READERS = {"kmsg": _read_kmsg, "dmesg": _read_dmesg, "journal": _read_journal, "file": _read_file}
+def _capture_end(data: bytes, log: KernelLog, *, tz: tzinfo, year: int | None) -> datetime | None:
+    times = [ev.time for ev in log.events if ev.time is not None]
+    tail = data.rstrip().rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
+    head = tail.split(";", 1)[-1] if KMSG_RECORD.match(tail.encode()) else tail
+    last = parse_stamp(head, tz=tz, year=year)
+    if last.time is not None:
+        times.append(last.time)
+    return max(times) if times else None
 
 
 # --- the reading --------------------------------------------------------------------------
@@ -266,6 +183,8 @@ def _reading(
     booted_at: datetime | None,
     gaps: int,
     now: datetime,
+    tz: tzinfo = UTC,
+    year: int | None = None,
 ) -> KernelLog:
     live = source != "file"  # kmsg/dmesg/journal -b read this boot only
     events: list[XidEvent]
@@ -276,7 +195,8 @@ def _reading(
             if (ev := parse_kmsg_record(rec)) is not None
         ]
     else:
-        events = scan_bytes(data, source=source, year=now.year)  # type: ignore[arg-type]
+        year = year or now.year
+        events = scan_bytes(data, source=source, year=year, tz=tz)  # type: ignore[arg-type]
         events = [_fix_year(ev, now) for ev in events]
     events = with_wall_time(events, booted_at if live else None)
     if live and boot_id:
@@ -286,10 +206,19 @@ def _reading(
         source=source,  # type: ignore[arg-type]
         boot_id=boot_id,
         booted_at=booted_at,
-        driver_loaded_at=_driver_loaded_at(data, source, booted_at if live else None, now),
+        driver_loaded_at=_driver_loaded_at(
+            data, source, booted_at if live else None, year or now.year, tz
+        ),
         gaps=gaps,
         lines_read=data.count(b"\n"),
     )
+
+
+def _zone(cfg: KernelLogConfig) -> tzinfo:
+    """The zone of stamps printed without an offset: configured, else this node's."""
+    if cfg.timezone:
+        return ZoneInfo(cfg.timezone)
+    return datetime.now().astimezone().tzinfo or UTC
 
 
 def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
@@ -308,7 +237,7 @@ def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
 
 
 def _driver_loaded_at(
-    data: bytes, source: str, booted_at: datetime | None, now: datetime
+    data: bytes, source: str, booted_at: datetime | None, year: int, tz: tzinfo
 ) -> datetime | None:
     latest = None
     for raw in event_lines(data, b"NVRM: loading NVIDIA UNIX"):
@@ -318,7 +247,7 @@ def _driver_loaded_at(
             ok = booted_at is not None and usec is not None
             when = booted_at + timedelta(microseconds=usec) if ok else None  # type: ignore[operator]
         else:
-            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=now.year)
+            stamp = driver_load_stamp(raw.decode("utf-8", "replace"), year=year, tz=tz)
             when = stamp.time if stamp else None
             if when is None and stamp and stamp.uptime_s is not None and booted_at:
                 when = booted_at + timedelta(seconds=stamp.uptime_s)
@@ -327,39 +256,7 @@ def _driver_loaded_at(
     return latest
 
 
-def _boot(ctx: CheckContext) -> tuple[str | None, datetime | None]:
-    boot_id = _read_text(ctx.path("proc/sys/kernel/random/boot_id"))
-    booted_at = None
-    stat = _read_text(ctx.path("proc/stat")) or ""
-    for line in stat.splitlines():
-        if line.startswith("btime "):
-            try:
-                booted_at = datetime.fromtimestamp(int(line.split()[1]), tz=UTC)
-            except (ValueError, IndexError, OverflowError):
-                booted_at = None
-    return (boot_id.strip() or None) if boot_id else None, booted_at
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-
-
 # --- findings about the sources -----------------------------------------------------------
-
-
-def _failed(source: str, code: str, message: str, **evidence: Any) -> Finding:
-    return Finding(
-        check=CHECK,
-        status=Status.FAILED,
-        code=code,
-        component=f"source:{source}",
-        message=f"kernel log source {source}: {message}",
-        action=Action.NONE,
-        evidence={"source": source, **evidence},
-    )
 
 
 def _fallback_finding(log: KernelLog, failures: list[SourceFailure]) -> Finding:

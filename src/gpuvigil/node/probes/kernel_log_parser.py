@@ -18,6 +18,8 @@ events. Prefixes understood (see docs/kernel-log.md for one example each):
   (no year: the wall time is derived only when the caller passes `year`)
 - journalctl short-iso / short-iso-precise and RFC 3339 syslog
   `2026-11-30T07:31:02[.123456]+00:00 host kernel: `
+- journalctl short-full `Mon 2026-11-30 07:31:02 UTC host kernel: ` and short-unix
+  `1795847462.123456 host kernel: `
 - /dev/kmsg records `pri,seq,usec,flags[,...];message` plus continuation lines
 - any of the wall-clock forms followed by a kernel `[  123.456789]` stamp
 """
@@ -28,7 +30,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from gpuvigil.node.readings import XidEvent, XidSource, normalize_bus_id
 
@@ -53,6 +55,13 @@ _ISO = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]
 _SYSLOG = re.compile(
     r"^(([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?)(?= \S+ )"
 )
+# journalctl -o short-full: "Mon 2026-11-30 07:31:02 UTC host kernel: "
+_FULL = re.compile(
+    r"^((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?)"
+    r"(?: ([A-Z]{3,5}|[+-]\d{4}))?)(?= )"
+)
+# journalctl -o short-unix: "1795000000.123456 host kernel: "
+_UNIX = re.compile(r"^(\d{9,11}\.\d{1,9})(?= \S+ )")
 _MONTHS = {
     m: i
     for i, m in enumerate(
@@ -173,6 +182,21 @@ def _stamp(head: str, *, tz: tzinfo, year: int | None) -> Stamp:
         if when.tzinfo is None:
             when = when.replace(tzinfo=tz)
         return Stamp(text, when, _inner_uptime(head[im.end() :]))
+    fm = _FULL.match(head)
+    if fm is not None:
+        text, clock, zone = fm.groups()
+        when = datetime.fromisoformat(clock.replace(" ", "T"))
+        if zone in {"UTC", "GMT"} or zone is None:
+            when = when.replace(tzinfo=UTC if zone else tz)
+        elif zone[0] in "+-":
+            when = datetime.fromisoformat(f"{clock.replace(' ', 'T')}{zone}")
+        else:
+            when = None  # a zone abbreviation other than UTC: ambiguous, keep the text only
+        return Stamp(text, when, _inner_uptime(head[fm.end() :]))
+    um = _UNIX.match(head)
+    if um is not None:
+        when = datetime.fromtimestamp(float(um.group(1)), tz=UTC)
+        return Stamp(um.group(1), when, _inner_uptime(head[um.end() :]))
     sm = _SYSLOG.match(head)
     if sm is not None:
         text, mon, day, hh, mi, ss, frac = sm.groups()
@@ -247,24 +271,28 @@ _NEEDLE = b"Xid ("
 _CHUNK = 8 * 1024 * 1024
 
 
-def event_lines(buf: bytes, needle: bytes = _NEEDLE) -> Iterator[bytes]:
-    """Each line of `buf` that contains `needle`, in order, once per line.
+def event_lines(
+    buf: bytes, needle: bytes = _NEEDLE, *, start: int = 0, end: int | None = None
+) -> Iterator[bytes]:
+    """Each line of `buf[start:end]` that contains `needle`, in order, once per line.
 
     One `bytes.find` per hit instead of one Python step per line: this is why logscan
-    keeps up with grep on logs where 1% of the lines matter.
+    keeps up with grep on logs where 1% of the lines matter. `start`/`end` should sit on
+    line boundaries; nothing is copied but the lines returned.
     """
-    pos = 0
+    stop = len(buf) if end is None else end
+    pos = start
     find, rfind = buf.find, buf.rfind
     while True:
-        hit = find(needle, pos)
+        hit = find(needle, pos, stop)
         if hit < 0:
             return
-        start = rfind(b"\n", 0, hit) + 1
-        end = find(b"\n", hit)
-        if end < 0:
-            end = len(buf)
-        yield buf[start:end]
-        pos = end + 1
+        first = max(rfind(b"\n", start, hit) + 1, start)
+        last = find(b"\n", hit, stop)
+        if last < 0:
+            last = stop
+        yield buf[first:last]
+        pos = last + 1
 
 
 def scan_bytes(
@@ -273,14 +301,19 @@ def scan_bytes(
     source: XidSource = "file",
     tz: tzinfo = UTC,
     year: int | None = None,
+    start: int = 0,
+    end: int | None = None,
 ) -> list[XidEvent]:
     """Every Xid/SXid event in `buf` (a whole log), in order of appearance."""
     out = []
-    for raw in event_lines(buf):
+    for raw in event_lines(buf, start=start, end=end):
         ev = parse_line(raw.decode("utf-8", errors="replace"), source=source, tz=tz, year=year)
         if ev is not None:
             out.append(ev)
     return out
+
+
+_MAX_LINE = 1024 * 1024  # a longer "line" is not a kernel log line; keep its end only
 
 
 def iter_stream(
@@ -291,21 +324,28 @@ def iter_stream(
     year: int | None = None,
     chunk_size: int = _CHUNK,
 ) -> Iterator[XidEvent]:
-    """Events from a binary stream of any size, read in chunks split at line ends."""
+    """Events from a binary stream of any size, read in chunks.
+
+    Each chunk is scanned in place between its first and last line end; only the line
+    that straddles two chunks is joined, so no chunk is copied.
+    """
+    kw: dict[str, Any] = {"source": source, "tz": tz, "year": year}
     tail = b""
     while True:
         chunk = stream.read(chunk_size)
         if not chunk:
             break
-        buf = tail + chunk
-        cut = buf.rfind(b"\n") + 1
-        if cut == 0:  # no line end yet: keep reading (bounded by the caller's input)
-            tail = buf
+        first = chunk.find(b"\n")
+        if first < 0:
+            tail = (tail + chunk)[-_MAX_LINE:]
             continue
-        tail = buf[cut:]
-        yield from scan_bytes(buf[:cut], source=source, tz=tz, year=year)
+        yield from scan_bytes(tail + chunk[: first + 1], **kw)
+        last = chunk.rfind(b"\n")
+        if last > first:
+            yield from scan_bytes(chunk, start=first + 1, end=last, **kw)
+        tail = chunk[last + 1 :]
     if tail:
-        yield from scan_bytes(tail, source=source, tz=tz, year=year)
+        yield from scan_bytes(tail, **kw)
 
 
 def with_wall_time(events: Iterable[XidEvent], booted_at: datetime | None) -> list[XidEvent]:

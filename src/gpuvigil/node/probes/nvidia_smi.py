@@ -20,6 +20,7 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.probes import nvidia_smi_text
 from gpuvigil.node.readings import (
     CLOCK_GPU_IDLE,
     CLOCK_HW_POWER_BRAKE,
@@ -120,6 +121,34 @@ def _clock_reasons(gpu: ET.Element) -> int | None:
     return mask if seen else None
 
 
+def _recovery_action(gpu: ET.Element) -> str | None:
+    """`gpu_recovery_action` (r570+: "None", "Reset", "Reboot", "Drain P2P", "Drain and
+    Reset", ...), else the older `gpu_reset_status` Yes/No pair."""
+    text = _text(gpu, "gpu_recovery_action")
+    if text:
+        low = text.lower()
+        for needle, action in (
+            ("none", "NONE"),
+            ("drain and reset", "DRAIN_AND_RESET"),
+            ("p2p", "DRAIN_P2P"),
+            ("imex", "RECOVER_IMEX_DOMAIN"),
+            ("bus", "BUS_RESET"),
+            ("system", "SYSTEM_REBOOT"),
+            ("reboot", "NODE_REBOOT"),
+            ("reset", "GPU_RESET"),
+        ):
+            if needle in low:
+                return action
+        return f"UNKNOWN_{text.upper().replace(' ', '_')}"
+    drain = _yes(gpu, "gpu_reset_status/drain_and_reset_recommended")
+    reset = _yes(gpu, "gpu_reset_status/reset_required")
+    if drain:
+        return "DRAIN_AND_RESET"
+    if reset:
+        return "GPU_RESET"
+    return "NONE" if drain is False or reset is False else None
+
+
 def _threshold(temp: ET.Element | None, name: str) -> float | None:
     return _num(temp, name)  # absolute thresholds only; "*_tlimit_*" names are relative
 
@@ -168,6 +197,7 @@ def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
         pcie_gen_max=_int(link, "pcie_gen/max_link_gen"),
         pcie_width=_int(link, "link_widths/current_link_width"),
         pcie_width_max=_int(link, "link_widths/max_link_width"),
+        recovery_action=_recovery_action(gpu),
         lost=lost,
         errors=(ReadError("gpu", "Unknown", "nvidia-smi reports an error for this GPU"),)
         if lost
@@ -183,7 +213,8 @@ def _arch(text: str | None, product: gpu_catalog.GpuProduct | None) -> str | Non
 
 
 def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuInventory:
-    """Never raises. Unreadable or cut output yields an inventory with `errors`."""
+    """`nvidia-smi -q -x` output (or the `-q` text form). Never raises: unreadable or cut
+    output yields an inventory with `errors`."""
     observed_at = observed_at or utcnow()
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
@@ -200,7 +231,12 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     marks = (text.find("<?xml"), text.find("<nvidia_smi_log"))
     start = min((i for i in marks if i >= 0), default=-1)
     root = None
-    if start < 0:
+    if start < 0 and nvidia_smi_text.looks_like_text(text):
+        try:
+            root = nvidia_smi_text.to_xml(text)  # `nvidia-smi -q` text, pasted
+        except Exception as e:  # noqa: BLE001 - never raise on input
+            errors.append(ReadError("text", "Unparsable", f"{type(e).__name__}: {e}"))
+    elif start < 0:
         errors.append(ReadError("xml", "Unparsable", "no nvidia_smi_log document in the output"))
     else:
         try:
@@ -223,9 +259,12 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
             except Exception as e:  # noqa: BLE001 - one odd GPU block must not hide the rest
                 errors.append(ReadError(f"gpu[{i}]", "Unparsable", f"{type(e).__name__}: {e}"))
     known = {g.pci_bus_id for g in gpus}
-    for g in lost:
-        if g.pci_bus_id not in known:
-            gpus.append(replace(g, index=len(gpus)))
+    gpus += [g for g in lost if g.pci_bus_id not in known]
+    # GPU indexes follow PCI bus order (NVML's and nvidia-smi's default enumeration), so a
+    # GPU that nvidia-smi could not reach keeps its place and the others keep their index.
+    if all(g.pci_bus_id for g in gpus):
+        gpus.sort(key=lambda g: g.pci_bus_id or "")
+    gpus = [replace(g, index=i) for i, g in enumerate(gpus)]
     if attached is not None and len(gpus) < attached:
         errors.append(
             ReadError(
@@ -266,7 +305,9 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
     return inv, None
 
 
-def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding], str]:
+def fallback_findings(
+    ctx: CheckContext, *, reason: str, expect: int | None
+) -> tuple[list[Finding], str]:
     """NVML is unusable: judge the GPUs from nvidia-smi instead, saying so."""
     cfg = ctx.config.gpu
     inv, failure = collect(ctx, timeout_s=cfg.nvidia_smi_timeout_s)
@@ -287,7 +328,7 @@ def fallback_findings(ctx: CheckContext, *, reason: str) -> tuple[list[Finding],
         cfg=cfg,
         catalog=gpu_catalog.load(),
         now=now,
-        expect=ctx.config.expect_gpus,
+        expect=expect,
         check="gpu",
     )
     ctx.extras["gpu.inventory"] = inv

@@ -31,6 +31,31 @@ ARCHITECTURES = {
 _ABSENT = {"NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound", "NoData"}
 
 
+# nvmlDeviceGpuRecoveryAction_t (nvidia-ml-py NVML_GPU_RECOVERY_ACTION_*).
+RECOVERY_ACTIONS = {
+    0: "NONE",
+    1: "GPU_RESET",
+    2: "NODE_REBOOT",
+    3: "DRAIN_P2P",
+    4: "DRAIN_AND_RESET",
+    5: "RECOVER_IMEX_DOMAIN",
+    6: "BUS_RESET",
+    7: "SYSTEM_REBOOT",
+}
+
+
+def _recovery(r: _Reader) -> str | None:
+    action = r.as_int("recovery_action")
+    if action is not None:
+        return RECOVERY_ACTIONS.get(action, f"UNKNOWN_{action}")
+    drain, reset = r.as_int("drain_and_reset_status"), r.as_int("reset_status")
+    if drain:
+        return "DRAIN_AND_RESET"
+    if reset:
+        return "GPU_RESET"
+    return "NONE" if drain == 0 or reset == 0 else None
+
+
 def _is_err(value: Any) -> bool:
     return isinstance(value, dict) and "__err__" in value
 
@@ -74,7 +99,8 @@ def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
     remap_vals: list[Any] = remap if isinstance(remap, list) and len(remap) == 4 else [None] * 4
     arch = r.as_int("architecture")
     total = r.as_int("memory_total")
-    links = tuple(_link(entry, r) for entry in raw.get("nvlinks") or () if isinstance(entry, dict))
+    raw_links = raw.get("nvlinks") if isinstance(raw.get("nvlinks"), list) else []
+    links = tuple(_link(entry, r) for entry in raw_links if isinstance(entry, dict))
     bus = r.as_str("pci")
     return GpuReading(
         index=index,
@@ -108,6 +134,7 @@ def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
         pcie_width=r.as_int("pcie_width"),
         pcie_width_max=r.as_int("pcie_width_max"),
         nvlinks=links,
+        recovery_action=_recovery(r),
         lost=any(e.error in LOST_ERRORS for e in r.errors),
         errors=tuple(r.errors),
     )
@@ -166,7 +193,11 @@ def inventory_from_lines(lines: list[dict[str, Any]], *, observed_at: datetime) 
             lost = err.error in LOST_ERRORS
             gpus.append(GpuReading(index=index, lost=lost, errors=(err,)))
         elif isinstance(line.get("raw"), dict):
-            gpus.append(gpu_from_raw(index, line["raw"]))
+            try:
+                gpus.append(gpu_from_raw(index, line["raw"]))
+            except Exception as e:  # noqa: BLE001 - a malformed answer is an error, not a crash
+                err = ReadError("raw", "Unparsable", f"{type(e).__name__}: {e}")
+                gpus.append(GpuReading(index=index, errors=(err,)))
     return GpuInventory(
         source="nvml",
         observed_at=observed_at,

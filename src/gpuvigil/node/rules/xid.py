@@ -19,30 +19,20 @@ See docs/kernel-log.md for the same rules in prose.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.xid import Outcome, Rule, XidCatalog
 from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
+from gpuvigil.node.rules.xid_reconcile import MATCH_S, Seen, reconcile
 
-MATCH_S = 10.0  # NVML delivers an event within seconds of the driver printing it
-SAME_LINE_S = 1.0  # journal and kmsg stamps of one line differ by clock rounding only
 EVIDENCE_LINES = 5  # the first and the latest lines are kept; the count says the rest
 
 # What "what it calls for has happened" means for each action.
 _CLEARED_BY_RESET = frozenset({Action.NONE, Action.RESTART_APP, Action.RESET_GPU})
 _CLEARED_BY_REBOOT = _CLEARED_BY_RESET | {Action.REBOOT}
 _WINDOWED = frozenset({Action.NONE, Action.RESTART_APP})
-
-
-@dataclass
-class _Seen:
-    """One reconciled event and the sources that reported it."""
-
-    event: XidEvent
-    sources: set[str] = field(default_factory=set)
 
 
 def evaluate(
@@ -66,7 +56,7 @@ def evaluate(
     gpus = gpus or {}
     resets = resets or {}
     seen = reconcile(events, match_s=match_s)
-    groups: dict[tuple[str, int, str], list[_Seen]] = {}
+    groups: dict[tuple[str, int, str], list[Seen]] = {}
     for s in seen:
         groups.setdefault((s.event.kind, s.event.code, _component(s.event, gpus)), []).append(s)
     xid_times = _times_by_component(groups)
@@ -109,9 +99,13 @@ def evaluate_log(
     released_at: datetime | None = None,
     check: str = "kernel_log",
 ) -> list[Finding]:
-    """`evaluate` over a KernelLog reading (plus e.g. NVML's events)."""
+    """`evaluate` over a KernelLog reading (plus e.g. NVML's events, which were collected
+    during this boot, so they take the log's boot id when they carry none)."""
+    extra = [
+        e if e.boot_id or not log.boot_id else e.with_(boot_id=log.boot_id) for e in extra_events
+    ]
     return evaluate(
-        [*log.events, *extra_events],
+        [*log.events, *extra],
         catalog=catalog,
         now=now,
         gpus=gpus,
@@ -121,84 +115,6 @@ def evaluate_log(
         released_at=released_at,
         check=check,
     )
-
-
-# --- reconciliation -----------------------------------------------------------------------
-
-
-def reconcile(
-    events: Iterable[XidEvent], *, match_s: float = MATCH_S, same_line_s: float = SAME_LINE_S
-) -> list[_Seen]:
-    """One entry per real event: the same kernel line read twice (or from two sources,
-    whose stamps differ by rounding) counts once, and NVML events are merged into the
-    kernel-log event they report."""
-    kernel: list[_Seen] = []
-    by_text: dict[tuple[Any, ...], list[_Seen]] = {}
-    nvml: list[XidEvent] = []
-    for ev in events:
-        if ev.source == "nvml":
-            nvml.append(ev)
-            continue
-        key = (ev.kind, ev.code, ev.bus_id or ev.pci_bus_id, ev.device, ev.message)
-        same = by_text.setdefault(key, [])
-        hit = next((s for s in reversed(same[-64:]) if _same_instant(s, ev, same_line_s)), None)
-        if hit is not None:
-            hit.sources.add(ev.source)
-            continue
-        s = _Seen(ev, {ev.source})
-        same.append(s)
-        kernel.append(s)
-    matched: set[int] = set()
-    for ev in nvml:
-        twin = _twin(ev, kernel, matched, match_s)
-        if twin is None:
-            kernel.append(_Seen(ev, {"nvml"}))
-        else:
-            matched.add(id(twin))
-            twin.sources.add("nvml")
-    return kernel
-
-
-def _same_instant(s: _Seen, ev: XidEvent, tolerance_s: float) -> bool:
-    """The same line again: identical stamp from one source, or stamps within rounding
-    of each other when two different sources printed it."""
-    k = s.event
-    if ev.source in s.sources:
-        return _instant(k) == _instant(ev)
-    if k.time is not None and ev.time is not None:
-        return abs((k.time - ev.time).total_seconds()) <= tolerance_s
-    if k.seq is not None and ev.seq is not None:
-        return k.seq == ev.seq
-    return _instant(k) == _instant(ev)
-
-
-def _instant(ev: XidEvent) -> Any:
-    if ev.time is not None:
-        return ev.time
-    if ev.uptime_s is not None:
-        return (ev.boot_id, ev.uptime_s)
-    return (ev.seq, ev.timestamp, ev.line)  # no time: only an identical record matches
-
-
-def _twin(ev: XidEvent, pool: list[_Seen], taken: set[int], match_s: float) -> _Seen | None:
-    best, best_dt = None, None
-    for s in pool:
-        k = s.event
-        if id(s) in taken or "nvml" in s.sources:
-            continue
-        if (k.kind, k.code) != (ev.kind, ev.code) or (k.bus_id or k.pci_bus_id) != (
-            ev.bus_id or ev.pci_bus_id
-        ):
-            continue
-        if ev.time is None or k.time is None:
-            dt = match_s  # no clock to compare: same code on the same GPU is the best guess
-        else:
-            dt = abs((k.time - ev.time).total_seconds())
-            if dt > match_s:
-                continue
-        if best_dt is None or dt < best_dt:
-            best, best_dt = s, dt
-    return best
 
 
 # --- clearing and suppression -------------------------------------------------------------
@@ -242,7 +158,7 @@ def _boot_noise(
 
 
 def _times_by_component(
-    groups: Mapping[tuple[str, int, str], list[_Seen]],
+    groups: Mapping[tuple[str, int, str], list[Seen]],
 ) -> dict[str, list[tuple[int, datetime]]]:
     out: dict[str, list[tuple[int, datetime]]] = {}
     for (kind, code, component), members in groups.items():
@@ -266,7 +182,7 @@ def _accompanied(ev: XidEvent, rule: Rule, others: list[tuple[int, datetime]]) -
 
 
 def _finding(
-    live: list[_Seen],
+    live: list[Seen],
     rule: Rule,
     component: str,
     ref: GpuRef | None,
@@ -338,7 +254,7 @@ def _finding(
     )
 
 
-def _escalation(live: list[_Seen], rule: Rule, now: datetime) -> Outcome | None:
+def _escalation(live: list[Seen], rule: Rule, now: datetime) -> Outcome | None:
     esc = rule.escalate
     if esc is None:
         return None
@@ -358,7 +274,7 @@ def _worst(outcomes: list[Outcome]) -> Outcome:
     )
 
 
-def _lines(shown: list[_Seen]) -> list[str]:
+def _lines(shown: list[Seen]) -> list[str]:
     lines = [s.event.line or s.event.message for s in shown]
     if len(lines) <= EVIDENCE_LINES:
         return lines

@@ -109,6 +109,16 @@ def test_no_sysfs_when_adapters_are_expected_fails_closed(make_ctx, run_named):
     assert codes(found) == [("DEPENDENCY_MISSING", "node")]
 
 
+def test_unknown_configured_instance_type_fails_closed(ib_node, make_ctx, run_named):
+    found = run_named("fabric", make_ctx(instance_type="p5.48xlage"))
+    assert codes(found) == [("CHECK_ERROR", "node")]
+    assert "not in the catalog" in found[0].message
+    ok = make_ctx(instance_type="p5.48xlage", fabric={"expect_adapters": 8, "kind": "ib"})
+    assert run_named("fabric", ok) == []
+    ib_node.set_product_name("PowerEdge XE9680")  # an unknown DMI name is not an error
+    assert run_named("fabric", make_ctx()) == []
+
+
 def test_instance_type_from_dmi(tmp_path, make_ctx, run_named):
     fs = FakeSysfs.node(tmp_path / "root", kind="ib", adapters=7, product_name="DGX H100")
     assert fs.root.exists()

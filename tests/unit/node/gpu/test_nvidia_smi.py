@@ -67,6 +67,9 @@ def test_corpus_specifics(corpus: Path) -> None:
     g = nvidia_smi.parse_xml(bw).gpus[0]
     assert g.architecture == "Blackwell" and g.ecc_enabled is False
     assert g.slowdown_temp_c is None  # relative "tlimit" thresholds are not absolute limits
+    r3060 = nvidia_smi.parse_xml((d / "x_rtx-3060-v12_telegraf.xml").read_bytes()).gpus[0]
+    assert r3060.recovery_action == "NONE"  # reset status "deprecated", recovery "None"
+    assert a100.recovery_action == "NONE"  # gpu_reset_status No/No
     r3090 = nvidia_smi.parse_xml((d / "x_3090-v13_telegraf.xml").read_bytes()).gpus[0]
     assert r3090.clock_event_reasons == 0x4  # SW power cap only: not a finding
 
@@ -191,3 +194,89 @@ def test_binary_fail_closed(fake_bin, script, code) -> None:
 def test_binary_missing(fake_bin) -> None:
     inv, failure = nvidia_smi.collect(ctx_with(str(fake_bin.dir)), timeout_s=2)
     assert inv is None and failure is not None and failure.code == "DEPENDENCY_MISSING"
+
+
+# --- `nvidia-smi -q` text, as pasted into tickets ---------------------------------------------
+def test_corpus_text_matches_ground_truth(corpus: Path) -> None:
+    d = corpus / "nvidia_smi"
+
+    def found(name: str) -> set[tuple[str, str, str]]:
+        inv = nvidia_smi.parse_xml((d / name).read_text())
+        return {(f.status.value, f.code, f.component) for f in judge(inv)}
+
+    # HW Slowdown + HW Power Brake active on all 8: one POWER_BRAKE each, no vaguer duplicate.
+    brake = found("q_h100x8_535.161.08_hw-power-brake_gpud.txt")
+    assert brake == {("FAILED", "POWER_BRAKE", f"gpu:{i}") for i in range(8)}
+    # GPU 00000000:75:00.0 (index 2 in bus order): power brake and SW thermal, parent off.
+    assert found("q_h100x8_535.183.01_gpud.txt") == {
+        ("FAILED", "POWER_BRAKE", "gpu:2"),
+        ("WARNING", "THERMAL_SLOWDOWN", "gpu:2"),
+    }
+    assert found("q_a10_535.129.03_remap-pending_gpud.txt") == {
+        ("FAILED", "ROW_REMAP_PENDING", "gpu:0")
+    }
+    # Truncated at 1 of 8 GPUs: never "8 healthy GPUs".
+    assert found("q_h100_535.183.01_truncated-edited_gpud-invalid.txt") == {
+        ("FAILED", "CHECK_ERROR", "node")
+    }
+    assert found("q_rtx4090x8_535.154.05_gpud.txt") == set()
+    assert found("q_titanv_560.35.03_gpud.txt") == set()
+    a10 = nvidia_smi.parse_xml((d / "q_a10_535.129.03_remap-pending_gpud.txt").read_text())
+    g = a10.gpus[0]
+    assert (g.remap_uncorrected, g.remap_pending, g.remap_failure) == (4, True, False)
+    assert g.uuid == "GPU-73d12ef7-f589-f867-4259-c7090ab44736"
+
+
+def test_text_and_xml_agree_on_our_fixture() -> None:
+    """The -q text of a node read through the text path equals its -q -x reading."""
+    node = faults.apply(gpu.make_node(4), Fault.ECC_UNCORRECTABLE, gpu=1)
+    xml_inv = parse_node(node)
+    text = TEXT_OF_GPU1
+    text_inv = nvidia_smi.parse_xml(text)
+    g_xml, g_text = xml_inv.gpus[1], text_inv.gpus[0]
+    for field in ("ecc_volatile_uncorrected", "remap_uncorrected", "remap_pending"):
+        assert getattr(g_xml, field) == getattr(g_text, field), field
+
+
+TEXT_OF_GPU1 = """
+==============NVSMI LOG==============
+
+Timestamp                                 : Mon Nov 30 07:00:00 2026
+Driver Version                            : 550.90.07
+
+Attached GPUs                             : 1
+GPU 00000000:2A:00.0
+    Product Name                          : NVIDIA H100 80GB HBM3
+    ECC Mode
+        Current                           : Enabled
+        Pending                           : Enabled
+    ECC Errors
+        Volatile
+            SRAM Correctable              : 0
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 0
+            DRAM Correctable              : 0
+            DRAM Uncorrectable            : 1
+    Remapped Rows
+        Correctable Error                 : 0
+        Uncorrectable Error               : 1
+        Pending                           : Yes
+        Remapping Failure Occurred        : No
+"""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(" :\nGPU0123456789ABCDEF.abcxyz=")), max_size=800))
+def test_text_garbage_never_raises(data) -> None:
+    judge(nvidia_smi.parse_xml("Attached GPUs : 2\n" + data), expect=2)
+
+
+def test_inventory_line_says_what_was_looked_at() -> None:
+    from gpuvigil.commands.report_view import inventory_line
+
+    node = faults.apply(gpu.make_node(8), Fault.GPU_OFF_BUS, gpu=3)
+    line = inventory_line(parse_node(node))
+    assert line == (
+        "GPUs: 7 x NVIDIA H100 80GB HBM3 (Hopper), 1 not answering, driver 550.90.07, "
+        "read via nvidia-smi"
+    )

@@ -149,6 +149,20 @@ def test_configured_file(root, fake_bin):
     assert all(f.code != "SOURCE_FALLBACK" for f in findings)
 
 
+def test_configured_file_time_zone(root, fake_bin):
+    (root / "k.log").write_text(
+        "[Mon Nov 30 09:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, gone\n"
+    )
+    ctx = ctx_for(root, fake_bin, file="k.log", timezone="Asia/Tokyo")
+    log, _ = kernel_log.read_kernel_log(ctx, cfg=ctx.config.kernel_log, now=NOW)
+    assert log.events[0].time == datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
+
+
+def test_unknown_time_zone_is_a_config_error():
+    with pytest.raises(ValueError, match="unknown time zone"):
+        KernelLogConfig(timezone="Mars/Olympus")
+
+
 def test_configured_file_missing_fails_closed(root, fake_bin):
     findings, _ = run(ctx_for(root, fake_bin, file="/var/log/nope.log"))
     assert codes(findings) == [("DEPENDENCY_MISSING", "source:file", "FAILED")]
@@ -230,10 +244,17 @@ def test_truncated_tool_output_is_not_a_read(root, fake_bin, tmp_path):
     assert "more than 4096 bytes" in findings[0].message
 
 
-def test_empty_dmesg_is_a_clean_read(root, fake_bin):
+def test_empty_tool_output_is_not_a_clean_read(root, fake_bin, tmp_path):
+    # A container's journal without the kernel log, or dmesg after `dmesg -C`: silence is
+    # not "no Xid", so the next source is read.
     fake_bin("dmesg", script("exit 0"))
-    findings, r = run(ctx_for(root, fake_bin, sources=["dmesg"]))
-    assert findings == [] and r.status is Status.OK
+    fake_bin("journalctl", cat_script(JOURNAL_OK, tmp_path, "journal"))
+    findings, r = run(ctx_for(root, fake_bin, sources=["dmesg", "journal"]))
+    assert [f.code for f in findings] == ["XID_48", "SOURCE_FALLBACK"]
+    assert "no kernel messages" in findings[1].message
+    fake_bin("journalctl", script("exit 0"))
+    findings, r = run(ctx_for(root, fake_bin, sources=["dmesg", "journal"]))
+    assert r.status is Status.FAILED and all(f.could_not_run for f in findings)
 
 
 def test_real_dev_kmsg_reads_without_blocking():
@@ -245,3 +266,39 @@ def test_real_dev_kmsg_reads_without_blocking():
     )
     assert failures == [] and log is not None
     assert log.source == "kmsg" and log.lines_read > 0 and log.boot_id
+
+
+def test_analyze_capture_judges_as_of_the_capture_end():
+    cap = (
+        b"2025-01-21T02:00:00,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, x\n"
+        b"2025-01-21T02:10:00,000000+00:00 NVRM: Xid (PCI:0000:1b:00): 48, pid=1, name=a, DBE\n"
+        b"2025-01-21T02:30:00,000000+00:00 usb 1-1: last line of the capture\n"
+    )
+    got = kernel_log.analyze_capture(cap)
+    assert [(f.code, f.status.value) for f in got] == [("XID_48", "FAILED"), ("XID_13", "WARNING")]
+    later = datetime(2025, 1, 21, 4, 0, tzinfo=UTC)  # Xid 13's hour has passed
+    assert [f.code for f in kernel_log.analyze_capture(cap, now=later)] == ["XID_48"]
+    gpus = gpu_map([GpuRef(index=2, bus_id="0000:1b:00.0", family="ampere")])
+    assert kernel_log.analyze_capture(cap, gpus=gpus)[0].component == "gpu:2"
+
+
+def test_analyze_capture_of_the_corpus(corpus):
+    data = (corpus / "kernel_logs" / "xid79_sxid20034_hgx_gpud-sxid-readme.log").read_bytes()
+    got = {(f.code, f.component, f.action.value) for f in kernel_log.analyze_capture(data)}
+    assert got == {
+        ("XID_79", "pci:0000:91:00.0", "REBOOT"),
+        ("SXID_20034", "nvswitch:0", "REBOOT"),
+        ("SXID_20034", "nvswitch:1", "REBOOT"),
+        ("SXID_20034", "nvswitch:2", "REBOOT"),
+    }
+
+
+def test_analyze_capture_of_a_syslog_file_takes_the_year():
+    cap = (
+        b"Nov 30 07:31:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, x\n"
+        b"Nov 30 07:40:00 gpu-7 kernel: eth0: link up\n"
+    )
+    cfg = KernelLogConfig(timezone="UTC")
+    (f,) = kernel_log.analyze_capture(cap, cfg=cfg, year=2024)
+    assert f.evidence["first_seen_at"] == "2024-11-30T07:31:02+00:00"
+    assert f.status is Status.WARNING  # judged as of 07:40 that day: inside its hour

@@ -67,6 +67,31 @@ PREFIXES = [
         T,
         777.125,
     ),
+    (
+        f"Mon 2026-11-30 07:31:02 UTC gpu-node-7 kernel: {BODY}",
+        "Mon 2026-11-30 07:31:02 UTC",
+        T,
+        None,
+    ),
+    (
+        f"Mon 2026-11-30 08:31:02 +0100 gpu-node-7 kernel: {BODY}",
+        "Mon 2026-11-30 08:31:02 +0100",
+        T,
+        None,
+    ),
+    (
+        f"Mon 2026-11-30 07:31:02 CET gpu-node-7 kernel: {BODY}",
+        "Mon 2026-11-30 07:31:02 CET",
+        None,
+        None,
+    ),
+    (
+        f"{T.timestamp():.6f} gpu-node-7 kernel: {BODY}",
+        f"{T.timestamp():.6f}",
+        T,
+        None,
+    ),
+    (f"[Nov30 07:31] {BODY}", None, None, None),  # dmesg --time-format reltime: no stamp
     (f"{BODY}", None, None, None),
 ]
 

@@ -34,6 +34,16 @@ def test_json_contract(run_cli, tmp_path):
     assert events[0]["pid"] == 4242 and events[0]["process"] == "python3"
     assert events[1]["device"] == "nvidia-nvswitch2"
     assert events[2]["message"] == "Graphics Exception: ESR 0x4041b0=0x3f"
+    assert (events[0]["status"], events[0]["action"], events[0]["fatal"]) == (
+        "FAILED",
+        "REBOOT",
+        True,
+    )
+    assert (events[1]["mnemonic"], events[1]["status"]) == (
+        "Minion Link DLREQ interrupt",
+        "WARNING",
+    )
+    assert events[2]["in_catalog"] is True and events[2]["action"] == "RESTART_APP"
     for e in events:
         assert isinstance(e["code"], int)
         assert {"kind", "code", "pci_bus_id", "timestamp", "message"} <= e.keys()
@@ -46,12 +56,56 @@ def test_table_garbage_and_stdin(run_cli, tmp_path):
     p = run_cli("logscan", str(f))
     assert p.returncode == 0, p.stderr
     assert "79" in p.stdout and "22013" in p.stdout and "4 event(s)" in p.stdout
+    assert "REBOOT" in p.stdout
     p = run_cli("logscan", "-", "--json", input=LOG)
     assert p.returncode == 0 and len(json.loads(p.stdout)) == 3
     p = run_cli("logscan", "-", "--json", input="no events here\n\x7f\x00")
     assert p.returncode == 0 and json.loads(p.stdout) == []
     p = run_cli("logscan", "-", input="")
     assert p.returncode == 0 and "no Xid or SXid events" in p.stdout
+
+
+def test_time_zone_and_year(run_cli):
+    line = "Nov 30 08:31:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, gone\n"
+    p = run_cli("logscan", "-", "--json", "--year", "2026", "--tz", "Europe/Berlin", input=line)
+    (ev,) = json.loads(p.stdout)
+    assert ev["timestamp"] == "Nov 30 08:31:02"
+    assert ev["time"] == "2026-11-30T08:31:02+01:00"
+    p = run_cli("logscan", "-", "--tz", "Mars/Olympus", input=line)
+    assert p.returncode == 2 and "unknown time zone" in p.stderr
+
+
+def test_many_events_print_plain_columns(run_cli, tmp_path):
+    f = tmp_path / "many.log"
+    f.write_text((LOG + "\n") * 400)  # 1200 events: past the rich table's limit
+    p = run_cli("logscan", str(f))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:3] == ["#", "kind", "code"]
+    assert lines[1].split()[:3] == ["1", "xid", "79"]
+    assert lines[-2].split()[:3] == ["1200", "xid", "13"]
+    assert lines[-1].startswith("1200 event(s)")
+
+
+def test_closed_pipe_is_not_an_error(tmp_path):
+    import subprocess
+
+    from conftest import cli_env, gpuvigil_argv
+
+    f = tmp_path / "many.log"
+    f.write_text((LOG + "\n") * 3000)
+    for extra in ([], ["--json"]):
+        p = subprocess.Popen(
+            gpuvigil_argv("logscan", str(f), *extra),
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert p.stdout is not None
+        p.stdout.readline()
+        p.stdout.close()  # like `| head -1`
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
 
 
 def test_unreadable_input_exits_2(run_cli, tmp_path):

@@ -163,3 +163,28 @@ def test_config_errors_name_the_key(data, key, problem):
     assert e.value.key == key
     assert problem in e.value.problem
     assert "gpuvigil.yaml" in str(e.value)
+
+
+def test_config_file_overrides_reach_the_catalog(tmp_path):
+    from gpuvigil import config
+
+    f = tmp_path / "gpuvigil.yaml"
+    f.write_text(
+        "node:\n"
+        "  kernel_log:\n"
+        "    sources: [dmesg, journal]\n"
+        "    xid:\n"
+        "      109: {status: WARNING, action: RESTART_APP, fatal: false}\n"
+        "      '4242': {bucket: RESET_GPU, description: site-specific}\n"
+        "    families:\n"
+        "      hopper: {boot_noise: [43]}\n"
+    )
+    cfg = config.load(f, environ={})
+    cat = load_catalog(cfg.node.kernel_log)
+    assert cat.rule("xid", 109).outcome.status is WARN
+    assert cat.rule("xid", 4242).outcome.action is A.RESET_GPU
+    assert cat.boot_noise("Hopper") == {43}
+    f.write_text("node:\n  kernel_log:\n    xid:\n      79: {severity: FAILED}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(f, environ={})
+    assert str(f) in str(e.value) and "node.kernel_log.xid.79.severity" in str(e.value)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.node.catalog.xid import CatalogOverrides, load_catalog
@@ -306,3 +308,38 @@ def test_events_without_time_never_expire_or_clear_by_reset():
         driver_loaded_at=NOW + timedelta(days=8),
     )
     assert f.code == "XID_13" and f.observed_at == NOW + timedelta(days=9)
+
+
+# --- property: any mix of events gives one finding per (code, component), never raises ---
+
+
+_events = st.builds(
+    lambda code, gpu, ago, boot, src, text, timeless: xid(
+        code, gpu=gpu, ago_s=ago, boot=boot, source=src, text=text
+    ).with_(time=None if timeless else NOW - timedelta(seconds=ago)),
+    code=st.sampled_from([13, 31, 43, 45, 48, 63, 64, 68, 79, 92, 94, 95, 109, 144, 154, 999]),
+    gpu=st.sampled_from([0, 3, 7, 5]),
+    ago=st.floats(min_value=0, max_value=3e5, allow_nan=False),
+    boot=st.sampled_from(["b0", "b1", None]),
+    src=st.sampled_from(["kmsg", "dmesg", "journal", "nvml"]),
+    text=st.sampled_from(["x", "Nonfatal", "to 0x1 (GPU Reset Required)", ""]),
+    timeless=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_events, max_size=25), st.sampled_from(["b0", "b1", None]))
+def test_rules_never_raise_and_group(events, boot):
+    got = evaluate(
+        events,
+        catalog=CAT,
+        now=NOW,
+        gpus=GPUS,
+        boot_id=boot,
+        driver_loaded_at=NOW - timedelta(hours=1),
+    )
+    keys = [(f.code, f.component) for f in got]
+    assert len(keys) == len(set(keys))
+    for f in got:
+        assert 1 <= f.evidence["count"] <= len(events)
+        assert f.code.startswith("XID_")

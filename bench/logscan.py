@@ -1,0 +1,152 @@
+"""Benchmark: `gpuvigil logscan` throughput against `grep -c Xid` on the same file, same run.
+
+Writes a 200 MB kernel log (dmesg raw format; 1% of the lines are Xid/SXid events, the
+rest realistic kernel noise, a few lines that mention "Xid" without being events) into a
+temporary folder, then times, best of N warm runs each:
+
+- `grep -c Xid FILE` (the baseline: GNU grep, fixed string, page cache warm);
+- the parser in-process (`kernel_log_parser.iter_stream`, what logscan/analyze call);
+- the whole command `gpuvigil logscan --json FILE > /dev/null` (Python start-up included).
+
+and prints the ratios grep_time / our_time (1.0 = as fast as grep; target >= 0.25).
+
+    PYTHONPATH=src python bench/logscan.py [--mb 200] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+from gpuvigil.node.probes.kernel_log_parser import iter_stream  # noqa: E402
+
+MENTION = "NVRM: GPU{e} Reset required, caused by previous Xid 79"  # says Xid, not an event
+NOISE = [
+    "pci 0000:{b:02x}:00.0: [10de:2330] type 00 class 0x030200 PCIe Endpoint",
+    "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping",
+    "EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode. Quota mode: none.",
+    "mlx5_core 0000:{b:02x}:00.0: mlx5_pcie_event:301:(pid {p}): PCIe slot advertised power",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): eth{e}: link becomes ready",
+    'audit: type=1400 audit({p}.123:{e}): apparmor="STATUS" operation="profile_load"',
+    "NVRM: GPU at PCI:0000:{b:02x}:00: GPU-5a0c1f2e-9b3d-4c1e-8f7a-{p:012d}",
+    "nvidia-fabricmanager: fabric state changed to configured on node {e}",
+    "systemd-journald[{p}]: Data hash table of /var/log/journal/system.journal has a fill level",
+]
+EVENTS = [
+    "NVRM: Xid (PCI:0000:{b:02x}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+    "the bus.",
+    "NVRM: Xid (PCI:0000:{b:02x}:00): 13, pid={p}, name=python3, Graphics SM Warp Exception on "
+    "(GPC {e}, TPC 1, SM 0): Out Of Range Address",
+    "NVRM: Xid (PCI:0000:{b:02x}:00): 94, pid={p}, name=pt_main_thread, Ch 0000000{e}",
+    "nvidia-nvswitch{e}: SXid (PCI:0000:{b:02x}:00.0): 20034, Fatal, Link {e} LTSSM Fault Up",
+]
+
+
+def write_log(path: Path, size_mb: int, *, seed: int = 7) -> int:
+    """A kernel log of about `size_mb` MB; returns the number of event lines."""
+    rng = random.Random(seed)
+    block_lines, events = [], 0
+    t = 100.0
+    for i in range(40_000):  # ~4.5 MB of distinct lines, repeated with new stamps
+        t += rng.random() / 10
+        fill = {"b": rng.randrange(256), "p": rng.randrange(10**6), "e": rng.randrange(8)}
+        if i % 100 == 0:
+            text, events = rng.choice(EVENTS).format(**fill), events + 1
+        elif i % 1000 == 50:
+            text = MENTION.format(**fill)  # 0.1% of lines: grep counts them, we skip them
+        else:
+            text = rng.choice(NOISE).format(**fill)
+        block_lines.append(f"{text}\n")
+    target = size_mb * 1024 * 1024
+    written, total_events, rep = 0, 0, 0
+    with path.open("w") as f:
+        while written < target:
+            chunk = "".join(
+                f"[{t + rep * 5000 + j * 0.1:14.6f}] {line}" for j, line in enumerate(block_lines)
+            )
+            f.write(chunk)
+            written += len(chunk)
+            total_events += events
+            rep += 1
+    return total_events
+
+
+def best(fn, runs: int) -> tuple[float, object]:
+    times, value = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    grep = shutil.which("grep")
+    if grep is None:
+        sys.exit("grep not found")
+    with tempfile.TemporaryDirectory(prefix="gpuvigil-bench-") as tmp:
+        log = Path(tmp) / "kern.log"
+        t0 = time.perf_counter()
+        n_events = write_log(log, args.mb)
+        size = log.stat().st_size
+        print(
+            f"wrote {size / 1e6:.0f} MB, {n_events} event lines in {time.perf_counter() - t0:.1f} s"
+        )
+
+        def run_grep() -> int:
+            out = subprocess.run([grep, "-c", "Xid", str(log)], capture_output=True, check=False)
+            return int(out.stdout or 0)
+
+        def run_parser() -> int:
+            with log.open("rb") as f:
+                return sum(1 for _ in iter_stream(f))
+
+        env = dict(os.environ, PYTHONPATH=str(SRC))
+
+        def run_cli() -> int:
+            with open(os.devnull, "wb") as null:
+                subprocess.run(
+                    [sys.executable, "-m", "gpuvigil", "logscan", "--json", str(log)],
+                    stdout=null,
+                    env=env,
+                    check=True,
+                )
+            return 0
+
+        run_grep()  # warm the page cache
+        t_grep, grep_lines = best(run_grep, args.runs)
+        t_parse, parsed = best(run_parser, args.runs)
+        t_cli, _ = best(run_cli, args.runs)
+        assert parsed == n_events, (parsed, n_events)
+        mb = size / 1e6
+        print(
+            f"grep -c Xid:            {t_grep:7.3f} s  {mb / t_grep:8.0f} MB/s "
+            f"({grep_lines} lines contain 'Xid', {n_events} are events)"
+        )
+        print(
+            f"parser (in-process):    {t_parse:7.3f} s  {mb / t_parse:8.0f} MB/s  "
+            f"ratio {t_grep / t_parse:.2f}x of grep"
+        )
+        print(
+            f"gpuvigil logscan --json:{t_cli:7.3f} s  {mb / t_cli:8.0f} MB/s  "
+            f"ratio {t_grep / t_cli:.2f}x of grep"
+        )
+        print("target: >= 0.25x of grep")
+
+
+if __name__ == "__main__":
+    main()

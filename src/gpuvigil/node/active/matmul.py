@@ -1,0 +1,168 @@
+"""Matrix-multiply checks: correctness against a float64 reference in every dtype
+(silent data corruption), and sustained load with achieved vs expected TFLOP/s.
+
+Run inside the worker (imports torch through `ops`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from gpuvigil.node.active.config import ActiveConfig, Sizes
+from gpuvigil.node.active.results import Measurement
+from gpuvigil.node.rules import active as rules
+
+SEED = 20261130
+
+
+def _dtype(ops: Any, name: str) -> Any:
+    t = ops.torch
+    return {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32, "fp32": t.float32}[name]
+
+
+@contextmanager
+def _tf32(ops: Any, enabled: bool):  # type: ignore[no-untyped-def]
+    """TF32 only for the `tf32` case, so `fp32` checks the exact path."""
+    if ops.kind != "cuda":
+        yield
+        return
+    backend = ops.torch.backends.cuda.matmul
+    before = backend.allow_tf32
+    backend.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        backend.allow_tf32 = before
+
+
+def _normalised_error(ops: Any, out: Any, ref: Any, scale: float) -> float:
+    diff = (out.detach().to("cpu", ops.torch.float64) - ref).abs().max().item()
+    return float(diff) / scale if scale > 0 else math.inf
+
+
+def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
+    torch = ops.torch
+    n = sizes.matmul_size
+    gen = torch.Generator().manual_seed(SEED)
+    a64 = torch.randn(n, n, generator=gen, dtype=torch.float64)
+    b64 = torch.randn(n, n, generator=gen, dtype=torch.float64)
+    out: list[Measurement] = []
+    for name in cfg.dtypes:
+        dt = _dtype(ops, name)
+        a, b = a64.to(dt), b64.to(dt)
+        # The reference uses the rounded inputs, so only accumulation can differ.
+        ref = a.to(torch.float64) @ b.to(torch.float64)
+        scale = math.sqrt(n) * a.double().pow(2).mean().sqrt().item() * b.double().pow(
+            2).mean().sqrt().item()
+        tol = rules.TOLERANCE[name]
+        for i in range(ops.count()):
+            da, db = a.to(ops.devices[i]), b.to(ops.devices[i])
+            with _tf32(ops, name == "tf32"):
+                results = [ops.matmul(i, da, db) for _ in range(cfg.matmul_repeats)]
+            ops.synchronize(i)
+            error = _normalised_error(ops, results[0], ref, scale)
+            drift = max(_normalised_error(ops, r, results[0].to("cpu", torch.float64), scale)
+                        for r in results[1:])
+            bitwise = all(torch.equal(results[0], r) for r in results[1:])
+            ev = {"dtype": name, "size": n, "repeats": cfg.matmul_repeats,
+                  "max_repeat_difference": drift, "bitwise_repeatable": bitwise,
+                  "device_name": ops.name(i)}
+            status, code, msg = "OK", None, ""
+            if rules.wrong(error, name):
+                status, code = "FAILED", "GPU_SDC"
+                msg = f"{name} matmul differs from the float64 reference by {error:.3g} " \
+                      f"(tolerance {tol:g})"
+            elif not bitwise:
+                # cuBLAS and CPU BLAS are bitwise reproducible for the same shapes on the
+                # same device: any change between repeats is the hardware.
+                status, code = "FAILED", "GPU_SDC"
+                msg = f"{name} matmul gave different results on repeats (by {drift:.3g})"
+            out.append(Measurement(check="matmul", component=ops.component(i),
+                                   metric=f"{name}_max_error", achieved=error, expected=tol,
+                                   unit="normalised error", status=status, code=code,
+                                   message=msg, evidence=ev))
+    return out
+
+
+def load(
+    ops: Any, cfg: ActiveConfig, sizes: Sizes, expected: Mapping[int, float | None]
+) -> list[Measurement]:
+    """Every device multiplies at once for `load_s` seconds (power and heat as in training);
+    each result is compared with the first, so a GPU that drifts under load is caught."""
+    torch = ops.torch
+    n, dt_name = sizes.load_size, sizes.load_dtype
+    dt = _dtype(ops, dt_name)
+    count = ops.count()
+    gen = torch.Generator().manual_seed(SEED + 1)
+    a_host = torch.randn(n, n, generator=gen).to(dt)
+    b_host = torch.randn(n, n, generator=gen).to(dt)
+    a = [a_host.to(ops.devices[i]) for i in range(count)]
+    b = [b_host.to(ops.devices[i]) for i in range(count)]
+    first = [ops.matmul(i, a[i], b[i]) for i in range(count)]
+    ops.synchronize()
+    iters, busy = [0] * count, [0.0] * count
+    drift: list[float] = [0.0] * count
+    timers = [ops.timer(i).start() for i in range(count)] if ops.asynchronous else []
+    deadline = time.monotonic() + sizes.load_s
+    rounds = 0
+    last: list[Any] = list(first)
+    while time.monotonic() < deadline:
+        for i in range(count):
+            t0 = time.perf_counter()
+            last[i] = ops.matmul(i, a[i], b[i])
+            if not ops.asynchronous:
+                busy[i] += time.perf_counter() - t0
+            iters[i] += 1
+        rounds += 1
+        if ops.asynchronous and rounds % 16 == 0:
+            ops.synchronize()  # keeps the launch queue (and the overrun) short
+        if rounds % 64 == 0:
+            for i in range(count):
+                drift[i] = max(drift[i], _diff(ops, last[i], first[i]))
+    if ops.asynchronous:
+        busy = [t.stop() for t in timers]
+    ops.synchronize()
+    for i in range(count):
+        drift[i] = max(drift[i], _diff(ops, last[i], first[i]))
+    flops = 2.0 * n**3
+    tflops = {i: (flops * iters[i] / busy[i] / 1e12) if busy[i] > 0 else 0.0
+              for i in range(count)}
+    slow_vs_peers = rules.laggards({str(i): v for i, v in tflops.items()},
+                                   cfg.min_fraction_of_median)
+    out = []
+    for i in range(count):
+        exp = expected.get(i)
+        ev = {"dtype": dt_name, "size": n, "iterations": iters[i], "busy_s": round(busy[i], 3),
+              "ratio_to_peak": rules.ratio(tflops[i], exp), "max_drift": drift[i],
+              "device_name": ops.name(i)}
+        status, code, msg = "OK", None, ""
+        if drift[i] > 0:
+            status, code = "FAILED", "GPU_SDC"
+            msg = f"the same matmul gave a different result under load (by {drift[i]:.3g})"
+        elif rules.below(tflops[i], exp, cfg.min_fraction_of_peak):
+            status, code = "FAILED", "GPU_SLOW"
+            msg = (f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_peak:g} of "
+                   f"the expected {exp:g}")
+        elif str(i) in slow_vs_peers:
+            med = slow_vs_peers[str(i)]
+            status, code = "FAILED", "GPU_SLOW"
+            msg = (f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_median:g} "
+                   f"of the node's median {med:.3g}")
+            ev["median_tflops"] = med
+        out.append(Measurement(check="load", component=ops.component(i),
+                               metric=f"tflops_{dt_name}", achieved=tflops[i], expected=exp,
+                               unit="TFLOP/s", status=status, code=code, message=msg,
+                               evidence=ev))
+    return out
+
+
+def _diff(ops: Any, x: Any, y: Any) -> float:
+    """0.0 when bitwise equal, else the largest absolute difference (inf for NaN)."""
+    if ops.torch.equal(x, y):
+        return 0.0
+    d = (x.float() - y.float()).abs().max().item()
+    return float(d) if math.isfinite(d) and d > 0 else math.inf

@@ -1,0 +1,169 @@
+"""Run the active checks in a worker subprocess under deadlines, within a time budget.
+
+The parent side: builds the worker's spec, runs it through the fail-closed runner
+(`node.probes.exec.run`: own process group, killed at the deadline, bounded output),
+reads the JSON lines it printed, and turns them into measurements and findings. A check
+in progress when the worker hung or died is CHECK_TIMEOUT or CHECK_ERROR; the worker is
+restarted for the checks still to run while the budget lasts; checks the budget did not
+reach are CHECK_TIMEOUT (never silently skipped). No torch here.
+Called by `gpuvigil preflight` and `bench/active.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpuvigil
+from gpuvigil.core.findings import Action, Finding, Status, utcnow
+from gpuvigil.node.active.config import ActiveConfig
+from gpuvigil.node.active.results import ACTIONS, Measurement, to_finding
+from gpuvigil.node.probes import exec as execp
+
+MIN_START_S = 5.0  # do not start a worker with less budget than this
+
+
+@dataclass
+class ActiveOutcome:
+    measurements: list[Measurement] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    models: list[str | None] = field(default_factory=list)
+    durations_s: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    workers: int = 0
+
+
+def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
+    out = dict(os.environ if env is None else env)
+    src = str(Path(gpuvigil.__file__).resolve().parents[1])
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (src, out.get("PYTHONPATH", "")) if p)
+    return out
+
+
+def _failed(
+    check: str, code: str, message: str, component: str = "node", **evidence: Any
+) -> Finding:
+    return Finding(check=f"active.{check}", status=Status.FAILED, code=code,
+                   component=component, message=message, action=Action.NONE,
+                   evidence=evidence)
+
+
+def run_active(
+    cfg: ActiveConfig,
+    *,
+    device: str = "cuda",
+    budget_s: float = 120.0,
+    wrapper: str | None = None,
+    internode_busbw_gbs: float | None = None,
+    env: dict[str, str] | None = None,
+) -> ActiveOutcome:
+    """Every check in `cfg.checks`, each one a measurement list or a fail-closed finding."""
+    t0 = time.monotonic()
+    outcome = ActiveOutcome()
+    remaining = list(dict.fromkeys(cfg.checks))
+    while remaining:
+        left = budget_s - (time.monotonic() - t0)
+        if left < MIN_START_S:
+            break
+        spec = {"device": device, "checks": remaining, "wrapper": wrapper,
+                "config": cfg.model_dump(mode="json"),
+                "internode_busbw_gbs": internode_busbw_gbs}
+        result = execp.run([sys.executable, "-m", "gpuvigil.node.active.worker"],
+                           timeout_s=left, env=_worker_env(env),
+                           stdin=json.dumps(spec).encode(), max_output=16 * 1024 * 1024)
+        outcome.workers += 1
+        done, fatal = _absorb(result, outcome)
+        remaining = [c for c in remaining if c not in done]
+        if fatal:
+            for c in remaining:
+                outcome.findings.append(_failed(c, fatal[0], fatal[1]))
+            remaining = []
+        elif not done:
+            # Nothing started: the worker itself is broken (crash at import, garbage).
+            f = execp.failure_finding(result, check="active", what="active-check worker")
+            outcome.findings.append(f or execp.unparsable_finding(
+                result, check="active", problem="the worker printed no events"))
+            for c in remaining:
+                outcome.findings.append(_failed(c, "CHECK_ERROR", "the active-check worker "
+                                                "did not start", exit_status=result.returncode))
+            remaining = []
+    for c in remaining:
+        outcome.findings.append(_failed(
+            c, "CHECK_TIMEOUT", f"not run: the {budget_s:g} s time budget ran out first",
+            budget_s=budget_s))
+    now = utcnow()
+    for m in outcome.measurements:
+        f = to_finding(m, observed_at=now)
+        if f is not None:
+            outcome.findings.append(f)
+    outcome.duration_s = time.monotonic() - t0
+    return outcome
+
+
+def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str], tuple | None]:
+    """Read the worker's events into `outcome`; returns (checks settled, fatal or None)."""
+    done: set[str] = set()
+    started: str | None = None
+    where = "node"  # the device the running check last touched (progress events)
+    for line in result.text.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue  # a stray print from a library: not ours to judge
+        if not isinstance(ev, dict):
+            continue
+        kind, check = ev.get("event"), str(ev.get("check", ""))
+        if kind == "devices":
+            outcome.devices = list(ev.get("names", []))
+            outcome.models = list(ev.get("models", []))
+        elif kind == "start":
+            started, where = check, "node"
+        elif kind == "progress":
+            where = str(ev.get("component", "node"))
+        elif kind == "result":
+            try:
+                outcome.measurements += [Measurement.from_json(m) for m in ev["measurements"]]
+            except (KeyError, TypeError) as e:
+                outcome.findings.append(_failed(check, "CHECK_ERROR", f"bad result: {e}"))
+            outcome.durations_s[check] = float(ev.get("duration_s", 0.0))
+            done.add(check)
+            started = None
+        elif kind == "error":
+            code = str(ev.get("code", "CHECK_ERROR"))
+            outcome.findings.append(Finding(
+                check=f"active.{check}", status=Status.FAILED, code=code,
+                component=str(ev.get("component", where)),
+                message=str(ev.get("message", ""))[:500],
+                action=ACTIONS.get(code, (Action.NONE, False))[0],
+                fatal=ACTIONS.get(code, (Action.NONE, False))[1],
+                evidence={"traceback": ev.get("traceback", "")}))
+            done.add(check)
+            started = None
+        elif kind == "timeout":
+            outcome.findings.append(_failed(
+                check, "CHECK_TIMEOUT", f"did not finish within {ev.get('timeout_s')} s "
+                f"(killed; last on {where})", where, timeout_s=ev.get("timeout_s")))
+            done.add(check)
+            started = None
+        elif kind == "fatal":
+            return done, (str(ev.get("code", "CHECK_ERROR")), str(ev.get("message", "")))
+    if started is not None:
+        # It was running when the worker ended without a word: hung past the parent's
+        # deadline (timeout) or crashed (a segfault in a driver, an OOM kill).
+        if result.error == "timeout":
+            outcome.findings.append(_failed(started, "CHECK_TIMEOUT",
+                                            f"hung on {where}: killed at the preflight deadline",
+                                            where, **result.evidence()))
+        else:
+            outcome.findings.append(_failed(
+                started, "CHECK_ERROR",
+                f"the worker died while it ran on {where} (exit status {result.returncode}): "
+                f"{result.stderr_tail(300)}", where, **result.evidence()))
+        done.add(started)
+    return done, None

@@ -1,0 +1,49 @@
+"""`gpuvigil preflight` end to end, in a subprocess, on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuvigil.fakes.sysfs import FakeSysfs
+
+pytest.importorskip("torch")
+
+
+def test_cpu_preflight_passes_and_reports_every_measurement(run_cli):
+    p = run_cli("preflight", "--device", "cpu", "--expect-gpus", "0", "--json", timeout=60)
+    assert p.returncode == 0, p.stderr + p.stdout[-2000:]
+    out = json.loads(p.stdout)
+    assert out["result"] == "pass" and out["exit_code"] == 0 and out["device"] == "cpu"
+    checks = {m["check"] for m in out["measurements"]}
+    assert checks == {"matmul", "memory", "bandwidth", "load", "allreduce"}
+    assert out["duration_s"] < out["budget_s"]
+    assert out["report"]["status"] == "OK"
+    load = [m for m in out["measurements"] if m["check"] == "load"]
+    assert all(m["achieved"] > 0 and m["unit"] == "TFLOP/s" for m in load)
+
+
+def test_fabric_fault_fails_preflight(run_cli, tmp_path):
+    fs = FakeSysfs.node(tmp_path / "root", gpus=0, kind="ib", adapters=8)
+    fs.port_down("mlx5_2")
+    p = run_cli("preflight", "--device", "cpu", "--expect-gpus", "0", "--checks", "matmul",
+                "--instance-type", "dgx-h100", "--sysfs-root", str(fs.root), "--json", timeout=60)
+    assert p.returncode == 1, p.stderr
+    out = json.loads(p.stdout)
+    problems = {(f["code"], f["component"]) for f in out["report"]["findings"]
+                if f["status"] == "FAILED"}
+    assert problems == {("FABRIC_PORT_DOWN", "nic:mlx5_2")}
+    assert out["result"] == "fail"
+
+
+def test_table_output_and_bad_config(run_cli, tmp_path):
+    p = run_cli("preflight", "--device", "cpu", "--expect-gpus", "0", "--checks", "matmul",
+                timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "preflight PASSED" in p.stdout and "fp32_max_error" in p.stdout
+    bad = tmp_path / "gpuvigil.yaml"
+    bad.write_text("preflight:\n  budget: 10\n")
+    p = run_cli("preflight", "--config", str(bad), "--device", "cpu", timeout=60)
+    assert p.returncode == 2
+    assert "preflight.budget" in p.stderr and "unknown key" in p.stderr

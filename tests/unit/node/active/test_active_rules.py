@@ -1,0 +1,79 @@
+"""Pure judgements of the active checks, and measurement -> finding."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuvigil.core.findings import Action, Status
+from gpuvigil.node.active.results import Measurement, to_finding
+from gpuvigil.node.rules import active as rules
+from gpuvigil.platform.preflight import internode_expectation
+
+
+def test_busbw_follows_nccl_tests():
+    # nccl-tests: busbw = algbw * 2(n-1)/n for all-reduce; 8 ranks -> 1.75 x algbw.
+    assert rules.busbw(1e9, 1.0, 8) == 1.75
+    assert rules.busbw(1e9, 1.0, 2) == 1.0
+    assert rules.busbw(1e9, 0.0, 8) == 0.0
+
+
+def test_below_and_ratio():
+    assert rules.below(10, 100, 0.5) and not rules.below(60, 100, 0.5)
+    assert not rules.below(10, None, 0.5) and not rules.below(None, 100, 0.5)
+    assert rules.below(math.nan, 100, 0.5)
+    assert rules.ratio(50, 100) == 0.5 and rules.ratio(50, None) is None
+
+
+def test_laggards_against_the_median():
+    assert rules.laggards({"0": 100, "1": 98, "2": 60, "3": 101}, 0.8) == {"2": 99.0}
+    assert rules.laggards({"0": 100}, 0.8) == {}
+
+
+def test_wrong_per_dtype():
+    assert rules.wrong(0.02, "bf16") is False and rules.wrong(0.02, "fp16") is True
+    assert rules.wrong(math.inf, "fp32") and rules.wrong(math.nan, "bf16")
+
+
+@given(st.floats(allow_nan=True), st.floats(allow_nan=True), st.integers(-5, 100),
+       st.floats(allow_nan=True))
+def test_rules_never_raise(a, b, n, f):
+    rules.busbw(a, b, n)
+    rules.below(a, b, f)
+    rules.ratio(a, b)
+    rules.wrong(a, "bf16")
+    rules.laggards({"x": a, "y": b}, 0.8)
+
+
+def test_measurement_to_finding():
+    ok = Measurement(check="load", component="gpu:0", metric="tflops_bf16", achieved=700.0,
+                     expected=989.0, unit="TFLOP/s")
+    assert to_finding(ok, observed_at=ok_time()) is None
+    sdc = Measurement(check="matmul", component="gpu:3", metric="bf16_max_error",
+                      achieved=5.0, expected=0.03, unit="normalised error", status="FAILED",
+                      code="GPU_SDC", message="wrong", evidence={"dtype": "bf16"})
+    f = to_finding(Measurement.from_json(sdc.to_json()), observed_at=ok_time())
+    assert f is not None
+    assert (f.check, f.code, f.component, f.status) == ("active.matmul", "GPU_SDC", "gpu:3",
+                                                        Status.FAILED)
+    assert f.fatal and f.action is Action.REPLACE
+    assert f.evidence == {"metric": "bf16_max_error", "achieved": 5.0, "expected": 0.03,
+                          "unit": "normalised error", "dtype": "bf16"}
+
+
+def test_internode_expectation_from_the_catalog():
+    from gpuvigil.node.catalog.instances import load_catalog
+
+    cat = load_catalog()
+    assert internode_expectation(cat.lookup("p5.48xlarge")) == 3200 / 8 / 8  # 50 GB/s/GPU
+    assert internode_expectation(cat.lookup("dgx-h100")) == 8 * 400 / 8 / 8
+    assert internode_expectation(cat.lookup("a3-highgpu-8g")) is None
+    assert internode_expectation(None) is None
+
+
+def ok_time():
+    from gpuvigil.core.findings import utcnow
+
+    return utcnow()

@@ -1,0 +1,93 @@
+"""The runner: the worker subprocess, its deadlines, restarts and fail-closed outcomes.
+
+Each case runs a real worker process on the CPU (about 2 s of torch import each).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvigil.core.findings import Status
+from gpuvigil.node.active.config import ActiveConfig
+from gpuvigil.node.active.runner import run_active
+
+SMALL = {"matmul_size": 32, "memory_bytes_cpu": 1 << 20, "dtypes": ["fp32", "bf16"]}
+
+
+def cfg(**kw):
+    return ActiveConfig.model_validate(SMALL | kw)
+
+
+def codes(outcome):
+    return sorted((f.check, f.code) for f in outcome.findings)
+
+
+def test_healthy_checks_measure_and_pass():
+    out = run_active(cfg(checks=["matmul", "memory"]), device="cpu", budget_s=60)
+    assert out.findings == []
+    assert out.workers == 1 and out.devices == ["cpu", "cpu"]
+    assert {m.check for m in out.measurements} == {"matmul", "memory"}
+    assert set(out.durations_s) == {"matmul", "memory"}
+
+
+def test_hang_is_killed_by_the_watchdog_and_the_rest_still_runs():
+    out = run_active(cfg(checks=["matmul", "memory"], timeouts_s={"matmul": 2}), device="cpu",
+                     budget_s=60, wrapper="gpuvigil.fakes.active:hanging_matmul")
+    assert codes(out) == [("active.matmul", "CHECK_TIMEOUT")]
+    assert out.findings[0].component == "cpu:1"  # blamed on the device that hung
+    assert out.workers == 2  # restarted for the checks after the hung one
+    assert {m.check for m in out.measurements} == {"memory"}
+
+
+def test_frozen_process_is_killed_at_the_budget():
+    out = run_active(cfg(checks=["matmul", "memory"]), device="cpu", budget_s=8,
+                     wrapper="gpuvigil.fakes.active:frozen_matmul")
+    assert codes(out) == [("active.matmul", "CHECK_TIMEOUT"), ("active.memory", "CHECK_TIMEOUT")]
+    by = {f.check: f for f in out.findings}
+    assert "killed at the preflight deadline" in by["active.matmul"].message
+    assert by["active.matmul"].component == "cpu:1"
+    assert "budget ran out" in by["active.memory"].message
+    assert out.duration_s < 15
+
+
+def test_crash_is_a_check_error_and_the_rest_still_runs():
+    out = run_active(cfg(checks=["matmul", "memory"]), device="cpu", budget_s=60,
+                     wrapper="gpuvigil.fakes.active:crashing_matmul")
+    assert codes(out) == [("active.matmul", "CHECK_ERROR")]
+    assert "exit status 139" in out.findings[0].message
+    assert out.findings[0].component == "cpu:1"
+    assert {m.check for m in out.measurements} == {"memory"}
+
+
+def test_ecc_error_is_a_memory_fault_of_that_gpu_and_the_worker_restarts():
+    out = run_active(cfg(checks=["memory", "matmul"]), device="cpu", budget_s=60,
+                     wrapper="gpuvigil.fakes.active:ecc_error")
+    assert codes(out) == [("active.memory", "GPU_MEMORY_FAULT")]
+    f = out.findings[0]
+    assert f.component == "cpu:1" and "ECC" in f.message and f.fatal
+    assert out.workers == 2  # a CUDA error may poison the context: a fresh worker goes on
+    assert {m.check for m in out.measurements} == {"matmul"}
+
+
+def test_no_cuda_is_driver_unavailable_for_every_check():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = run_active(cfg(checks=["matmul", "load"]), device="cuda", budget_s=60)
+    assert codes(out) == [("active.load", "DRIVER_UNAVAILABLE"),
+                          ("active.matmul", "DRIVER_UNAVAILABLE")]
+    assert all(f.could_not_run for f in out.findings)
+
+
+def test_broken_worker_fails_closed():
+    out = run_active(cfg(checks=["matmul"]), device="cpu", budget_s=60,
+                     wrapper="gpuvigil.no_such_module:x")
+    assert ("active.matmul", "CHECK_ERROR") in codes(out)
+    assert all(f.status is Status.FAILED for f in out.findings)
+
+
+def test_no_budget_means_not_run_never_skipped():
+    out = run_active(cfg(checks=["matmul", "load"]), device="cpu", budget_s=1)
+    assert codes(out) == [("active.load", "CHECK_TIMEOUT"), ("active.matmul", "CHECK_TIMEOUT")]
+    assert out.workers == 0

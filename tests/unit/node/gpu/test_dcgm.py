@@ -1,0 +1,175 @@
+"""DCGM: parsers over our fixtures in the real layouts (3.x and 4.x, JSON and tables), the
+rules, garbage, and the fail-closed paths of the dcgmi binary (absent optional/required,
+hang, crash, garbage, non-zero exit)."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.config import NodeConfig
+from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
+from gpuvigil.node.rules import dcgm as rules
+
+DATA = Path(__file__).parent / "data" / "dcgm"
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def summary(findings):
+    return sorted((f.code, f.status.value, f.component) for f in findings)
+
+
+def test_diag_v3_json() -> None:
+    report = parse_diag((DATA / "diag_v3_fail.json").read_text(), level=2)
+    assert report.complete and report.overall == "Fail"
+    assert summary(rules.diag(report, now=NOW)) == [
+        ("DCGM_DIAG_FAIL", "FAILED", "gpu:2"),
+        ("DCGM_DIAG_FAIL", "WARNING", "gpu:1"),
+    ]
+    f = next(x for x in rules.diag(report, now=NOW) if x.component == "gpu:2")
+    assert "PCIe fail" in f.message and "7.9 GB/s" in f.evidence["tests"][0]["info"]
+
+
+def test_diag_v4_json() -> None:
+    report = parse_diag((DATA / "diag_v4_fail.json").read_text())
+    assert summary(rules.diag(report, now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "gpu:1")]
+    assert "uncorrectable" in rules.diag(report, now=NOW)[0].evidence["tests"][0]["info"]
+
+
+def test_diag_runtime_error_is_a_failure_not_a_pass() -> None:
+    report = parse_diag((DATA / "diag_v4_runtime_error.json").read_text())
+    assert not report.complete
+    found = rules.diag(report, now=NOW)
+    assert summary(found) == [("DCGM_DIAG_FAIL", "FAILED", "node")]
+    assert "host engine" in found[0].message
+
+
+def test_diag_v3_table() -> None:
+    report = parse_diag((DATA / "diag_v3_table_fail.txt").read_text())
+    assert report.complete, report.errors
+    assert summary(rules.diag(report, now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "gpu:2")]
+    assert "cudaMemcpy" in rules.diag(report, now=NOW)[0].evidence["tests"][0]["info"]
+
+
+def test_diag_v4_table() -> None:
+    report = parse_diag((DATA / "diag_v4_table_fail.txt").read_text())
+    assert report.complete, report.errors
+    assert summary(rules.diag(report, now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "gpu:3")]
+
+
+def test_diag_table_cut_short_is_incomplete() -> None:
+    lines = (DATA / "diag_v3_table_fail.txt").read_text().splitlines()
+    report = parse_diag("\n".join(lines[:12]))
+    assert not report.complete
+    assert summary(rules.diag(report, now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "node")]
+
+
+def test_diag_all_skipped_is_not_a_pass() -> None:
+    doc = '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": '
+    doc += '[{"name": "GPU Memory", "results": [{"gpu_id": "0", "status": "Skip"}]}]}]}}'
+    assert summary(rules.diag(parse_diag(doc), now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "node")]
+
+
+@pytest.mark.parametrize("name", ["health_fail.json", "health_fail.txt"])
+def test_health_failures(name: str) -> None:
+    report = parse_health((DATA / name).read_text())
+    assert report.complete and report.overall == "Fail"
+    found = rules.health(report, now=NOW)
+    assert summary(found) == [
+        ("DCGM_HEALTH_FAIL", "FAILED", "gpu:0"),
+        ("DCGM_HEALTH_FAIL", "WARNING", "gpu:3"),
+    ]
+    assert found[0].action == "RESET_GPU"
+    assert "row remap" in str(found[0].evidence)
+
+
+@pytest.mark.parametrize("name", ["health_ok.json", "health_ok.txt"])
+def test_health_ok(name: str) -> None:
+    report = parse_health((DATA / name).read_text())
+    assert report.complete and rules.health(report, now=NOW) == []
+
+
+def test_health_unreadable_is_check_error() -> None:
+    found = rules.health(parse_health("Error: unable to connect to host engine"), now=NOW)
+    assert summary(found) == [("CHECK_ERROR", "FAILED", "node")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=3000), st.binary(max_size=1000)))
+def test_garbage_never_raises_and_never_passes(data) -> None:
+    for report, judge in ((parse_diag(data), rules.diag), (parse_health(data), rules.health)):
+        found = judge(report, now=NOW)
+        if report.kind == "diag":
+            assert found, "garbage must not read as a passing diagnostic"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=0, max_value=3000), st.text(max_size=30))
+def test_mangled_real_output_never_raises(cut, junk) -> None:
+    for name in ("diag_v3_fail.json", "diag_v4_table_fail.txt"):
+        text = (DATA / name).read_text()
+        rules.diag(parse_diag(text[:cut] + junk + text[cut:]), now=NOW)
+
+
+# --- The binary, fail closed -----------------------------------------------------------------
+def ctx(path: str, **dcgm) -> CheckContext:
+    cfg = NodeConfig.model_validate({"dcgm": {"diag_timeout_s": 2, "health_timeout_s": 2, **dcgm}})
+    return CheckContext(config=cfg, env={**os.environ, "PATH": path})
+
+
+@pytest.fixture(autouse=True)
+def _checks() -> None:
+    from gpuvigil.node import sweep
+
+    sweep.load_checks()
+
+
+def test_absent_optional_is_reported_disabled(fake_bin) -> None:
+    findings, run = run_check(REGISTRY["dcgm_health"], ctx(str(fake_bin.dir)))
+    assert [(f.code, f.status.value) for f in findings] == [("CHECK_DISABLED", "OK")]
+    assert run.disabled
+
+
+def test_absent_required_is_dependency_missing(fake_bin) -> None:
+    findings, run = run_check(REGISTRY["dcgm_diag"], ctx(str(fake_bin.dir), required=True))
+    assert [f.code for f in findings] == ["DEPENDENCY_MISSING"] and not run.disabled
+
+
+def test_diag_failure_exit_code_still_parsed(fake_bin) -> None:
+    fake_bin("dcgmi", f"#!/bin/sh\ncat {DATA / 'diag_v4_fail.json'}\nexit 226\n")
+    findings, _ = run_check(REGISTRY["dcgm_diag"], ctx(f"{fake_bin.dir}:/usr/bin:/bin"))
+    assert summary(findings) == [("DCGM_DIAG_FAIL", "FAILED", "gpu:1")]
+
+
+def test_health_passes_through_the_binary(fake_bin) -> None:
+    fake_bin("dcgmi", f"#!/bin/sh\ncat {DATA / 'health_ok.json'}\n")
+    findings, run = run_check(REGISTRY["dcgm_health"], ctx(f"{fake_bin.dir}:/usr/bin:/bin"))
+    assert findings == [] and run.status == "OK"
+
+
+@pytest.mark.parametrize(
+    ("script", "code"),
+    [
+        ("#!/bin/sh\nsleep 60\n", "CHECK_TIMEOUT"),
+        ("#!/bin/sh\nsleep 60 &\nwait\n", "CHECK_TIMEOUT"),
+        ("#!/bin/sh\nkill -SEGV $$\n", "CHECK_ERROR"),
+        (
+            "#!/bin/sh\necho 'Error: unable to establish a connection' >&2\nexit 255\n",
+            "CHECK_ERROR",
+        ),
+        ('#!/bin/sh\necho \'{"not": "dcgm"}\'\n', "DCGM_DIAG_FAIL"),
+        ("#!/bin/sh\necho '{\"body\": {}}'\nexit 3\n", "CHECK_ERROR"),
+        ("#!/bin/sh\nhead -c 100000000 /dev/zero\n", "DCGM_DIAG_FAIL"),
+    ],
+    ids=["hang", "hanging-child", "crash", "no-hostengine", "garbage", "exit-no-verdict", "100MB"],
+)
+def test_diag_binary_fail_closed(fake_bin, script, code) -> None:
+    fake_bin("dcgmi", script)
+    findings, run = run_check(REGISTRY["dcgm_diag"], ctx(f"{fake_bin.dir}:/usr/bin:/bin"))
+    assert [f.code for f in findings] == [code] and run.status == "FAILED"
