@@ -27,3 +27,17 @@ def test_simulate_one_scenario_and_bad_values(run_cli):
     assert list(json.loads(p.stdout)) == ["node"]
     bad = run_cli("simulate", "--scenario", "nope")
     assert bad.returncode == 2 and "unknown scenario" in bad.stderr
+
+
+def test_demo_prints_the_table_and_writes_the_report(run_cli, tmp_path):
+    report = tmp_path / "r" / "report.html"
+    events = tmp_path / "events.jsonl"
+    p = run_cli("demo", "--nodes", "48", "--days", "4", "--report", str(report),
+                "--events", str(events))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    for name in ("baseline", "node", "platform", "full", "storm+breaker"):
+        assert name in p.stdout
+    assert str(report.resolve()) in p.stdout.replace("\n", "")
+    html = report.read_text()
+    assert html.lstrip().lower().startswith("<!doctype html") and "availability" in html
+    assert events.read_text().count("\n") > 48  # one node.state per node at least
