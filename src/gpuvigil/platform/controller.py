@@ -18,10 +18,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -32,7 +33,6 @@ from gpuvigil.platform.clusters.base import (
     Cluster,
     ClusterError,
     Conflict,
-    Forbidden,
     NodeView,
     Unavailable,
 )
@@ -50,6 +50,7 @@ class ControllerConfig(StrictModel):
 
     cluster: Literal["kubernetes", "slurm"] = "kubernetes"
     interval_s: float = Field(10.0, gt=0)  # between reconcile passes
+    apply_workers: int = Field(8, ge=1)  # nodes acted on at once (bounded by the adapter)
     dry_run: bool = False  # decide and record (events, metrics, log), never act
     events_path: Path | None = None  # JSONL event log (core.events); None: none written
     metrics_port: int = Field(9403, ge=0, le=65535)  # 0: no metrics endpoint
@@ -91,6 +92,7 @@ class Controller:
         self.breaker = Breaker(self.config.safety)
         self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
         self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
+        self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
     # ---- one pass -------------------------------------------------------------------
 
@@ -111,6 +113,7 @@ class Controller:
         result.breaker_open = self.breaker.status.open
         gate = Gate(self.config.safety, nodes, now=now, breaker=self.breaker.status)
         held = 0
+        work: list[tuple[NodeView, Decision, Any]] = []
         for node in nodes:
             if excluded(node, self.config.safety):
                 self._say(node.name, "excluded by label: observed, never acted on", now)
@@ -120,28 +123,53 @@ class Controller:
             result.decisions[node.name] = d
             if d.disruptive:
                 gate.consume(node)
-            elif node.record and node.record.state.disruptive and not d.state.disruptive:
+            elif node.record and node.record.in_budget and not d.record.in_budget:
                 gate.release(node)
             if d.held:
                 held += 1
                 self._say(node.name, f"held: {d.held}", now)
+            if d.store or d.ops:
+                work.append((node, d, fleet))
+        # Decisions are made in order (the budget is consumed in order); applying them is
+        # independent per node, so an adapter that allows it does it concurrently.
+        workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
+        if workers > 1 and len(work) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="apply") as pool:
+                list(pool.map(lambda w: self._apply_one(*w, now, result), work))
+        else:
+            for w in work:
+                self._apply_one(*w, now, result)
+        self._export(nodes, result, gate, held, started)
+        self.last_pass_at = time.time()
+        return result
+
+    def _apply_one(
+        self, node: NodeView, d: Decision, fleet: Any, now: datetime, result: PassResult
+    ) -> None:
+        try:
             try:
                 self._apply(node, d, now)
-            except ClusterError as e:
-                self._api_error(e)
-                result.errors[node.name] = f"{e.kind}: {e}"
-                log.info("node %s: %s (%s); next pass retries", node.name, e, e.kind)
-        self._export(nodes, result, gate, held, started)
-        return result
+            except Conflict:  # changed since the list (a heartbeat): re-read, decide again
+                fresh = self.cluster.get_node(node.name)
+                again = decide(fresh, fleet=fleet, now=now, config=self.config.policy)
+                if again.disruptive and not d.disruptive:
+                    return  # its budget was not counted in this pass: the next pass decides
+                result.decisions[node.name] = again
+                self._apply(fresh, again, now)
+        except ClusterError as e:
+            self._api_error(e)
+            result.errors[node.name] = f"{e.kind}: {e}"
+            log.info("node %s: %s (%s); next pass retries", node.name, e, e.kind)
 
     def _apply(self, node: NodeView, d: Decision, now: datetime) -> None:
         old = node.record or Record()
-        if d.store:
-            self._transition(node, old, d, now)
         if self.config.dry_run:
+            if d.store:
+                self._transition(node, old, d, now)
             return
         if d.store:
             self.cluster.store(node.name, d.record, version=node.version)
+            self._transition(node, old, d, now)  # said once: only after the store held
         rec = d.record
         for op in d.ops:
             if op.kind is OpKind.BLOCK:
@@ -160,20 +188,18 @@ class Controller:
                         result="forced",
                         reason=f"{st.forced} left at the deadline",
                     )
-            elif op.kind in (OpKind.REQUEST, OpKind.REPLACE):
+            elif op.kind is OpKind.REPLACE:
+                # At most once: remember it first (a replacement is not idempotent when it is
+                # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
+                self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
+                self.cluster.replace(node.name, reason=rec.reason)
+            elif op.kind is OpKind.REQUEST:
                 assert op.action is not None
-                if op.kind is OpKind.REPLACE:
-                    self.cluster.replace(node.name, reason=rec.reason)
-                else:
-                    self.cluster.request(
-                        node.name, action=op.action, request_id=op.request_id, gpus=list(op.gpus)
-                    )
-                # Remember that it was sent, so no pass sends it again.
-                try:
-                    self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
-                except Forbidden:
-                    if op.kind is not OpKind.REPLACE:  # a replaced node is gone: expected
-                        raise
+                self.cluster.request(
+                    node.name, action=op.action, request_id=op.request_id, gpus=list(op.gpus)
+                )
+                # At least once: the agent acts once per id, so a resend after a crash is safe.
+                self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
 
     # ---- what it says about itself ---------------------------------------------------
 
@@ -301,7 +327,8 @@ class Controller:
                     self.reconcile()
                 except Exception:  # keep the loop alive; the next pass starts from the level
                     log.exception("reconcile pass failed")
-            stop.wait(self.config.interval_s)
+            # A standby looks again within a second, so it takes over as soon as it leads.
+            stop.wait(self.config.interval_s if leader else min(1.0, self.config.interval_s))
 
 
 def _remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:

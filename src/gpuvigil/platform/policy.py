@@ -20,7 +20,7 @@ only `release()` (`gpuvigil release NODE`) leaves it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -358,6 +358,11 @@ def _validating(c: _Ctx) -> Decision:
             return c.go(State.QUARANTINED, f"needs a human: {why}")
         if rec.step is None and a.action.rank < Action.RESET_GPU.rank:
             return c.keep(f"validation blocked: {why}")
+        if not rec.in_budget:  # a new or released node: its first step takes budget
+            if not c.fleet.may_disrupt:
+                return c.keep(f"validation failed: {why}", held=c.fleet.why_not)
+            d = c.fail_step(f"validation failed: {why}")
+            return replace(d, disruptive=d.record.in_budget)
         return c.fail_step(f"validation failed: {why}")
     if fresh_pf and pf is not None and not pf.passed:
         return c.fail_step(f"preflight failed: {pf.summary}".rstrip(": "))

@@ -183,7 +183,7 @@ class Gate:
             pool = pool_of(v, config)
             self.size[pool] += 1
             rec = v.record
-            if rec is not None and rec.state.disruptive:
+            if rec is not None and rec.in_budget:
                 self.in_use[pool] += 1
             last = rec.last_action_at if rec is not None else None
             if last is not None and (now - last).total_seconds() < config.rate_window_s:

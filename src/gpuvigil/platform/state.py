@@ -80,6 +80,14 @@ class Record(BaseModel):
     last_action_at: datetime | None = None  # per-node cooldown
     history: tuple[Transition, ...] = ()
 
+    @property
+    def in_budget(self) -> bool:
+        """Holds a disruption-budget slot: from drain start until back in service (or
+        quarantined), including the validation after a step."""
+        if self.state is State.VALIDATING:
+            return self.step is not None
+        return self.state.disruptive
+
     def tag(self) -> str:
         """Short form for Slurm drain reasons and logs: `gpuvigil:<state>:<step>:<code>`."""
         step = self.step.value if self.step is not None else "-"

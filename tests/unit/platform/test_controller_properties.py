@@ -95,7 +95,7 @@ def run(
         in_use = {pool: 0 for pool in sizes}
         for name, node in c.nodes.items():
             view = c._view(node)
-            if view.record is not None and view.record.state.disruptive:
+            if view.record is not None and view.record.in_budget:
                 in_use[node.pool] += 1
             if name not in faulty:
                 assert not [a for a in node.actions if a[0] in ("drain", "request")], name
@@ -115,7 +115,7 @@ def run(
     return Outcome(states, steps)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     plans=st.lists(node_plans, min_size=2, max_size=8).filter(
         lambda ps: sum(p.fault == "cannot_run" for p in ps) < 5

@@ -302,3 +302,11 @@ def test_a_decision_that_starts_a_disruption_says_so() -> None:
     d = decide(view(FATAL), now=T0, config=CFG)
     assert d.disruptive and d.store
     assert [op.kind for op in d.ops] == [OpKind.BLOCK, OpKind.DRAIN]
+
+
+def test_a_new_node_failing_validation_takes_budget() -> None:
+    node = view(FATAL, record=rec(State.VALIDATING, 60), unvalidated=True)
+    held = decide(node, fleet=Fleet(False, "budget"), now=T0, config=CFG)
+    assert held.state is State.VALIDATING and held.held == "budget"
+    d = decide(node, fleet=Fleet(), now=T0, config=CFG)
+    assert d.state is State.REMEDIATING and d.disruptive

@@ -87,6 +87,8 @@ class Cluster(Protocol):
     """The one interface to a cluster. Names are node names; reasons are for people."""
 
     name: str  # "kubernetes" | "slurm" | "memory"
+    # Optional: `max_concurrency` (int, default 1): how many nodes the controller may act on
+    # at once. The memory cluster keeps 1 so that runs stay deterministic.
 
     def list_nodes(self) -> list[NodeView]:
         """Every node with its health summary, stored record, blocks and running work."""

@@ -16,7 +16,11 @@ from gpuvigil.core.config import StrictModel
 class KubernetesSettings(StrictModel):
     kubeconfig: str | None = None  # None: in-cluster config, else ~/.kube/config
     context: str | None = None
+    node_selector: str = (
+        ""  # label selector of the nodes to manage, e.g. "nvidia.com/gpu.present=true"
+    )
     request_timeout_s: float = Field(10.0, gt=0)  # every API call has a deadline
+    count_pods: Literal["draining", "all"] = "draining"  # whose running pods each pass lists
     list_page_size: int = Field(500, ge=1)  # nodes per LIST page (keeps responses small)
     eviction_grace_s: int | None = Field(None, ge=0)  # None: each pod's own grace period
     replace: Literal["delete-node", "hook", "none"] = "delete-node"
