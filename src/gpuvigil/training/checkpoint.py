@@ -244,9 +244,13 @@ class Checkpointer:
                 )
         return None, notes
 
-    def load(self, tensors: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-        """Collective. Fills `tensors` in place from the newest intact checkpoint; returns
-        (step, this rank's saved state or None after a resize, rank 0's saved state)."""
+    def load(
+        self, make_tensors: Callable[[], dict[str, Any]]
+    ) -> tuple[int, dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+        """Collective. Loads the newest intact checkpoint into `make_tensors()` (called only
+        when there is one: DCP's get_state_dict initialises an empty optimizer with a
+        zero-gradient step, which must not happen to a job that starts fresh); returns
+        (step, tensors, this rank's saved state or None after a resize, rank 0's state)."""
         box: list[Any] = [None, []]
         if self.rank == 0:
             box = list(self.choose())
@@ -258,6 +262,7 @@ class Checkpointer:
                 log.warning(note)
         if folder is None:
             return None
+        tensors = make_tensors()
         dcp.load(tensors, storage_reader=self._reader(folder), process_group=self.group)
         main = self._read_rank(folder, 0)
         own = None
@@ -270,7 +275,7 @@ class Checkpointer:
             main.get("world_size"),
             self.world_size,
         )
-        return int(main["step"]), own, main
+        return int(main["step"]), tensors, own, main
 
     def _read_rank(self, folder: str, rank: int) -> dict[str, Any]:
         raw = self.storage.read_bytes(self.storage.join(folder, rank_file(rank)))

@@ -251,12 +251,11 @@ class Run:
         if self._ckpt is None:
             return
         t0 = time.monotonic()
-        tensors = self._tensors()
         wd = self._watchdog.paused() if self._watchdog is not None else None
         if wd is not None:
             wd.__enter__()
         try:
-            loaded = self._ckpt.load(tensors)
+            loaded = self._ckpt.load(self._tensors)
         finally:
             if wd is not None:
                 wd.__exit__(None, None, None)
@@ -267,7 +266,7 @@ class Run:
                 self.config.checkpoint.dir,
             )
             return
-        step, own, main = loaded
+        step, tensors, own, main = loaded
         set_state_dict(
             self.model,
             self.optimizer,
