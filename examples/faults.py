@@ -12,6 +12,7 @@ GV_PID_DIR: each worker writes rank<R>-attempt<A>.pid there, for tests that kill
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -69,6 +70,7 @@ def at_step(step: int) -> None:
         if f.kind == "slow" and step >= f.step:
             time.sleep(f.arg / 1000)
         elif f.step == step and f.kind == "kill":
+            logging.info("faults: SIGKILL of this worker at step %d", step)
             os.kill(os.getpid(), signal.SIGKILL)
         elif f.step == step and f.kind == "hang":
             while True:

@@ -63,6 +63,7 @@ class Run:
         self._detector: straggler.Detector | None = None
         self._fwd_end: float | None = None
         self._local_sum = 0.0
+        self._gather: tuple[int, list[torch.Tensor], Any] | None = None  # in flight
         self._hook: Any = None
         self._last_saved = -1
 
@@ -118,6 +119,9 @@ class Run:
             yield step
             t1 = time.perf_counter()
             self._completed(step + 1, t1 - t0, (self._fwd_end or t1) - t0)
+        if self._gather is not None:  # judge the last window too
+            self._judge(*self._gather)
+            self._gather = None
         if (
             self._ckpt is not None
             and self.config.checkpoint.save_final
@@ -130,6 +134,8 @@ class Run:
         self._fwd_end = time.perf_counter()
 
     def _completed(self, step: int, dt: float, local_s: float) -> None:
+        if step == self.start_step + 1:  # restart latency ends here; logged once per attempt
+            log.info("gpuvigil: first step of this attempt done (step %d, %.3fs)", step, dt)
         self.step = step
         if self.sampler is not None:
             self.sampler.advance()
@@ -149,11 +155,25 @@ class Run:
             self.save()
 
     def _gather_step_times(self, step: int, mean_local_s: float) -> None:
+        """Start this window's all-gather and judge the previous one's: the gather runs in
+        gloo's background threads, so no rank waits for its peers here (the previous
+        window's result has long arrived when the next window ends)."""
         assert self._detector is not None
+        previous, self._gather = self._gather, None
         out = [torch.zeros(1, dtype=torch.float64) for _ in range(self.env.world_size)]
-        dist.all_gather(
-            out, torch.tensor([mean_local_s], dtype=torch.float64), group=self.env.groups["monitor"]
+        work = dist.all_gather(
+            out,
+            torch.tensor([mean_local_s], dtype=torch.float64),
+            group=self.env.groups["monitor"],
+            async_op=True,
         )
+        self._gather = (step, out, work)
+        if previous is not None:
+            self._judge(*previous)
+
+    def _judge(self, step: int, out: list[torch.Tensor], work: Any) -> None:
+        assert self._detector is not None
+        work.wait()
         found = self._detector.observe([float(t.item()) for t in out], step=step)
         if self.env.rank != 0:
             return
@@ -231,12 +251,11 @@ class Run:
         if self._ckpt is None:
             return
         t0 = time.monotonic()
-        tensors = self._tensors()
         wd = self._watchdog.paused() if self._watchdog is not None else None
         if wd is not None:
             wd.__enter__()
         try:
-            loaded = self._ckpt.load(tensors)
+            loaded = self._ckpt.load(self._tensors)
         finally:
             if wd is not None:
                 wd.__exit__(None, None, None)
@@ -247,7 +266,7 @@ class Run:
                 self.config.checkpoint.dir,
             )
             return
-        step, own, main = loaded
+        step, tensors, own, main = loaded
         set_state_dict(
             self.model,
             self.optimizer,

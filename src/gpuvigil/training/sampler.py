@@ -6,7 +6,8 @@ by all ranks together, so it stays meaningful when the world size changes betwee
 Epoch e visits a permutation of the dataset seeded by (seed, e); from position p, rank r of
 W ranks reads permutation[p + r], [p + r + W], ... in steps of W. After a resize from W to
 W', the job continues at the same global position: no sample of the epoch is skipped or
-repeated (up to the last partial global batch, which is dropped as in `drop_last=True`).
+repeated. The tail of an epoch too short for a whole global batch is dropped (like
+`drop_last=True`), so an epoch's last samples depend on the world size at its end.
 """
 
 from __future__ import annotations
@@ -44,11 +45,6 @@ class ResumableSampler:
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
 
-    @property
-    def usable(self) -> int:
-        """Samples per epoch that fill whole global batches (the rest is dropped)."""
-        return self.dataset_len - self.dataset_len % self.global_batch
-
     def current_batch(self) -> list[int]:
         """This rank's indices for the step about to run (the position is not moved)."""
         start = self.consumed + self.rank
@@ -58,19 +54,23 @@ class ResumableSampler:
         """Called by `Run` after each completed step: the saved position is always the
         position of the next step to run, whatever a DataLoader prefetched."""
         self.consumed += self.global_batch
-        if self.consumed + self.global_batch > self.usable:
+        self._roll()
+
+    def _roll(self) -> None:
+        # The tail of an epoch too short for a whole global batch is dropped (drop_last).
+        if self.consumed + self.global_batch > self.dataset_len:
             self.epoch, self.consumed = self.epoch + 1, 0
 
     def __iter__(self) -> Iterator[int]:
         """DataLoader(sampler=...) protocol: this rank's indices from the position to the end
         of its epoch (use with `batch_size=` this sampler's batch_size)."""
         order, consumed = self._order(self.epoch), self.consumed
-        while consumed + self.global_batch <= self.usable:
+        while consumed + self.global_batch <= self.dataset_len:
             yield from order[consumed + self.rank : consumed + self.global_batch : self.world_size]
             consumed += self.global_batch
 
     def __len__(self) -> int:
-        return (self.usable - self.consumed) // self.world_size
+        return (self.dataset_len - self.consumed) // self.global_batch * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -81,10 +81,6 @@ class ResumableSampler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the saved global position; a resize keeps the position, and a position
-        that is not a multiple of the new global batch rounds down (a few samples re-read)."""
-        self.epoch = int(state["epoch"])
-        consumed = int(state["consumed"])
-        self.consumed = consumed - consumed % self.global_batch
-        if self.consumed + self.global_batch > self.usable:
-            self.epoch, self.consumed = self.epoch + 1, 0
+        """Resume at the saved global position, whatever the world size is now."""
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self._roll()
