@@ -92,12 +92,19 @@ def register(app: typer.Typer) -> None:
         grace: Annotated[
             str, typer.Option(help="Attribution: evidence window after a failure.")
         ] = "2m",
+        fail_on_breach: Annotated[
+            bool,
+            typer.Option(help="Exit 1 when availability or job success misses its target."),
+        ] = False,
     ) -> None:
         """SLOs (availability, job success, goodput, MTTD, MTTR, false-positive drains,
         error-budget burn) and the likely cause of every failed or restarted job, from
         gpuvigil event logs. Streams: memory stays bounded however long the log.
 
         Example: gpuvigil report /var/log/gpuvigil/events.jsonl --window 30d --html out.html
+
+        Exit status: 0 report written, 1 an SLO missed (only with --fail-on-breach), 2 no
+        usable events or bad options.
         """
         from gpuvigil.observe import events as reader
         from gpuvigil.observe.slo import SloConfig, Targets
@@ -144,7 +151,13 @@ def register(app: typer.Typer) -> None:
             err.print(f"wrote {html}")
         if as_json:
             sys.stdout.write(json.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n")
-            return
-        from gpuvigil.observe.tables import render
+        else:
+            from gpuvigil.observe.tables import render
 
-        render(summary, Console(width=160))
+            render(summary, Console(width=160))
+        if fail_on_breach:
+            slo = summary.slo.to_json()
+            missed = [k for k in ("availability", "job_success") if slo[k]["met"] is False]
+            if missed:
+                err.print(f"report: SLO missed: {', '.join(missed)}")
+                raise typer.Exit(1)

@@ -134,8 +134,10 @@ def to_evidence(ev: Event) -> Evidence | None:
     if ev.kind == Kind.CHECKPOINT and d.get("result") not in (None, "ok", "succeeded"):
         return Evidence(ev.ts, STORAGE, f"checkpoint {d.get('result')} at step {d.get('step')}")
     if ev.kind == Kind.NODE_STATE and d.get("to") not in (None, "HEALTHY"):
-        why = d.get("reason") or "no reason"
-        return Evidence(ev.ts, "drain", f"{node} -> {d.get('to')} ({why})", node)
+        why = str(d.get("reason") or "no reason")
+        # A drain for a check that could not run is tool breakage, not hardware evidence.
+        kind = "tool_drain" if any(c in why for c in codes.COULD_NOT_RUN) else "drain"
+        return Evidence(ev.ts, kind, f"{node} -> {d.get('to')} ({why})", node)
     if ev.kind == Kind.STRAGGLER:
         return Evidence(ev.ts, "info", f"straggler rank {d.get('rank')} on {node}", node)
     return None
@@ -167,9 +169,12 @@ def _simple(kind: str, conf: float):  # type: ignore[no-untyped-def]
     return rule
 
 
-def _drain(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
-    hits = [e for e in _pick(ev, "drain") if f.node is None or e.node == f.node]
-    return (0.5, hits[0]) if hits else None
+def _drain(kind: str, conf: float):  # type: ignore[no-untyped-def]
+    def rule(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
+        hits = [e for e in _pick(ev, kind) if f.node is None or e.node == f.node]
+        return (conf, hits[0]) if hits else None
+
+    return rule
 
 
 # Ordered: the first rule that matches names the cause. Hardware wins over a hang because a
@@ -179,7 +184,9 @@ RULES = (
     (NETWORK, _simple(NETWORK, 0.8)),
     (STORAGE, _simple(STORAGE, 0.8)),
     (HANG, _simple(HANG, 0.75)),
-    (HARDWARE, _drain),
+    (HARDWARE, _drain("drain", 0.5)),
+    # Evicted by a drain that tool breakage caused: not the job's fault, not hardware.
+    (UNKNOWN, _drain("tool_drain", 0.3)),
 )
 
 

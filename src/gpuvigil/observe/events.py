@@ -14,6 +14,7 @@ import heapq
 import io
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -60,14 +61,20 @@ def parse_line(line: bytes | str) -> tuple[Event | None, str]:
     """One line -> (event, "") or (None, reason). Never raises.
 
     Validation is done by hand (not by pydantic) because the report parses millions of
-    lines; the checks match `Event`'s field types exactly.
+    lines; the checks match `Event`'s field types exactly, and `_event()` builds the
+    frozen model without re-validating.
     """
     try:
-        obj = json.loads(line)
+        text = line.decode() if isinstance(line, bytes) else line
+        obj, end = _DECODER.raw_decode(text, _WS.match(text).end())  # type: ignore[union-attr]
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None, "not JSON"
-    if not isinstance(obj, dict):
+    if end != len(text) and text[end:].strip():
+        return None, "not JSON"
+    if type(obj) is not dict:
         return None, "not a JSON object"
+    if not _FIELDS.issuperset(obj):
+        return None, "unknown envelope field"
     v = obj.get("v", SCHEMA_VERSION)
     ts = obj.get("ts")
     kind = obj.get("kind")
@@ -77,23 +84,37 @@ def parse_line(line: bytes | str) -> tuple[Event | None, str]:
     data = obj.get("data", {})
     if type(v) is not int or v > SCHEMA_VERSION:
         return None, "unknown schema version"
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+    if type(ts) is not float and type(ts) is not int:
         return None, "bad ts"
-    if not isinstance(kind, str) or not kind or not isinstance(source, str):
+    if not math.isfinite(ts):
+        return None, "bad ts"
+    if type(kind) is not str or not kind or type(source) is not str:
         return None, "bad kind or source"
-    if not (node is None or isinstance(node, str)) or not (job is None or isinstance(job, str)):
+    if not (node is None or type(node) is str) or not (job is None or type(job) is str):
         return None, "bad node or job"
-    if not isinstance(data, dict):
+    if type(data) is not dict:
         return None, "bad data"
-    if len(obj.keys() - _FIELDS):
-        return None, "unknown envelope field"
-    ev = Event.model_construct(
-        v=v, ts=float(ts), kind=kind, source=source, node=node, job=job, data=data
-    )
-    return ev, ""
+    fields = {"v": v, "ts": float(ts), "kind": kind, "source": source, "node": node, "job": job}
+    fields["data"] = data
+    return _event(fields), ""
 
 
 _FIELDS = frozenset({"v", "ts", "kind", "source", "node", "job", "data"})
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+_ALL_FIELDS_SET = frozenset(Event.model_fields)
+_setattr = object.__setattr__
+
+
+def _event(fields: dict[str, Any]) -> Event:
+    """What `Event.model_construct` does, minus its per-field bookkeeping (3x faster); the
+    values were checked by `parse_line`. Equal to an `Event(...)` of the same values."""
+    ev = Event.__new__(Event)
+    _setattr(ev, "__dict__", fields)
+    _setattr(ev, "__pydantic_fields_set__", _ALL_FIELDS_SET)
+    _setattr(ev, "__pydantic_extra__", None)
+    _setattr(ev, "__pydantic_private__", None)
+    return ev
 
 
 def _lines(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:

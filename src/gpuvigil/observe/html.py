@@ -12,7 +12,7 @@ from html import escape
 from gpuvigil.observe import svg
 from gpuvigil.observe.attribution import CAUSES
 from gpuvigil.observe.summary import Summary
-from gpuvigil.observe.tables import pct, secs, when
+from gpuvigil.observe.tables import burn_text, pct, secs, when
 
 ATTRIBUTIONS_SHOWN = 50
 
@@ -68,10 +68,10 @@ def render_html(s: Summary) -> str:
     a, js, g, dr = j["availability"], j["job_success"], j["goodput"], j["drains"]
     cards = [
         _card("node availability", pct(a["achieved"]),
-              f"target {pct(a['target'], 2)}, budget burned {pct(a['budget_burned'], 0)}",
+              f"target {pct(a['target'], 2)}, budget burned {burn_text(a['budget_burned'])}",
               met=a["met"]),
         _card("job success", pct(js["achieved"], 2),
-              f"target {pct(js['target'], 2)}, budget burned {pct(js['budget_burned'], 0)}",
+              f"target {pct(js['target'], 2)}, budget burned {burn_text(js['budget_burned'])}",
               met=js["met"]),
         _card("goodput", pct(g["ratio"], 2),
               f"{g['productive_gpu_s'] / 3600:.0f} of {g['allocated_gpu_s'] / 3600:.0f} GPU-h"),

@@ -13,22 +13,16 @@ Public API (stable, used by the simulator): `Targets`, `SloConfig`, `SloTracker`
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuvigil.core.events import Event, Kind
-from gpuvigil.observe.stats import Distribution, budget_burn, ratio
+from gpuvigil.observe.slo_report import SloReport, Targets
 from gpuvigil.observe.timeline import Timeline
 
-
-@dataclass(frozen=True)
-class Targets:
-    """SLO targets over the report window (defaults: 99.95% availability, 99.5% jobs)."""
-
-    availability: float = 0.9995
-    job_success: float = 0.995
+__all__ = ["SloConfig", "SloReport", "SloTracker", "Targets", "compute"]
 
 
 @dataclass(frozen=True)
@@ -69,82 +63,11 @@ class _Job:
     lost_s: float = 0.0
 
 
-@dataclass
-class SloReport:
-    start: float | None
-    end: float | None
-    targets: Targets
-    node_seconds: float = 0.0
-    in_service_seconds: float = 0.0
-    maintenance_seconds: float = 0.0
-    jobs_succeeded: int = 0
-    jobs_failed: int = 0
-    jobs_cancelled: int = 0
-    job_restarts: int = 0
-    productive_gpu_s: float = 0.0
-    allocated_gpu_s: float = 0.0
-    mttd: Distribution = field(default_factory=Distribution)
-    mttr: Distribution = field(default_factory=Distribution)
-    drains: int = 0
-    cordons: int = 0  # out of service without a drain (new work blocked), then back
-    false_positive_drains: int = 0
-    incidents_absorbed: int = 0  # conditions set and cleared without leaving service
-    breaker_trips: int = 0
-    node_downtime_s: dict[str, float] = field(default_factory=dict)
-    timeline: Timeline | None = None
-
-    @property
-    def availability(self) -> float | None:
-        return ratio(self.in_service_seconds, self.node_seconds - self.maintenance_seconds)
-
-    @property
-    def job_success_rate(self) -> float | None:
-        return ratio(self.jobs_succeeded, self.jobs_succeeded + self.jobs_failed)
-
-    @property
-    def goodput(self) -> float | None:
-        return ratio(self.productive_gpu_s, self.allocated_gpu_s)
-
-    def to_json(self) -> dict[str, Any]:
-        def slo(achieved: float | None, target: float) -> dict[str, Any]:
-            burn = budget_burn(achieved, target)
-            return {
-                "achieved": None if achieved is None else round(achieved, 6),
-                "target": target,
-                "met": None if achieved is None else achieved >= target,
-                "budget_burned": None if burn is None else round(burn, 4),
-            }
-
-        return {
-            "window": {"start": self.start, "end": self.end},
-            "availability": {
-                **slo(self.availability, self.targets.availability),
-                "node_seconds": round(self.node_seconds, 3),
-                "in_service_seconds": round(self.in_service_seconds, 3),
-                "maintenance_seconds": round(self.maintenance_seconds, 3),
-            },
-            "job_success": {
-                **slo(self.job_success_rate, self.targets.job_success),
-                "succeeded": self.jobs_succeeded,
-                "failed": self.jobs_failed,
-                "cancelled": self.jobs_cancelled,
-                "restarts": self.job_restarts,
-            },
-            "goodput": {
-                "ratio": None if self.goodput is None else round(self.goodput, 6),
-                "productive_gpu_s": round(self.productive_gpu_s, 3),
-                "allocated_gpu_s": round(self.allocated_gpu_s, 3),
-            },
-            "mttd": self.mttd.to_json(),
-            "mttr": self.mttr.to_json(),
-            "drains": {
-                "total": self.drains,
-                "false_positive": self.false_positive_drains,
-                "cordons": self.cordons,
-                "absorbed_incidents": self.incidents_absorbed,
-            },
-            "breaker_trips": self.breaker_trips,
-        }
+def _num(x: object) -> float | None:
+    """A finite, non-negative number from event data, else None (bools are not numbers)."""
+    if (type(x) is int or type(x) is float) and math.isfinite(x) and x >= 0:  # type: ignore[arg-type]
+        return float(x)  # type: ignore[arg-type]
+    return None
 
 
 class SloTracker:
@@ -177,7 +100,7 @@ class SloTracker:
 
     def _account(self, name: str, n: _Node, ts: float) -> None:
         """Add node-time from n.since to ts (clipped to the window) in n's current state."""
-        if n.since is None or n.removed:
+        if n.since is None or n.removed or n.state is None:
             n.since = ts
             return
         a = n.since if self.r.start is None else max(n.since, self.r.start)
@@ -270,8 +193,8 @@ class SloTracker:
         if got is None or str(ev.data.get("status", "FAILED")) != "FAILED":
             return
         _, n = got
-        evidence = ev.data.get("evidence_ts")
-        first = evidence if isinstance(evidence, int | float) and evidence <= ev.ts else None
+        evidence = _num(ev.data.get("evidence_ts"))
+        first = evidence if evidence is not None and evidence <= ev.ts else None
         if first is None and n.faults:
             first = n.faults.popleft()
         if first is not None and self._in_window(ev.ts):
@@ -318,15 +241,15 @@ class SloTracker:
         if ev.job is None:
             return
         gpus = ev.data.get("gpus", 0)
-        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus if isinstance(gpus, int) else 0)
+        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus if type(gpus) is int and gpus > 0 else 0)
         if len(self._jobs) > self.cfg.max_open_jobs:
             del self._jobs[next(iter(self._jobs))]
 
     def _on_job_restart(self, ev: Event) -> None:
         job = self._jobs.get(ev.job or "")
-        lost = ev.data.get("lost_s", 0.0)
-        if job is not None and isinstance(lost, int | float):
-            job.lost_s += float(lost)
+        lost = _num(ev.data.get("lost_s"))
+        if job is not None and lost is not None:
+            job.lost_s += lost
         if self._in_window(ev.ts):
             self.r.job_restarts += 1
 
@@ -342,14 +265,14 @@ class SloTracker:
             r.jobs_cancelled += 1
         else:
             r.jobs_failed += 1
-        alloc, prod = d.get("allocated_gpu_s"), d.get("productive_gpu_s")
-        if not isinstance(alloc, int | float) and job is not None and job.gpus:
-            alloc = job.gpus * (ev.ts - job.start)
-        if not isinstance(prod, int | float) and job is not None and isinstance(alloc, float):
+        alloc, prod = _num(d.get("allocated_gpu_s")), _num(d.get("productive_gpu_s"))
+        if alloc is None and job is not None and job.gpus:
+            alloc = job.gpus * max(0.0, ev.ts - job.start)
+        if prod is None and job is not None and alloc is not None:
             prod = max(0.0, alloc - job.gpus * job.lost_s)
-        if isinstance(alloc, int | float) and isinstance(prod, int | float) and alloc > 0:
-            r.allocated_gpu_s += float(alloc)
-            r.productive_gpu_s += min(float(prod), float(alloc))
+        if alloc is not None and prod is not None and alloc > 0:
+            r.allocated_gpu_s += alloc
+            r.productive_gpu_s += min(prod, alloc)
 
     def finish(self) -> SloReport:
         r = self.r

@@ -47,6 +47,7 @@ class _Fleet:
         self.names = [f"node-{i:03d}" for i in range(nodes)]
         self.busy: set[str] = set()  # nodes out of service or in maintenance
         self.jobs: dict[str, list[str]] = {}
+        self.working: set[str] = set()  # nodes in a running job
         self.job_nodes = job_nodes
         self.queue: list[tuple[float, int, str]] = []
         self.seq = 0
@@ -105,10 +106,12 @@ class _Fleet:
 
     def job(self, now: float) -> None:
         r = self.rng
-        free = [n for n in self.names if n not in self.busy and not self._in_job(n)]
+        free = [n for n in r.sample(self.names, min(len(self.names), 4 * self.job_nodes))
+                if n not in self.busy and n not in self.working]  # fmt: skip
         if len(free) < self.job_nodes:
             return
-        nodes = r.sample(free, self.job_nodes)
+        nodes = free[: self.job_nodes]
+        self.working.update(nodes)
         self.next_job += 1
         job = f"job-{self.next_job:06d}"
         self.jobs[job] = nodes
@@ -140,9 +143,6 @@ class _Fleet:
                            allocated_gpu_s=round(alloc, 1),
                            productive_gpu_s=round(alloc * r.uniform(0.85, 0.98), 1)))  # fmt: skip
         self.at(end + 0.5, _line(end + 0.5, "_jobdone", "gen", job=job))
-
-    def _in_job(self, node: str) -> bool:
-        return any(node in nodes for nodes in self.jobs.values())
 
 
 def generate(*, nodes: int = 64, days: float = 30.0, seed: int = 0,
@@ -176,7 +176,7 @@ def generate(*, nodes: int = 64, days: float = 30.0, seed: int = 0,
                 f.busy.discard(json.loads(line)["node"])
                 continue
             if '"kind":"_jobdone"' in line:
-                f.jobs.pop(json.loads(line)["job"], None)
+                f.working.difference_update(f.jobs.pop(json.loads(line)["job"], ()))
                 continue
             yield line
             emitted += 1

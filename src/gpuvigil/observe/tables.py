@@ -33,11 +33,18 @@ def secs(x: float | None) -> str:
     return f"{x / 3600:.1f}h"
 
 
+def burn_text(x: float | None) -> str:
+    """Budget burned: a percentage up to 10x the budget, then a multiple."""
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if x < 10 else f"{x:,.0f}x budget"
+
+
 def _burn(x: float | None) -> str:
     if x is None:
         return "-"
     style = "green" if x < 0.5 else "yellow" if x < 1.0 else "red"
-    return f"[{style}]{100 * x:.1f}%[/{style}]"
+    return f"[{style}]{burn_text(x)}[/{style}]"
 
 
 def slo_table(s: Summary) -> Table:
@@ -87,7 +94,7 @@ def slo_table(s: Summary) -> Table:
 
 
 def cause_table(s: Summary) -> Table:
-    t = Table(title="Failures and restarts by cause", title_justify="left")
+    t = Table(title="Failures and restarts by cause", title_justify="left", min_width=40)
     t.add_column("cause")
     t.add_column("count", justify="right")
     t.add_column("share", justify="right")

@@ -1,7 +1,8 @@
 """Node-time per time bucket, for the "availability over time" plot of the report.
 
-Used by `observe.slo`. Memory grows with the time span / bucket width, not with events:
-with a known window the width is window/120; without one it is an hour.
+Used by `observe.slo`. With a known window the bucket width is window/120; without one
+it starts at an hour and doubles (merging neighbours) whenever more than `MAX_BUCKETS`
+exist, so memory stays bounded however long the log spans.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 POINTS = 120
+MAX_BUCKETS = 2048
 DEFAULT_WIDTH_S = 3600.0
 
 
@@ -42,6 +44,18 @@ class Timeline:
             elif in_service:
                 row[1] += d
             a, i = edge, i + 1
+        if len(self.buckets) > MAX_BUCKETS:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        """Double the width: bucket k of width w lies in bucket k // 2 of width 2w."""
+        merged: dict[int, list[float]] = {}
+        for k, row in self.buckets.items():
+            into = merged.setdefault(k // 2, [0.0, 0.0, 0.0])
+            for j, v in enumerate(row):
+                into[j] += v
+        self.buckets = merged
+        self.width_s *= 2
 
     def series(self, *, points: int = POINTS) -> list[dict[str, Any]]:
         """[{t, availability}] in time order, adjacent buckets merged down to `points`."""

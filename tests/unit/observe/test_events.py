@@ -6,8 +6,10 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.observe import events as reader
@@ -29,6 +31,15 @@ def test_round_trip_through_the_writer(tmp_path: Path) -> None:
     got = list(reader.read_file(tmp_path / "e.jsonl", stats=stats))
     assert got == evs
     assert (stats.lines, stats.events, stats.skipped_total) == (2, 2, 0)
+
+
+def test_parsed_event_behaves_like_a_validated_one() -> None:
+    built = Event(ts=5, kind="hang", source="t", job="j", data={"rank": 1})
+    parsed, reason = reader.parse_line(built.to_line())
+    assert reason == "" and parsed == built and parsed.to_line() == built.to_line()
+    assert parsed.model_dump() == built.model_dump()
+    with pytest.raises(ValidationError):
+        parsed.ts = 6.0  # frozen like any Event
 
 
 def test_torn_last_line_and_garbage_are_skipped_with_warnings(tmp_path: Path) -> None:

@@ -110,3 +110,13 @@ def test_parse_time() -> None:
     assert parse_time("1970-01-02T00:00:00") == 86400
     with pytest.raises(typer.BadParameter):
         parse_time("yesterday")
+
+
+def test_fail_on_breach(run_cli, log: Path) -> None:
+    assert run_cli("report", str(log), "--window", "all").returncode == 0
+    proc = run_cli("report", str(log), "--window", "all", "--json", "--fail-on-breach")
+    assert proc.returncode == 1 and "SLO missed: availability, job_success" in proc.stderr
+    assert json.loads(proc.stdout)["format"] == "gpuvigil.report/v1"
+    ok = run_cli("report", str(log), "--window", "all", "--fail-on-breach",
+                 "--availability-target", "0.5", "--job-success-target", "0")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr

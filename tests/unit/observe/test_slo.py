@@ -231,3 +231,18 @@ def test_breaker_trips_counted() -> None:
         E(3, "breaker", state="open"),
     ]
     assert slo.compute(evs).breaker_trips == 2
+
+
+def test_timeline_stays_bounded_over_a_long_log() -> None:
+    from gpuvigil.observe import timeline
+
+    tl = timeline.Timeline()
+    day = 86400.0
+    for d in range(3 * 365):  # three years of hourly buckets would be 26,280
+        tl.add(d * day, (d + 1) * day, in_service=d % 2 == 0, maintenance=False)
+    assert len(tl.buckets) <= timeline.MAX_BUCKETS
+    series = tl.series()
+    assert len(series) <= timeline.POINTS
+    total = sum(row[0] for row in tl.buckets.values())
+    assert total == 3 * 365 * day  # nothing lost when merging
+    assert 0.45 < sum(p["availability"] for p in series) / len(series) < 0.55
