@@ -23,6 +23,15 @@ BLOCKED = (State.SUSPECT, State.QUARANTINED)
 
 
 class Episodes:
+    def visible_findings(self: Engine, node: Node) -> list[Finding]:
+        out: list[Finding] = []
+        for fi in node.faults:
+            if fi.detected_by in ("layer1", "active-check", "boot"):
+                out += self.layer1.verdict(
+                    fi.kind.fault, active=fi.detected_by == "active-check"
+                ).findings
+        return out
+
     def publish(self: Engine, node: Node, t: float) -> None:
         """The node's agent reports every fault on it that a check has seen so far."""
         findings: list[Finding] = []

@@ -124,13 +124,24 @@ class Lifecycle:
             self.push(t, FAULT_EV, self._instance(TOOL_MISSING, nid, t))
 
     def on_storm_fix(self: Engine, t: float, _: Any, __: int) -> None:
+        """The rollback lands: the tool is back on every node."""
         for node in self.fleet.nodes:
             if any(f.kind.name == "tool_missing" for f in node.faults):
                 node.faults = [f for f in node.faults if f.kind.name != "tool_missing"]
                 self.fleet.mark(node, t)
-                if node.state in (NodeState.CORDONED, NodeState.REPAIR) and not node.faults:
+                if self.platform is not None:  # the agent reports healthy; the controller decides
+                    self.platform.at(t)
+                    self.platform.publish(
+                        node.name,
+                        self.visible_findings(node),
+                        fixed_by=None,
+                        running=node.job is not None,
+                    )
+                elif node.state in (NodeState.CORDONED, NodeState.REPAIR) and not node.faults:
                     node.repair_epoch += 1
                     self.push(t, REPAIRED_EV, node, node.repair_epoch)
+        if self.platform is not None:
+            self.control_pass(t)
 
     # --- jobs ---------------------------------------------------------------------------
     def on_arrive(self: Engine, t: float, job: Job, requeue: int) -> None:

@@ -101,8 +101,10 @@ class Timer:
         if self.ops.kind == "cuda":
             torch = self.ops.torch
             with torch.cuda.device(self.i):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
             self._events = (start, end)
         self._t0 = time.perf_counter()

@@ -214,11 +214,16 @@ def fabric_check(ctx: CheckContext) -> list[Finding]:
         # Asked to judge against a type we do not know (a typo, a new type): failing
         # closed beats silently not counting. A DMI name we do not know is not an error:
         # it is any generic server's model name.
-        findings.append(Finding(
-            check=rules.CHECK, status=Status.FAILED, code="CHECK_ERROR",
-            message=f"instance type {name!r} is not in the catalog: add it under "
-                    "node.fabric.instances or set node.fabric.expect_adapters",
-            evidence={"instance_type": name}))
+        findings.append(
+            Finding(
+                check=rules.CHECK,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                message=f"instance type {name!r} is not in the catalog: add it under "
+                "node.fabric.instances or set node.fabric.expect_adapters",
+                evidence={"instance_type": name},
+            )
+        )
     if expected.kind == "efa" or any(a.kind == "efa" for a in reading.adapters):
         fi, failure = run_fi_info(ctx, cfg)
         reading = FabricReading(
