@@ -49,11 +49,13 @@ def run_all(
         runs += [(f"{n}+policy", {"scenario": n, **user}) for n in names
                  if SCENARIOS[n].layer1]  # fmt: skip
     if storm and scenario == "all" and workload == "mixed":
-        s = Storm(at_s=min(10.0, days / 3) * 86400.0)
-        runs += [
-            ("storm+breaker", {"scenario": "full", "storm": s, "breaker": True}),
-            ("storm-no-breaker", {"scenario": "full", "storm": s, "breaker": False}),
-        ]
+        at = min(10.0, days / 3) * 86400.0
+        for prefix, kind in (("storm", "tool"), ("driver-storm", "driver")):
+            s = Storm(at_s=at, kind=kind)
+            runs += [
+                (f"{prefix}+breaker", {"scenario": "full", "storm": s, "breaker": True}),
+                (f"{prefix}-no-breaker", {"scenario": "full", "storm": s, "breaker": False}),
+            ]
     out: dict[str, Results] = {}
     for name, extra in runs:
         cb = None if progress is None else (lambda f, name=name: progress(name, f))
@@ -74,10 +76,11 @@ def print_results(results: dict[str, Results]) -> None:
     )
     console.print(table(results, title=title))
     for name, r in results.items():
-        if name.startswith("storm"):
+        if "storm" in name:
             console.print(
                 f"{name}: availability {r.node_availability:.3%}, breaker trips "
-                f"{r.breaker_trips}, false drains {r.false_drains}"
+                f"{r.breaker_trips}, remediations {r.remediations}, false drains "
+                f"{r.false_drains}, restarts {r.job_interruptions}"
             )
     first_full = results.get("full")
     if first_full is not None:

@@ -242,6 +242,10 @@ del K
 BOOT_NOISE = FaultKind("boot_noise", "BOOT_NOISE", Cause.TOOLING, Effect.NONE, 0.0,
                        persistent=False, fix=())  # fmt: skip
 TOOL_MISSING = FaultKind("tool_missing", "TOOL_MISSING", Cause.TOOLING, Effect.NONE, 0.0, fix=())
+# A bad driver push: healthy GPUs read as lost (GPU_LOST + Xid 79 findings, fatal), a
+# storm that looks like hardware; nothing but the rollback cures it.
+BAD_DRIVER = FaultKind("bad_driver", "GPU_OFF_BUS", Cause.TOOLING, Effect.NONE, 0.0, fix=())
+STORM_KINDS = {"tool": TOOL_MISSING, "driver": BAD_DRIVER}
 
 # Boot noise: benign Xids logged while the driver loads, on this share of boots (assumption).
 BOOT_NOISE_PROBABILITY = 0.2
@@ -249,12 +253,13 @@ BOOT_NOISE_PROBABILITY = 0.2
 
 @dataclass(frozen=True)
 class Storm:
-    """A fleet-wide tool breakage: an upgrade drops a binary on a fraction of the fleet."""
+    """A fleet-wide breakage: an upgrade drops a binary (or ships a bad driver) on a
+    fraction of the fleet, until the rollback lands."""
 
     at_s: float = 10 * 86400.0
     fraction: float = 0.25
     fixed_after_s: float = 6 * 3600.0  # the rollback lands after this long
-    fault: str = "TOOL_MISSING"
+    kind: str = "tool"  # "tool": a binary is missing (fail closed); "driver": GPUs read lost
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action
 from gpuvigil.sim import restart
-from gpuvigil.sim.faults import TOOL_MISSING, Cause, Effect
+from gpuvigil.sim.faults import STORM_KINDS, TOOL_MISSING, Cause, Effect
 from gpuvigil.sim.fleet import FaultInstance, Node, NodeState
 from gpuvigil.sim.jobs import Job, JobState
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpuvigil.sim.engine import Engine
 
 LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
+STORMS = tuple(STORM_KINDS.values())
 
 
 class Lifecycle:
@@ -92,7 +93,7 @@ class Lifecycle:
             total = max(total, spent)
         if human:
             total += self._human_repair()
-        if any(f.kind.name == "tool_missing" for f in node.faults) and self.storm is not None:
+        if any(f.kind in STORMS for f in node.faults) and self.storm is not None:
             total = max(total, self.storm.at_s + self.storm.fixed_after_s - t)
         node.last_step = step.value
         self.rec.remediation(t, node.name, step.value, reason="cloud instance check")
@@ -121,13 +122,14 @@ class Lifecycle:
         n = len(self.fleet.nodes)
         hit = self.rng.sample(range(n), int(self.storm.fraction * n)) if self.storm else []
         for nid in sorted(hit):
-            self.push(t, FAULT_EV, self._instance(TOOL_MISSING, nid, t))
+            kind = STORM_KINDS[self.storm.kind] if self.storm else TOOL_MISSING
+            self.push(t, FAULT_EV, self._instance(kind, nid, t))
 
     def on_storm_fix(self: Engine, t: float, _: Any, __: int) -> None:
         """The rollback lands: the tool is back on every node."""
         for node in self.fleet.nodes:
-            if any(f.kind.name == "tool_missing" for f in node.faults):
-                node.faults = [f for f in node.faults if f.kind.name != "tool_missing"]
+            if any(f.kind in STORMS for f in node.faults):
+                node.faults = [f for f in node.faults if f.kind not in STORMS]
                 self.fleet.mark(node, t)
                 if self.platform is not None:  # the agent reports healthy; the controller decides
                     self.platform.at(t)

@@ -12,7 +12,9 @@ def test_simulate_json_contract(run_cli):
     p = run_cli("simulate", "--nodes", "64", "--days", "5", "--seed", "2", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    for name in ("baseline", "node", "platform", "full", "storm+breaker", "storm-no-breaker"):
+    names = ("baseline", "node", "platform", "full", "storm+breaker", "storm-no-breaker",
+             "driver-storm+breaker", "driver-storm-no-breaker")  # fmt: skip
+    for name in names:
         row = out[name]
         for key in FIELDS:
             assert key in row, (name, key)

@@ -68,6 +68,14 @@ def test_breaker_storm_runs_and_trips_only_with_the_breaker():
     assert on.node_availability <= 1.0 and off.node_availability <= 1.0
 
 
+def test_driver_storm_breaker_holds_remediations():
+    storm = Storm(at_s=3 * 86400.0, fraction=0.25, fixed_after_s=6 * 3600.0, kind="driver")
+    on = simulate("full", nodes=128, days=6, seed=3, storm=storm, breaker=True)
+    off = simulate("full", nodes=128, days=6, seed=3, storm=storm, breaker=False)
+    assert on.breaker_trips >= 1 and off.breaker_trips == 0
+    assert on.remediations <= off.remediations
+
+
 def test_fault_model_rates_follow_the_llama3_table():
     by = {k.name: k for k in faults.DEFAULT_KINDS}
     total = sum(k.per_node_day for k in faults.DEFAULT_KINDS if k.calibrated)
