@@ -19,19 +19,25 @@ def register(app: typer.Typer) -> None:
         nodes: Annotated[
             int | None, typer.Option(help="Nodes (8 GPUs each); default 1,024.")
         ] = None,
-        days: Annotated[float, typer.Option(help="Simulated days.")] = 30.0,
+        days: Annotated[
+            float | None, typer.Option(help="Simulated days; default 30 (llama3: 54).")
+        ] = None,
         seed: Annotated[int, typer.Option(help="Same seed, same numbers.")] = 1,
         workload: Annotated[
             str, typer.Option(help="mixed (jobs of 1-256 nodes) | llama3 (one 2,048-node job).")
         ] = "mixed",
         storm: Annotated[
-            bool, typer.Option(help="Also run the fleet-wide tool breakage, breaker on and off.")
+            bool,
+            typer.Option(
+                help="Also run the fleet-wide breakages (a missing tool, a bad driver), with and "
+                "without the circuit breaker."
+            ),
         ] = True,
         policy: Annotated[
             Path | None,
             typer.Option(
-                help="A gpuvigil config (its controller: section) to compare with the "
-                "default policy.",
+                help="A gpuvigil config file: its controller: (and node:) sections run next to "
+                "the defaults, as <scenario>+policy.",
                 exists=True,
                 dir_okay=False,
             ),

@@ -23,7 +23,7 @@ def run_all(
     *,
     scenario: str = "all",
     nodes: int | None = None,
-    days: float = 30.0,
+    days: float | None = None,
     seed: int = 1,
     workload: str = "mixed",
     storm: bool = True,
@@ -39,7 +39,7 @@ def run_all(
         raise UsageError(f"unknown workload {workload!r} ({', '.join(WORKLOADS)})")
     if nodes is not None and nodes < 1:
         raise UsageError("--nodes must be at least 1")
-    if days <= 0:
+    if days is not None and days <= 0:
         raise UsageError("--days must be positive")
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     kw = {"nodes": nodes, "days": days, "seed": seed, "workload": workload}
@@ -49,7 +49,7 @@ def run_all(
         runs += [(f"{n}+policy", {"scenario": n, **user}) for n in names
                  if SCENARIOS[n].layer1]  # fmt: skip
     if storm and scenario == "all" and workload == "mixed":
-        at = min(10.0, days / 3) * 86400.0
+        at = min(10.0, (days or 30.0) / 3) * 86400.0
         for prefix, kind in (("storm", "tool"), ("driver-storm", "driver")):
             s = Storm(at_s=at, kind=kind)
             runs += [

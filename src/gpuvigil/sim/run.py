@@ -22,7 +22,7 @@ def simulate(
     scenario: str = "full",
     *,
     nodes: int | None = None,
-    days: float = DEFAULT_DAYS,
+    days: float | None = None,
     seed: int = 1,
     workload: str | Workload = "mixed",
     config: SimConfig | None = None,
@@ -37,8 +37,8 @@ def simulate(
 ) -> Results:
     """One run. `events`: record real events and score them with layer 4 (observe)."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
-    if wl.single_job_days > 0 and days == DEFAULT_DAYS:
-        days = wl.single_job_days
+    if days is None:
+        days = wl.single_job_days or DEFAULT_DAYS
     if nodes is None:
         nodes = wl.nodes or DEFAULT_NODES
     started = time.perf_counter()
