@@ -19,7 +19,7 @@ from gpuvigil.platform.controller import ControllerConfig
 from gpuvigil.sim import episodes, lifecycle
 from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import BOOT_NOISE, Cause, Effect, FaultKind, FaultModel, Storm
-from gpuvigil.sim.fleet import FaultInstance, Fleet, NodeState
+from gpuvigil.sim.fleet import FaultInstance, Fleet, Node, NodeState
 from gpuvigil.sim.jobs import DAY, Job, Workload
 from gpuvigil.sim.platform import Platform
 from gpuvigil.sim.record import EventRecorder, Recorder
@@ -52,6 +52,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self.workload = workload
         self.model = model or FaultModel()
         self.storm = storm
+        self.seed = seed
         self.rng = random.Random(f"{seed}:delays")
         self.fleet = Fleet(nodes, random.Random(f"{seed}:placement"))
         self.by_name = {n.name: n.id for n in self.fleet.nodes}
@@ -142,7 +143,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self.schedule_detection(fi, t)
 
     def schedule_detection(self, fi: FaultInstance, t: float) -> None:
-        kind, sc, u = fi.kind, self.sc, self.rng.uniform
+        rng = self.draws("detect", fi.id)  # per fault: every scenario draws the same delays
+        kind, sc, u = fi.kind, self.sc, rng.uniform
         options: list[tuple[float, str]] = []
         if kind.host_down:
             options.append((u(0, self.cfg.instance_check_s), "instance-check"))
@@ -155,7 +157,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
                 options.append((u(0, self.cfg.active_check_interval_s), "active-check"))
         if kind.persistent and kind.effect is not Effect.NONE:
             mean = self.workload.human_detect_mean_s or self.cfg.human_detect_mean_s
-            options.append((self.rng.expovariate(1 / mean), "human"))
+            options.append((rng.expovariate(1 / mean), "human"))
         if options:
             delay, by = min(options)
             self.push(t + delay, DETECT, fi, _BY.index(by))
@@ -181,7 +183,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         if by == "human":
             self.take_out(node, t, reason="human")
             node.last_step = "REPLACE"  # a person swaps what is broken
-            self.push(t + self._human_repair(), REPAIRED, node, node.repair_epoch)
+            self.push(t + self._human_repair(node), REPAIRED, node, node.repair_epoch)
         elif by == "instance-check":
             self.take_out(node, t, reason="instance check failed")
             self.remediate(node, t, Action.REBOOT if fi.kind.fix[0][0] == "REBOOT"
@@ -189,8 +191,15 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         else:
             self.layer_decision(node, fi, t, active=by == "active-check")
 
-    def _human_repair(self) -> float:
-        return self.rng.expovariate(1 / self.cfg.human_repair_mean_s)
+    def _human_repair(self, node: Node) -> float:
+        rng = self.draws("human", node.id, node.repair_epoch)
+        return rng.expovariate(1 / self.cfg.human_repair_mean_s)
+
+    def draws(self, *key: object) -> random.Random:
+        """A random stream for one decision about one fault or node: scenarios that differ
+        in what they do still draw the same numbers for the same fault (common random
+        numbers), so their differences are the layers', not the dice's."""
+        return random.Random(f"{self.seed}:" + ":".join(str(k) for k in key))
 
 
 _BY = ("instance-check", "layer1", "active-check", "human", "boot")

@@ -42,7 +42,7 @@ class Episodes:
             v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
             findings += v.findings
             if fi.fixed_by is None and fi.kind.fix:
-                fi.fixed_by = sample_fixed_by(fi.kind.fix, self.rng)
+                fi.fixed_by = sample_fixed_by(fi.kind.fix, self.draws("fix", fi.id))
             fixed.append(fi.fixed_by)
         if not findings:
             return
@@ -75,7 +75,7 @@ class Episodes:
             self.push(t + self.cfg.replace_s, CONTROL_ARRIVE, node, 0)
         for name in wake.quarantined:
             node = self.fleet.nodes[self.by_name[name]]
-            self.push(t + self._human_repair(), CONTROL_HUMAN, node, node.repair_epoch)
+            self.push(t + self._human_repair(node), CONTROL_HUMAN, node, node.repair_epoch)
         for name, state in wake.states.items():
             node = self.fleet.nodes[self.by_name[name]]
             if name in wake.replaced:
@@ -149,7 +149,8 @@ class Episodes:
         self.rec.state(t, node.name, "HEALTHY", "back in service")
 
     def maybe_boot_noise(self: Engine, node: Node, t: float) -> None:
-        if self.sc.layer1 and self.rng.random() < self.model.boot_noise_probability:
+        noise = self.draws("boot", node.id, node.repair_epoch).random()
+        if self.sc.layer1 and noise < self.model.boot_noise_probability:
             self.push(t + 30.0, DETECT_EV, self._instance(BOOT_NOISE, node.id, t), 4)
 
 

@@ -34,7 +34,7 @@ class Lifecycle:
             if v.could_not_run or v.action.rank >= Action.RESET_GPU.rank:
                 self.cordon(node, t, reason=v.findings[0].code)
                 node.last_step = "REPLACE"  # a person swaps what is broken
-                self.push(t + self._human_repair(), REPAIRED_EV, node, node.repair_epoch)
+                self.push(t + self._human_repair(node), REPAIRED_EV, node, node.repair_epoch)
             return
         self.publish(node, t)
 
@@ -75,8 +75,6 @@ class Lifecycle:
         """Run the ladder from `step` until the node's faults are cured; schedule the end."""
         cfg = self.cfg
         self.tally.remediations += 1
-        if self.sc.layer4 and node.hardware_faults >= cfg.lemon_faults:
-            step = Action.REPLACE  # a repeat offender: attribution says replace it
         duration = {Action.RESET_GPU: cfg.reset_gpu_s, Action.REBOOT: cfg.reboot_s,
                     Action.REPLACE: cfg.replace_s}  # fmt: skip
         total, human = 0.0, False
@@ -84,7 +82,7 @@ class Lifecycle:
             spent, s = 0.0, step if step in LADDER else Action.REBOOT
             while True:
                 spent += duration[s] + cfg.validate_s
-                if self.rng.random() < cure_probability(fi, s):
+                if self.draws("cure", fi.id, s.value).random() < cure_probability(fi, s):
                     break
                 if s is Action.REPLACE:
                     human = True  # the ladder is spent: quarantine for a person
@@ -92,7 +90,7 @@ class Lifecycle:
                 s = LADDER[LADDER.index(s) + 1]
             total = max(total, spent)
         if human:
-            total += self._human_repair()
+            total += self._human_repair(node)
         if any(f.kind in STORMS for f in node.faults) and self.storm is not None:
             total = max(total, self.storm.at_s + self.storm.fixed_after_s - t)
         node.last_step = step.value
@@ -120,7 +118,8 @@ class Lifecycle:
     # --- the storm ----------------------------------------------------------------------
     def on_storm(self: Engine, t: float, _: Any, __: int) -> None:
         n = len(self.fleet.nodes)
-        hit = self.rng.sample(range(n), int(self.storm.fraction * n)) if self.storm else []
+        rng = self.draws("storm")
+        hit = rng.sample(range(n), int(self.storm.fraction * n)) if self.storm else []
         for nid in sorted(hit):
             kind = STORM_KINDS[self.storm.kind] if self.storm else TOOL_MISSING
             self.push(t, FAULT_EV, self._instance(kind, nid, t))

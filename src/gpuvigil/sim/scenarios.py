@@ -22,7 +22,7 @@ class Scenario:
     layer1: bool  # node checks: faults are seen at the next check and the node cordoned
     layer2: bool  # policy + safety: drain, remediate, validate, budgets, breaker
     layer3: bool  # training: hang watchdog, warm restart, graceful drain at a checkpoint
-    layer4: bool  # observability: active-check schedule, repeat-offender (lemon) replacement
+    layer4: bool  # observability: the active-check schedule (silent corruption)
     summary: str = ""
 
 
@@ -89,9 +89,6 @@ class SimConfig(StrictModel):
     )
     validate_s: float = Field(
         600.0, description="Preflight (active checks) before a remediated node takes work."
-    )
-    lemon_faults: int = Field(
-        2, description="Layer 4: a node with this many hardware faults is replaced."
     )
     requeue_delay_s: float = Field(
         60.0, description="Scheduler back-off before a failed job is placed again."
