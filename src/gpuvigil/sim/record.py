@@ -60,6 +60,8 @@ class EventRecorder(Recorder):
     def __init__(self, *, write_to: Path | None = None, sim_states: bool = True) -> None:
         self.events: list[Event] = []
         self.sim_states = sim_states  # False when the real controller reports states
+        if write_to is not None:
+            write_to.unlink(missing_ok=True)  # one run per file: EventWriter appends
         self._writer = EventWriter(write_to) if write_to is not None else None
         self.report: Any = None
 
