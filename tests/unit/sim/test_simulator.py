@@ -10,6 +10,7 @@ from gpuvigil.sim import faults
 from gpuvigil.sim.faults import FaultModel, Storm
 from gpuvigil.sim.run import simulate
 
+
 @pytest.fixture(scope="module")
 def small_runs():
     """The default fleet (1,024 nodes x 30 days) and seed, as docs/simulator.md reports it."""
