@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import require
+from testkit import require
 from realparts import chromium as chromium_mod
 from realparts import kube as kube_mod
 from realparts import prometheus as prom_mod

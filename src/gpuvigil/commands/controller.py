@@ -26,6 +26,17 @@ def load_controller_config(config: Path | None, overrides: dict[str, Any]) -> An
         raise typer.Exit(2) from e
 
 
+def open_or_exit(cfg: Any, kubernetes: Any = None) -> Any:
+    """The configured cluster adapter, or exit 2 saying why (no kubeconfig, no Slurm)."""
+    from gpuvigil.platform.clusters import open_cluster
+
+    try:
+        return open_cluster(cfg.cluster, kubernetes=kubernetes or cfg.kubernetes, slurm=cfg.slurm)
+    except Exception as e:  # a missing kubeconfig, an unreadable token: say it, exit 2
+        typer.echo(f"cannot open the {cfg.cluster} cluster: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
 def register(app: typer.Typer) -> None:
     @app.command("controller")
     def controller(
@@ -53,7 +64,6 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.core.events import EventWriter
         from gpuvigil.platform import metrics as pmetrics
         from gpuvigil.platform import serve
-        from gpuvigil.platform.clusters import open_cluster
         from gpuvigil.platform.controller import Controller
 
         overrides: dict[str, Any] = {}
@@ -65,11 +75,7 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-        try:
-            adapter = open_cluster(cfg.cluster, kubernetes=cfg.kubernetes, slurm=cfg.slurm)
-        except Exception as e:  # a missing kubeconfig, an unreadable token: say it, exit 2
-            typer.echo(f"cannot open the {cfg.cluster} cluster: {e}", err=True)
-            raise typer.Exit(2) from e
+        adapter = open_or_exit(cfg)
         registry = CollectorRegistry()
         metrics = pmetrics.build(registry)
         events = EventWriter(cfg.events_path) if cfg.events_path else None

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import typer
 
-from gpuvigil.commands.controller import CLUSTER_HELP, CONFIG_OPTION, load_controller_config
+from gpuvigil.commands.controller import (
+    CLUSTER_HELP,
+    CONFIG_OPTION,
+    load_controller_config,
+    open_or_exit,
+)
 
 
 def _ago(t: datetime | None, now: datetime) -> str:
@@ -29,13 +34,12 @@ def register(app: typer.Typer) -> None:
         """List each node's gpuvigil state (HEALTHY, SUSPECT, DRAINING, REMEDIATING,
         VALIDATING, QUARANTINED), since when, why, who blocks it, and its history."""
         from gpuvigil.core.findings import utcnow
-        from gpuvigil.platform.clusters import open_cluster
         from gpuvigil.platform.clusters.base import ClusterError
         from gpuvigil.platform.state import State
 
         cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
         k8s = cfg.kubernetes.model_copy(update={"count_pods": "all"})  # show everyone's work
-        adapter = open_cluster(cfg.cluster, kubernetes=k8s, slurm=cfg.slurm)
+        adapter = open_or_exit(cfg, k8s)
         try:
             views = [adapter.get_node(name)] if name else adapter.list_nodes()
         except ClusterError as e:

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import typer
 
-from gpuvigil.commands.controller import CLUSTER_HELP, CONFIG_OPTION, load_controller_config
+from gpuvigil.commands.controller import (
+    CLUSTER_HELP,
+    CONFIG_OPTION,
+    load_controller_config,
+    open_or_exit,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -25,13 +30,12 @@ def register(app: typer.Typer) -> None:
         VALIDATING; it returns to service when preflight passes (and a fresh health summary
         is clean). Exit 1 when the node is not quarantined (use --force)."""
         from gpuvigil.core.findings import utcnow
-        from gpuvigil.platform.clusters import open_cluster
         from gpuvigil.platform.clusters.base import ClusterError
         from gpuvigil.platform.policy import release
         from gpuvigil.platform.state import State
 
         cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
-        adapter = open_cluster(cfg.cluster, kubernetes=cfg.kubernetes, slurm=cfg.slurm)
+        adapter = open_or_exit(cfg)
         who = by or getpass.getuser()
         try:
             v = adapter.get_node(name)

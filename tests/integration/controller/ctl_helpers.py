@@ -1,5 +1,9 @@
-"""Helpers for the controller's integration tests: a fake agent for nodes without kubelets,
-health summaries, polling."""
+"""Helpers and fixtures for the controller's integration tests: a fake agent for nodes
+without kubelets, health summaries, polling. Test modules import the fixtures by name.
+
+No conftest.py here on purpose: a second module named `conftest` shadows tests/conftest.py
+for every later `from conftest import ...` in the same pytest run.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuvigil.core import wire
 from gpuvigil.core.findings import Action, Status, utcnow
@@ -111,3 +117,20 @@ def controller_env(extra: dict[str, str]) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def agent(kube: Any) -> Agent:
+    return Agent(kube.core())
+
+
+@pytest.fixture
+def kube_cluster(kube: Any) -> Callable[..., Any]:
+    from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
+    from gpuvigil.platform.clusters.settings import KubernetesSettings
+
+    def make(**kw: Any) -> KubernetesCluster:
+        kw.setdefault("eviction_grace_s", 0)
+        return KubernetesCluster(KubernetesSettings(**kw), api_client=kube.api_client())
+
+    return make

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (fixtures imported from ctl_helpers are parameters here)
 """`gpuvigil controller`, `nodes` and `release` as processes against the real kube-apiserver:
 a controller killed mid-drain resumes without repeating a step; two replicas, one leader,
 and the standby takes over when the leader dies."""
@@ -13,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL, controller_argv, controller_env, finding_investigate, wait_for
+from ctl_helpers import (  # noqa: F401  (fixtures)
+    FATAL,
+    agent,
+    controller_argv,
+    controller_env,
+    finding_investigate,
+    kube_cluster,
+    wait_for,
+)
 
 from gpuvigil.core import wire
 from gpuvigil.platform.state import State, decode_record

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (fixtures imported from ctl_helpers are parameters here)
 """The controller's manifests against the real API server: they apply (server-side dry run
 of everything, then the RBAC for real), and the controller does its whole job with nothing
 but the ServiceAccount's permissions (impersonated)."""
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL
+from ctl_helpers import FATAL, agent, kube_cluster  # noqa: F401  (fixtures)
 
 from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
 from gpuvigil.platform.clusters.settings import KubernetesSettings
@@ -19,12 +20,12 @@ from gpuvigil.platform.state import State
 
 pytestmark = pytest.mark.realparts
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes" / "controller"
-SA = "system:serviceaccount:gpuvigil-system:gpuvigil-controller"
+SA = "system:serviceaccount:gpuvigil:gpuvigil-controller"
 
 
 @pytest.fixture(scope="module")
 def deployed(kube: Any) -> None:
-    kube.kubectl("create", "namespace", "gpuvigil-system")
+    kube.kubectl("create", "namespace", "gpuvigil")
     dry = kube.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
     rbac = kube.kubectl(
@@ -34,7 +35,7 @@ def deployed(kube: Any) -> None:
         "-f",
         str(DEPLOY / "serviceaccount.yaml"),
         "-n",
-        "gpuvigil-system",
+        "gpuvigil",
     )
     assert rbac.returncode == 0, rbac.stderr
 
@@ -56,7 +57,7 @@ def test_rbac_allows_what_it_uses_and_nothing_more(kube, deployed) -> None:  # t
         ("create", "events"),
     ]:
         assert can(verb, res, "-A"), (verb, res)
-    assert can("update", "leases", "-n", "gpuvigil-system")
+    assert can("update", "leases", "-n", "gpuvigil")
     for verb, res in [
         ("list", "secrets"),
         ("create", "pods"),

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (fixtures imported from ctl_helpers are parameters here)
 """The controller against a real kube-apiserver 1.20.2 (+ etcd, kube-scheduler, and
 kube-controller-manager's disruption controller): no kubelets, the test plays the agent."""
 
@@ -8,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL, wait_for
+from ctl_helpers import FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
 
 from gpuvigil.core import wire
 from gpuvigil.platform.clusters.base import Conflict

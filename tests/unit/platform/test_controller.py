@@ -86,3 +86,29 @@ def test_api_errors_are_counted_and_nothing_is_acted_on() -> None:
     assert (
         reg.get_sample_value("gpuvigil_controller_api_errors_total", {"kind": "unavailable"}) == 1
     )
+
+
+def test_a_dropped_binary_fleet_wide_blocks_but_never_drains_then_recovers() -> None:
+    """A driver upgrade removes nvidia-smi on 40 of 100 nodes: every check fails closed.
+    The breaker opens, the nodes are kept from new work, none is drained; when the binary
+    is back they all return to service without a human."""
+    from helpers import CANNOT_RUN
+
+    c = MemoryCluster()
+    for i in range(100):
+        c.add_node(f"n{i}", pods=1)
+    reg = CollectorRegistry()
+    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    for i in range(40):
+        c.set_findings(f"n{i}", [CANNOT_RUN], fixed_by=None)
+    for _ in range(30):  # 30 minutes
+        ctl.reconcile()
+        c.advance(60)
+    assert reg.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert all(not [a for a in n.actions if a[0] in ("drain", "request")] for n in c.nodes.values())
+    assert reg.get_sample_value("gpuvigil_nodes", {"state": "SUSPECT"}) == 40
+    for i in range(40):
+        c.clear_findings(f"n{i}")
+    ctl.reconcile()
+    assert reg.get_sample_value("gpuvigil_nodes", {"state": "HEALTHY"}) == 100
+    assert reg.get_sample_value("gpuvigil_nodes_in_service") == 100

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from helpers import CANNOT_RUN, FATAL, INVESTIGATE, NONFATAL, T0, view
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuvigil.core.findings import Action
@@ -20,6 +20,7 @@ from gpuvigil.platform.state import (
 )
 
 
+@settings(deadline=None)
 @given(st.text())
 def test_decoders_never_raise(text: str) -> None:
     decode_record(text)
@@ -63,6 +64,7 @@ records = st.builds(
 )
 
 
+@settings(deadline=None, max_examples=200)
 @given(
     fs=findings,
     rec=st.one_of(st.none(), records),

@@ -147,18 +147,52 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
             continue  # a stray print from a library: not ours to judge
         if not isinstance(ev, dict):
             continue
-        try:
-            started, where, fatal = _event(ev, outcome, done, started, where)
-        except (TypeError, ValueError, KeyError) as e:
-            # A garbled event from our own worker: the check it names failed.
-            check = str(ev.get("check") or started or "worker")
+        kind, check = ev.get("event"), str(ev.get("check", ""))
+        if kind == "devices":
+            outcome.devices = list(ev.get("names", []))
+            outcome.models = list(ev.get("models", []))
+        elif kind == "start":
+            started, where = check, "node"
+        elif kind == "progress":
+            where = str(ev.get("component", "node"))
+        elif kind == "result":
+            try:
+                outcome.measurements += [Measurement.from_json(m) for m in ev["measurements"]]
+            except (KeyError, TypeError) as e:
+                outcome.findings.append(_failed(check, "CHECK_ERROR", f"bad result: {e}"))
+            outcome.durations_s[check] = float(ev.get("duration_s", 0.0))
+            done.add(check)
+            started = None
+        elif kind == "error":
+            code = str(ev.get("code", "CHECK_ERROR"))
             outcome.findings.append(
-                _failed(check, "CHECK_ERROR", f"unreadable worker event: {e}", event=line[:300])
+                Finding(
+                    check=f"active.{check}",
+                    status=Status.FAILED,
+                    code=code,
+                    component=str(ev.get("component", where)),
+                    message=str(ev.get("message", ""))[:500],
+                    action=ACTIONS.get(code, (Action.NONE, False))[0],
+                    fatal=ACTIONS.get(code, (Action.NONE, False))[1],
+                    evidence={"traceback": ev.get("traceback", "")},
+                )
             )
             done.add(check)
-            continue
-        if fatal is not None:
-            return done, fatal
+            started = None
+        elif kind == "timeout":
+            outcome.findings.append(
+                _failed(
+                    check,
+                    "CHECK_TIMEOUT",
+                    f"did not finish within {ev.get('timeout_s')} s (killed; last on {where})",
+                    where,
+                    timeout_s=ev.get("timeout_s"),
+                )
+            )
+            done.add(check)
+            started = None
+        elif kind == "fatal":
+            return done, (str(ev.get("code", "CHECK_ERROR")), str(ev.get("message", "")))
     if started is not None:
         # It was running when the worker ended without a word: hung past the parent's
         # deadline (timeout) or crashed (a segfault in a driver, an OOM kill).
@@ -185,59 +219,3 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
             )
         done.add(started)
     return done, None
-
-
-def _event(
-    ev: dict[str, Any],
-    outcome: ActiveOutcome,
-    done: set[str],
-    started: str | None,
-    where: str,
-) -> tuple[str | None, str, tuple[str, str] | None]:
-    """Apply one worker event; returns (check running, its device, fatal or None)."""
-    kind, check = ev.get("event"), str(ev.get("check", ""))
-    if kind == "devices":
-        outcome.devices = [str(n) for n in ev.get("names") or []]
-        outcome.models = [m if isinstance(m, str) else None for m in ev.get("models") or []]
-    elif kind == "start":
-        started, where = check, "node"
-    elif kind == "progress":
-        where = str(ev.get("component", "node"))
-    elif kind == "result":
-        parsed = [Measurement.from_json(m) for m in ev["measurements"]]  # all or nothing
-        outcome.measurements += parsed
-        seconds = ev.get("duration_s")
-        outcome.durations_s[check] = float(seconds) if isinstance(seconds, int | float) else 0.0
-        done.add(check)
-        started = None
-    elif kind == "error":
-        code = str(ev.get("code", "CHECK_ERROR"))
-        outcome.findings.append(
-            Finding(
-                check=f"active.{check}",
-                status=Status.FAILED,
-                code=code,
-                component=str(ev.get("component", where)),
-                message=str(ev.get("message", ""))[:500],
-                action=ACTIONS.get(code, (Action.NONE, False))[0],
-                fatal=ACTIONS.get(code, (Action.NONE, False))[1],
-                evidence={"traceback": ev.get("traceback", "")},
-            )
-        )
-        done.add(check)
-        started = None
-    elif kind == "timeout":
-        outcome.findings.append(
-            _failed(
-                check,
-                "CHECK_TIMEOUT",
-                f"did not finish within {ev.get('timeout_s')} s (killed; last on {where})",
-                where,
-                timeout_s=ev.get("timeout_s"),
-            )
-        )
-        done.add(check)
-        started = None
-    elif kind == "fatal":
-        return started, where, (str(ev.get("code", "CHECK_ERROR")), str(ev.get("message", "")))
-    return started, where, None

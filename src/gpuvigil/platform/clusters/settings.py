@@ -27,7 +27,7 @@ class KubernetesSettings(StrictModel):
     replace_hook: list[str] = Field(default_factory=list)  # argv; "{node}" is substituted
     hook_timeout_s: float = Field(120.0, gt=0)
     event_namespace: str = "default"  # Node events live in "default" by convention
-    lease_namespace: str = "gpuvigil-system"
+    lease_namespace: str = "gpuvigil"
     lease_name: str = "gpuvigil-controller"
     lease_duration_s: float = Field(15.0, gt=0)  # a standby takes over this long after death
     lease_renew_s: float = Field(5.0, gt=0)  # the leader renews this often

@@ -168,8 +168,9 @@ class SlurmCluster:
         jobs = self._json(*argv).get("jobs") or []
         return [j for j in jobs if str(j.get("job_state", "")).upper() in RUNNING]
 
-    def _raw_nodes(self) -> list[dict[str, Any]]:
-        return list(self._json("sinfo", "--json").get("nodes") or [])
+    def _raw_nodes(self, name: str | None = None) -> list[dict[str, Any]]:
+        argv = ["sinfo", "--json"] + (["--nodes", name] if name else [])
+        return list(self._json(*argv).get("nodes") or [])
 
     def list_nodes(self) -> list[NodeView]:
         running: Counter[str] = Counter()
@@ -178,7 +179,7 @@ class SlurmCluster:
         return [view(n, running[n.get("name")]) for n in self._raw_nodes()]
 
     def get_node(self, name: str) -> NodeView:
-        for raw in self._raw_nodes():
+        for raw in self._raw_nodes(name):
             if raw.get("name") == name:
                 return view(raw, len(self._jobs(name)))
         raise Forbidden(f"no Slurm node {name}")
@@ -202,7 +203,7 @@ class SlurmCluster:
         v = self.get_node(name)
         raw_tag = record.tag()
         if v.blocked_by_us and record.state.blocks and v.record and v.record.tag() != raw_tag:
-            raw = next((n for n in self._raw_nodes() if n.get("name") == name), {})
+            raw = next((n for n in self._raw_nodes(name) if n.get("name") == name), {})
             if not _flags(raw) & REBOOT_FLAGS:  # Slurm owns the reason while rebooting
                 self._update(name, "State=DRAIN", f"Reason={raw_tag}")
 
@@ -228,7 +229,7 @@ class SlurmCluster:
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"Slurm cannot {action.value}")
-        raw = next((n for n in self._raw_nodes() if n.get("name") == name), None)
+        raw = next((n for n in self._raw_nodes(name) if n.get("name") == name), None)
         if raw is None:
             raise Forbidden(f"no Slurm node {name}")
         if _flags(raw) & REBOOT_FLAGS:
