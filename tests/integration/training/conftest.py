@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,12 +61,26 @@ class Job:
         faults: str = "",
         env: dict[str, str] | None = None,
         ckpt: Path | None = None,
+        elastic: tuple[str, int] | None = None,
     ) -> Job:
+        """`elastic=(node, port)`: one agent of a 1-2 node job (c10d rendezvous on the port,
+        through `python -m gpuvigil.training.launch`), else a standalone single-node job."""
+        if elastic is None:
+            launcher = ["torch.distributed.run", "--standalone"]
+        else:
+            launcher = [
+                "gpuvigil.training.launch",
+                "--nnodes=1:2",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{elastic[1]}",
+                "--rdzv-id=elastic",
+                "--rdzv-conf=last_call_timeout=2",
+            ]
+            env = {**(env or {}), "GPUVIGIL_NODE_NAME": elastic[0]}
         argv = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
-            "--standalone",
+            *launcher,
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
@@ -131,6 +146,17 @@ class Job:
                 self.proc.wait()
         for p in self.pids.glob("*.pid"):
             kill_worker(int(p.read_text()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def kill_worker(pid: int) -> bool:

@@ -6,6 +6,7 @@ test ends by comparing its final parameters with the uninterrupted baseline, bit
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from gpuvigil.core.findings import Action, Finding, NodeReport, Status
 from gpuvigil.training import exit_codes, manifest
 
-from .conftest import Job, kill_worker, params_equal, wait_for
+from .conftest import Job, free_port, kill_worker, listening, params_equal, wait_for
 
 pytestmark = [pytest.mark.realparts, pytest.mark.timeout(240)]
 
@@ -75,27 +76,44 @@ def test_corrupt_latest_checkpoint_falls_back_with_a_clear_log_line(
     assert params_equal(j.final, baseline.final)
 
 
-def test_world_size_4_to_2_to_3_reshards_and_finishes(job: Any) -> None:
+def test_losing_a_node_shrinks_4_to_2_then_grows_to_3(job: Any) -> None:
+    """Two torchrun agents ("nodes") of 2 ranks each, elastic 1-2 nodes. Node b is lost
+    (its agent and workers SIGKILLed together, as when a machine dies): node a's agent
+    re-forms the group with 2 ranks, resumes the 4-rank checkpoint and finishes. A relaunch
+    with 3 ranks then resumes the 2-rank checkpoint."""
     import torch
 
-    j: Job = job()
-    assert j.run(nproc=4, steps=8) == 0, j.text()[-4000:]
-    assert j.run(nproc=2, steps=12) == 0, j.text()[-4000:]
-    assert j.run(nproc=3, steps=16) == 0, j.text()[-4000:]
-    log = j.text()
-    assert "(step 8, saved by 4 ranks, now 2)" in log
-    assert "(step 12, saved by 2 ranks, now 3)" in log
-    saved = torch.load(j.ckpt / manifest.dir_name(16) / "rank-00000.pt", weights_only=False)
-    # The data position is global: 8 steps of 4x16 + 4 of 2x16 + 4 of 3x16 samples.
-    assert saved["sampler"] == {
-        "epoch": 0,
-        "consumed": 8 * 64 + 4 * 32 + 4 * 48,
-        "seed": 0,
-        "dataset_len": 4096,
-    }
-    assert saved["world_size"] == 3
-    final = torch.load(j.final)
-    assert all(torch.isfinite(t).all() for t in final.values())
+    a: Job = job("node-a")
+    b: Job = job("node-b")
+    port = free_port()
+    slow = "slow@*:0:0=300"  # slow first attempt only: time to lose node b mid-run
+    a.start(steps=16, faults=slow, ckpt=a.ckpt, elastic=("node-a", port))
+    wait_for(lambda: listening(port), timeout=60, what="the rendezvous store of node a")
+    b.start(steps=16, faults=slow, ckpt=a.ckpt, elastic=("node-b", port))
+    wait_for(
+        (a.ckpt / manifest.dir_name(4) / manifest.MANIFEST).exists,
+        timeout=120,
+        what="a checkpoint saved by 4 ranks",
+    )
+    assert b.proc is not None
+    b.proc.kill()  # the whole machine dies: its agent and, below, its workers
+    for rank in (2, 3):
+        pid = b.worker_pid(rank, 0)
+        assert pid is not None and kill_worker(pid)
+    assert a.wait(timeout=180) == 0, a.text()[-4000:]
+    shrunk = re.search(r"\(step (\d+), saved by 4 ranks, now 2\)", a.text())
+    assert shrunk, a.text()[-4000:]
+    assert "rank 0/2 on node-a" in a.text()
+    resumed = int(shrunk.group(1))
+
+    c: Job = job("relaunch")
+    assert c.run(nproc=3, steps=20, ckpt=a.ckpt) == 0, c.text()[-4000:]
+    assert "(step 16, saved by 2 ranks, now 3)" in c.text()
+    saved = torch.load(a.ckpt / manifest.dir_name(20) / "rank-00000.pt", weights_only=False)
+    # The data position is global: each step consumed 16 samples per rank of its world.
+    consumed = resumed * 4 * 16 + (16 - resumed) * 2 * 16 + 4 * 3 * 16
+    assert saved["sampler"]["consumed"] == consumed and saved["world_size"] == 3
+    assert all(torch.isfinite(t).all() for t in torch.load(c.final).values())
 
 
 def test_hung_rank_watchdog_fires_dumps_stacks_and_group_restarts(baseline: Job, job: Any) -> None:
