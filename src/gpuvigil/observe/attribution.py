@@ -39,6 +39,8 @@ HW_HEALTH_CODES = frozenset(
 # fault, GPU stopped processing) or as the cleanup after another error: not hardware.
 APP_XIDS = frozenset({"XID_13", "XID_31", "XID_43", "XID_45"})
 SEVERE_ACTIONS = frozenset({"RESET_GPU", "REBOOT", "REPLACE", "INVESTIGATE"})
+# Node states that do not take work away from a job (returning, validating, planned).
+NOT_A_DRAIN = (None, "HEALTHY", "VALIDATING", "MAINTENANCE")
 SIGNAL_EXIT = 128  # exit codes above this mean "killed by a signal", not the program's error
 # Words in a restart/end `reason` that hint at a cause when no event proves one.
 REASON_HINTS = (
@@ -133,7 +135,11 @@ def to_evidence(ev: Event) -> Evidence | None:
         return Evidence(ev.ts, HANG, f"hang at step {d.get('step')} ({d.get('where', '?')})", node)
     if ev.kind == Kind.CHECKPOINT and d.get("result") not in (None, "ok", "succeeded"):
         return Evidence(ev.ts, STORAGE, f"checkpoint {d.get('result')} at step {d.get('step')}")
-    if ev.kind == Kind.NODE_STATE and d.get("to") not in (None, "HEALTHY"):
+    if (
+        ev.kind == Kind.NODE_STATE
+        and d.get("to") not in NOT_A_DRAIN
+        and d.get("dry_run") is not True
+    ):
         why = str(d.get("reason") or "no reason")
         # A drain for a check that could not run is tool breakage, not hardware evidence.
         kind = "tool_drain" if any(c in why for c in codes.COULD_NOT_RUN) else "drain"

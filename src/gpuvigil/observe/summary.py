@@ -20,6 +20,9 @@ from gpuvigil.observe.slo import SloConfig, SloReport, SloTracker, Targets
 
 FORMAT = "gpuvigil.report/v1"
 TOP = 10
+# A GPU is `gpu:<index>`, or `pci:<bus id>` when the agent could not map the bus id to an
+# index (NVML down): both name one physical GPU.
+GPU_COMPONENTS = ("gpu:", "pci:")
 
 
 @dataclass
@@ -96,7 +99,7 @@ def summarize(
             if str(d.get("status", "FAILED")) == "FAILED":
                 by_code[str(d.get("code", "?"))] += 1
                 comp = str(d.get("component", ""))
-                if comp.startswith("gpu:"):
+                if comp.startswith(GPU_COMPONENTS):
                     by_gpu[(ev.node, comp)] += 1
     report = slo.finish()
     attr.start = report.start

@@ -29,3 +29,12 @@ def test_report_reads_the_agents_event_log(agent) -> None:
     assert out["events_by_kind"]["finding.set"] >= 1
     # No GPU here: the agent's findings are real, FAILED, and counted by code.
     assert sum(out["findings_by_code"].values()) >= 1
+    # The Xid line in its kernel log, end to end: agent -> event log -> report.
+    wait_until(lambda: '"XID_79"' in agent.events.read_text(), timeout=60, what="XID_79 event")
+    proc = subprocess.run(
+        gpuvigil_argv("report", str(agent.events), "--window", "all", "--json"),
+        env=cli_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    out = json.loads(proc.stdout)
+    assert out["findings_by_code"]["XID_79"] == 1
+    assert [g["node"] for g in out["top_gpus"]] == ["node-17"]

@@ -30,6 +30,10 @@ def test_prometheus_scrapes_the_agent_and_loads_the_rules(agent, prometheus_fact
     # Without a GPU the GPU checks cannot run: they must show up failing closed.
     closed = prom.wait_for("gpuvigil_check_could_not_run == 1", timeout=60)
     assert closed
+    # The Xid line of the kernel log: counted, and the node condition is set.
+    [xid] = prom.wait_for('gpuvigil_xid_events_total{code="79"}', timeout=60)
+    assert xid["value"][1] == "1"
+    prom.wait_for('gpuvigil_node_condition{condition="GPUXidError"} == 1', timeout=60)
     heartbeat = prom.wait_for("time() - gpuvigil_agent_loop_last_timestamp_seconds", timeout=60)
     assert float(heartbeat[0]["value"][1]) < 60
     # The server loaded every rule group of deploy/prometheus/rules.yaml.
