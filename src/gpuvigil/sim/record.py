@@ -118,11 +118,14 @@ class EventRecorder(Recorder):
                    productive_gpu_s=productive_s * job.gpus, allocated_gpu_s=allocated)  # fmt: skip
 
     def finish(self, t: float, res: Results) -> None:
+        from gpuvigil.observe.events import ReadStats
         from gpuvigil.observe.summary import summarize
 
         if self._writer is not None:
             self._writer.close()
-        self.report = summarize(self.events, start=T0, end=T0 + t)
+        n = len(self.events)
+        stats = ReadStats(lines=n, events=n, sources=[f"gpuvigil simulate ({res.scenario})"])
+        self.report = summarize(self.events, start=T0, end=T0 + t, stats=stats)
         slo = self.report.slo
         res.slo = {
             "availability": slo.availability,
