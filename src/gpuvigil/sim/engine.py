@@ -100,6 +100,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_PASS: self.control_pass,
             episodes.CONTROL_ARRIVE: self.on_control_arrive,
             episodes.CONTROL_HUMAN: self.on_control_human,
+            episodes.PUBLISH: self.on_publish,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0

@@ -82,6 +82,8 @@ class Episodes:
                 continue
             if state in OUT:
                 self.set_state(node, NodeState.REPAIR, t)
+                if state is State.VALIDATING:
+                    self.preflight_finds(node, t)
             elif state in BLOCKED:
                 self.set_state(node, NodeState.CORDONED, t)
             elif not self.platform.cluster.nodes[name].our_taints:
@@ -92,6 +94,20 @@ class Episodes:
                                     or self._pass_at <= t):  # fmt: skip
             self._pass_at = wake.at
             self.push(wake.at, CONTROL_PASS, None, 0)
+
+    def preflight_finds(self: Engine, node: Node, t: float) -> None:
+        """Preflight runs the active checks before a node takes work again: silent
+        corruption the passive checks missed shows here (its findings go out next pass)."""
+        hidden = [fi for fi in node.faults if fi.kind.effect is Effect.SILENT
+                  and fi.detected_s is None]  # fmt: skip
+        for fi in hidden:
+            if self.layer1.verdict(fi.kind.fault, active=True).seen:
+                fi.detected_s, fi.detected_by = t, "active-check"
+                self.tally.detect.append(t - fi.onset_s)
+                self.push(t + self.cfg.validate_s, PUBLISH, node, 0)
+
+    def on_publish(self: Engine, t: float, node: Node, _: int) -> None:
+        self.publish(node, t)
 
     def on_control_arrive(self: Engine, t: float, node: Node, _: int) -> None:
         self.platform.at(t)
@@ -154,5 +170,5 @@ class Episodes:
             self.push(t + 30.0, DETECT_EV, self._instance(BOOT_NOISE, node.id, t), 4)
 
 
-CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN = 9, 10, 11
+CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH = 9, 10, 11, 12
 DETECT_EV = 1
