@@ -33,6 +33,14 @@ def test_sigkill_one_worker_mid_run_resumes_bit_identical(baseline: Job, job: An
     assert j.attempts() == {0, 1}
     assert "resumed from" in j.text()
     assert params_equal(j.final, baseline.final)
+    # The platform's record of it: one restart resumed at or after step 8, and commits.
+    (restart,) = j.event_list("job.restart")
+    assert restart["source"] == "training" and restart["data"]["attempt"] == 1
+    assert restart["data"]["resumed_step"] >= 8 and restart["data"]["lost_s"] >= 0
+    commits = [
+        e["data"]["step"] for e in j.event_list("checkpoint") if e["data"]["result"] == "committed"
+    ]
+    assert {8, 24} <= set(commits)
 
 
 def test_ten_kills_ten_clean_restarts(baseline: Job, job: Any) -> None:
