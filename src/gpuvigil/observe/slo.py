@@ -92,6 +92,7 @@ class SloTracker:
         self._nodes: dict[str, _Node] = {}
         self._jobs: dict[str, _Job] = {}
         self._last: float | None = None
+        self._first: float | None = None  # the first event's time: when the log began
 
     # --- helpers -------------------------------------------------------------------------
     def _in_window(self, ts: float) -> bool:
@@ -103,6 +104,8 @@ class SloTracker:
         if n.since is None or n.removed or n.state is None:
             n.since = ts
             return
+        if ts < n.since:
+            return  # a late event (writers interleave): it takes effect at n.since, no double count
         a = n.since if self.r.start is None else max(n.since, self.r.start)
         b = ts if self.r.end is None else min(ts, self.r.end)
         n.since = ts
@@ -130,6 +133,8 @@ class SloTracker:
         if r.end is not None and ev.ts > r.end:
             return
         self._last = ev.ts if self._last is None else max(self._last, ev.ts)
+        if self._first is None:
+            self._first = ev.ts
         handler = _HANDLERS.get(ev.kind)
         if handler is not None:
             handler(self, ev)
@@ -150,6 +155,11 @@ class SloTracker:
         to = str(ev.data.get("to", ""))
         if ev.data.get("dry_run") is True:
             return  # the controller only said what it would do
+        if n.state is None and isinstance(ev.data.get("from"), str) and self._first is not None:
+            # A controller that only reports transitions: the node was in `from` since the
+            # log began (the controller should also write one `from: null` event per node
+            # at startup, so that nodes that never change are counted; see docs/events.md).
+            self._seed(n, str(ev.data["from"]), self._first)
         self._account(name, n, ev.ts)
         was_in = n.in_service and n.state is not None
         flag = ev.data.get("in_service")
@@ -177,6 +187,12 @@ class SloTracker:
                     r.false_positive_drains += 0 if n.repaired else 1
             n.out_at, n.incident_at, n.repaired, n.drained = None, None, False, False
             n.failing.clear()
+
+    def _seed(self, n: _Node, state: str, since: float) -> None:
+        n.state, n.since = state, since
+        n.in_service = state in self.cfg.in_service_states
+        n.maint_state = state in self.cfg.maintenance_states
+        n.removed = state in self.cfg.removed_states
 
     def _on_maintenance(self, ev: Event) -> None:
         got = self._node(ev)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, gpuvigil_argv, require
 from realparts.procs import Proc, free_port, wait_until
+from testkit import cli_env, gpuvigil_argv, require
 
 XID_LINE = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
 

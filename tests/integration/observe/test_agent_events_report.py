@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from observe_agent import agent_fixture  # noqa: F401 - provides the `agent` fixture
 
-from conftest import cli_env, gpuvigil_argv
 from realparts.procs import wait_until
+from testkit import cli_env, gpuvigil_argv
 
 pytestmark = pytest.mark.realparts
 

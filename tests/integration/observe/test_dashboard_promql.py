@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import require_binary
+from testkit import require_binary
 
 pytestmark = pytest.mark.realparts
 

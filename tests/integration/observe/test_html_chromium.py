@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, gpuvigil_argv
 from gpuvigil.observe import synthetic
+from testkit import cli_env, gpuvigil_argv
 
 pytestmark = pytest.mark.realparts
 

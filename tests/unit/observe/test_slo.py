@@ -246,3 +246,20 @@ def test_timeline_stays_bounded_over_a_long_log() -> None:
     total = sum(row[0] for row in tl.buckets.values())
     assert total == 3 * 365 * day  # nothing lost when merging
     assert 0.45 < sum(p["availability"] for p in series) / len(series) < 0.55
+
+
+def test_a_node_first_seen_in_a_transition_was_in_its_from_state_since_the_log_began() -> None:
+    evs = [
+        E(0, "node.state", node="n0", to="HEALTHY"),
+        E(100, "node.state", node="n1", to="DRAINING", **{"from": "HEALTHY"}),
+        E(200, "node.state", node="n1", to="HEALTHY", **{"from": "DRAINING"}),
+    ]
+    r = slo.compute(evs, start=0, end=400)
+    assert (r.node_seconds, r.in_service_seconds) == (800, 700)
+    assert r.drains == 1 and r.mttr.samples == [100.0]
+
+
+def test_a_late_event_is_not_counted_twice() -> None:
+    evs = _states((0, "n1", "HEALTHY"), (100, "n1", "DRAINING"), (50, "n1", "HEALTHY"))
+    r = slo.compute(evs, start=0, end=200)
+    assert r.node_seconds == 200  # never more node-time than wall time
