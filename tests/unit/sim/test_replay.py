@@ -6,6 +6,9 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.sim import replay
 
@@ -94,3 +97,35 @@ def test_simulate_policy_what_if(run_cli, tmp_path: Path):
     out = json.loads(p.stdout)
     assert set(out) == {"platform", "platform+policy"}
     assert out["platform+policy"]["remediations"] < out["platform"]["remediations"]
+
+
+def test_replay_real_kernel_logs_from_the_corpus(corpus: Path):
+    """Real logs (ground truth in the corpus MANIFEST): application Xids 13/43 are left
+    alone; Xid 79 (fallen off the bus) and 119 (GSP) get drained and remediated."""
+    logs = corpus / "kernel_logs"
+    from gpuvigil.node.config import NodeConfig
+
+    app = replay.replay(replay.changes_from_kernel_logs(
+        [logs / "xid13_43_dmesg-decode-iso_gpud-testdata.log"], config=NodeConfig()),
+        steps_work=True)  # fmt: skip
+    assert app.changes > 0
+    assert not [d for d in app.decisions if d.get("to") == "DRAINING"]
+    hw = replay.replay(replay.changes_from_kernel_logs(
+        [logs / "xid79_sxid20034_hgx_gpud-sxid-readme.log",
+         logs / "xid119_h100-xe9680_dmesg-ctime_gpud-testdata.log"], config=NodeConfig()),
+        steps_work=True)  # fmt: skip
+    drained = {d["node"] for d in hw.decisions if d.get("to") == "DRAINING"}
+    assert drained == {"xid79_sxid20034_hgx_gpud-sxid-readme",
+                       "xid119_h100-xe9680_dmesg-ctime_gpud-testdata"}  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=400))
+def test_replay_inputs_never_raise_on_garbage(tmp_path_factory, data: bytes):
+    path = tmp_path_factory.mktemp("g") / "n1.log"
+    path.write_bytes(data)
+    from gpuvigil.node.config import NodeConfig
+
+    replay.is_event_log(path)
+    list(replay.changes_from_events([path]))
+    list(replay.changes_from_kernel_logs([path], config=NodeConfig()))
