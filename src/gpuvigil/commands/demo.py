@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Same seed, same numbers.")] = 1,
         report: Annotated[
             Path, typer.Option(help="Where to write the HTML report of the full run.")
-        ] = Path("gpuvigil-demo-report.html"),
+        ] = Path("out/gpuvigil-demo-report.html"),
         events: Annotated[
             Path | None, typer.Option(help="Also write the full run's events (JSONL) here.")
         ] = None,
