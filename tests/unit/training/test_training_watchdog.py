@@ -62,7 +62,7 @@ def test_fires_when_steps_stop_and_dumps_stacks(tmp_path: Path) -> None:
     (rec,) = records
     assert (rec.rank, rec.node, rec.step, rec.reason) == (3, "n1", 5, "timeout")
     assert 0.5 <= rec.waited_s < 0.5 + 1.0
-    assert "test_watchdog.py" in rec.where  # the main thread was sleeping in this test
+    assert "test_training_watchdog.py" in rec.where  # the main thread was sleeping in this test
     dump = Path(rec.stack_file).read_text()
     assert "gpuvigil-watchdog" in dump or "Thread" in dump
     assert "test_fires_when_steps_stop" in dump
