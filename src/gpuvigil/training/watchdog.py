@@ -132,7 +132,7 @@ class Watchdog:
             self._arm_backstop()
 
     def _arm_backstop(self) -> None:
-        if self._paused:
+        if self._paused or self._stop.is_set():
             return
         # Fires only if this thread could not (the main thread holds the GIL in C code).
         self._armed_at = time.monotonic()

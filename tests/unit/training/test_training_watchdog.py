@@ -146,3 +146,15 @@ def test_faulthandler_backstop_follows_progress_and_fires_without_it(tmp_path: P
     stuck = run(0.2, 3.0)  # then no progress, and the watchdog thread is gone
     assert stuck.returncode == 1 and "alive" not in stuck.stdout
     assert "Timeout" in stuck.stderr  # faulthandler's dump
+
+
+def test_stopped_watchdog_never_rearms(tmp_path: Path) -> None:
+    wd, exits, _ = _watchdog(tmp_path)
+    wd.start()
+    wd.stop()
+    with wd.paused():
+        pass
+    wd.kick(1, 0.1)
+    time.sleep(0.3)
+    assert exits == [] and wd.fired is None
+    assert wd._armed_at < time.monotonic() - 0.25
