@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,13 @@ class Run:
             and self.step > 0
         ):
             self.save()
+        if self._watchdog is not None:  # what follows the loop is not a step: no step timeout
+            self._watchdog.stop()
+
+    def paused(self) -> AbstractContextManager[None]:
+        """Wrap legitimately long work inside a step (an evaluation pass, a profiler dump)
+        so the hang watchdog does not count it: `with run.paused(): evaluate()`."""
+        return self._watchdog.paused() if self._watchdog is not None else nullcontext()
 
     def _forward_done(self, *_: Any) -> None:
         self._fwd_end = time.perf_counter()

@@ -34,6 +34,7 @@ from gpuvigil.training.config import WatchdogConfig
 log = logging.getLogger("gpuvigil.training.watchdog")
 
 HANG_KEY = "gpuvigil/hang"
+BACKSTOP_GRACE_S = 30.0  # the faulthandler backstop fires at 2 x timeout + this
 _TORCH_WAIT = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
 
 
@@ -85,7 +86,7 @@ class Watchdog:
         self.rank, self.node, self.dump_dir = rank, node, dump_dir
         self._on_fire, self._store, self._exit = on_fire, store, exit
         self._times: deque[float] = deque(maxlen=1000)
-        self._last_kick = time.monotonic()
+        self._last_kick = self._armed_at = time.monotonic()
         self._step = 0
         self._paused = 0
         self._timeout = derive_timeout((), config)
@@ -112,7 +113,7 @@ class Watchdog:
     def kick(self, step: int, step_time_s: float) -> None:
         """One completed step (the hot path: a clock read and a deque append)."""
         now = time.monotonic()
-        if now - self._last_kick > self.config.poll_s:
+        if now - self._armed_at > self.config.poll_s:  # re-arm about once per poll, not per step
             self._arm_backstop()
         self._last_kick = now
         self._step = step
@@ -131,10 +132,11 @@ class Watchdog:
             self._arm_backstop()
 
     def _arm_backstop(self) -> None:
-        if self._paused:
+        if self._paused or self._stop.is_set():
             return
         # Fires only if this thread could not (the main thread holds the GIL in C code).
-        faulthandler.dump_traceback_later(2 * self._timeout + 30, exit=True)
+        self._armed_at = time.monotonic()
+        faulthandler.dump_traceback_later(2 * self._timeout + BACKSTOP_GRACE_S, exit=True)
 
     def _peer_fired(self) -> bool:
         if self._store is None:

@@ -62,7 +62,7 @@ def test_fires_when_steps_stop_and_dumps_stacks(tmp_path: Path) -> None:
     (rec,) = records
     assert (rec.rank, rec.node, rec.step, rec.reason) == (3, "n1", 5, "timeout")
     assert 0.5 <= rec.waited_s < 0.5 + 1.0
-    assert "test_watchdog.py" in rec.where  # the main thread was sleeping in this test
+    assert "test_training_watchdog.py" in rec.where  # the main thread was sleeping in this test
     dump = Path(rec.stack_file).read_text()
     assert "gpuvigil-watchdog" in dump or "Thread" in dump
     assert "test_fires_when_steps_stop" in dump
@@ -103,3 +103,58 @@ def test_firing_rank_raises_the_flag_for_peers(tmp_path: Path) -> None:
     wd.fire(reason="timeout", waited_s=1.0)
     assert exits == [exit_codes.HANG]
     assert store.get(HANG_KEY) == b"3"
+
+
+_BACKSTOP = """
+import time
+from pathlib import Path
+from gpuvigil.training import watchdog
+from gpuvigil.training.config import WatchdogConfig
+watchdog.BACKSTOP_GRACE_S = 0.0  # backstop at 2 x 0.5 s: it must keep moving while steps do
+wd = watchdog.Watchdog(WatchdogConfig(timeout_s=0.5, poll_s=0.05), rank=0, node="n",
+                       dump_dir=Path("."), exit=lambda code: None).start()
+t0 = time.monotonic()
+while time.monotonic() - t0 < {run_s}:
+    wd.kick(1, 0.001)
+    time.sleep(0.005)
+wd._stop.set()  # leave the backstop armed: only it can end the process now
+time.sleep({idle_s})
+print("alive")
+"""
+
+
+def test_faulthandler_backstop_follows_progress_and_fires_without_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    def run(run_s: float, idle_s: float) -> subprocess.CompletedProcess[str]:
+        code = _BACKSTOP.format(run_s=run_s, idle_s=idle_s)
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+
+    healthy = run(2.5, 0.0)  # 2.5 s of fast steps: longer than the 1 s backstop
+    assert healthy.returncode == 0 and "alive" in healthy.stdout, healthy.stderr
+    stuck = run(0.2, 3.0)  # then no progress, and the watchdog thread is gone
+    assert stuck.returncode == 1 and "alive" not in stuck.stdout
+    assert "Timeout" in stuck.stderr  # faulthandler's dump
+
+
+def test_stopped_watchdog_never_rearms(tmp_path: Path) -> None:
+    wd, exits, _ = _watchdog(tmp_path)
+    wd.start()
+    wd.stop()
+    with wd.paused():
+        pass
+    wd.kick(1, 0.1)
+    time.sleep(0.3)
+    assert exits == [] and wd.fired is None
+    assert wd._armed_at < time.monotonic() - 0.25
