@@ -115,10 +115,11 @@ class _EccError(OpsWrapper):
 
 
 class _SlowCopy(OpsWrapper):
-    """A PCIe link trained down: every copy takes far longer."""
+    """Device 1's link trained down: each of its copies takes 0.2 s longer."""
 
     def copy(self, i: int, dst: Any, src: Any) -> None:
-        time.sleep(0.05)
+        if i == BAD:
+            time.sleep(0.2)
         self.inner.copy(i, dst, src)
 
 

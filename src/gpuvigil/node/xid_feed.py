@@ -23,12 +23,23 @@ from gpuvigil.node.rules import xid as xid_rules
 
 MAX_EVENTS = 4096  # an Xid storm must not grow memory without bound; the newest are kept
 _SOURCES: dict[str, XidSource] = {
-    "kmsg": "kmsg", "dmesg": "dmesg", "journal": "journal", "file": "file", "nvml": "nvml"}
+    "kmsg": "kmsg",
+    "dmesg": "dmesg",
+    "journal": "journal",
+    "file": "file",
+    "nvml": "nvml",
+}
 
 
 class XidFeed:
-    def __init__(self, catalog: XidCatalog, *, check: str, boot_id: str | None = None,
-                 booted_at: datetime | None = None) -> None:
+    def __init__(
+        self,
+        catalog: XidCatalog,
+        *,
+        check: str,
+        boot_id: str | None = None,
+        booted_at: datetime | None = None,
+    ) -> None:
         self.catalog, self.check = catalog, check
         self.boot_id, self.booted_at = boot_id, booted_at
         self.events: deque[XidEvent] = deque(maxlen=MAX_EVENTS)
@@ -78,17 +89,31 @@ class XidFeed:
         with self._lock:
             self.events.extendleft(reversed(list(events)))
 
-    def outliving_reboot(self, events: Iterable[XidEvent],
-                         gpus: Mapping[str, GpuRef] | None = None) -> list[XidEvent]:
+    def outliving_reboot(
+        self, events: Iterable[XidEvent], gpus: Mapping[str, GpuRef] | None = None
+    ) -> list[XidEvent]:
         """The ones that only a person's release clears (worth keeping across a reboot)."""
-        return [ev for ev in events
-                if xid_rules.outlives_reboot(ev, catalog=self.catalog, gpus=gpus)]
+        return [
+            ev for ev in events if xid_rules.outlives_reboot(ev, catalog=self.catalog, gpus=gpus)
+        ]
 
-    def findings(self, now: datetime, *, gpus: Mapping[str, GpuRef] | None = None,
-                 nvml_events: Iterable[XidEvent] = (),
-                 released_at: datetime | None = None) -> list[Finding]:
+    def findings(
+        self,
+        now: datetime,
+        *,
+        gpus: Mapping[str, GpuRef] | None = None,
+        nvml_events: Iterable[XidEvent] = (),
+        released_at: datetime | None = None,
+    ) -> list[Finding]:
         with self._lock:
             events = [*self.events, *nvml_events]
-        return xid_rules.evaluate(events, catalog=self.catalog, now=now, gpus=gpus,
-                                  boot_id=self.boot_id, driver_loaded_at=self.driver_loaded_at,
-                                  released_at=released_at, check=self.check)
+        return xid_rules.evaluate(
+            events,
+            catalog=self.catalog,
+            now=now,
+            gpus=gpus,
+            boot_id=self.boot_id,
+            driver_loaded_at=self.driver_loaded_at,
+            released_at=released_at,
+            check=self.check,
+        )

@@ -41,8 +41,15 @@ MAX_BYTES = 1 << 20  # 256 events of at most ~1.5 KB each fit well below this
 CODE = "AGENT_STATE"
 _FIELDS = {f.name for f in fields(XidEvent)}
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {
-    "bus_id": str, "timestamp": str, "process": str, "device": str, "boot_id": str,
-    "seq": int, "pid": int, "uptime_s": (int, float)}
+    "bus_id": str,
+    "timestamp": str,
+    "process": str,
+    "device": str,
+    "boot_id": str,
+    "seq": int,
+    "pid": int,
+    "uptime_s": (int, float),
+}
 _SOURCES = ("kmsg", "dmesg", "journal", "file", "nvml")
 
 
@@ -71,8 +78,11 @@ def decode_event(raw: object) -> XidEvent | None:
             if kw["time"].tzinfo is None:
                 return None
         code = kw.get("code")
-        if not isinstance(code, int) or isinstance(code, bool) or kw.get("kind") not in (
-            "xid", "sxid"):
+        if (
+            not isinstance(code, int)
+            or isinstance(code, bool)
+            or kw.get("kind") not in ("xid", "sxid")
+        ):
             return None
         for name in ("pci_bus_id", "message", "line"):
             if not isinstance(kw.get(name), str):

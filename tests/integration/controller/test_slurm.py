@@ -63,7 +63,9 @@ def test_drain_requeue_reboot_and_restart_mid_drain(slurm) -> None:  # type: ign
     c = adapter(slurm)
     for n in slurm.names:
         publish(slurm, n)
-    out = slurm.run("sbatch", "--requeue", "--output=/dev/null", "-w", "gpu3", "--wrap", "sleep 600").stdout
+    out = slurm.run(
+        "sbatch", "--requeue", "--output=/dev/null", "-w", "gpu3", "--wrap", "sleep 600"
+    ).stdout
     job = out.split()[-1]
     wait_for(lambda: c.get_node("gpu3").running == 1, 20, "job running on gpu3")
     publish(slurm, "gpu3", FATAL)

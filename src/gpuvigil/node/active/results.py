@@ -41,8 +41,22 @@ class Measurement:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Measurement:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+    def from_json(cls, data: Any) -> Measurement:
+        """Read one from the worker's JSON; ValueError when it is not a measurement."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not an object: {type(data).__name__}")
+        m = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        texts = (m.check, m.component, m.metric, m.unit, m.message)
+        numbers = (m.achieved, m.expected)
+        if (
+            not all(isinstance(t, str) for t in texts)
+            or m.status not in {s.value for s in Status}
+            or not (m.code is None or isinstance(m.code, str))
+            or not all(n is None or isinstance(n, int | float) for n in numbers)
+            or not isinstance(m.evidence, dict)
+        ):
+            raise ValueError(f"malformed measurement: {str(data)[:200]}")
+        return m
 
 
 def to_finding(m: Measurement, *, observed_at: datetime) -> Finding | None:

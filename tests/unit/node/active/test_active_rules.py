@@ -77,3 +77,32 @@ def ok_time():
     from gpuvigil.core.findings import utcnow
 
     return utcnow()
+
+
+_events = st.one_of(
+    st.text(max_size=60),
+    st.dictionaries(
+        st.sampled_from(["event", "check", "measurements", "component", "code", "message",
+                         "timeout_s", "names", "models", "duration_s"]),
+        st.one_of(st.none(), st.integers(), st.text(max_size=10),
+                  st.sampled_from(["start", "result", "error", "timeout", "fatal", "progress",
+                                   "devices"]),
+                  st.lists(st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
+                           max_size=2)),
+        max_size=6,
+    ).map(lambda d: __import__("json").dumps(d)),
+)
+
+
+@given(st.lists(_events, max_size=8), st.sampled_from([None, "timeout", "missing"]),
+       st.one_of(st.none(), st.integers(-9, 255)))
+def test_worker_output_parser_never_raises(lines, error, rc):
+    from gpuvigil.node.active.runner import ActiveOutcome, _absorb
+    from gpuvigil.node.probes.exec import ExecResult
+
+    result = ExecResult(argv=("python",), returncode=rc, stdout="\n".join(lines).encode(),
+                        stderr=b"", duration_s=1.0, error=error)
+    outcome = ActiveOutcome()
+    done, _fatal = _absorb(result, outcome)
+    assert isinstance(done, set)
+    assert all(f.status is Status.FAILED for f in outcome.findings)
