@@ -43,6 +43,7 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
     src = str(Path(gpuvigil.__file__).resolve().parents[1])
     out["PYTHONPATH"] = os.pathsep.join(p for p in (src, out.get("PYTHONPATH", "")) if p)
+    out.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch's order = the host's order
     return out
 
 

@@ -157,6 +157,8 @@ def main() -> int:
     sizes = cfg.sizes(device)
     exp = _expected(cfg, ops, sizes, spec)
     emit({"event": "devices", "names": [ops.name(i) for i in range(ops.count())],
+          "components": [ops.component(i) for i in range(ops.count())],
+          "pci": list(getattr(ops.inner, "pci", [])),
           "models": [exp["model"][i] for i in range(ops.count())],
           "torch": torch.__version__})
     for check in spec.get("checks", []):

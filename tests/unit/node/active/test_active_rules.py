@@ -106,3 +106,31 @@ def test_worker_output_parser_never_raises(lines, error, rc):
     done, _fatal = _absorb(result, outcome)
     assert isinstance(done, set)
     assert all(f.status is Status.FAILED for f in outcome.findings)
+
+
+def test_gpu_components_follow_the_hosts_pci_order(tmp_path):
+    from gpuvigil.fakes.sysfs import FakeSysfs
+    from gpuvigil.node.active.ops import host_gpu_indexes
+
+    fs = FakeSysfs(tmp_path)
+    for addr in ("0000:c0:00.0", "0000:18:00.0", "0000:9a:00.0"):
+        fs.add_gpu(addr)
+    fs.add_ib("mlx5_0", address="0000:19:00.0")  # not a GPU
+    assert host_gpu_indexes(str(tmp_path)) == {"0000:18:00.0": 0, "0000:9a:00.0": 1,
+                                               "0000:c0:00.0": 2}
+    assert host_gpu_indexes(str(tmp_path / "nowhere")) == {}
+
+
+def test_torch_index_is_mapped_to_the_host_index():
+    import pytest
+
+    pytest.importorskip("torch")
+    from gpuvigil.node.active.ops import TorchOps
+
+    ops = TorchOps("cpu", cpu_devices=2)
+    ops.kind = "cuda"  # as if CUDA_VISIBLE_DEVICES had handed us host GPUs 5 and 2
+    ops.pci = ["0000:c0:00.0", "0000:4f:00.0"]
+    ops._host_index = {"0000:4f:00.0": 2, "0000:c0:00.0": 5}
+    assert [ops.component(0), ops.component(1)] == ["gpu:5", "gpu:2"]
+    ops.pci = [None, "0000:ff:00.0"]  # unknown: torch's index, never a crash
+    assert [ops.component(0), ops.component(1)] == ["gpu:0", "gpu:1"]
