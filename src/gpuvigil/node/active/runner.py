@@ -34,6 +34,8 @@ class ActiveOutcome:
     findings: list[Finding] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     models: list[str | None] = field(default_factory=list)
+    components: list[str] = field(default_factory=list)  # gpu:N (host index) per device
+    pci: list[str | None] = field(default_factory=list)
     durations_s: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     workers: int = 0
@@ -158,6 +160,8 @@ def _event(
     if kind == "devices":
         outcome.devices = [str(n) for n in ev.get("names") or []]
         outcome.models = [m if isinstance(m, str) else None for m in ev.get("models") or []]
+        outcome.components = [str(c) for c in ev.get("components") or []]
+        outcome.pci = [p if isinstance(p, str) else None for p in ev.get("pci") or []]
     elif kind == "start":
         started, where = check, "node"
     elif kind == "progress":
