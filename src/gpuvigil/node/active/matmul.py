@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from gpuvigil.node.active.config import ActiveConfig, Sizes
@@ -59,6 +60,9 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
         scale = math.sqrt(n) * a.double().pow(2).mean().sqrt().item() * b.double().pow(
             2).mean().sqrt().item()
         tol = rules.TOLERANCE[name]
+        batch: list[Measurement] = []
+        digests: dict[int, str] = {}
+        classes: list[Any] = []  # one CPU copy per bitwise-distinct product
         for i in range(ops.count()):
             da, db = a.to(ops.devices[i]), b.to(ops.devices[i])
             with _tf32(ops, name == "tf32"):
@@ -68,9 +72,10 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
             drift = max(_normalised_error(ops, r, results[0].to("cpu", torch.float64), scale)
                         for r in results[1:])
             bitwise = all(torch.equal(results[0], r) for r in results[1:])
+            digests[i] = _class_of(ops, results[0], classes)
             ev = {"dtype": name, "size": n, "repeats": cfg.matmul_repeats,
                   "max_repeat_difference": drift, "bitwise_repeatable": bitwise,
-                  "device_name": ops.name(i)}
+                  "device_name": ops.name(i), "result_class": digests[i]}
             status, code, msg = "OK", None, ""
             if rules.wrong(error, name):
                 status, code = "FAILED", "GPU_SDC"
@@ -81,10 +86,58 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
                 # same device: any change between repeats is the hardware.
                 status, code = "FAILED", "GPU_SDC"
                 msg = f"{name} matmul gave different results on repeats (by {drift:.3g})"
-            out.append(Measurement(check="matmul", component=ops.component(i),
-                                   metric=f"{name}_max_error", achieved=error, expected=tol,
-                                   unit="normalised error", status=status, code=code,
-                                   message=msg, evidence=ev))
+            batch.append(Measurement(check="matmul", component=ops.component(i),
+                                     metric=f"{name}_max_error", achieved=error, expected=tol,
+                                     unit="normalised error", status=status, code=code,
+                                     message=msg, evidence=ev))
+        out += _agreement(ops, batch, digests, name)
+    return out
+
+
+def _class_of(ops: Any, t: Any, classes: list[Any]) -> str:
+    """A label shared by bitwise-equal products ("r0", "r1", ...): n GPUs, <= n^2/2 compares."""
+    host = t.detach().to("cpu")
+    for k, rep in enumerate(classes):
+        if rep.dtype == host.dtype and ops.torch.equal(rep, host):
+            return f"r{k}"
+    classes.append(host)
+    return f"r{len(classes) - 1}"
+
+
+def _agreement(
+    ops: Any, batch: list[Measurement], digests: dict[int, str], dtype: str
+) -> list[Measurement]:
+    """Same inputs, same GPU model, same library: the products must be bitwise identical.
+    A GPU that disagrees with the majority of its peers is corrupting bits too small for
+    any tolerance to see (the way fleet SDC screens find them)."""
+    groups: dict[str, list[int]] = {}
+    for i in digests:
+        groups.setdefault(ops.name(i), []).append(i)
+    out = list(batch)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        counts: dict[str, int] = {}
+        for i in members:
+            counts[digests[i]] = counts.get(digests[i], 0) + 1
+        if len(counts) == 1:
+            continue
+        top, top_n = max(counts.items(), key=lambda kv: kv[1])
+        majority = top_n * 2 > len(members)
+        if not majority and any(out[i].status != "OK" for i in members):
+            continue  # a peer already failed on its own: that explains the disagreement
+        for i in members:
+            m = out[i]
+            if m.status != "OK" or (majority and digests[i] == top):
+                continue
+            if majority:
+                msg = (f"{dtype} product differs bitwise from {top_n} of {len(members)} "
+                       "identical GPUs given the same inputs")
+                out[i] = replace(m, status="FAILED", code="GPU_SDC", message=msg,
+                                 evidence={**m.evidence, "majority_class": top})
+            else:  # no majority (two GPUs, or all different): cannot tell which is wrong
+                msg = f"{dtype} products of identical GPUs disagree bitwise; no majority"
+                out[i] = replace(m, status="WARNING", code="GPU_SDC", message=msg)
     return out
 
 

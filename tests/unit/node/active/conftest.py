@@ -17,9 +17,9 @@ def cpu_ops() -> Callable[[str | None], Any]:
     """Two virtual CPU devices, optionally wrapped by a `gpuvigil.fakes.active` injector."""
     from gpuvigil.node.active.worker import build_ops
 
-    def make(fault: str | None = None) -> Any:
+    def make(fault: str | None = None, devices: int = 2) -> Any:
         wrapper = f"gpuvigil.fakes.active:{fault}" if fault else None
-        return build_ops("cpu", cpu_devices=2, wrapper=wrapper)
+        return build_ops("cpu", cpu_devices=devices, wrapper=wrapper)
 
     return make
 

@@ -42,6 +42,19 @@ def test_result_changing_between_repeats_is_sdc(cpu_ops, small):
     assert flagged[0].evidence["bitwise_repeatable"] is False
 
 
+def test_a_bit_no_tolerance_sees_is_found_by_the_peers(cpu_ops, small):
+    cfg = small.model_copy(update={"dtypes": ["fp32", "bf16"]})
+    ms = matmul.correctness(cpu_ops("subtle_matmul", devices=3), cfg, cfg.sizes("cpu"))
+    assert problems(ms) == [("cpu:1", "GPU_SDC")] * 2
+    bad = next(m for m in ms if m.code)
+    assert bad.achieved < bad.expected  # within tolerance: only the peers disagree
+    assert "differs bitwise from 2 of 3" in bad.message
+    # With two devices there is no majority: both are flagged, as a WARNING.
+    two = matmul.correctness(cpu_ops("subtle_matmul"), cfg, cfg.sizes("cpu"))
+    assert sorted((m.component, m.status) for m in two if m.code) == [
+        ("cpu:0", "WARNING"), ("cpu:0", "WARNING"), ("cpu:1", "WARNING"), ("cpu:1", "WARNING")]
+
+
 def test_load_reports_tflops_and_passes(cpu_ops, small):
     # 0.2 GFLOP/s expected: a 48x48 fp32 matmul call beats 0.4 of it unless the machine
     # stalls it for ~3 ms every call; the all-slow injector (20 ms a call) does not.
