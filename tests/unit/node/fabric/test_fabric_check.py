@@ -231,3 +231,24 @@ def test_real_h100_tree(corpus, tmp_path, make_ctx, run_named):
     assert [(f.code, f.component, f.status) for f in found] == [
         ("FABRIC_ERRORS", "nic:mlx5_1", Status.WARNING)
     ]
+
+
+def test_efa_interface_found_on_a_sibling_pci_function(tmp_path, make_ctx, run_named):
+    fs = FakeSysfs(tmp_path / "root")
+    fs.add_pci("0000:20:00.0", vendor="0x1d0f", pci_class="0x020000", driver="ena")
+    fs.write("sys/devices/pci0000:00/0000:20:00.0/net/ens32/operstate", "down\n")
+    fs.add_efa("rdmap32s0", address="0000:20:00.1")  # no net/ of its own
+    found = run_named("fabric", make_ctx(fabric={"kind": "efa", "expect_adapters": 1}))
+    assert codes(found) == [("FABRIC_PORT_DOWN", "nic:rdmap32s0")]
+    assert found[0].evidence["netdev"] == "ens32"
+
+
+def test_roce_interface_found_through_the_gid_table(tmp_path):
+    fs = FakeSysfs(tmp_path / "root")
+    fs.add_ib("mlx5_0", link_layer="Ethernet", rate_gbps=400)
+    fs.write("sys/class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0", "eth7\n")
+    fs.write("sys/class/net/eth7/operstate", "up\n")
+    fs.write("sys/class/net/eth7/carrier", "1\n")
+    (adapter,) = probe.read_fabric(fs.root).adapters
+    assert adapter.kind == "roce"
+    assert [(n.name, n.operstate, n.carrier) for n in adapter.netdevs] == [("eth7", "up", 1)]
