@@ -24,7 +24,6 @@ from gpuvigil import config as config_mod
 from gpuvigil.commands import report_view
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
-from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.probes import kernel_log, nvidia_smi
@@ -32,7 +31,6 @@ from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
 from gpuvigil.node.readings import GpuInventory
 from gpuvigil.node.rules import dcgm as dcgm_rules
 from gpuvigil.node.rules import gpu as gpu_rules
-from gpuvigil.node.rules import xid as xid_rules
 from gpuvigil.node.sweep import load_checks
 
 
@@ -76,24 +74,13 @@ def analyze_dcgm(path: Path, *, kind: str, level: int | None) -> list[Finding]:
 
 
 def analyze_kmsg(path: Path, *, node: NodeConfig, inv: GpuInventory | None) -> list[Finding]:
-    """The kernel-log rules as of the capture: `now` is the newest event's time, so an
-    old bundle shows what was wrong when it was taken, not what has expired since."""
-    if not path.is_file():
-        return _read(path, kernel_log.CHECK)[1]
-    cfg = node.kernel_log.model_copy(update={"file": str(path.resolve())})
-    ctx = CheckContext(config=node, root=Path("/"))
-    log, failures = kernel_log.read_kernel_log(ctx, cfg=cfg, now=utcnow())
-    if log is None:
-        return [f.finding for f in failures]
-    times = [ev.time for ev in log.events if ev.time is not None]
-    as_of = max(times) if times else utcnow()
-    return xid_rules.evaluate_log(
-        log,
-        catalog=load_catalog(cfg),
-        now=as_of,
-        gpus=inv.gpu_map() if inv is not None else None,
-        check=kernel_log.CHECK,
-    )
+    """The kernel-log rules as of the capture's end (the kernel-log work's
+    `analyze_capture`), with GPUs mapped through the nvidia-smi readings when given."""
+    data, failed = _read(path, kernel_log.CHECK)
+    if data is None:
+        return failed
+    gpus = inv.gpu_map() if inv is not None else None
+    return kernel_log.analyze_capture(data, cfg=node.kernel_log, gpus=gpus)
 
 
 def analyze_sysfs(root: Path, *, node: NodeConfig) -> list[tuple[list[Finding], CheckRun]]:

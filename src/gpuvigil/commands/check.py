@@ -16,12 +16,13 @@ from rich.console import Console
 from gpuvigil import config as config_mod
 from gpuvigil.commands import report_view
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.sweep import run_sweep
+from gpuvigil.node.readings import GpuInventory
+from gpuvigil.node.sweep import run_sweep, select
 
 
 def register(app: typer.Typer) -> None:
     @app.command("check")
-    def check(
+    def check(  # noqa: PLR0917 - typer maps every option to a parameter
         config: Annotated[
             Path | None,
             typer.Option("--config", help="YAML config file (the `node:` section applies here)."),
@@ -44,6 +45,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         node: str | None = typer.Option(None, "--node", help="Node name in the report."),
+        skip: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--skip",
+                help="Do not run this check (repeatable), e.g. --skip dcgm_diag. A skipped "
+                "check is reported as disabled, never as passed.",
+            ),
+        ] = None,
     ) -> None:
         """Run every node health check here once (GPUs, DCGM, kernel log, fabric, PCIe).
 
@@ -57,10 +66,19 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"gpuvigil check: config error: {e}", err=True)
             raise typer.Exit(2) from e
         ctx = CheckContext(config=cfg.node, root=sysfs_root or Path("/"))
-        report = run_sweep(ctx, node=node)
+        specs = select()
+        unknown = sorted(set(skip or ()) - {s.name for s in specs})
+        if unknown:
+            names = ", ".join(s.name for s in specs)
+            typer.echo(f"gpuvigil check: no check named {', '.join(unknown)} ({names})", err=True)
+            raise typer.Exit(2)
+        report = run_sweep(ctx, node=node, specs=specs, skipped=skip or ())
         if as_json:
             sys.stdout.write(report_view.as_json(report) + "\n")
         else:
+            inv = ctx.extras.get("gpu.inventory")
+            if isinstance(inv, GpuInventory):
+                typer.echo(report_view.inventory_line(inv))
             report_view.render(
                 report, console=Console(emoji=False, highlight=False), title="gpuvigil check"
             )

@@ -186,7 +186,7 @@ def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(0)
 
-    console = _Console(soft_wrap=False)
+    console = _Console(soft_wrap=False, emoji=False)  # ":ab:" in a bus id is not an emoji
     counts: Counter[str] = Counter()
     rows: list[tuple[str, ...]] = []
     plain = False

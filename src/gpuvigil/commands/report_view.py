@@ -4,12 +4,14 @@ or the NodeReport as JSON (the stable format documented in docs/checks.md)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from gpuvigil.core.findings import NodeReport, Status
+from gpuvigil.node.readings import GpuInventory
 
 _STYLE = {"OK": "green", "WARNING": "yellow", "FAILED": "bold red", "disabled": "dim"}
 
@@ -27,6 +29,23 @@ def verdict(report: NodeReport) -> str:
         return f"UNHEALTHY: {len(failed)} failed finding(s), action {report.action.value} (exit 1)"
     warnings = [f for f in report.problems if f.status is Status.WARNING]
     return f"HEALTHY{f' with {len(warnings)} warning(s)' if warnings else ''} (exit 0)"
+
+
+def inventory_line(inv: GpuInventory) -> str:
+    """One line saying what was looked at: `8 x NVIDIA H100 80GB HBM3 (Hopper), driver
+    550.90.07, read via nvml`."""
+    names = Counter(g.name or "unknown GPU" for g in inv.gpus if not g.lost)
+    arch = {g.name: g.architecture for g in inv.gpus if g.architecture}
+    parts = [
+        f"{n} x {name}" + (f" ({arch[name]})" if arch.get(name) else "")
+        for name, n in names.most_common()
+    ]
+    lost = sum(1 for g in inv.gpus if g.lost)
+    if lost:
+        parts.append(f"{lost} not answering")
+    what = ", ".join(parts) or "no GPUs"
+    driver = f", driver {inv.driver_version}" if inv.driver_version else ""
+    return f"GPUs: {what}{driver}, read via {inv.source}"
 
 
 def render(report: NodeReport, *, console: Console, title: str) -> None:

@@ -51,6 +51,11 @@ _CODES = [
     ),
     Code("GPU_COUNT_LOW", HEALTH_CHECK, "fewer GPUs than expected for this node"),
     Code("GPU_LOST", HEALTH_CHECK, "a GPU is lost or answers with unknown errors"),
+    Code(
+        "GPU_RECOVERY_REQUIRED",
+        HEALTH_CHECK,
+        "the driver says the GPU needs a reset, drain or reboot (NVML recovery action)",
+    ),
     Code("DCGM_HEALTH_FAIL", HEALTH_CHECK, "dcgmi health reports a failure"),
     Code("DCGM_DIAG_FAIL", HEALTH_CHECK, "a DCGM diagnostic test failed or could not complete"),
     # Memory.

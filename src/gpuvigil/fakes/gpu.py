@@ -97,6 +97,9 @@ class FakeGpu:
     pcie_width_max: int = 16
     nvlinks: list[FakeNvLink] = field(default_factory=list)
     xids: list[FakeXid] = field(default_factory=list)
+    # The driver's recovery verdict, nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset,
+    # 2 node reboot, 3 drain P2P, 4 drain and reset.
+    recovery_action: int = 0
     # Failure switches.
     present: bool = True  # False: off the bus entirely, not even counted by NVML
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost

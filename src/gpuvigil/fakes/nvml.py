@@ -72,6 +72,9 @@ NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
 NVML_NVLINK_ERROR_DL_CRC_DATA = 3
 
 NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_FI_DEV_RESET_STATUS = 226
+NVML_FI_DEV_DRAIN_AND_RESET_STATUS = 227
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 
 NVML_DEVICE_ARCH_VOLTA = 5
@@ -383,13 +386,19 @@ def nvmlDeviceGetTemperatureThreshold(handle: _Handle, threshold: int) -> int:
 
 
 def nvmlDeviceGetFieldValues(handle: _Handle, fieldIds: list[Any]) -> list[SimpleNamespace]:
-    """Only NVML_FI_DEV_MEMORY_TEMP is modelled; other fields answer NotSupported per value,
-    as the real call does."""
+    """Memory temperature and the recovery-action fields are modelled; other fields answer
+    NotSupported per value, as the real call does."""
     gpu = _gpu(handle, "nvmlDeviceGetFieldValues")
+    values = {
+        NVML_FI_DEV_MEMORY_TEMP: gpu.temperature_memory_c,
+        NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: gpu.recovery_action,
+        NVML_FI_DEV_RESET_STATUS: int(gpu.recovery_action in (1, 2)),
+        NVML_FI_DEV_DRAIN_AND_RESET_STATUS: int(gpu.recovery_action == 4),
+    }
     out = []
     for fid in fieldIds:
         field_id, scope = fid if isinstance(fid, tuple) else (fid, 0)
-        ok = field_id == NVML_FI_DEV_MEMORY_TEMP
+        ok = field_id in values
         out.append(
             SimpleNamespace(
                 fieldId=field_id,
@@ -398,7 +407,7 @@ def nvmlDeviceGetFieldValues(handle: _Handle, fieldIds: list[Any]) -> list[Simpl
                 latencyUsec=0,
                 valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
                 nvmlReturn=NVML_SUCCESS if ok else NVML_ERROR_NOT_SUPPORTED,
-                value=SimpleNamespace(uiVal=gpu.temperature_memory_c if ok else 0),
+                value=SimpleNamespace(uiVal=values.get(field_id, 0)),
             )
         )
     return out

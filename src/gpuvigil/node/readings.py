@@ -82,6 +82,10 @@ class GpuReading:
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     nvlinks: tuple[NvLinkReading, ...] = ()
+    # The driver's own verdict (nvmlDeviceGpuRecoveryAction_t, r550+; older drivers: reset
+    # status): "NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET",
+    # "RECOVER_IMEX_DOMAIN", "BUS_RESET", "SYSTEM_REBOOT".
+    recovery_action: str | None = None
     lost: bool = False  # NVML said "GPU is lost" (or the tool could not reach it)
     errors: tuple[ReadError, ...] = ()
 

@@ -14,7 +14,7 @@ import socket
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from gpuvigil.core.findings import CheckRun, Finding, NodeReport
+from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, run_check
 
 CHECK_MODULES = (
@@ -51,19 +51,36 @@ def select(
     return sorted(specs, key=lambda s: (s.name not in FIRST, s.name))
 
 
+def _skipped(spec: CheckSpec) -> tuple[list[Finding], CheckRun]:
+    finding = Finding(
+        check=spec.name,
+        status=Status.OK,
+        code="CHECK_DISABLED",
+        message="skipped for this run (--skip): not checked, not passed",
+    )
+    run = CheckRun(
+        check=spec.name, status=Status.OK, started_at=utcnow(), duration_s=0.0, disabled=True
+    )
+    return [finding], run
+
+
 def run_sweep(
     ctx: CheckContext,
     *,
     node: str | None = None,
     specs: list[CheckSpec] | None = None,
+    skipped: Iterable[str] = (),
     max_workers: int = 8,
 ) -> NodeReport:
     """Run `specs` (default: every registered check) once and report. Never raises: a
-    check that cannot run is a FAILED finding of its own (see `run_check`)."""
+    check that cannot run is a FAILED finding of its own (see `run_check`). A check named
+    in `skipped` is not run and is reported as disabled (CHECK_DISABLED), not dropped."""
     specs = select() if specs is None else specs
-    first = [s for s in specs if s.name in FIRST]
-    rest = [s for s in specs if s.name not in FIRST]
-    results: list[tuple[list[Finding], CheckRun]] = [run_check(s, ctx) for s in first]
+    skip = set(skipped)
+    first = [s for s in specs if s.name in FIRST and s.name not in skip]
+    rest = [s for s in specs if s.name not in FIRST and s.name not in skip]
+    results: list[tuple[list[Finding], CheckRun]] = [_skipped(s) for s in specs if s.name in skip]
+    results += [run_check(s, ctx) for s in first]
     if rest:
         with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sweep") as pool:
             results += list(pool.map(lambda s: run_check(s, ctx), rest))

@@ -51,6 +51,19 @@ def test_healthy_fake_node_exits_0(run_cli, fake_node) -> None:
     assert disabled == {"dcgm_health", "dcgm_diag"}
 
 
+def test_skip_is_reported_as_disabled(run_cli, fake_node) -> None:
+    _, _, sysfs, env = fake_node
+    p = run_check(run_cli, env, sysfs, "--expect-gpus", "8", "--skip", "fabric")
+    report = json.loads(p.stdout)
+    assert p.returncode == 0
+    (run,) = [c for c in report["checks"] if c["check"] == "fabric"]
+    assert run["disabled"] and any(
+        f["check"] == "fabric" and f["code"] == "CHECK_DISABLED" for f in report["findings"]
+    )
+    p = run_check(run_cli, env, sysfs, "--skip", "no_such_check")
+    assert p.returncode == 2 and "no_such_check" in p.stderr
+
+
 def test_faulty_fake_node_exits_1(run_cli, fake_node) -> None:
     node, scenario, sysfs, env = fake_node
     faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=4)
@@ -128,6 +141,7 @@ def test_analyze_bundle(run_cli) -> None:
         ("XID_79", "gpu:3"),
         ("ROW_REMAP_PENDING", "gpu:5"),
         ("ECC_UNCORRECTED_VOLATILE", "gpu:5"),
+        ("GPU_RECOVERY_REQUIRED", "gpu:5"),
         ("POWER_BRAKE", "gpu:6"),
         ("PCIE_DEGRADED", "gpu:2"),
         ("DCGM_DIAG_FAIL", "gpu:2"),

@@ -141,3 +141,14 @@ def test_every_fault_applies(fault: Fault) -> None:
     before = n.to_dict()
     faults.apply(n, fault, seed=3)
     assert n.to_dict() != before
+
+
+def test_the_scenario_in_docs_fakes_md_loads(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "fakes.md").read_text()
+    block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "s.yaml"
+    path.write_text(block)
+    node = gpu.FakeNode.load(path)
+    assert [g.index for g in node.gpus] == [0, 1, 2, 3, 4]
+    assert node.gpus[3].lost and node.gpus[3].xids[0].code == 79
+    assert node.gpus[0].nvlinks[1].active is False

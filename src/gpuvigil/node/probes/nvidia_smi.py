@@ -121,6 +121,34 @@ def _clock_reasons(gpu: ET.Element) -> int | None:
     return mask if seen else None
 
 
+def _recovery_action(gpu: ET.Element) -> str | None:
+    """`gpu_recovery_action` (r570+: "None", "Reset", "Reboot", "Drain P2P", "Drain and
+    Reset", ...), else the older `gpu_reset_status` Yes/No pair."""
+    text = _text(gpu, "gpu_recovery_action")
+    if text:
+        low = text.lower()
+        for needle, action in (
+            ("none", "NONE"),
+            ("drain and reset", "DRAIN_AND_RESET"),
+            ("p2p", "DRAIN_P2P"),
+            ("imex", "RECOVER_IMEX_DOMAIN"),
+            ("bus", "BUS_RESET"),
+            ("system", "SYSTEM_REBOOT"),
+            ("reboot", "NODE_REBOOT"),
+            ("reset", "GPU_RESET"),
+        ):
+            if needle in low:
+                return action
+        return f"UNKNOWN_{text.upper().replace(' ', '_')}"
+    drain = _yes(gpu, "gpu_reset_status/drain_and_reset_recommended")
+    reset = _yes(gpu, "gpu_reset_status/reset_required")
+    if drain:
+        return "DRAIN_AND_RESET"
+    if reset:
+        return "GPU_RESET"
+    return "NONE" if drain is False or reset is False else None
+
+
 def _threshold(temp: ET.Element | None, name: str) -> float | None:
     return _num(temp, name)  # absolute thresholds only; "*_tlimit_*" names are relative
 
@@ -169,6 +197,7 @@ def gpu_from_xml(index: int, gpu: ET.Element) -> GpuReading:
         pcie_gen_max=_int(link, "pcie_gen/max_link_gen"),
         pcie_width=_int(link, "link_widths/current_link_width"),
         pcie_width_max=_int(link, "link_widths/max_link_width"),
+        recovery_action=_recovery_action(gpu),
         lost=lost,
         errors=(ReadError("gpu", "Unknown", "nvidia-smi reports an error for this GPU"),)
         if lost

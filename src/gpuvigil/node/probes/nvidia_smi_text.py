@@ -31,6 +31,11 @@ _MAP: dict[tuple[str, ...], str] = {
     ("pci", "gpu link info", "link width", "max"): f"{_LINK}/link_widths/max_link_width",
     ("pci", "gpu link info", "link width", "current"): f"{_LINK}/link_widths/current_link_width",
     ("fb memory usage", "total"): "fb_memory_usage/total",
+    ("gpu reset status", "reset required"): "gpu_reset_status/reset_required",
+    ("gpu reset status", "drain and reset recommended"): (
+        "gpu_reset_status/drain_and_reset_recommended"
+    ),
+    ("gpu recovery action",): "gpu_recovery_action",
     ("ecc mode", "current"): "ecc_mode/current_ecc",
     ("ecc mode", "pending"): "ecc_mode/pending_ecc",
     ("retired pages", "single bit ecc"): (

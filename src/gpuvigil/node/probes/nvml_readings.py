@@ -31,6 +31,31 @@ ARCHITECTURES = {
 _ABSENT = {"NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound", "NoData"}
 
 
+# nvmlDeviceGpuRecoveryAction_t (nvidia-ml-py NVML_GPU_RECOVERY_ACTION_*).
+RECOVERY_ACTIONS = {
+    0: "NONE",
+    1: "GPU_RESET",
+    2: "NODE_REBOOT",
+    3: "DRAIN_P2P",
+    4: "DRAIN_AND_RESET",
+    5: "RECOVER_IMEX_DOMAIN",
+    6: "BUS_RESET",
+    7: "SYSTEM_REBOOT",
+}
+
+
+def _recovery(r: _Reader) -> str | None:
+    action = r.as_int("recovery_action")
+    if action is not None:
+        return RECOVERY_ACTIONS.get(action, f"UNKNOWN_{action}")
+    drain, reset = r.as_int("drain_and_reset_status"), r.as_int("reset_status")
+    if drain:
+        return "DRAIN_AND_RESET"
+    if reset:
+        return "GPU_RESET"
+    return "NONE" if drain == 0 or reset == 0 else None
+
+
 def _is_err(value: Any) -> bool:
     return isinstance(value, dict) and "__err__" in value
 
@@ -109,6 +134,7 @@ def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
         pcie_width=r.as_int("pcie_width"),
         pcie_width_max=r.as_int("pcie_width_max"),
         nvlinks=links,
+        recovery_action=_recovery(r),
         lost=any(e.error in LOST_ERRORS for e in r.errors),
         errors=tuple(r.errors),
     )

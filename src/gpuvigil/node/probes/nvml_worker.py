@@ -78,7 +78,13 @@ class Worker:
         read("retired_pending", n.nvmlDeviceGetRetiredPagesPendingStatus)
         read("remapped_rows", n.nvmlDeviceGetRemappedRows)
         read("temperature_gpu", n.nvmlDeviceGetTemperature, 0)
-        read("temperature_memory", self._memory_temperature)
+        read("temperature_memory", lambda handle: self._field(handle, 82))  # MEMORY_TEMP
+        # The driver's recovery verdict: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (r550+), else
+        # the older NVML_FI_DEV_RESET_STATUS / NVML_FI_DEV_DRAIN_AND_RESET_STATUS.
+        action = read("recovery_action", lambda handle: self._field(handle, 230))
+        if isinstance(action, dict):
+            read("reset_status", lambda handle: self._field(handle, 226))
+            read("drain_and_reset_status", lambda handle: self._field(handle, 227))
         read("threshold_shutdown", n.nvmlDeviceGetTemperatureThreshold, 0)
         read("threshold_slowdown", n.nvmlDeviceGetTemperatureThreshold, 1)
         read("threshold_mem_max", n.nvmlDeviceGetTemperatureThreshold, 2)
@@ -92,9 +98,10 @@ class Worker:
             raw["nvlinks"] = self._links(h, max_links)
         return {"gpu": index, "raw": raw}
 
-    def _memory_temperature(self, h: Any) -> Any:
+    def _field(self, h: Any, field_id: int) -> Any:
+        """One NVML field value (ids are stable numbers, so older bindings work too)."""
         n = self.nvml
-        value = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_MEMORY_TEMP])[0]
+        value = n.nvmlDeviceGetFieldValues(h, [field_id])[0]
         if value.nvmlReturn != 0:
             raise n.NVMLError(value.nvmlReturn)
         return value.value.uiVal

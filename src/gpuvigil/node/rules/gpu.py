@@ -86,6 +86,41 @@ def reachability(gpu: GpuReading, *, now: datetime, check: str) -> list[Finding]
     return out
 
 
+# nvmlDeviceGpuRecoveryAction_t name -> (our action, drain now?).
+_RECOVERY = {
+    "GPU_RESET": (Action.RESET_GPU, False),
+    "BUS_RESET": (Action.RESET_GPU, False),
+    "DRAIN_P2P": (Action.RESET_GPU, True),
+    "DRAIN_AND_RESET": (Action.RESET_GPU, True),
+    "NODE_REBOOT": (Action.REBOOT, True),
+    "SYSTEM_REBOOT": (Action.REBOOT, True),
+    "RECOVER_IMEX_DOMAIN": (Action.INVESTIGATE, True),
+}
+
+
+def recovery(gpu: GpuReading, *, now: datetime, check: str) -> list[Finding]:
+    """GPU_RECOVERY_REQUIRED when the driver itself says the GPU needs a reset, a drain or
+    a reboot (NVML's recovery action; `nvidia-smi -q` "GPU Recovery Action" / "GPU Reset
+    Status"). An action this catalog does not know asks for a person."""
+    action = gpu.recovery_action
+    if action in (None, "NONE"):
+        return []
+    ours, fatal = _RECOVERY.get(action, (Action.INVESTIGATE, True))
+    return [
+        Finding(
+            check=check,
+            status=Status.FAILED,
+            code="GPU_RECOVERY_REQUIRED",
+            component=gpu.component,
+            message=f"the driver asks for recovery of this GPU: {action}",
+            action=ours,
+            fatal=fatal,
+            evidence={"recovery_action": action, "gpu_uuid": gpu.uuid},
+            observed_at=now,
+        )
+    ]
+
+
 def inventory_errors(inv: GpuInventory, *, now: datetime, check: str) -> list[Finding]:
     """Node-wide problems of the source (truncated output, a failed device count)."""
     if not inv.errors:
@@ -120,6 +155,7 @@ def judge_inventory(
         if gpu.lost:
             continue
         product = catalog.lookup(gpu.name)
+        out += recovery(gpu, now=now, check=check)
         out += memory.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
         out += thermal.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
         out += gpu_pcie.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)

@@ -67,6 +67,9 @@ def test_corpus_specifics(corpus: Path) -> None:
     g = nvidia_smi.parse_xml(bw).gpus[0]
     assert g.architecture == "Blackwell" and g.ecc_enabled is False
     assert g.slowdown_temp_c is None  # relative "tlimit" thresholds are not absolute limits
+    r3060 = nvidia_smi.parse_xml((d / "x_rtx-3060-v12_telegraf.xml").read_bytes()).gpus[0]
+    assert r3060.recovery_action == "NONE"  # reset status "deprecated", recovery "None"
+    assert a100.recovery_action == "NONE"  # gpu_reset_status No/No
     r3090 = nvidia_smi.parse_xml((d / "x_3090-v13_telegraf.xml").read_bytes()).gpus[0]
     assert r3090.clock_event_reasons == 0x4  # SW power cap only: not a finding
 
@@ -266,3 +269,14 @@ GPU 00000000:2A:00.0
 @given(st.text(alphabet=st.sampled_from(list(" :\nGPU0123456789ABCDEF.abcxyz=")), max_size=800))
 def test_text_garbage_never_raises(data) -> None:
     judge(nvidia_smi.parse_xml("Attached GPUs : 2\n" + data), expect=2)
+
+
+def test_inventory_line_says_what_was_looked_at() -> None:
+    from gpuvigil.commands.report_view import inventory_line
+
+    node = faults.apply(gpu.make_node(8), Fault.GPU_OFF_BUS, gpu=3)
+    line = inventory_line(parse_node(node))
+    assert line == (
+        "GPUs: 7 x NVIDIA H100 80GB HBM3 (Hopper), 1 not answering, driver 550.90.07, "
+        "read via nvidia-smi"
+    )

@@ -49,6 +49,34 @@ def test_fault_is_found_on_its_gpu(scenario, make_ctx, fault, expected) -> None:
     assert {f.component for f in findings if f.code in expected} == {"gpu:3"}
 
 
+def test_volta_page_retirement_through_nvml(tmp_path, make_ctx, scenario) -> None:
+    from gpuvigil.fakes import gpu as fake_gpu
+
+    _, path = scenario
+    node = fake_gpu.make_node(8, model="V100")
+    faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=2)
+    node.save(path)
+    findings, _ = run_gpu(make_ctx())
+    assert {("RETIRED_PAGES_PENDING", "gpu:2"), ("ECC_UNCORRECTED_VOLATILE", "gpu:2")} <= set(
+        codes(findings)
+    )
+
+
+@pytest.mark.parametrize(("action", "ours"), [(1, "RESET_GPU"), (2, "REBOOT"), (4, "RESET_GPU")])
+def test_driver_recovery_action(scenario, make_ctx, action, ours) -> None:
+    node, path = scenario
+    node.gpus[6].recovery_action = action
+    node.save(path)
+    (f,) = run_gpu(make_ctx())[0]
+    assert (f.code, f.component, f.action) == ("GPU_RECOVERY_REQUIRED", "gpu:6", ours)
+    # The same verdict read back from nvidia-smi -q -x (the fallback and analyze).
+    from gpuvigil.fakes import nvidia_smi as fake_smi
+    from gpuvigil.node.probes import nvidia_smi
+
+    smi = nvidia_smi.parse_xml(fake_smi.render_xml(node)).gpus[6].recovery_action
+    assert smi == ("DRAIN_AND_RESET" if action == 4 else "GPU_RESET")
+
+
 def test_gpu_gone_from_the_bus_is_count_low(scenario, make_ctx) -> None:
     node, path = scenario
     node.gpus[5].present = False
@@ -189,3 +217,23 @@ def test_xid_events_reach_the_kernel_log_seam(scenario, make_ctx) -> None:
     assert (ev.code, ev.source, ev.bus_id, ev.code_name) == (43, "nvml", "0000:ba:00.0", "XID_43")
     run_gpu(ctx)
     assert len(ctx.extras["nvml_xid_events"]) == 1  # delivered once
+
+
+def test_gpus_on_the_pci_bus_are_the_expectation_without_config(scenario, make_ctx, tmp_path):
+    """8 NVIDIA GPUs in sysfs, 7 answering NVML, nothing configured: GPU_COUNT_LOW."""
+    from gpuvigil.fakes.sysfs import FakeSysfs
+
+    node, path = scenario
+    node.gpus[7].present = False
+    node.save(path)
+    ctx = make_ctx(expect_gpus=None)
+    ctx.root = FakeSysfs.node(tmp_path / "root", gpus=8, kind="ib", adapters=0).root
+    findings, _ = run_gpu(ctx)
+    assert [(f.code, f.evidence["expected"]) for f in findings] == [("GPU_COUNT_LOW", 8)]
+    # No NVIDIA device on the bus and nothing configured: not "0 expected".
+    ctx.root = tmp_path / "empty"
+    node.library_present = False
+    node.save(path)
+    nvml.close_all()  # a fresh worker meets the missing library at init
+    findings, _ = run_gpu(ctx)
+    assert [f.code for f in findings if f.code == "DRIVER_UNAVAILABLE"] == ["DRIVER_UNAVAILABLE"]

@@ -163,6 +163,27 @@ CASES = [
         [("CHECK_TIMEOUT", "FAILED", "NONE")],
     ),
     ("all unknown", GpuReading(index=0), []),
+    ("recovery none", replace(H100, recovery_action="NONE"), []),
+    (
+        "recovery reset",
+        replace(H100, recovery_action="GPU_RESET"),
+        [("GPU_RECOVERY_REQUIRED", "FAILED", "RESET_GPU")],
+    ),
+    (
+        "recovery drain and reset",
+        replace(H100, recovery_action="DRAIN_AND_RESET"),
+        [("GPU_RECOVERY_REQUIRED", "FAILED", "RESET_GPU")],
+    ),
+    (
+        "recovery reboot",
+        replace(H100, recovery_action="NODE_REBOOT"),
+        [("GPU_RECOVERY_REQUIRED", "FAILED", "REBOOT")],
+    ),
+    (
+        "recovery unknown to us",
+        replace(H100, recovery_action="UNKNOWN_9"),
+        [("GPU_RECOVERY_REQUIRED", "FAILED", "INVESTIGATE")],
+    ),
 ]
 
 
