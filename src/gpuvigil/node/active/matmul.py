@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from gpuvigil.node.active import telemetry
 from gpuvigil.node.active.config import ActiveConfig, Sizes
 from gpuvigil.node.active.results import Measurement
 from gpuvigil.node.rules import active as rules
@@ -160,10 +161,14 @@ def load(
     iters, busy = [0] * count, [0.0] * count
     drift: list[float] = [0.0] * count
     timers = [ops.timer(i).start() for i in range(count)] if ops.asynchronous else []
-    deadline = time.monotonic() + sizes.load_s
+    started = time.monotonic()
+    deadline = started + sizes.load_s
     rounds = 0
     last: list[Any] = list(first)
+    nvml: dict[int, dict[str, Any]] = {}
     while time.monotonic() < deadline:
+        if ops.kind == "cuda" and not nvml and time.monotonic() > started + sizes.load_s / 2:
+            nvml = telemetry.sample(list(getattr(ops, "pci", [])))  # mid-load, hot
         for i in range(count):
             t0 = time.perf_counter()
             last[i] = ops.matmul(i, a[i], b[i])
@@ -192,6 +197,10 @@ def load(
         ev = {"dtype": dt_name, "size": n, "iterations": iters[i], "busy_s": round(busy[i], 3),
               "ratio_to_peak": rules.ratio(tflops[i], exp), "max_drift": drift[i],
               "device_name": ops.name(i)}
+        if i in nvml:
+            ev["under_load"] = nvml[i]
+        slowing = sorted(set(nvml.get(i, {}).get("clock_event_reasons", ())) & telemetry.SLOWING)
+        why = f" (clock events under load: {', '.join(slowing)})" if slowing else ""
         status, code, msg = "OK", None, ""
         if drift[i] > 0:
             status, code = "FAILED", "GPU_SDC"
@@ -199,12 +208,12 @@ def load(
         elif rules.below(tflops[i], exp, cfg.min_fraction_of_peak):
             status, code = "FAILED", "GPU_SLOW"
             msg = (f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_peak:g} of "
-                   f"the expected {exp:g}")
+                   f"the expected {exp:g}{why}")
         elif str(i) in slow_vs_peers:
             med = slow_vs_peers[str(i)]
             status, code = "FAILED", "GPU_SLOW"
             msg = (f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_median:g} "
-                   f"of the node's median {med:.3g}")
+                   f"of the node's median {med:.3g}{why}")
             ev["median_tflops"] = med
         out.append(Measurement(check="load", component=ops.component(i),
                                metric=f"tflops_{dt_name}", achieved=tflops[i], expected=exp,
