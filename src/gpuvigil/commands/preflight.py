@@ -147,10 +147,14 @@ def register(app: typer.Typer) -> None:
                 c.strip() for c in checks.split(",") if c.strip()
             ]
         if master:
-            addr, _, port = master.rpartition(":")
+            addr, sep, port = master.rpartition(":")
+            if not sep or not addr or not port.isdigit():
+                typer.echo(f"gpuvigil preflight: --master wants HOST:PORT, not {master!r}",
+                           err=True)
+                raise typer.Exit(2)
             overrides["preflight"]["active"]["peers"] = {
-                "master_addr": addr or master,
-                "master_port": int(port or 29533),
+                "master_addr": addr,
+                "master_port": int(port),
                 "nnodes": nnodes or 0,
                 "node_rank": node_rank or 0,
             }

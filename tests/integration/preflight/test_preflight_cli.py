@@ -47,3 +47,10 @@ def test_table_output_and_bad_config(run_cli, tmp_path):
     p = run_cli("preflight", "--config", str(bad), "--device", "cpu", timeout=60)
     assert p.returncode == 2
     assert "preflight.budget" in p.stderr and "unknown key" in p.stderr
+
+
+def test_bad_peer_arguments_are_exit_2(run_cli):
+    p = run_cli("preflight", "--device", "cpu", "--master", "host-without-port", timeout=60)
+    assert p.returncode == 2 and "HOST:PORT" in p.stderr
+    p = run_cli("preflight", "--device", "cpu", "--master", "10.0.0.1:29533", timeout=60)
+    assert p.returncode == 2 and "preflight.active.peers.nnodes" in p.stderr
