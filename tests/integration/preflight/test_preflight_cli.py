@@ -54,3 +54,30 @@ def test_bad_peer_arguments_are_exit_2(run_cli):
     assert p.returncode == 2 and "HOST:PORT" in p.stderr
     p = run_cli("preflight", "--device", "cpu", "--master", "10.0.0.1:29533", timeout=60)
     assert p.returncode == 2 and "preflight.active.peers.nnodes" in p.stderr
+
+
+def test_all_reduce_across_two_nodes(tmp_path):
+    """Two preflight processes on loopback as two nodes of two CPU devices each (gloo)."""
+    import subprocess
+
+    from conftest import cli_env, gpuvigil_argv
+    from gpuvigil.node.active.allreduce import free_port
+
+    port = free_port()
+    env = cli_env({"GPUVIGIL__PREFLIGHT__ACTIVE__EXPECTED__INTERNODE_BUSBW_GBS": "0.00001"})
+    procs = [
+        subprocess.Popen(
+            gpuvigil_argv("preflight", "--device", "cpu", "--expect-gpus", "0", "--skip-fast",
+                          "--checks", "allreduce", "--master", f"127.0.0.1:{port}",
+                          "--nnodes", "2", "--node-rank", str(rank), "--json"),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:] + out[-2000:]
+        ms = {m["evidence"]["scope"]: m for m in json.loads(out)["measurements"]}
+        assert set(ms) == {"node", "cluster"}
+        cluster = ms["cluster"]
+        assert cluster["component"] == "fabric" and cluster["evidence"]["world"] == 4
+        assert cluster["achieved"] > cluster["expected"] == 0.00001
