@@ -8,7 +8,9 @@ import pytest
 
 from gpuvigil.fakes.sysfs import FakeSysfs
 
-pytest.importorskip("torch")
+pytest_plugins = ["preflight_fixtures"]  # this folder's fixtures (see preflight_fixtures.py)
+
+pytestmark = pytest.mark.usefixtures("need_torch")
 
 
 def test_cpu_preflight_passes_and_reports_every_measurement(run_cli):
@@ -56,27 +58,26 @@ def test_bad_peer_arguments_are_exit_2(run_cli):
     assert p.returncode == 2 and "preflight.active.peers.nnodes" in p.stderr
 
 
-def test_all_reduce_across_two_nodes(tmp_path):
+def test_all_reduce_across_two_nodes(run_cli):
     """Two preflight processes on loopback as two nodes of two CPU devices each (gloo)."""
-    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import cli_env, gpuvigil_argv
     from gpuvigil.node.active.allreduce import free_port
 
     port = free_port()
-    env = cli_env({"GPUVIGIL__PREFLIGHT__ACTIVE__EXPECTED__INTERNODE_BUSBW_GBS": "0.00001"})
-    procs = [
-        subprocess.Popen(
-            gpuvigil_argv("preflight", "--device", "cpu", "--expect-gpus", "0", "--skip-fast",
-                          "--checks", "allreduce", "--master", f"127.0.0.1:{port}",
-                          "--nnodes", "2", "--node-rank", str(rank), "--json"),
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:] + out[-2000:]
-        ms = {m["evidence"]["scope"]: m for m in json.loads(out)["measurements"]}
+    env = {"GPUVIGIL__PREFLIGHT__ACTIVE__EXPECTED__INTERNODE_BUSBW_GBS": "0.00001"}
+
+    def node(rank: int):
+        return run_cli("preflight", "--device", "cpu", "--expect-gpus", "0", "--skip-fast",
+                       "--checks", "allreduce", "--master", f"127.0.0.1:{port}",
+                       "--nnodes", "2", "--node-rank", str(rank), "--json", env=env,
+                       timeout=120)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(node, (0, 1)))
+    for p in results:
+        assert p.returncode == 0, p.stderr[-2000:] + p.stdout[-2000:]
+        ms = {m["evidence"]["scope"]: m for m in json.loads(p.stdout)["measurements"]}
         assert set(ms) == {"node", "cluster"}
         cluster = ms["cluster"]
         assert cluster["component"] == "fabric" and cluster["evidence"]["world"] == 4

@@ -11,8 +11,9 @@ import pytest
 from gpuvigil.core.wire import PREFLIGHT_ANNOTATION, UNVALIDATED_TAINT
 from gpuvigil.fakes.sysfs import FakeSysfs
 
-pytestmark = pytest.mark.realparts
-pytest.importorskip("torch")
+pytest_plugins = ["preflight_fixtures"]  # this folder's fixtures (see preflight_fixtures.py)
+
+pytestmark = [pytest.mark.realparts, pytest.mark.usefixtures("need_torch")]
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy/kubernetes/preflight"
 QUICK = ("preflight", "--device", "cpu", "--expect-gpus", "0", "--checks", "matmul", "--json",
          "--publish", "kubernetes")

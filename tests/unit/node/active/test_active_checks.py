@@ -11,6 +11,8 @@ import pytest
 from gpuvigil.node.active import bandwidth, matmul, memory
 from gpuvigil.node.active.config import ActiveConfig
 
+pytest_plugins = ["active_fixtures"]  # this folder's fixtures (see active_fixtures.py)
+
 
 def problems(measurements):
     return sorted((m.component, m.code) for m in measurements if m.status != "OK")
@@ -131,7 +133,7 @@ def test_allreduce_within_the_node(cpu_ops, small, fault, code):
         assert m.achieved > 0 and m.evidence["world"] == 2
 
 
-def test_sizes_follow_the_device():
+def test_sizes_follow_the_device():  # pure config: no torch needed
     gpu, cpu = ActiveConfig().sizes("cuda"), ActiveConfig().sizes("cpu")
     assert gpu.matmul_size > cpu.matmul_size and gpu.load_dtype == "bf16"
     assert cpu.load_dtype == "fp32" and cpu.load_s <= 2

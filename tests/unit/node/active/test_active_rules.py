@@ -12,6 +12,8 @@ from gpuvigil.node.active.results import Measurement, to_finding
 from gpuvigil.node.rules import active as rules
 from gpuvigil.platform.preflight import internode_expectation
 
+pytest_plugins = ["active_fixtures"]  # this folder's fixtures (see active_fixtures.py)
+
 
 def test_busbw_follows_nccl_tests():
     # nccl-tests: busbw = algbw * 2(n-1)/n for all-reduce; 8 ranks -> 1.75 x algbw.
@@ -121,10 +123,7 @@ def test_gpu_components_follow_the_hosts_pci_order(tmp_path):
     assert host_gpu_indexes(str(tmp_path / "nowhere")) == {}
 
 
-def test_torch_index_is_mapped_to_the_host_index():
-    import pytest
-
-    pytest.importorskip("torch")
+def test_torch_index_is_mapped_to_the_host_index(need_torch):
     from gpuvigil.node.active.ops import TorchOps
 
     ops = TorchOps("cpu", cpu_devices=2)

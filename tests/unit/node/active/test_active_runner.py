@@ -11,6 +11,9 @@ from gpuvigil.core.findings import Status
 from gpuvigil.node.active.config import ActiveConfig
 from gpuvigil.node.active.runner import run_active
 
+pytest_plugins = ["active_fixtures"]  # this folder's fixtures (see active_fixtures.py)
+
+pytestmark = pytest.mark.usefixtures("need_torch")
 SMALL = {"matmul_size": 32, "memory_bytes_cpu": 1 << 20, "dtypes": ["fp32", "bf16"]}
 
 

@@ -13,6 +13,8 @@ from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import fabric as probe
 
+pytest_plugins = ["fabric_fixtures"]  # this folder's fixtures (see fabric_fixtures.py)
+
 FI_INFO_4 = "".join(
     f"provider: efa\n    fabric: efa\n    domain: rdmap{n}s0-{ep}\n    version: 122.0\n"
     f"    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n"
