@@ -89,7 +89,7 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
                 msg = f"{name} matmul gave different results on repeats (by {drift:.3g})"
             batch.append(Measurement(check="matmul", component=ops.component(i),
                                      metric=f"{name}_max_error", achieved=error, expected=tol,
-                                     unit="normalised error", status=status, code=code,
+                                     unit="norm_err", status=status, code=code,
                                      message=msg, evidence=ev))
         out += _agreement(ops, batch, digests, name)
     return out
