@@ -6,53 +6,18 @@ skips with the reason, so a developer without Slurm can still run the unit tests
 
 from __future__ import annotations
 
-import os
-import shutil
 import stat
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from testkit import SHARED_CORPUS, cli_env, gpuvigil_argv, in_ci, require, require_binary
+
 pytest_plugins = ["realparts.fixtures"]
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-SHARED_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip outside CI, fail under CI: a missing real component is never a silent pass."""
-    if condition:
-        return
-    if in_ci():
-        pytest.fail(f"required component missing under CI: {reason}")
-    pytest.skip(reason)
-
-
-def require_binary(name: str) -> str:
-    path = shutil.which(name)
-    require(path is not None, f"{name} not installed (make test installs it)")
-    assert path is not None
-    return path
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for running this checkout's gpuvigil in a subprocess."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    if extra:
-        env.update(extra)
-    return env
-
-
-def gpuvigil_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpuvigil", *args]
+__all__ = ["cli_env", "gpuvigil_argv", "in_ci", "require", "require_binary"]
 
 
 @pytest.fixture

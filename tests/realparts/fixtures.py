@@ -17,11 +17,11 @@ from types import ModuleType
 
 import pytest
 
-from conftest import require
 from realparts import chromium as chromium_mod
 from realparts import kube as kube_mod
 from realparts import prometheus as prom_mod
 from realparts import slurm as slurm_mod
+from testkit import require
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,9 @@ class KubeCluster:
                     "--service-cluster-ip-range", "10.96.0.0/24",
                     "--disable-admission-plugins", "ServiceAccount",
                     "--enable-priority-and-fairness=false",
+                    # As on every real cluster (kubeadm, EKS, GKE): node agents such as
+                    # node-problem-detector and gpuvigil's DaemonSet run privileged.
+                    "--allow-privileged=true",
                     "--logtostderr", "--v=0",
                 ],
                 log=d / "apiserver.log",

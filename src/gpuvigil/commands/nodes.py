@@ -1,11 +1,90 @@
-"""`gpuvigil nodes`: not implemented yet (see the open issues)."""
+"""`gpuvigil nodes`: each node's remediation state, why, and its recent history."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
 
 import typer
 
+from gpuvigil.commands.controller import (
+    CLUSTER_HELP,
+    CONFIG_OPTION,
+    load_controller_config,
+    open_or_exit,
+)
+
+
+def _ago(t: datetime | None, now: datetime) -> str:
+    if t is None:
+        return "-"
+    s = int((now - t).total_seconds())
+    return f"{s // 86400}d" if s >= 86400 else f"{s // 3600}h" if s >= 3600 else f"{s // 60}m"
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("nodes", hidden=True)
-    def _todo() -> None:
-        """Not implemented yet."""
-        typer.echo("gpuvigil nodes: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("nodes")
+    def nodes(
+        name: str = typer.Argument(None, help="Show one node with its full history."),
+        cluster: str = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+        config: Path = CONFIG_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="One JSON object per node."),
+    ) -> None:
+        """List each node's gpuvigil state (HEALTHY, SUSPECT, DRAINING, REMEDIATING,
+        VALIDATING, QUARANTINED), since when, why, who blocks it, and its history."""
+        from gpuvigil.core.findings import utcnow
+        from gpuvigil.platform.clusters.base import ClusterError
+        from gpuvigil.platform.state import State
+
+        cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
+        k8s = cfg.kubernetes.model_copy(update={"count_pods": "all"})  # show everyone's work
+        adapter = open_or_exit(cfg, k8s)
+        try:
+            views = [adapter.get_node(name)] if name else adapter.list_nodes()
+        except ClusterError as e:
+            typer.echo(f"cannot read the nodes: {e}", err=True)
+            raise typer.Exit(2) from e
+        now = utcnow()
+        rows = []
+        for v in sorted(views, key=lambda v: v.name):
+            rec = v.record
+            blocked = (["gpuvigil"] if v.blocked_by_us else []) + list(v.blocked_by_others)
+            rows.append({
+                "node": v.name,
+                "state": rec.state.value if rec else State.HEALTHY.value,
+                "since": rec.since.isoformat() if rec and rec.since else None,
+                "reason": rec.reason if rec else "",
+                "step": rec.step.value if rec and rec.step else None,
+                "failures": rec.failures if rec else 0,
+                "blocked_by": blocked,
+                "running": v.running,
+                "health": v.health.status.value if v.health else (v.health_error or "absent"),
+                "history": [
+                    {"at": t.at.isoformat(), "to": t.to.value, "reason": t.reason}
+                    for t in (rec.history if rec else ())
+                ],
+            })  # fmt: skip
+        if as_json:
+            for row in rows:
+                typer.echo(json.dumps(row))
+            return
+        fmt = "{:<24} {:<12} {:>5} {:<8} {:<20} {:>4}  {}"
+        typer.echo(fmt.format("NODE", "STATE", "AGE", "HEALTH", "BLOCKED BY", "WORK", "REASON"))
+        for row, v in zip(rows, sorted(views, key=lambda v: v.name), strict=True):
+            since = v.record.since if v.record else None
+            blocked = ",".join(row["blocked_by"]) or "-"
+            typer.echo(
+                fmt.format(
+                    row["node"],
+                    row["state"],
+                    _ago(since, now),
+                    row["health"],
+                    blocked[:20],
+                    row["running"],
+                    row["reason"],
+                )
+            )
+            if name:
+                for t in row["history"]:
+                    typer.echo(f"    {t['at']}  -> {t['to']:<12} {t['reason']}")

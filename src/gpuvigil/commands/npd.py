@@ -1,11 +1,137 @@
-"""`gpuvigil npd`: not implemented yet (see the open issues)."""
+"""`gpuvigil npd-plugin CHECK...`: a node-problem-detector custom plugin.
+
+NPD's custom-plugin protocol: the exit status is the verdict (0 OK, 1 problem, any other:
+unknown, where gpuvigil uses 2 for "a check could not run") and the first
+`max_output_length` bytes of stdout (80 by default in NPD) are the condition's message.
+`deploy/npd/gpuvigil-monitor.json` wires each NPD condition to one invocation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from gpuvigil import config as gconfig
+from gpuvigil.core import codes
+from gpuvigil.core.findings import NodeReport, Status
+
+NPD_DEFAULT_MAX_OUTPUT = 80  # node-problem-detector's default max_output_length
+HELP = (
+    "Run the named checks once as a node-problem-detector custom plugin: exit 0 OK, 1 a "
+    "problem, 2 unknown (a check could not run: timeout, missing tool, stale result); one "
+    "line on stdout, at most --max-length bytes (NPD cuts at max_output_length, 80 by "
+    "default), naming the worst finding. --family keeps only findings of one condition "
+    "family, so each NPD condition can own one. --from-state-file reads the gpuvigil agent's "
+    "latest report instead of running checks (unknown when older than --max-age).\n\n"
+    "Example: gpuvigil npd-plugin gpu --family GPUMemoryError"
+)
+
+
+def message(report: NodeReport, *, limit: int) -> str:
+    """One line: the worst problem first, then how many more. Pure."""
+    problems = sorted(report.problems, key=lambda f: (-f.status.rank, -f.action.rank,
+                                                      not f.fatal, f.code, f.component))
+    if not problems:
+        text = "gpuvigil: healthy"
+    else:
+        worst = problems[0]
+        text = f"{worst.code} {worst.component}: {worst.message}"
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        if len(text) + len(more) > limit:
+            text = text[: max(0, limit - len(more) - 1)] + "…"
+        text += more
+    data = text.encode()[:limit]
+    return data.decode("utf-8", errors="ignore")
+
+
+def verdict(report: NodeReport) -> int:
+    failed = [f for f in report.findings if f.status is Status.FAILED]
+    if any(not f.could_not_run for f in failed):
+        return 1
+    return 2 if failed else 0
+
+
+def only_family(report: NodeReport, family: str | None) -> NodeReport:
+    if family is None:
+        return report
+    keep = tuple(f for f in report.findings if f.family == family)
+    return report.model_copy(update={"findings": keep})
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("npd", hidden=True)
-    def _todo() -> None:
-        """Not implemented yet."""
-        typer.echo("gpuvigil npd: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("npd-plugin", help=HELP)
+    def npd_plugin(  # noqa: PLR0917 - one parameter per flag is how typer declares them
+        checks: Annotated[list[str] | None, typer.Argument(
+            help="Checks to run (e.g. gpu kernel_log fabric pcie); none: every fast check.",
+            show_default=False)] = None,
+        family: Annotated[str | None, typer.Option(
+            "--family", help=f"Only findings of this family: {', '.join(codes.FAMILIES)}.")]
+        = None,
+        max_length: Annotated[int, typer.Option(
+            "--max-length", min=8, help="Bytes of stdout NPD keeps.")] = NPD_DEFAULT_MAX_OUTPUT,
+        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
+        = None,
+        sysfs_root: Annotated[Path | None, typer.Option(
+            "--sysfs-root", help="Read /sys and /dev below this folder.")] = None,
+        expect_gpus: Annotated[int | None, typer.Option(
+            "--expect-gpus", min=0, help="GPUs this node must have.")] = None,
+        from_state_file: Annotated[Path | None, typer.Option(
+            "--from-state-file", help="Judge the agent's report in this file instead.")]
+        = None,
+        max_age: Annotated[float, typer.Option(
+            "--max-age", help="Seconds after which --from-state-file is unknown.")] = 180.0,
+    ) -> None:
+        if family is not None and family not in codes.FAMILIES:
+            typer.echo(f"unknown family {family!r}"[:max_length])
+            raise typer.Exit(2)
+        if from_state_file is not None:
+            report = fresh_report(from_state_file, max_age_s=max_age)
+            if report is None:
+                typer.echo(f"gpuvigil: no fresh report in {from_state_file}"[:max_length])
+                raise typer.Exit(2)
+        else:
+            report = run_once(config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus,
+                              names=checks or None)
+        report = only_family(report, family)
+        typer.echo(message(report, limit=max_length))
+        raise typer.Exit(verdict(report))
+
+
+def fresh_report(path: Path, *, max_age_s: float) -> NodeReport | None:
+    from gpuvigil.node.sinks.state_file import read_report
+
+    report = read_report(path)
+    if report is None or time.time() - report.generated_at.timestamp() > max_age_s:
+        return None
+    return report
+
+
+def run_once(*, config: Path | None, sysfs_root: Path | None, expect_gpus: int | None,
+             names: list[str] | None, node: str | None = None) -> NodeReport:
+    """Load the config the way the agent does and run checks once (npd-plugin, Slurm)."""
+    from gpuvigil.core.findings import Finding
+    from gpuvigil.node.checks import REGISTRY, CheckContext
+    from gpuvigil.node.sweep import run_sweep, select
+
+    over: dict[str, object] = {}
+    if expect_gpus is not None:
+        over["node"] = {"expect_gpus": expect_gpus}
+    cfg = gconfig.load(config, overrides=over)
+    root = sysfs_root or cfg.agent.sysfs_root
+    ctx = CheckContext(config=cfg.node, root=root, env=dict(os.environ))
+    name = node or cfg.agent.node_name or os.environ.get("NODE_NAME") or \
+        socket.gethostname().split(".")[0]
+    specs = select(names=names) if names else select(groups=("fast",))
+    report = run_sweep(ctx, node=name, specs=specs)
+    unknown = [n for n in names or () if n not in REGISTRY]
+    if not unknown:
+        return report
+    missing = tuple(Finding(check=n, status=Status.FAILED, code="DEPENDENCY_MISSING",
+                            message=f"no check named {n!r}; known: {', '.join(sorted(REGISTRY))}")
+                    for n in unknown)  # a typo in NPD's config must not read as healthy
+    return report.model_copy(update={"findings": report.findings + missing})

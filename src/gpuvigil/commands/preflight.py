@@ -28,17 +28,24 @@ def _render(result: Any) -> None:
     for col in ("check", "component", "metric", "achieved", "expected", "unit", "status"):
         table.add_column(col, no_wrap=col != "unit")
     for m in result.measurements:
-        table.add_row(m.check, m.component, m.metric,
-                      "-" if m.achieved is None else f"{m.achieved:.4g}",
-                      "-" if m.expected is None else f"{m.expected:.4g}", m.unit,
-                      m.status if not m.code else f"{m.status} {m.code}")
+        table.add_row(
+            m.check,
+            m.component,
+            m.metric,
+            "-" if m.achieved is None else f"{m.achieved:.4g}",
+            "-" if m.expected is None else f"{m.expected:.4g}",
+            m.unit,
+            m.status if not m.code else f"{m.status} {m.code}",
+        )
     if result.measurements:
         console.print(table)
     report_view.render(result.report, console=console, title="gpuvigil preflight")
     verdict = "PASSED" if result.passed else "FAILED"
     devices = ", ".join(sorted(set(result.devices))) or "none"
-    console.print(f"preflight {verdict} on {result.report.node} in {result.duration_s:.1f} s "
-                  f"(budget {result.budget_s:g} s; device {result.device}: {devices})")
+    console.print(
+        f"preflight {verdict} on {result.report.node} in {result.duration_s:.1f} s "
+        f"(budget {result.budget_s:g} s; device {result.device}: {devices})"
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -139,8 +146,9 @@ def register(app: typer.Typer) -> None:
         if master:
             addr, sep, port = master.rpartition(":")
             if not sep or not addr or not port.isdigit():
-                typer.echo(f"gpuvigil preflight: --master wants HOST:PORT, not {master!r}",
-                           err=True)
+                typer.echo(
+                    f"gpuvigil preflight: --master wants HOST:PORT, not {master!r}", err=True
+                )
                 raise typer.Exit(2)
             overrides["preflight"]["active"]["peers"] = {
                 "master_addr": addr,

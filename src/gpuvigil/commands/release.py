@@ -1,11 +1,59 @@
-"""`gpuvigil release`: not implemented yet (see the open issues)."""
+"""`gpuvigil release NODE`: end a quarantine; the node validates before it takes work."""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
 
 import typer
 
+from gpuvigil.commands.controller import (
+    CLUSTER_HELP,
+    CONFIG_OPTION,
+    load_controller_config,
+    open_or_exit,
+)
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("release", hidden=True)
-    def _todo() -> None:
-        """Not implemented yet."""
-        typer.echo("gpuvigil release: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("release")
+    def release_cmd(
+        name: str = typer.Argument(..., help="The node to release."),
+        cluster: str = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+        config: Path = CONFIG_OPTION,
+        by: str = typer.Option(None, "--by", help="Who releases it (default: your user name)."),
+        force: bool = typer.Option(
+            False, "--force", help="Also restart a node that is not QUARANTINED from VALIDATING."
+        ),
+    ) -> None:
+        """Release a QUARANTINED node: gpuvigil forgets its failed steps and moves it to
+        VALIDATING; it returns to service when preflight passes (and a fresh health summary
+        is clean). Exit 1 when the node is not quarantined (use --force)."""
+        from gpuvigil.core.findings import utcnow
+        from gpuvigil.platform.clusters.base import ClusterError
+        from gpuvigil.platform.policy import release
+        from gpuvigil.platform.state import State
+
+        cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
+        adapter = open_or_exit(cfg)
+        who = by or getpass.getuser()
+        try:
+            v = adapter.get_node(name)
+            state = v.record.state if v.record else State.HEALTHY
+            if state is not State.QUARANTINED and not force:
+                typer.echo(
+                    f"{name} is {state.value}, not QUARANTINED (--force to revalidate)", err=True
+                )
+                raise typer.Exit(1)
+            rec = release(v.record, now=utcnow(), who=who)
+            adapter.store(name, rec, version=v.version)
+            adapter.block(name, reason=rec.tag())  # stays off work until it validates
+            adapter.record_event(
+                name,
+                reason="gpuvigilReleased",
+                message=f"released by {who}: validating before work",
+            )
+        except ClusterError as e:
+            typer.echo(f"cannot release {name}: {e}", err=True)
+            raise typer.Exit(2) from e
+        typer.echo(f"{name}: {state.value} -> VALIDATING (released by {who})")

@@ -1,11 +1,75 @@
-"""`gpuvigil slurm-healthcheck`: not implemented yet (see the open issues)."""
+"""`gpuvigil slurm-healthcheck`: for Slurm's HealthCheckProgram (NHC-style sites)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from gpuvigil import config as gconfig
+from gpuvigil.commands.npd import fresh_report, run_once
+from gpuvigil.node.sinks.state_file import DEFAULT_PATH
+
+HELP = (
+    "Judge this node once and drain it in Slurm on a problem, the way NHC does; meant for "
+    "slurm.conf's HealthCheckProgram (runs as root on every node). Uses the gpuvigil "
+    "agent's report when it is fresh (--state-file, --max-age), else runs the fast checks "
+    "itself. Drains with Reason=\"gpuvigil: <code> <component>\" on a fatal finding (or any "
+    "FAILED one with --drain-on failed) and resumes the node only when it drained it itself "
+    "and the finding has cleared. Exit: 0 healthy, 1 unhealthy, 2 a check could not run.\n\n"
+    "slurm.conf: HealthCheckProgram=/usr/local/bin/gpuvigil-slurm-healthcheck "
+    "HealthCheckInterval=300 HealthCheckNodeState=ANY (a two-line wrapper script: "
+    "exec gpuvigil slurm-healthcheck)"
+)
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("slurm-healthcheck", hidden=True)
-    def _todo() -> None:
-        """Not implemented yet."""
-        typer.echo("gpuvigil slurm-healthcheck: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("slurm-healthcheck", help=HELP)
+    def slurm_healthcheck(  # noqa: PLR0917 - one parameter per flag is how typer declares them
+        node_name: Annotated[str | None, typer.Option(
+            "--node-name", help="Slurm node name (default $SLURMD_NODENAME, else the short "
+            "host name).")] = None,
+        state_file: Annotated[Path, typer.Option(
+            "--state-file", help="The agent's report.")] = DEFAULT_PATH,
+        max_age: Annotated[float, typer.Option(
+            "--max-age", help="Seconds: an older report is ignored and checks run here.")]
+        = 120.0,
+        drain: Annotated[bool, typer.Option(
+            "--drain/--no-drain", help="Drain/resume through scontrol, or only judge.")] = True,
+        drain_on: Annotated[str, typer.Option(
+            "--drain-on", help="fatal (default) or failed.")] = "fatal",
+        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
+        = None,
+        sysfs_root: Annotated[Path | None, typer.Option(
+            "--sysfs-root", help="Read /sys and /dev below this folder.")] = None,
+        expect_gpus: Annotated[int | None, typer.Option(
+            "--expect-gpus", min=0, help="GPUs this node must have.")] = None,
+    ) -> None:
+        from gpuvigil.node.sinks import slurm as sl
+
+        if drain_on not in ("fatal", "failed"):
+            typer.echo("--drain-on must be fatal or failed", err=True)
+            raise typer.Exit(2)
+        name = node_name or os.environ.get("SLURMD_NODENAME") or \
+            socket.gethostname().split(".")[0]
+        report = fresh_report(state_file, max_age_s=max_age)
+        source = f"agent report {state_file}"
+        if report is None:
+            report = run_once(config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus,
+                              names=None, node=name)
+            source = "checks run now"
+        for f in report.problems:
+            typer.echo(f"{f.status.value} {f.code} {f.component}: {f.message}")
+        if drain:
+            cfg = gconfig.load(config).agent.sinks.slurm
+            cfg = cfg.model_copy(update={"drain_on": drain_on})
+            try:
+                did = sl.reconcile_drain(sl.SlurmNode(name, config=cfg), report, config=cfg)
+            except RuntimeError as e:
+                typer.echo(f"gpuvigil: scontrol failed: {e}", err=True)
+                raise typer.Exit(2) from e
+            typer.echo(f"gpuvigil: {report.status.value} ({source}); slurm: {did}")
+        raise typer.Exit(report.exit_code())

@@ -35,6 +35,7 @@ class Kind(StrEnum):
     CHECKPOINT = "checkpoint"  # data: step, duration_s, stall_s, result
     STRAGGLER = "straggler"  # data: rank, ratio, windows
     HANG = "hang"  # data: rank, step, where
+    FAULT = "fault"  # simulator ground truth, a fault injected; data: fault, component
 
 
 class Event(BaseModel):

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from gpuvigil.core import codes
 from gpuvigil.core.conditions import Condition, derive_conditions
@@ -87,6 +87,11 @@ class Finding(BaseModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
     observed_at: datetime = Field(default_factory=utcnow)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_computed(cls, data: Any) -> Any:
+        return _without(data, ("family",))
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def family(self) -> str:
@@ -125,6 +130,12 @@ class NodeReport(BaseModel):
     checks: tuple[CheckRun, ...] = ()
     schema_version: int = 1
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_computed(cls, data: Any) -> Any:
+        # Serialized reports carry status/conditions for readers; they are derived again.
+        return _without(data, ("status", "conditions"))
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def status(self) -> Status:
@@ -149,3 +160,10 @@ class NodeReport(BaseModel):
         if any(f.could_not_run for f in failed):
             return 2
         return 1 if failed else 0
+
+
+def _without(data: Any, keys: tuple[str, ...]) -> Any:
+    """Computed fields appear in dumps; reading a dump back must not reject them."""
+    if isinstance(data, dict) and any(k in data for k in keys):
+        return {k: v for k, v in data.items() if k not in keys}
+    return data

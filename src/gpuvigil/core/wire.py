@@ -5,6 +5,21 @@ summary below into the node annotation `HEALTH_ANNOTATION`. Slurm: the agent wri
 same summary into the node field named by `SLURM_HEALTH_FIELD`. The controller decodes it
 with `decode_health`, which never raises: garbage -> None, and the controller acts on
 nothing it could not read.
+
+Liveness. The agent rewrites its conditions' `lastHeartbeatTime` (and the summary's
+`generated_at`) at least every `agent.sinks.kubernetes.heartbeat_interval_s` (60 s) or
+`agent.sinks.slurm.heartbeat_interval_s`; `lastTransitionTime` changes only when a
+condition's status does. A heartbeat older than a few intervals means the agent is dead
+(SIGKILL, node hung): the controller must treat the verdict as unknown, never as healthy.
+On a graceful stop the agent sets its conditions to status `Unknown`, reason `AgentStopped`.
+
+Remediation. The controller writes `REQUEST_ANNOTATION`; the agent answers in
+`RESULT_ANNOTATION` with the same `id`, idempotently (a request id is acted on at most once):
+- `started` first, before the command runs (with `boot_id` for a REBOOT), so an agent
+  restarted mid-action never repeats it;
+- then `succeeded` or `failed` (with `detail`); a REBOOT is `succeeded` only once the node's
+  boot id has changed; a RESET_GPU left `started` by an agent that died is `failed`;
+- an unknown action, or remediation switched off on the node, is `failed` at once.
 """
 
 from __future__ import annotations
@@ -20,7 +35,8 @@ DOMAIN = "gpuvigil.io"
 HEALTH_ANNOTATION = f"{DOMAIN}/health"
 # Controller -> agent: {"id": str, "action": "RESET_GPU"|"REBOOT", "gpus": [int], "at": iso}
 REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"
-# Agent -> controller: {"id": str, "result": "succeeded"|"failed", "at": iso, "detail": str}
+# Agent -> controller: {"id": str, "action": str, "result": "started"|"succeeded"|"failed",
+# "at": iso, "detail": str, "boot_id": str (REBOOT, with "started")}
 RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"
 # Preflight -> controller: {"result": "pass"|"fail", "at": iso, "summary": str}. A node in
 # VALIDATING leaves it only on a "pass" newer than the start of its validation.

@@ -169,12 +169,14 @@ class FakeSysfs:
             self._netdev(name, address, netdev)
         return name
 
-    def add_efa(
-        self, name: str, *, address: str | None = None, netdev: str | None = None
-    ) -> str:
+    def add_efa(self, name: str, *, address: str | None = None, netdev: str | None = None) -> str:
         """An AWS EFA device. `netdev`: its ENA interface (None for an EFA-only interface)."""
         address = self.add_pci(
-            address, vendor=AMAZON, pci_class="0x020000", driver="efa", max_speed_gts=16.0,
+            address,
+            vendor=AMAZON,
+            pci_class="0x020000",
+            driver="efa",
+            max_speed_gts=16.0,
             speed_gts=16.0,
         )
         self._adapter(name, address, hca_type="efa", fw="0.0.0.0")
@@ -266,8 +268,9 @@ class FakeSysfs:
             if kind == "efa":
                 fs.add_efa(f"rdmap{i + 16}s0", netdev=f"eth{i + 1}")
             elif kind == "roce":
-                fs.add_ib(f"mlx5_{i}", rate_gbps=rate_gbps, link_layer="Ethernet",
-                          netdev=f"eth{i + 1}")
+                fs.add_ib(
+                    f"mlx5_{i}", rate_gbps=rate_gbps, link_layer="Ethernet", netdev=f"eth{i + 1}"
+                )
             else:
                 fs.add_ib(f"mlx5_{i}", rate_gbps=rate_gbps)
         if product_name:

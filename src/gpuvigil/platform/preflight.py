@@ -84,8 +84,11 @@ class PreflightResult:
         """The `core.wire.PREFLIGHT_ANNOTATION` value the controller reads."""
         problems = sorted({f"{f.component} {f.code}" for f in self.report.problems})
         summary = "all checks passed" if not problems else "; ".join(problems)[:500]
-        return {"result": "pass" if self.passed else "fail",
-                "at": (now or self.report.generated_at).isoformat(), "summary": summary}
+        return {
+            "result": "pass" if self.passed else "fail",
+            "at": (now or self.report.generated_at).isoformat(),
+            "summary": summary,
+        }
 
 
 def internode_expectation(entry: Any) -> float | None:
@@ -130,17 +133,29 @@ def run_preflight(
     _, entry = instance.lookup(ctx)
     outcome = ActiveOutcome()
     if pf.active.checks:
-        outcome = run_active(pf.active, device=pf.device,
-                             budget_s=max(0.0, pf.budget_s - (time.monotonic() - t0)),
-                             wrapper=wrapper, internode_busbw_gbs=internode_expectation(entry),
-                             env=env)
+        outcome = run_active(
+            pf.active,
+            device=pf.device,
+            budget_s=max(0.0, pf.budget_s - (time.monotonic() - t0)),
+            wrapper=wrapper,
+            internode_busbw_gbs=internode_expectation(entry),
+            env=env,
+        )
         findings += outcome.findings
         durations.update(outcome.durations_s)
     name = node_name or pf.node_name or socket.gethostname()
-    report = NodeReport(node=name, generated_at=utcnow(), findings=tuple(findings),
-                        checks=tuple(runs))
-    return PreflightResult(report=report, measurements=outcome.measurements, device=pf.device,
-                           devices=outcome.devices, models=outcome.models,
-                           components=outcome.components, pci=outcome.pci,
-                           duration_s=time.monotonic() - t0, budget_s=pf.budget_s,
-                           durations_s=durations)
+    report = NodeReport(
+        node=name, generated_at=utcnow(), findings=tuple(findings), checks=tuple(runs)
+    )
+    return PreflightResult(
+        report=report,
+        measurements=outcome.measurements,
+        device=pf.device,
+        devices=outcome.devices,
+        models=outcome.models,
+        components=outcome.components,
+        pci=outcome.pci,
+        duration_s=time.monotonic() - t0,
+        budget_s=pf.budget_s,
+        durations_s=durations,
+    )

@@ -44,8 +44,12 @@ def _rank(local_rank: int, spec: dict[str, Any], results: Any) -> None:
         else:
             torch.set_num_threads(1)
         dist.init_process_group(
-            "nccl" if ops.kind == "cuda" else "gloo", init_method=spec["init_method"],
-            rank=rank, world_size=spec["world"], timeout=timedelta(seconds=spec["timeout_s"]))
+            "nccl" if ops.kind == "cuda" else "gloo",
+            init_method=spec["init_method"],
+            rank=rank,
+            world_size=spec["world"],
+            timeout=timedelta(seconds=spec["timeout_s"]),
+        )
         numel = spec["bytes"] // 4
         t = ops.empty(local_rank, numel, torch.float32)
         t.fill_(1.0)
@@ -69,13 +73,16 @@ def _rank(local_rank: int, spec: dict[str, Any], results: Any) -> None:
         results.put({"rank": rank, "seconds": float(slowest.item()), "correct": correct})
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - reported to the parent as this rank's error
-        results.put({"rank": rank, "error": f"{type(e).__name__}: {e}",
-                     "traceback": traceback.format_exc(limit=4)})
+        results.put(
+            {
+                "rank": rank,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(limit=4),
+            }
+        )
 
 
-def _group(
-    spec: dict[str, Any], *, timeout_s: float
-) -> tuple[list[dict[str, Any]], list[int]]:
+def _group(spec: dict[str, Any], *, timeout_s: float) -> tuple[list[dict[str, Any]], list[int]]:
     import torch.multiprocessing as mp
 
     # CUDA cannot survive a fork, so GPU ranks are spawned (a few seconds, inside the
@@ -83,8 +90,10 @@ def _group(
     # which keeps them clear of a forked OpenMP pool.
     ctx = mp.get_context("spawn" if spec["device"] == "cuda" else "fork")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, spec, results), daemon=True)
-             for r in range(spec["local_world"])]
+    procs = [
+        ctx.Process(target=_rank, args=(r, spec, results), daemon=True)
+        for r in range(spec["local_world"])
+    ]
     for p in procs:
         p.start()
     got: list[dict[str, Any]] = []
@@ -95,8 +104,9 @@ def _group(
         except queue_mod.Empty:
             if all(not p.is_alive() for p in procs) and results.empty():
                 break
-    missing = sorted(set(range(len(procs))) - {g["rank"] - spec["node_rank"] * len(procs)
-                                               for g in got})
+    missing = sorted(
+        set(range(len(procs))) - {g["rank"] - spec["node_rank"] * len(procs) for g in got}
+    )
     for p in procs:
         p.join(timeout=2)
         if p.is_alive():
@@ -121,49 +131,112 @@ def allreduce(
     out: list[Measurement] = []
     scopes: list[tuple[str, dict[str, Any], float | None, str]] = []
     if local >= 2:
-        scopes.append(("node", {"node_rank": 0, "world": local,
-                                "init_method": f"tcp://127.0.0.1:{free_port()}"},
-                       expected_intra, "NVLINK_SLOW"))
+        scopes.append(
+            (
+                "node",
+                {"node_rank": 0, "world": local, "init_method": f"tcp://127.0.0.1:{free_port()}"},
+                expected_intra,
+                "NVLINK_SLOW",
+            )
+        )
     else:
-        out.append(Measurement(check="allreduce", component="node", metric="busbw_gbs",
-                               achieved=None, expected=expected_intra, unit="GB/s",
-                               message="one device: no all-reduce within the node"))
+        out.append(
+            Measurement(
+                check="allreduce",
+                component="node",
+                metric="busbw_gbs",
+                achieved=None,
+                expected=expected_intra,
+                unit="GB/s",
+                message="one device: no all-reduce within the node",
+            )
+        )
     if cfg.peers is not None:
         p = cfg.peers
-        scopes.append(("cluster", {"node_rank": p.node_rank, "world": p.nnodes * local,
-                                   "init_method": f"tcp://{p.master_addr}:{p.master_port}"},
-                       expected_inter, "FABRIC_SLOW"))
+        scopes.append(
+            (
+                "cluster",
+                {
+                    "node_rank": p.node_rank,
+                    "world": p.nnodes * local,
+                    "init_method": f"tcp://{p.master_addr}:{p.master_port}",
+                },
+                expected_inter,
+                "FABRIC_SLOW",
+            )
+        )
     for scope, extra, expected, slow_code in scopes:
-        spec = {"device": ops.kind, "local_world": local, "bytes": sizes.allreduce_bytes,
-                "wrapper": wrapper, "timeout_s": budget / len(scopes), **extra}
+        spec = {
+            "device": ops.kind,
+            "local_world": local,
+            "bytes": sizes.allreduce_bytes,
+            "wrapper": wrapper,
+            "timeout_s": budget / len(scopes),
+            **extra,
+        }
         got, missing = _group(spec, timeout_s=budget / len(scopes))
         errors = [g for g in got if "error" in g]
-        ev: dict[str, Any] = {"scope": scope, "world": spec["world"], "bytes": spec["bytes"],
-                              "iterations": ITERS}
+        ev: dict[str, Any] = {
+            "scope": scope,
+            "world": spec["world"],
+            "bytes": spec["bytes"],
+            "iterations": ITERS,
+        }
         component = "node" if scope == "node" else "fabric"
         if missing or errors:
             code = "CHECK_TIMEOUT" if missing and not errors else "CHECK_ERROR"
-            ev.update({"missing_local_ranks": missing,
-                       "errors": [g["error"] for g in errors][:4]})
-            msg = (f"all-reduce ({scope}) ranks {missing} did not finish within "
-                   f"{budget / len(scopes):.0f} s" if code == "CHECK_TIMEOUT"
-                   else f"all-reduce ({scope}) failed: {errors[0]['error']}")
-            out.append(Measurement(check="allreduce", component=component, metric="busbw_gbs",
-                                   achieved=None, expected=expected, unit="GB/s",
-                                   status="FAILED", code=code, message=msg, evidence=ev))
+            ev.update({"missing_local_ranks": missing, "errors": [g["error"] for g in errors][:4]})
+            msg = (
+                f"all-reduce ({scope}) ranks {missing} did not finish within "
+                f"{budget / len(scopes):.0f} s"
+                if code == "CHECK_TIMEOUT"
+                else f"all-reduce ({scope}) failed: {errors[0]['error']}"
+            )
+            out.append(
+                Measurement(
+                    check="allreduce",
+                    component=component,
+                    metric="busbw_gbs",
+                    achieved=None,
+                    expected=expected,
+                    unit="GB/s",
+                    status="FAILED",
+                    code=code,
+                    message=msg,
+                    evidence=ev,
+                )
+            )
             continue
         seconds = max(g["seconds"] for g in got)
         bw = rules.busbw(spec["bytes"], seconds, spec["world"])
-        ev.update({"seconds_per_iter": seconds, "algbw_gbs": spec["bytes"] / seconds / 1e9
-                   if seconds > 0 else None, "ratio": rules.ratio(bw, expected)})
+        ev.update(
+            {
+                "seconds_per_iter": seconds,
+                "algbw_gbs": spec["bytes"] / seconds / 1e9 if seconds > 0 else None,
+                "ratio": rules.ratio(bw, expected),
+            }
+        )
         status, code, msg = "OK", None, ""
         if not all(g.get("correct") for g in got):
             status, code, msg = "FAILED", "GPU_SDC", f"all-reduce ({scope}) returned wrong sums"
         elif rules.below(bw, expected, cfg.min_allreduce_fraction):
             status, code = "FAILED", slow_code
-            msg = (f"all-reduce ({scope}) bus bandwidth {bw:.3g} GB/s, below "
-                   f"{cfg.min_allreduce_fraction:g} of the expected {expected:g}")
-        out.append(Measurement(check="allreduce", component=component, metric="busbw_gbs",
-                               achieved=bw, expected=expected, unit="GB/s", status=status,
-                               code=code, message=msg, evidence=ev))
+            msg = (
+                f"all-reduce ({scope}) bus bandwidth {bw:.3g} GB/s, below "
+                f"{cfg.min_allreduce_fraction:g} of the expected {expected:g}"
+            )
+        out.append(
+            Measurement(
+                check="allreduce",
+                component=component,
+                metric="busbw_gbs",
+                achieved=bw,
+                expected=expected,
+                unit="GB/s",
+                status=status,
+                code=code,
+                message=msg,
+                evidence=ev,
+            )
+        )
     return out

@@ -52,14 +52,22 @@ def transfers(
             gbs = _measure(ops, i, dst, src, nbytes)
             exp = h2d_expected.get(i)
             slow = rules.below(gbs, exp, frac)
-            out.append(Measurement(
-                check="bandwidth", component=ops.component(i), metric=metric, achieved=gbs,
-                expected=exp, unit="GB/s", status="FAILED" if slow else "OK",
-                code="PCIE_SLOW" if slow else None,
-                message=f"{metric[:3]} copy at {gbs:.3g} GB/s, below {frac:g} of {exp}"
-                if slow else "",
-                evidence={"bytes": nbytes, "repeats": REPEATS,
-                          "ratio": rules.ratio(gbs, exp)}))
+            out.append(
+                Measurement(
+                    check="bandwidth",
+                    component=ops.component(i),
+                    metric=metric,
+                    achieved=gbs,
+                    expected=exp,
+                    unit="GB/s",
+                    status="FAILED" if slow else "OK",
+                    code="PCIE_SLOW" if slow else None,
+                    message=f"{metric[:3]} copy at {gbs:.3g} GB/s, below {frac:g} of {exp}"
+                    if slow
+                    else "",
+                    evidence={"bytes": nbytes, "repeats": REPEATS, "ratio": rules.ratio(gbs, exp)},
+                )
+            )
         del dev
     count = ops.count()
     if count < 2:
@@ -75,11 +83,21 @@ def transfers(
         del src, dst
         slow = rules.below(gbs, exp, frac) or (exp is not None and ev.get("peer_access") is False)
         ev["ratio"] = rules.ratio(gbs, exp)
-        out.append(Measurement(
-            check="bandwidth", component=ops.component(i), metric="p2p_gbs", achieved=gbs,
-            expected=exp, unit="GB/s", status="FAILED" if slow else "OK",
-            code="NVLINK_SLOW" if slow else None,
-            message=f"copy to {ops.component(j)} at {gbs:.3g} GB/s, below {frac:g} of {exp}"
-            if slow else "", evidence=ev))
+        out.append(
+            Measurement(
+                check="bandwidth",
+                component=ops.component(i),
+                metric="p2p_gbs",
+                achieved=gbs,
+                expected=exp,
+                unit="GB/s",
+                status="FAILED" if slow else "OK",
+                code="NVLINK_SLOW" if slow else None,
+                message=f"copy to {ops.component(j)} at {gbs:.3g} GB/s, below {frac:g} of {exp}"
+                if slow
+                else "",
+                evidence=ev,
+            )
+        )
     ops.release()
     return out

@@ -69,8 +69,13 @@ class ActiveConfig(StrictModel):
     def sizes(self, device: str) -> Sizes:
         gpu = device != "cpu"
         load_s = self.load_s if self.load_s is not None else (15.0 if gpu else 1.0)
-        defaults = {"matmul": 60.0, "memory": 120.0, "bandwidth": 60.0,
-                    "load": load_s + 45.0, "allreduce": 120.0}
+        defaults = {
+            "matmul": 60.0,
+            "memory": 120.0,
+            "bandwidth": 60.0,
+            "load": load_s + 45.0,
+            "allreduce": 120.0,
+        }
         if not gpu:
             defaults = {k: min(v, 60.0) for k, v in defaults.items()} | {"load": load_s + 30}
         return Sizes(

@@ -58,8 +58,11 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
         a, b = a64.to(dt), b64.to(dt)
         # The reference uses the rounded inputs, so only accumulation can differ.
         ref = a.to(torch.float64) @ b.to(torch.float64)
-        scale = math.sqrt(n) * a.double().pow(2).mean().sqrt().item() * b.double().pow(
-            2).mean().sqrt().item()
+        scale = (
+            math.sqrt(n)
+            * a.double().pow(2).mean().sqrt().item()
+            * b.double().pow(2).mean().sqrt().item()
+        )
         tol = rules.TOLERANCE[name]
         batch: list[Measurement] = []
         digests: dict[int, str] = {}
@@ -70,27 +73,47 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
                 results = [ops.matmul(i, da, db) for _ in range(cfg.matmul_repeats)]
             ops.synchronize(i)
             error = _normalised_error(ops, results[0], ref, scale)
-            drift = max(_normalised_error(ops, r, results[0].to("cpu", torch.float64), scale)
-                        for r in results[1:])
+            drift = max(
+                _normalised_error(ops, r, results[0].to("cpu", torch.float64), scale)
+                for r in results[1:]
+            )
             bitwise = all(torch.equal(results[0], r) for r in results[1:])
             digests[i] = _class_of(ops, results[0], classes)
-            ev = {"dtype": name, "size": n, "repeats": cfg.matmul_repeats,
-                  "max_repeat_difference": drift, "bitwise_repeatable": bitwise,
-                  "device_name": ops.name(i), "result_class": digests[i]}
+            ev = {
+                "dtype": name,
+                "size": n,
+                "repeats": cfg.matmul_repeats,
+                "max_repeat_difference": drift,
+                "bitwise_repeatable": bitwise,
+                "device_name": ops.name(i),
+                "result_class": digests[i],
+            }
             status, code, msg = "OK", None, ""
             if rules.wrong(error, name):
                 status, code = "FAILED", "GPU_SDC"
-                msg = f"{name} matmul differs from the float64 reference by {error:.3g} " \
-                      f"(tolerance {tol:g})"
+                msg = (
+                    f"{name} matmul differs from the float64 reference by {error:.3g} "
+                    f"(tolerance {tol:g})"
+                )
             elif not bitwise:
                 # cuBLAS and CPU BLAS are bitwise reproducible for the same shapes on the
                 # same device: any change between repeats is the hardware.
                 status, code = "FAILED", "GPU_SDC"
                 msg = f"{name} matmul gave different results on repeats (by {drift:.3g})"
-            batch.append(Measurement(check="matmul", component=ops.component(i),
-                                     metric=f"{name}_max_error", achieved=error, expected=tol,
-                                     unit="norm_err", status=status, code=code,
-                                     message=msg, evidence=ev))
+            batch.append(
+                Measurement(
+                    check="matmul",
+                    component=ops.component(i),
+                    metric=f"{name}_max_error",
+                    achieved=error,
+                    expected=tol,
+                    unit="norm_err",
+                    status=status,
+                    code=code,
+                    message=msg,
+                    evidence=ev,
+                )
+            )
         out += _agreement(ops, batch, digests, name)
     return out
 
@@ -132,10 +155,17 @@ def _agreement(
             if m.status != "OK" or (majority and digests[i] == top):
                 continue
             if majority:
-                msg = (f"{dtype} product differs bitwise from {top_n} of {len(members)} "
-                       "identical GPUs given the same inputs")
-                out[i] = replace(m, status="FAILED", code="GPU_SDC", message=msg,
-                                 evidence={**m.evidence, "majority_class": top})
+                msg = (
+                    f"{dtype} product differs bitwise from {top_n} of {len(members)} "
+                    "identical GPUs given the same inputs"
+                )
+                out[i] = replace(
+                    m,
+                    status="FAILED",
+                    code="GPU_SDC",
+                    message=msg,
+                    evidence={**m.evidence, "majority_class": top},
+                )
             else:  # no majority (two GPUs, or all different): cannot tell which is wrong
                 msg = f"{dtype} products of identical GPUs disagree bitwise; no majority"
                 out[i] = replace(m, status="WARNING", code="GPU_SDC", message=msg)
@@ -187,16 +217,22 @@ def load(
     for i in range(count):
         drift[i] = max(drift[i], _diff(ops, last[i], first[i]))
     flops = 2.0 * n**3
-    tflops = {i: (flops * iters[i] / busy[i] / 1e12) if busy[i] > 0 else 0.0
-              for i in range(count)}
-    slow_vs_peers = rules.laggards({str(i): v for i, v in tflops.items()},
-                                   cfg.min_fraction_of_median)
+    tflops = {i: (flops * iters[i] / busy[i] / 1e12) if busy[i] > 0 else 0.0 for i in range(count)}
+    slow_vs_peers = rules.laggards(
+        {str(i): v for i, v in tflops.items()}, cfg.min_fraction_of_median
+    )
     out = []
     for i in range(count):
         exp = expected.get(i)
-        ev = {"dtype": dt_name, "size": n, "iterations": iters[i], "busy_s": round(busy[i], 3),
-              "ratio_to_peak": rules.ratio(tflops[i], exp), "max_drift": drift[i],
-              "device_name": ops.name(i)}
+        ev = {
+            "dtype": dt_name,
+            "size": n,
+            "iterations": iters[i],
+            "busy_s": round(busy[i], 3),
+            "ratio_to_peak": rules.ratio(tflops[i], exp),
+            "max_drift": drift[i],
+            "device_name": ops.name(i),
+        }
         if i in nvml:
             ev["under_load"] = nvml[i]
         slowing = sorted(set(nvml.get(i, {}).get("clock_event_reasons", ())) & telemetry.SLOWING)
@@ -207,18 +243,32 @@ def load(
             msg = f"the same matmul gave a different result under load (by {drift[i]:.3g})"
         elif rules.below(tflops[i], exp, cfg.min_fraction_of_peak):
             status, code = "FAILED", "GPU_SLOW"
-            msg = (f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_peak:g} of "
-                   f"the expected {exp:g}{why}")
+            msg = (
+                f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_peak:g} of "
+                f"the expected {exp:g}{why}"
+            )
         elif str(i) in slow_vs_peers:
             med = slow_vs_peers[str(i)]
             status, code = "FAILED", "GPU_SLOW"
-            msg = (f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_median:g} "
-                   f"of the node's median {med:.3g}{why}")
+            msg = (
+                f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_median:g} "
+                f"of the node's median {med:.3g}{why}"
+            )
             ev["median_tflops"] = med
-        out.append(Measurement(check="load", component=ops.component(i),
-                               metric=f"tflops_{dt_name}", achieved=tflops[i], expected=exp,
-                               unit="TFLOP/s", status=status, code=code, message=msg,
-                               evidence=ev))
+        out.append(
+            Measurement(
+                check="load",
+                component=ops.component(i),
+                metric=f"tflops_{dt_name}",
+                achieved=tflops[i],
+                expected=exp,
+                unit="TFLOP/s",
+                status=status,
+                code=code,
+                message=msg,
+                evidence=ev,
+            )
+        )
     return out
 
 

@@ -74,8 +74,9 @@ def pattern_test(ops: Any, cfg: ActiveConfig) -> list[Measurement]:
         for k, c in enumerate(chunks):
             words = c.view(torch.int32)
             ops.fill_index(i, words, k * 7919)
-            expect = torch.arange(k * 7919, k * 7919 + words.numel(), dtype=torch.int32,
-                                  device=words.device)
+            expect = torch.arange(
+                k * 7919, k * 7919 + words.numel(), dtype=torch.int32, device=words.device
+            )
             record(words != expect, base)  # word offsets within the chunk, as evidence
             del expect
             base += c.numel()
@@ -83,10 +84,14 @@ def pattern_test(ops: Any, cfg: ActiveConfig) -> list[Measurement]:
         seconds = time.perf_counter() - t0
         del chunks
         ops.release()
-        ev: dict[str, Any] = {"tested_bytes": tested, "target_bytes": target,
-                              "free_bytes": free, "patterns": [hex(p) for p in PATTERNS]
-                              + ["address"], "seconds": round(seconds, 3),
-                              "first_bad_offsets": tally.offsets}
+        ev: dict[str, Any] = {
+            "tested_bytes": tested,
+            "target_bytes": target,
+            "free_bytes": free,
+            "patterns": [hex(p) for p in PATTERNS] + ["address"],
+            "seconds": round(seconds, 3),
+            "first_bad_offsets": tally.offsets,
+        }
         if alloc_note:
             ev["allocation"] = alloc_note
         status, code, msg = "OK", None, ""
@@ -97,7 +102,18 @@ def pattern_test(ops: Any, cfg: ActiveConfig) -> list[Measurement]:
         elif tested < target // 2:
             status, code = "WARNING", "GPU_MEMORY_FAULT"
             msg = f"only {tested} of {target} bytes could be allocated for the pattern test"
-        out.append(Measurement(check="memory", component=ops.component(i), metric="bad_cells",
-                               achieved=float(bad), expected=0.0, unit="cells",
-                               status=status, code=code, message=msg, evidence=ev))
+        out.append(
+            Measurement(
+                check="memory",
+                component=ops.component(i),
+                metric="bad_cells",
+                achieved=float(bad),
+                expected=0.0,
+                unit="cells",
+                status=status,
+                code=code,
+                message=msg,
+                evidence=ev,
+            )
+        )
     return out

@@ -24,8 +24,9 @@ class TorchOps:
         self.pci: list[str | None] = []
         if self.kind == "cuda":
             self.devices = [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]
-            self.pci = [_pci_address(torch.cuda.get_device_properties(i))
-                        for i in range(len(self.devices))]
+            self.pci = [
+                _pci_address(torch.cuda.get_device_properties(i)) for i in range(len(self.devices))
+            ]
         else:
             self.devices = [torch.device("cpu")] * cpu_devices
         self.asynchronous = self.kind == "cuda"
@@ -142,8 +143,10 @@ class Timer:
         if self.ops.kind == "cuda":
             torch = self.ops.torch
             with torch.cuda.device(self.i):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
             self._events = (start, end)
         self._t0 = time.perf_counter()

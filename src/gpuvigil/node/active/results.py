@@ -64,8 +64,21 @@ def to_finding(m: Measurement, *, observed_at: datetime) -> Finding | None:
     if m.status == Status.OK.value or m.code is None:
         return None
     action, fatal = ACTIONS.get(m.code, (Action.NONE, False))
-    evidence = {"metric": m.metric, "achieved": m.achieved, "expected": m.expected,
-                "unit": m.unit, **m.evidence}
-    return Finding(check=f"active.{m.check}", status=Status(m.status), code=m.code,
-                   component=m.component, message=m.message, action=action, fatal=fatal,
-                   evidence=evidence, observed_at=observed_at)
+    evidence = {
+        "metric": m.metric,
+        "achieved": m.achieved,
+        "expected": m.expected,
+        "unit": m.unit,
+        **m.evidence,
+    }
+    return Finding(
+        check=f"active.{m.check}",
+        status=Status(m.status),
+        code=m.code,
+        component=m.component,
+        message=m.message,
+        action=action,
+        fatal=fatal,
+        evidence=evidence,
+        observed_at=observed_at,
+    )

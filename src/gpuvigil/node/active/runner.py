@@ -52,9 +52,15 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
 def _failed(
     check: str, code: str, message: str, component: str = "node", **evidence: Any
 ) -> Finding:
-    return Finding(check=f"active.{check}", status=Status.FAILED, code=code,
-                   component=component, message=message, action=Action.NONE,
-                   evidence=evidence)
+    return Finding(
+        check=f"active.{check}",
+        status=Status.FAILED,
+        code=code,
+        component=component,
+        message=message,
+        action=Action.NONE,
+        evidence=evidence,
+    )
 
 
 def run_active(
@@ -74,12 +80,20 @@ def run_active(
         left = budget_s - (time.monotonic() - t0)
         if left < MIN_START_S:
             break
-        spec = {"device": device, "checks": remaining, "wrapper": wrapper,
-                "config": cfg.model_dump(mode="json"),
-                "internode_busbw_gbs": internode_busbw_gbs}
-        result = execp.run([sys.executable, "-m", "gpuvigil.node.active.worker"],
-                           timeout_s=left, env=_worker_env(env),
-                           stdin=json.dumps(spec).encode(), max_output=16 * 1024 * 1024)
+        spec = {
+            "device": device,
+            "checks": remaining,
+            "wrapper": wrapper,
+            "config": cfg.model_dump(mode="json"),
+            "internode_busbw_gbs": internode_busbw_gbs,
+        }
+        result = execp.run(
+            [sys.executable, "-m", "gpuvigil.node.active.worker"],
+            timeout_s=left,
+            env=_worker_env(env),
+            stdin=json.dumps(spec).encode(),
+            max_output=16 * 1024 * 1024,
+        )
         outcome.workers += 1
         done, fatal = _absorb(result, outcome)
         remaining = [c for c in remaining if c not in done]
@@ -90,16 +104,31 @@ def run_active(
         elif not done:
             # Nothing started: the worker itself is broken (crash at import, garbage).
             f = execp.failure_finding(result, check="active", what="active-check worker")
-            outcome.findings.append(f or execp.unparsable_finding(
-                result, check="active", problem="the worker printed no events"))
+            outcome.findings.append(
+                f
+                or execp.unparsable_finding(
+                    result, check="active", problem="the worker printed no events"
+                )
+            )
             for c in remaining:
-                outcome.findings.append(_failed(c, "CHECK_ERROR", "the active-check worker "
-                                                "did not start", exit_status=result.returncode))
+                outcome.findings.append(
+                    _failed(
+                        c,
+                        "CHECK_ERROR",
+                        "the active-check worker did not start",
+                        exit_status=result.returncode,
+                    )
+                )
             remaining = []
     for c in remaining:
-        outcome.findings.append(_failed(
-            c, "CHECK_TIMEOUT", f"not run: the {budget_s:g} s time budget ran out first",
-            budget_s=budget_s))
+        outcome.findings.append(
+            _failed(
+                c,
+                "CHECK_TIMEOUT",
+                f"not run: the {budget_s:g} s time budget ran out first",
+                budget_s=budget_s,
+            )
+        )
     now = utcnow()
     for m in outcome.measurements:
         f = to_finding(m, observed_at=now)
@@ -126,8 +155,9 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
         except (TypeError, ValueError, KeyError) as e:
             # A garbled event from our own worker: the check it names failed.
             check = str(ev.get("check") or started or "worker")
-            outcome.findings.append(_failed(check, "CHECK_ERROR", f"unreadable worker event: {e}",
-                                            event=line[:300]))
+            outcome.findings.append(
+                _failed(check, "CHECK_ERROR", f"unreadable worker event: {e}", event=line[:300])
+            )
             done.add(check)
             continue
         if fatal is not None:
@@ -136,14 +166,26 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
         # It was running when the worker ended without a word: hung past the parent's
         # deadline (timeout) or crashed (a segfault in a driver, an OOM kill).
         if result.error == "timeout":
-            outcome.findings.append(_failed(started, "CHECK_TIMEOUT",
-                                            f"hung on {where}: killed at the preflight deadline",
-                                            where, **result.evidence()))
+            outcome.findings.append(
+                _failed(
+                    started,
+                    "CHECK_TIMEOUT",
+                    f"hung on {where}: killed at the preflight deadline",
+                    where,
+                    **result.evidence(),
+                )
+            )
         else:
-            outcome.findings.append(_failed(
-                started, "CHECK_ERROR",
-                f"the worker died while it ran on {where} (exit status {result.returncode}): "
-                f"{result.stderr_tail(300)}", where, **result.evidence()))
+            outcome.findings.append(
+                _failed(
+                    started,
+                    "CHECK_ERROR",
+                    f"the worker died while it ran on {where} (exit status {result.returncode}): "
+                    f"{result.stderr_tail(300)}",
+                    where,
+                    **result.evidence(),
+                )
+            )
         done.add(started)
     return done, None
 
@@ -175,19 +217,30 @@ def _event(
         started = None
     elif kind == "error":
         code = str(ev.get("code", "CHECK_ERROR"))
-        outcome.findings.append(Finding(
-            check=f"active.{check}", status=Status.FAILED, code=code,
-            component=str(ev.get("component", where)),
-            message=str(ev.get("message", ""))[:500],
-            action=ACTIONS.get(code, (Action.NONE, False))[0],
-            fatal=ACTIONS.get(code, (Action.NONE, False))[1],
-            evidence={"traceback": ev.get("traceback", "")}))
+        outcome.findings.append(
+            Finding(
+                check=f"active.{check}",
+                status=Status.FAILED,
+                code=code,
+                component=str(ev.get("component", where)),
+                message=str(ev.get("message", ""))[:500],
+                action=ACTIONS.get(code, (Action.NONE, False))[0],
+                fatal=ACTIONS.get(code, (Action.NONE, False))[1],
+                evidence={"traceback": ev.get("traceback", "")},
+            )
+        )
         done.add(check)
         started = None
     elif kind == "timeout":
-        outcome.findings.append(_failed(
-            check, "CHECK_TIMEOUT", f"did not finish within {ev.get('timeout_s')} s "
-            f"(killed; last on {where})", where, timeout_s=ev.get("timeout_s")))
+        outcome.findings.append(
+            _failed(
+                check,
+                "CHECK_TIMEOUT",
+                f"did not finish within {ev.get('timeout_s')} s (killed; last on {where})",
+                where,
+                timeout_s=ev.get("timeout_s"),
+            )
+        )
         done.add(check)
         started = None
     elif kind == "fatal":

@@ -22,8 +22,13 @@ REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-SLOWING = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-           "hw_power_brake_slowdown", "sw_power_cap"}
+SLOWING = {
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_power_cap",
+}
 
 
 def decode(mask: int) -> list[str]:
@@ -47,14 +52,17 @@ def sample(pci_addresses: list[str | None]) -> dict[int, dict[str, Any]]:
                 continue
             try:
                 h = pynvml.nvmlDeviceGetHandleByPciBusId(pci.encode())
-                get_reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+                get_reasons = (
+                    getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
                     or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+                )
                 mask = int(get_reasons(h))
                 out[i] = {
                     "clock_event_reasons": decode(mask),
                     "sm_clock_mhz": int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
-                    "temperature_c": int(pynvml.nvmlDeviceGetTemperature(
-                        h, pynvml.NVML_TEMPERATURE_GPU)),
+                    "temperature_c": int(
+                        pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+                    ),
                     "power_w": round(pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0, 1),
                 }
             except Exception as e:  # noqa: BLE001 - one GPU's NVML error is its evidence

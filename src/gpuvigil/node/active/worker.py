@@ -67,8 +67,7 @@ class _Progress:
     def _at(self, i: int) -> None:
         if self.check is not None and i != self.last:
             self.last = i
-            emit({"event": "progress", "check": self.check,
-                  "component": self.inner.component(i)})
+            emit({"event": "progress", "check": self.check, "component": self.inner.component(i)})
 
     def matmul(self, i: int, a: Any, b: Any) -> Any:
         self._at(i)
@@ -100,13 +99,13 @@ def _expected(cfg: ActiveConfig, ops: Any, sizes: Sizes, spec: dict[str, Any]) -
     models = load_models(cfg.gpu_models or None)
     per: dict[str, dict[int, Any]] = {"tflops": {}, "h2d": {}, "p2p": {}, "model": {}}
     for i in range(ops.count()):
-        found: tuple[str, GpuModel] | None = identify(ops.name(i), models) if (
-            ops.kind == "cuda") else None
+        found: tuple[str, GpuModel] | None = (
+            identify(ops.name(i), models) if (ops.kind == "cuda") else None
+        )
         model = found[1] if found else None
         per["model"][i] = found[0] if found else None
         dense = model.dense_tflops.model_dump() if model else {}
-        per["tflops"][i] = cfg.expected.tflops.get(sizes.load_dtype) or dense.get(
-            sizes.load_dtype)
+        per["tflops"][i] = cfg.expected.tflops.get(sizes.load_dtype) or dense.get(sizes.load_dtype)
         per["h2d"][i] = cfg.expected.h2d_gbs or (model.h2d_gbs if model else None)
         per["p2p"][i] = cfg.expected.p2p_gbs or (model.p2p_gbs if model else None)
     intra = cfg.expected.allreduce_busbw_gbs or per["p2p"].get(0)
@@ -114,8 +113,15 @@ def _expected(cfg: ActiveConfig, ops: Any, sizes: Sizes, spec: dict[str, Any]) -
     return {**per, "intra": intra, "inter": inter}
 
 
-def _run(check: str, ops: Any, cfg: ActiveConfig, sizes: Sizes, *, exp: dict[str, Any],
-         wrapper: str | None) -> list[Any]:
+def _run(
+    check: str,
+    ops: Any,
+    cfg: ActiveConfig,
+    sizes: Sizes,
+    *,
+    exp: dict[str, Any],
+    wrapper: str | None,
+) -> list[Any]:
     from gpuvigil.node.active import allreduce, bandwidth, matmul, memory
 
     if check == "matmul":
@@ -125,11 +131,18 @@ def _run(check: str, ops: Any, cfg: ActiveConfig, sizes: Sizes, *, exp: dict[str
     if check == "memory":
         return memory.pattern_test(ops, cfg)
     if check == "bandwidth":
-        return bandwidth.transfers(ops, cfg, sizes, h2d_expected=exp["h2d"],
-                                   p2p_expected=exp["p2p"])
+        return bandwidth.transfers(
+            ops, cfg, sizes, h2d_expected=exp["h2d"], p2p_expected=exp["p2p"]
+        )
     if check == "allreduce":
-        return allreduce.allreduce(ops, cfg, sizes, wrapper=wrapper,
-                                   expected_intra=exp["intra"], expected_inter=exp["inter"])
+        return allreduce.allreduce(
+            ops,
+            cfg,
+            sizes,
+            wrapper=wrapper,
+            expected_intra=exp["intra"],
+            expected_inter=exp["inter"],
+        )
     raise ValueError(f"unknown active check {check!r}")
 
 
@@ -145,22 +158,37 @@ def main() -> int:
     try:
         import torch
     except ImportError as e:
-        emit({"event": "fatal", "code": "DEPENDENCY_MISSING",
-              "message": f"PyTorch is not installed ({e}); install gpuvigil[training]"})
+        emit(
+            {
+                "event": "fatal",
+                "code": "DEPENDENCY_MISSING",
+                "message": f"PyTorch is not installed ({e}); install gpuvigil[training]",
+            }
+        )
         return EXIT_FATAL
     if device != "cpu" and (not torch.cuda.is_available() or torch.cuda.device_count() == 0):
-        emit({"event": "fatal", "code": "DRIVER_UNAVAILABLE",
-              "message": "CUDA is not available to PyTorch (no driver, no GPU, or a CPU "
-                         f"build of torch {torch.__version__})"})
+        emit(
+            {
+                "event": "fatal",
+                "code": "DRIVER_UNAVAILABLE",
+                "message": "CUDA is not available to PyTorch (no driver, no GPU, or a CPU "
+                f"build of torch {torch.__version__})",
+            }
+        )
         return EXIT_FATAL
     ops = _Progress(build_ops(device, cpu_devices=cfg.cpu_devices, wrapper=spec.get("wrapper")))
     sizes = cfg.sizes(device)
     exp = _expected(cfg, ops, sizes, spec)
-    emit({"event": "devices", "names": [ops.name(i) for i in range(ops.count())],
-          "components": [ops.component(i) for i in range(ops.count())],
-          "pci": list(getattr(ops.inner, "pci", [])),
-          "models": [exp["model"][i] for i in range(ops.count())],
-          "torch": torch.__version__})
+    emit(
+        {
+            "event": "devices",
+            "names": [ops.name(i) for i in range(ops.count())],
+            "components": [ops.component(i) for i in range(ops.count())],
+            "pci": list(getattr(ops.inner, "pci", [])),
+            "models": [exp["model"][i] for i in range(ops.count())],
+            "torch": torch.__version__,
+        }
+    )
     for check in spec.get("checks", []):
         timeout_s = float(sizes.timeouts_s.get(check, 60.0))
         emit({"event": "start", "check": check, "timeout_s": timeout_s})
@@ -175,16 +203,29 @@ def main() -> int:
             text = f"{type(e).__name__}: {e}"
             code = "GPU_MEMORY_FAULT" if _MEMORY_ERROR.search(text) else "CHECK_ERROR"
             where = ops.inner.component(ops.last) if ops.last is not None else "node"
-            emit({"event": "error", "check": check, "code": code, "message": text[:2000],
-                  "component": where,
-                  "traceback": traceback.format_exc(limit=6)})
+            emit(
+                {
+                    "event": "error",
+                    "check": check,
+                    "code": code,
+                    "message": text[:2000],
+                    "component": where,
+                    "traceback": traceback.format_exc(limit=6),
+                }
+            )
             if "CUDA" in text or "cuda" in text:
                 return EXIT_FATAL  # the context may be poisoned: the parent starts afresh
             continue
         finally:
             watchdog.cancel()
-        emit({"event": "result", "check": check, "duration_s": time.monotonic() - t0,
-              "measurements": [m.to_json() for m in measurements]})
+        emit(
+            {
+                "event": "result",
+                "check": check,
+                "duration_s": time.monotonic() - t0,
+                "measurements": [m.to_json() for m in measurements],
+            }
+        )
     return 0
 
 

@@ -71,8 +71,11 @@ def _read_port(port_dir: Path) -> FabricPort:
     rate_text = _read(port_dir / "rate", problems)
     link_layer = _read(port_dir / "link_layer", [])  # optional (absent on old kernels)
     state, phys, rate = parse_state(state_text), parse_state(phys_text), parse_rate(rate_text)
-    for name, raw, value in (("state", state_text, state), ("phys_state", phys_text, phys),
-                             ("rate", rate_text, rate)):
+    for name, raw, value in (
+        ("state", state_text, state),
+        ("phys_state", phys_text, phys),
+        ("rate", rate_text, rate),
+    ):
         if raw is not None and value is None:
             problems.append(f"{port_dir / name}: cannot parse {raw[:60]!r}")
     counters: dict[str, int] = {}
@@ -97,9 +100,15 @@ def _read_port(port_dir: Path) -> FabricPort:
     except ValueError:
         number = 0
         problems.append(f"{port_dir}: port folder is not a number")
-    return FabricPort(number=number, state=state, phys_state=phys, rate_gbps=rate,
-                      link_layer=link_layer, counters=tuple(sorted(counters.items())),
-                      problems=tuple(problems))
+    return FabricPort(
+        number=number,
+        state=state,
+        phys_state=phys,
+        rate_gbps=rate,
+        link_layer=link_layer,
+        counters=tuple(sorted(counters.items())),
+        problems=tuple(problems),
+    )
 
 
 def _netdev_dirs(dev_dir: Path) -> list[Path]:
@@ -164,12 +173,21 @@ def read_adapter(dev_dir: Path) -> FabricAdapter:
         problems.append(f"{ports_dir}: unreadable ({e.strerror or e})")
         port_names = []
     ports = tuple(_read_port(ports_dir / n) for n in port_names)
-    pci = os.path.basename(os.path.realpath(dev_dir / "device")) if (
-        dev_dir / "device").exists() else None
+    pci = (
+        os.path.basename(os.path.realpath(dev_dir / "device"))
+        if (dev_dir / "device").exists()
+        else None
+    )
     netdevs = _read_netdevs(dev_dir, problems)
-    return FabricAdapter(name=dev_dir.name, kind=_kind(dev_dir.name, dev_dir, hca_type, ports),
-                         ports=ports, pci_address=pci, hca_type=hca_type, netdevs=netdevs,
-                         problems=tuple(problems))
+    return FabricAdapter(
+        name=dev_dir.name,
+        kind=_kind(dev_dir.name, dev_dir, hca_type, ports),
+        ports=ports,
+        pci_address=pci,
+        hca_type=hca_type,
+        netdevs=netdevs,
+        problems=tuple(problems),
+    )
 
 
 def read_fabric(root: Path, *, fi_info: FiInfo | None = None) -> FabricReading:
@@ -177,13 +195,16 @@ def read_fabric(root: Path, *, fi_info: FiInfo | None = None) -> FabricReading:
     taken_at = utcnow()
     ib = Path(root) / IB_CLASS
     if not ib.is_dir():
-        return FabricReading(taken_at=taken_at, adapters=(), sysfs_present=False,
-                             fi_info=fi_info)
+        return FabricReading(taken_at=taken_at, adapters=(), sysfs_present=False, fi_info=fi_info)
     try:
         names = sorted(os.listdir(ib))
     except OSError as e:
-        return FabricReading(taken_at=taken_at, adapters=(),
-                             problems=(f"{ib}: unreadable ({e.strerror or e})",), fi_info=fi_info)
+        return FabricReading(
+            taken_at=taken_at,
+            adapters=(),
+            problems=(f"{ib}: unreadable ({e.strerror or e})",),
+            fi_info=fi_info,
+        )
     adapters = tuple(read_adapter(ib / n) for n in names)
     return FabricReading(taken_at=taken_at, adapters=adapters, fi_info=fi_info)
 
@@ -191,8 +212,9 @@ def read_fabric(root: Path, *, fi_info: FiInfo | None = None) -> FabricReading:
 def run_fi_info(ctx: CheckContext, cfg: FabricConfig) -> tuple[FiInfo, Finding | None]:
     """`fi_info -p efa -t FI_EP_RDM`. Exit 61 (`fi_getinfo: -61`) means libfabric sees no
     EFA device: a reading of zero domains, not a tool failure."""
-    result = execp.run(["fi_info", "-p", "efa", "-t", "FI_EP_RDM"],
-                       timeout_s=cfg.fi_info_timeout_s, env=ctx.env)
+    result = execp.run(
+        ["fi_info", "-p", "efa", "-t", "FI_EP_RDM"], timeout_s=cfg.fi_info_timeout_s, env=ctx.env
+    )
     if result.error == "missing" and not cfg.require_fi_info:
         return FiInfo(ran=False, error="missing"), None
     if result.error is None and result.returncode == 61:
@@ -203,7 +225,8 @@ def run_fi_info(ctx: CheckContext, cfg: FabricConfig) -> tuple[FiInfo, Finding |
     domains = parse_fi_info(result.text)
     if not domains:
         return FiInfo(ran=False, error="no domains"), execp.unparsable_finding(
-            result, check=rules.CHECK, problem="exit 0 but no 'domain:' lines")
+            result, check=rules.CHECK, problem="exit 0 but no 'domain:' lines"
+        )
     return FiInfo(ran=True, domains=domains), None
 
 
@@ -220,16 +243,25 @@ def fabric_check(ctx: CheckContext) -> list[Finding]:
         # Asked to judge against a type we do not know (a typo, a new type): failing
         # closed beats silently not counting. A DMI name we do not know is not an error:
         # it is any generic server's model name.
-        findings.append(Finding(
-            check=rules.CHECK, status=Status.FAILED, code="CHECK_ERROR",
-            message=f"instance type {name!r} is not in the catalog: add it under "
-                    "node.fabric.instances or set node.fabric.expect_adapters",
-            evidence={"instance_type": name}))
+        findings.append(
+            Finding(
+                check=rules.CHECK,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                message=f"instance type {name!r} is not in the catalog: add it under "
+                "node.fabric.instances or set node.fabric.expect_adapters",
+                evidence={"instance_type": name},
+            )
+        )
     if expected.kind == "efa" or any(a.kind == "efa" for a in reading.adapters):
         fi, failure = run_fi_info(ctx, cfg)
-        reading = FabricReading(taken_at=reading.taken_at, adapters=reading.adapters,
-                                sysfs_present=reading.sysfs_present,
-                                problems=reading.problems, fi_info=fi)
+        reading = FabricReading(
+            taken_at=reading.taken_at,
+            adapters=reading.adapters,
+            sysfs_present=reading.sysfs_present,
+            problems=reading.problems,
+            fi_info=fi,
+        )
         if failure is not None:
             findings.append(failure)
     previous = ctx.extras.get(PREVIOUS_KEY)

@@ -53,16 +53,28 @@ def read_link(dev: Path, *, role: str, name: str) -> PcieLink:
         values[f] = _read(dev / f, problems)
     speed, ok_s = parse_speed(values["current_link_speed"])
     max_speed, ok_m = parse_speed(values["max_link_speed"])
-    width, max_width = parse_width(values["current_link_width"]), parse_width(
-        values["max_link_width"])
-    for f, ok in (("current_link_speed", ok_s), ("max_link_speed", ok_m),
-                  ("current_link_width", width is not None),
-                  ("max_link_width", max_width is not None)):
+    width, max_width = (
+        parse_width(values["current_link_width"]),
+        parse_width(values["max_link_width"]),
+    )
+    for f, ok in (
+        ("current_link_speed", ok_s),
+        ("max_link_speed", ok_m),
+        ("current_link_width", width is not None),
+        ("max_link_width", max_width is not None),
+    ):
         if values[f] is not None and not ok:
             problems.append(f"{dev / f}: cannot parse {values[f][:40]!r}")
-    return PcieLink(address=dev.name, role=role, name=name, speed_gts=speed,
-                    max_speed_gts=max_speed, width=width, max_width=max_width,
-                    problems=tuple(problems))
+    return PcieLink(
+        address=dev.name,
+        role=role,
+        name=name,
+        speed_gts=speed,
+        max_speed_gts=max_speed,
+        width=width,
+        max_width=max_width,
+        problems=tuple(problems),
+    )
 
 
 def read_pcie(root: Path) -> PcieReading:
@@ -73,8 +85,9 @@ def read_pcie(root: Path) -> PcieReading:
     try:
         addresses = sorted(os.listdir(pci))
     except OSError as e:
-        return PcieReading(taken_at=taken_at, links=(),
-                           problems=(f"{pci}: unreadable ({e.strerror or e})",))
+        return PcieReading(
+            taken_at=taken_at, links=(), problems=(f"{pci}: unreadable ({e.strerror or e})",)
+        )
     gpu_index = 0
     for addr in addresses:
         dev = pci / addr
@@ -100,8 +113,7 @@ def read_pcie(root: Path) -> PcieReading:
     return PcieReading(taken_at=taken_at, links=tuple(links), problems=tuple(problems))
 
 
-@check("pcie", group="fast", interval_s=60.0, timeout_s=20.0,
-       needs=Needs(paths=(PCI_DEVICES,)))
+@check("pcie", group="fast", interval_s=60.0, timeout_s=20.0, needs=Needs(paths=(PCI_DEVICES,)))
 def pcie_check(ctx: CheckContext) -> list[Finding]:
     """PCIe links of GPUs and network adapters: current vs maximum speed and width."""
     judge_gpu_speed = bool(getattr(ctx.config.fabric, "pcie_judge_gpu_speed", False))

@@ -54,8 +54,7 @@ def health(report: DcgmReport, *, now: datetime, check: str = "dcgm_health") -> 
                 status=Status.FAILED if failed else Status.WARNING,
                 code="DCGM_HEALTH_FAIL",
                 component=_component(gpu),
-                message="dcgmi health: "
-                + ", ".join(f"{r.test} {r.result.lower()}" for r in bad),
+                message="dcgmi health: " + ", ".join(f"{r.test} {r.result.lower()}" for r in bad),
                 action=action if failed else Action.NONE,
                 evidence={"systems": [_ev(r) for r in bad], "overall": report.overall},
                 observed_at=now,

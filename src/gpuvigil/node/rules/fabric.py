@@ -53,17 +53,21 @@ def expectation(
     spec = entry[1].fabric if entry else None
     name = entry[0] if entry else None
     kind = config.kind or (spec.kind if spec else None)
-    count = config.expect_adapters if config.expect_adapters is not None else (
-        spec.count if spec else None
+    count = (
+        config.expect_adapters
+        if config.expect_adapters is not None
+        else (spec.count if spec else None)
     )
     rate = config.expect_rate_gbps or (spec.rate_gbps if spec else None)
     if entry and spec is None and config.expect_adapters is None:
         count = 0  # the catalog says this type has no RDMA fabric
-    overridden = any(v is not None for v in (config.kind, config.expect_adapters,
-                                               config.expect_rate_gbps))
+    overridden = any(
+        v is not None for v in (config.kind, config.expect_adapters, config.expect_rate_gbps)
+    )
     source = "config" if overridden else (f"catalog:{name}" if name else "none")
-    return FabricExpectation(kind=kind, count=count, rate_gbps=rate, instance_type=name,
-                             source=source)
+    return FabricExpectation(
+        kind=kind, count=count, rate_gbps=rate, instance_type=name, source=source
+    )
 
 
 def compute_adapters(
@@ -90,39 +94,70 @@ def judge(
     now = reading.taken_at
     out: list[Finding] = []
 
-    def add(status: Status, code: str, component: str, message: str, action: Action,
-            **evidence: Any) -> None:
-        out.append(Finding(check=CHECK, status=status, code=code, component=component,
-                           message=message, action=action, evidence=evidence,
-                           observed_at=now))
+    def add(
+        status: Status, code: str, component: str, message: str, action: Action, **evidence: Any
+    ) -> None:
+        out.append(
+            Finding(
+                check=CHECK,
+                status=status,
+                code=code,
+                component=component,
+                message=message,
+                action=action,
+                evidence=evidence,
+                observed_at=now,
+            )
+        )
 
     for problem in reading.problems:
         add(Status.FAILED, "CHECK_ERROR", "node", problem, Action.NONE)
     if not reading.sysfs_present:
         if expected.count:
-            add(Status.FAILED, "DEPENDENCY_MISSING", "node",
+            add(
+                Status.FAILED,
+                "DEPENDENCY_MISSING",
+                "node",
                 f"/sys/class/infiniband is absent but {expected.count} {expected.kind} adapters "
-                "are expected: the RDMA driver is not loaded", Action.NONE,
-                expected=_ev(expected))
+                "are expected: the RDMA driver is not loaded",
+                Action.NONE,
+                expected=_ev(expected),
+            )
         return out
 
     adapters = compute_adapters(reading, expected, config.adapters)
     units = _count_units(adapters, expected.kind)
     if expected.count is not None and units < expected.count:
-        add(Status.FAILED, "FABRIC_COUNT_LOW", "node",
+        add(
+            Status.FAILED,
+            "FABRIC_COUNT_LOW",
+            "node",
             f"{units} of {expected.count} {expected.kind or 'fabric'} adapters present",
-            Action.REBOOT, found=units, found_adapters=[a.name for a in adapters],
-            expected=_ev(expected))
+            Action.REBOOT,
+            found=units,
+            found_adapters=[a.name for a in adapters],
+            expected=_ev(expected),
+        )
     fi = reading.fi_info
     fi_short = (
-        fi is not None and fi.ran and expected.kind == "efa" and expected.count is not None
+        fi is not None
+        and fi.ran
+        and expected.kind == "efa"
+        and expected.count is not None
         and len(fi.domains) < expected.count
     )
     if fi_short:
         assert fi is not None
-        add(Status.FAILED, "FABRIC_COUNT_LOW", "node",
+        add(
+            Status.FAILED,
+            "FABRIC_COUNT_LOW",
+            "node",
             f"fi_info -p efa lists {len(fi.domains)} of {expected.count} EFA devices",
-            Action.REBOOT, source="fi_info", domains=list(fi.domains), expected=_ev(expected))
+            Action.REBOOT,
+            source="fi_info",
+            domains=list(fi.domains),
+            expected=_ev(expected),
+        )
 
     before = {a.name: a for a in previous.adapters} if previous else {}
     dt_s = (now - previous.taken_at).total_seconds() if previous else 0.0
@@ -131,13 +166,17 @@ def judge(
         for problem in a.problems:
             add(Status.FAILED, "CHECK_ERROR", comp, problem, Action.NONE)
         if not a.ports and not a.problems:
-            add(Status.FAILED, "FABRIC_PORT_DOWN", comp, f"{a.name} has no ports in sysfs",
-                Action.REBOOT)
+            add(
+                Status.FAILED,
+                "FABRIC_PORT_DOWN",
+                comp,
+                f"{a.name} has no ports in sysfs",
+                Action.REBOOT,
+            )
         old_ports = {p.number: p for p in before[a.name].ports} if a.name in before else {}
         for p in a.ports:
             _judge_port(a, p, expected, add)
-            _judge_counters(a, p, old=old_ports.get(p.number), dt_s=dt_s, config=config,
-                            add=add)
+            _judge_counters(a, p, old=old_ports.get(p.number), dt_s=dt_s, config=config, add=add)
         if a.kind == "efa":
             _judge_efa_netdev(a, add)
     return out
@@ -154,20 +193,35 @@ def _judge_port(a: FabricAdapter, p: FabricPort, expected: FabricExpectation, ad
     comp = f"nic:{a.name}" if len(a.ports) == 1 else f"nic:{a.name}/{p.number}"
     for problem in p.problems:
         add(Status.FAILED, "CHECK_ERROR", comp, problem, Action.NONE)
-    ev = {"state": p.state, "phys_state": p.phys_state, "rate_gbps": p.rate_gbps,
-          "link_layer": p.link_layer}
+    ev = {
+        "state": p.state,
+        "phys_state": p.phys_state,
+        "rate_gbps": p.rate_gbps,
+        "link_layer": p.link_layer,
+    }
     if p.state is None or p.phys_state is None:
         return  # unreadable: already a CHECK_ERROR above
     if p.state != "ACTIVE" or p.phys_state != "LinkUp":
-        add(Status.FAILED, "FABRIC_PORT_DOWN", comp,
+        add(
+            Status.FAILED,
+            "FABRIC_PORT_DOWN",
+            comp,
             f"{a.name} port {p.number} is {p.state}/{p.phys_state}, not ACTIVE/LinkUp",
-            Action.REBOOT, **ev)
+            Action.REBOOT,
+            **ev,
+        )
         return
     if expected.rate_gbps and p.rate_gbps is not None and p.rate_gbps < expected.rate_gbps:
-        add(Status.FAILED, "FABRIC_RATE_LOW", comp,
+        add(
+            Status.FAILED,
+            "FABRIC_RATE_LOW",
+            comp,
             f"{a.name} port {p.number} runs at {p.rate_gbps:g} Gb/s, expected "
-            f"{expected.rate_gbps:g}", Action.INVESTIGATE, expected_rate_gbps=expected.rate_gbps,
-            **ev)
+            f"{expected.rate_gbps:g}",
+            Action.INVESTIGATE,
+            expected_rate_gbps=expected.rate_gbps,
+            **ev,
+        )
 
 
 def _judge_efa_netdev(a: FabricAdapter, add: Any) -> None:
@@ -176,10 +230,17 @@ def _judge_efa_netdev(a: FabricAdapter, add: Any) -> None:
         if nd.operstate is None:
             continue  # unreadable: the probe recorded a problem
         if nd.operstate != "up" or nd.carrier != 1:
-            add(Status.FAILED, "FABRIC_PORT_DOWN", f"nic:{a.name}",
+            add(
+                Status.FAILED,
+                "FABRIC_PORT_DOWN",
+                f"nic:{a.name}",
                 f"{a.name}'s interface {nd.name} is {nd.operstate} (carrier {nd.carrier}); "
-                "the EFA driver's own ACTIVE/LinkUp is not trusted", Action.REBOOT,
-                netdev=nd.name, operstate=nd.operstate, carrier=nd.carrier)
+                "the EFA driver's own ACTIVE/LinkUp is not trusted",
+                Action.REBOOT,
+                netdev=nd.name,
+                operstate=nd.operstate,
+                carrier=nd.carrier,
+            )
 
 
 def _judge_counters(
@@ -200,10 +261,17 @@ def _judge_counters(
         # Only a saturated fail-level counter (link_downed) is flagged: the 4-bit
         # excessive_buffer_overrun_errors sits at 15 on every port of real healthy nodes.
         if limit is not None and value >= limit and name in config.error_fail_per_h:
-            add(Status.WARNING, "FABRIC_ERRORS", comp,
+            add(
+                Status.WARNING,
+                "FABRIC_ERRORS",
+                comp,
                 f"{a.name} counter {name} is saturated at {value}: new errors cannot be seen "
-                "until it is cleared (perfquery -x -R)", Action.INVESTIGATE,
-                counter=name, value=value, saturated=True)
+                "until it is cleared (perfquery -x -R)",
+                Action.INVESTIGATE,
+                counter=name,
+                value=value,
+                saturated=True,
+            )
             continue
         if old is None or dt_s < MIN_INTERVAL_S:
             continue
@@ -214,18 +282,41 @@ def _judge_counters(
         per_h = delta * 3600.0 / dt_s
         fail = config.error_fail_per_h.get(name)
         warn = config.error_warn_per_h.get(name)
-        ev = {"counter": name, "value": value, "previous": prev, "delta": delta,
-              "interval_s": round(dt_s, 3), "per_hour": round(per_h, 3)}
+        ev = {
+            "counter": name,
+            "value": value,
+            "previous": prev,
+            "delta": delta,
+            "interval_s": round(dt_s, 3),
+            "per_hour": round(per_h, 3),
+        }
         if fail is not None and delta > 0 and per_h > fail:
-            add(Status.FAILED, "FABRIC_ERRORS", comp,
+            add(
+                Status.FAILED,
+                "FABRIC_ERRORS",
+                comp,
                 f"{a.name} {name} rose by {delta} in {dt_s:.0f} s ({per_h:.1f}/h > {fail:g}/h)",
-                Action.NONE, limit_per_hour=fail, **ev)
+                Action.NONE,
+                limit_per_hour=fail,
+                **ev,
+            )
         elif warn is not None and delta > 0 and per_h > warn:
-            add(Status.WARNING, "FABRIC_ERRORS", comp,
+            add(
+                Status.WARNING,
+                "FABRIC_ERRORS",
+                comp,
                 f"{a.name} {name} rose by {delta} in {dt_s:.0f} s ({per_h:.1f}/h > {warn:g}/h)",
-                Action.NONE, limit_per_hour=warn, **ev)
+                Action.NONE,
+                limit_per_hour=warn,
+                **ev,
+            )
 
 
 def _ev(expected: FabricExpectation) -> dict[str, Any]:
-    return {"kind": expected.kind, "count": expected.count, "rate_gbps": expected.rate_gbps,
-            "instance_type": expected.instance_type, "source": expected.source}
+    return {
+        "kind": expected.kind,
+        "count": expected.count,
+        "rate_gbps": expected.rate_gbps,
+        "instance_type": expected.instance_type,
+        "source": expected.source,
+    }

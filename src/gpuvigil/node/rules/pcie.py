@@ -21,21 +21,51 @@ def judge(reading: PcieReading, *, judge_gpu_speed: bool = False) -> list[Findin
     out: list[Finding] = []
     now = reading.taken_at
     for problem in reading.problems:
-        out.append(Finding(check=CHECK, status=Status.FAILED, code="CHECK_ERROR",
-                           message=problem, observed_at=now))
+        out.append(
+            Finding(
+                check=CHECK,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                message=problem,
+                observed_at=now,
+            )
+        )
     for link in reading.links:
-        ev = {"pci_address": link.address, "role": link.role, "speed_gts": link.speed_gts,
-              "max_speed_gts": link.max_speed_gts, "width": link.width,
-              "max_width": link.max_width}
+        ev = {
+            "pci_address": link.address,
+            "role": link.role,
+            "speed_gts": link.speed_gts,
+            "max_speed_gts": link.max_speed_gts,
+            "width": link.width,
+            "max_width": link.max_width,
+        }
         comp = component(link)
         for problem in link.problems:
-            out.append(Finding(check=CHECK, status=Status.FAILED, code="CHECK_ERROR",
-                               component=comp, message=problem, evidence=ev, observed_at=now))
+            out.append(
+                Finding(
+                    check=CHECK,
+                    status=Status.FAILED,
+                    code="CHECK_ERROR",
+                    component=comp,
+                    message=problem,
+                    evidence=ev,
+                    observed_at=now,
+                )
+            )
         message = _degradation(link, judge_speed=link.role != "gpu" or judge_gpu_speed)
         if message:
-            out.append(Finding(check=CHECK, status=Status.FAILED, code="PCIE_DEGRADED",
-                               component=comp, message=message, action=Action.REBOOT,
-                               evidence=ev, observed_at=now))
+            out.append(
+                Finding(
+                    check=CHECK,
+                    status=Status.FAILED,
+                    code="PCIE_DEGRADED",
+                    component=comp,
+                    message=message,
+                    action=Action.REBOOT,
+                    evidence=ev,
+                    observed_at=now,
+                )
+            )
     return out
 
 
@@ -55,6 +85,8 @@ def _degradation(link: PcieLink, *, judge_speed: bool) -> str | None:
         and link.max_speed_gts is not None
         and link.speed_gts < link.max_speed_gts
     ):
-        return (f"{where}: PCIe link runs at {link.speed_gts:g} GT/s, "
-                f"maximum {link.max_speed_gts:g} GT/s")
+        return (
+            f"{where}: PCIe link runs at {link.speed_gts:g} GT/s, "
+            f"maximum {link.max_speed_gts:g} GT/s"
+        )
     return None

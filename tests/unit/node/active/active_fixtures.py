@@ -42,6 +42,12 @@ def cpu_ops(need_torch: None) -> Callable[..., Any]:
 
 @pytest.fixture
 def small() -> ActiveConfig:
-    return ActiveConfig(matmul_size=32, load_size=48, load_s=0.5, transfer_bytes=1 << 20,
-                        memory_bytes_cpu=1 << 20, allreduce_bytes=1 << 16,
-                        min_fraction_of_median=0.3)  # CPU timing noise on a shared box
+    return ActiveConfig(
+        matmul_size=32,
+        load_size=48,
+        load_s=0.5,
+        transfer_bytes=1 << 20,
+        memory_bytes_cpu=1 << 20,
+        allreduce_bytes=1 << 16,
+        min_fraction_of_median=0.3,
+    )  # CPU timing noise on a shared box

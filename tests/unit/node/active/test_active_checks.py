@@ -20,8 +20,12 @@ def problems(measurements):
 
 def test_matmul_correct_in_every_dtype(cpu_ops, small):
     ms = matmul.correctness(cpu_ops(), small, small.sizes("cpu"))
-    assert {m.metric for m in ms} == {"bf16_max_error", "fp16_max_error", "tf32_max_error",
-                                      "fp32_max_error"}
+    assert {m.metric for m in ms} == {
+        "bf16_max_error",
+        "fp16_max_error",
+        "tf32_max_error",
+        "fp32_max_error",
+    }
     assert problems(ms) == []
     for m in ms:
         assert 0 <= m.achieved < m.expected
@@ -54,7 +58,11 @@ def test_a_bit_no_tolerance_sees_is_found_by_the_peers(cpu_ops, small):
     # With two devices there is no majority: both are flagged, as a WARNING.
     two = matmul.correctness(cpu_ops("subtle_matmul"), cfg, cfg.sizes("cpu"))
     assert sorted((m.component, m.status) for m in two if m.code) == [
-        ("cpu:0", "WARNING"), ("cpu:0", "WARNING"), ("cpu:1", "WARNING"), ("cpu:1", "WARNING")]
+        ("cpu:0", "WARNING"),
+        ("cpu:0", "WARNING"),
+        ("cpu:1", "WARNING"),
+        ("cpu:1", "WARNING"),
+    ]
 
 
 def test_load_reports_tflops_and_passes(cpu_ops, small):
@@ -74,8 +82,7 @@ def test_one_slow_device_is_slow_against_its_peers(cpu_ops, small):
 
 
 def test_all_slow_is_slow_against_the_expected_figure(cpu_ops, small):
-    ms = matmul.load(cpu_ops("all_slow_matmul"), small, small.sizes("cpu"),
-                     {0: 0.0002, 1: 0.0002})
+    ms = matmul.load(cpu_ops("all_slow_matmul"), small, small.sizes("cpu"), {0: 0.0002, 1: 0.0002})
     assert problems(ms) == [("cpu:0", "GPU_SLOW"), ("cpu:1", "GPU_SLOW")]
     assert all(m.evidence["ratio_to_peak"] < small.min_fraction_of_peak for m in ms)
 
@@ -100,32 +107,39 @@ def test_bandwidth(cpu_ops, small, monkeypatch):
     # Expected 0.002 GB/s: a healthy 64 KiB memcpy beats half of it by >100x even on a
     # loaded 2-core machine; device 1's injected 0.2 s per copy puts it 3x below.
     exp = {0: 0.002, 1: 0.002}
-    ms = bandwidth.transfers(cpu_ops(), cfg, cfg.sizes("cpu"), h2d_expected=exp,
-                             p2p_expected=exp)
+    ms = bandwidth.transfers(cpu_ops(), cfg, cfg.sizes("cpu"), h2d_expected=exp, p2p_expected=exp)
     assert {m.metric for m in ms} == {"h2d_gbs", "d2h_gbs", "p2p_gbs"}
     assert problems(ms) == []
-    slow = bandwidth.transfers(cpu_ops("slow_copy"), cfg, cfg.sizes("cpu"), h2d_expected=exp,
-                               p2p_expected=exp)
-    assert problems(slow) == [("cpu:1", "NVLINK_SLOW"), ("cpu:1", "PCIE_SLOW"),
-                              ("cpu:1", "PCIE_SLOW")]
+    slow = bandwidth.transfers(
+        cpu_ops("slow_copy"), cfg, cfg.sizes("cpu"), h2d_expected=exp, p2p_expected=exp
+    )
+    assert problems(slow) == [
+        ("cpu:1", "NVLINK_SLOW"),
+        ("cpu:1", "PCIE_SLOW"),
+        ("cpu:1", "PCIE_SLOW"),
+    ]
 
 
 def test_unknown_expectation_is_reported_not_judged(cpu_ops, small, monkeypatch):
     monkeypatch.setattr(bandwidth, "REPEATS", 1)
-    ms = bandwidth.transfers(cpu_ops("slow_copy"), small, small.sizes("cpu"), h2d_expected={},
-                             p2p_expected={})
+    ms = bandwidth.transfers(
+        cpu_ops("slow_copy"), small, small.sizes("cpu"), h2d_expected={}, p2p_expected={}
+    )
     assert problems(ms) == [] and all(m.expected is None for m in ms)
 
 
-@pytest.mark.parametrize(("fault", "code"), [(None, None), ("slow_all_reduce", "NVLINK_SLOW"),
-                                             ("wrong_all_reduce", "GPU_SDC")])
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [(None, None), ("slow_all_reduce", "NVLINK_SLOW"), ("wrong_all_reduce", "GPU_SDC")],
+)
 def test_allreduce_within_the_node(cpu_ops, small, fault, code):
     from gpuvigil.node.active import allreduce
 
     cfg = small.model_copy(update={"timeouts_s": {"allreduce": 60}})
     wrapper = f"gpuvigil.fakes.active:{fault}" if fault else None
-    ms = allreduce.allreduce(cpu_ops(), cfg, cfg.sizes("cpu"), wrapper=wrapper,
-                             expected_intra=0.01, expected_inter=None)
+    ms = allreduce.allreduce(
+        cpu_ops(), cfg, cfg.sizes("cpu"), wrapper=wrapper, expected_intra=0.01, expected_inter=None
+    )
     assert len(ms) == 1
     m = ms[0]
     assert (m.metric, m.component, m.code) == ("busbw_gbs", "node", code)

@@ -39,8 +39,12 @@ def test_wrong_per_dtype():
     assert rules.wrong(math.inf, "fp32") and rules.wrong(math.nan, "bf16")
 
 
-@given(st.floats(allow_nan=True), st.floats(allow_nan=True), st.integers(-5, 100),
-       st.floats(allow_nan=True))
+@given(
+    st.floats(allow_nan=True),
+    st.floats(allow_nan=True),
+    st.integers(-5, 100),
+    st.floats(allow_nan=True),
+)
 def test_rules_never_raise(a, b, n, f):
     rules.busbw(a, b, n)
     rules.below(a, b, f)
@@ -50,19 +54,43 @@ def test_rules_never_raise(a, b, n, f):
 
 
 def test_measurement_to_finding():
-    ok = Measurement(check="load", component="gpu:0", metric="tflops_bf16", achieved=700.0,
-                     expected=989.0, unit="TFLOP/s")
+    ok = Measurement(
+        check="load",
+        component="gpu:0",
+        metric="tflops_bf16",
+        achieved=700.0,
+        expected=989.0,
+        unit="TFLOP/s",
+    )
     assert to_finding(ok, observed_at=ok_time()) is None
-    sdc = Measurement(check="matmul", component="gpu:3", metric="bf16_max_error",
-                      achieved=5.0, expected=0.03, unit="normalised error", status="FAILED",
-                      code="GPU_SDC", message="wrong", evidence={"dtype": "bf16"})
+    sdc = Measurement(
+        check="matmul",
+        component="gpu:3",
+        metric="bf16_max_error",
+        achieved=5.0,
+        expected=0.03,
+        unit="normalised error",
+        status="FAILED",
+        code="GPU_SDC",
+        message="wrong",
+        evidence={"dtype": "bf16"},
+    )
     f = to_finding(Measurement.from_json(sdc.to_json()), observed_at=ok_time())
     assert f is not None
-    assert (f.check, f.code, f.component, f.status) == ("active.matmul", "GPU_SDC", "gpu:3",
-                                                        Status.FAILED)
+    assert (f.check, f.code, f.component, f.status) == (
+        "active.matmul",
+        "GPU_SDC",
+        "gpu:3",
+        Status.FAILED,
+    )
     assert f.fatal and f.action is Action.REPLACE
-    assert f.evidence == {"metric": "bf16_max_error", "achieved": 5.0, "expected": 0.03,
-                          "unit": "normalised error", "dtype": "bf16"}
+    assert f.evidence == {
+        "metric": "bf16_max_error",
+        "achieved": 5.0,
+        "expected": 0.03,
+        "unit": "normalised error",
+        "dtype": "bf16",
+    }
 
 
 def test_internode_expectation_from_the_catalog():
@@ -84,26 +112,51 @@ def ok_time():
 _events = st.one_of(
     st.text(max_size=60),
     st.dictionaries(
-        st.sampled_from(["event", "check", "measurements", "component", "code", "message",
-                         "timeout_s", "names", "models", "duration_s"]),
-        st.one_of(st.none(), st.integers(), st.text(max_size=10),
-                  st.sampled_from(["start", "result", "error", "timeout", "fatal", "progress",
-                                   "devices"]),
-                  st.lists(st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
-                           max_size=2)),
+        st.sampled_from(
+            [
+                "event",
+                "check",
+                "measurements",
+                "component",
+                "code",
+                "message",
+                "timeout_s",
+                "names",
+                "models",
+                "duration_s",
+            ]
+        ),
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.text(max_size=10),
+            st.sampled_from(
+                ["start", "result", "error", "timeout", "fatal", "progress", "devices"]
+            ),
+            st.lists(st.dictionaries(st.text(max_size=8), st.integers(), max_size=3), max_size=2),
+        ),
         max_size=6,
     ).map(lambda d: __import__("json").dumps(d)),
 )
 
 
-@given(st.lists(_events, max_size=8), st.sampled_from([None, "timeout", "missing"]),
-       st.one_of(st.none(), st.integers(-9, 255)))
+@given(
+    st.lists(_events, max_size=8),
+    st.sampled_from([None, "timeout", "missing"]),
+    st.one_of(st.none(), st.integers(-9, 255)),
+)
 def test_worker_output_parser_never_raises(lines, error, rc):
     from gpuvigil.node.active.runner import ActiveOutcome, _absorb
     from gpuvigil.node.probes.exec import ExecResult
 
-    result = ExecResult(argv=("python",), returncode=rc, stdout="\n".join(lines).encode(),
-                        stderr=b"", duration_s=1.0, error=error)
+    result = ExecResult(
+        argv=("python",),
+        returncode=rc,
+        stdout="\n".join(lines).encode(),
+        stderr=b"",
+        duration_s=1.0,
+        error=error,
+    )
     outcome = ActiveOutcome()
     done, _fatal = _absorb(result, outcome)
     assert isinstance(done, set)
@@ -118,8 +171,11 @@ def test_gpu_components_follow_the_hosts_pci_order(tmp_path):
     for addr in ("0000:c0:00.0", "0000:18:00.0", "0000:9a:00.0"):
         fs.add_gpu(addr)
     fs.add_ib("mlx5_0", address="0000:19:00.0")  # not a GPU
-    assert host_gpu_indexes(str(tmp_path)) == {"0000:18:00.0": 0, "0000:9a:00.0": 1,
-                                               "0000:c0:00.0": 2}
+    assert host_gpu_indexes(str(tmp_path)) == {
+        "0000:18:00.0": 0,
+        "0000:9a:00.0": 1,
+        "0000:c0:00.0": 2,
+    }
     assert host_gpu_indexes(str(tmp_path / "nowhere")) == {}
 
 

@@ -34,8 +34,12 @@ def test_healthy_checks_measure_and_pass():
 
 
 def test_hang_is_killed_by_the_watchdog_and_the_rest_still_runs():
-    out = run_active(cfg(checks=["matmul", "memory"], timeouts_s={"matmul": 2}), device="cpu",
-                     budget_s=60, wrapper="gpuvigil.fakes.active:hanging_matmul")
+    out = run_active(
+        cfg(checks=["matmul", "memory"], timeouts_s={"matmul": 2}),
+        device="cpu",
+        budget_s=60,
+        wrapper="gpuvigil.fakes.active:hanging_matmul",
+    )
     assert codes(out) == [("active.matmul", "CHECK_TIMEOUT")]
     assert out.findings[0].component == "cpu:1"  # blamed on the device that hung
     assert out.workers == 2  # restarted for the checks after the hung one
@@ -43,8 +47,12 @@ def test_hang_is_killed_by_the_watchdog_and_the_rest_still_runs():
 
 
 def test_frozen_process_is_killed_at_the_budget():
-    out = run_active(cfg(checks=["matmul", "memory"]), device="cpu", budget_s=8,
-                     wrapper="gpuvigil.fakes.active:frozen_matmul")
+    out = run_active(
+        cfg(checks=["matmul", "memory"]),
+        device="cpu",
+        budget_s=8,
+        wrapper="gpuvigil.fakes.active:frozen_matmul",
+    )
     assert codes(out) == [("active.matmul", "CHECK_TIMEOUT"), ("active.memory", "CHECK_TIMEOUT")]
     by = {f.check: f for f in out.findings}
     assert "killed at the preflight deadline" in by["active.matmul"].message
@@ -54,8 +62,12 @@ def test_frozen_process_is_killed_at_the_budget():
 
 
 def test_crash_is_a_check_error_and_the_rest_still_runs():
-    out = run_active(cfg(checks=["matmul", "memory"]), device="cpu", budget_s=60,
-                     wrapper="gpuvigil.fakes.active:crashing_matmul")
+    out = run_active(
+        cfg(checks=["matmul", "memory"]),
+        device="cpu",
+        budget_s=60,
+        wrapper="gpuvigil.fakes.active:crashing_matmul",
+    )
     assert codes(out) == [("active.matmul", "CHECK_ERROR")]
     assert "exit status 139" in out.findings[0].message
     assert out.findings[0].component == "cpu:1"
@@ -63,8 +75,12 @@ def test_crash_is_a_check_error_and_the_rest_still_runs():
 
 
 def test_ecc_error_is_a_memory_fault_of_that_gpu_and_the_worker_restarts():
-    out = run_active(cfg(checks=["memory", "matmul"]), device="cpu", budget_s=60,
-                     wrapper="gpuvigil.fakes.active:ecc_error")
+    out = run_active(
+        cfg(checks=["memory", "matmul"]),
+        device="cpu",
+        budget_s=60,
+        wrapper="gpuvigil.fakes.active:ecc_error",
+    )
     assert codes(out) == [("active.memory", "GPU_MEMORY_FAULT")]
     f = out.findings[0]
     assert f.component == "cpu:1" and "ECC" in f.message and f.fatal
@@ -78,14 +94,17 @@ def test_no_cuda_is_driver_unavailable_for_every_check():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = run_active(cfg(checks=["matmul", "load"]), device="cuda", budget_s=60)
-    assert codes(out) == [("active.load", "DRIVER_UNAVAILABLE"),
-                          ("active.matmul", "DRIVER_UNAVAILABLE")]
+    assert codes(out) == [
+        ("active.load", "DRIVER_UNAVAILABLE"),
+        ("active.matmul", "DRIVER_UNAVAILABLE"),
+    ]
     assert all(f.could_not_run for f in out.findings)
 
 
 def test_broken_worker_fails_closed():
-    out = run_active(cfg(checks=["matmul"]), device="cpu", budget_s=60,
-                     wrapper="gpuvigil.no_such_module:x")
+    out = run_active(
+        cfg(checks=["matmul"]), device="cpu", budget_s=60, wrapper="gpuvigil.no_such_module:x"
+    )
     assert ("active.matmul", "CHECK_ERROR") in codes(out)
     assert all(f.status is Status.FAILED for f in out.findings)
 

@@ -16,8 +16,9 @@ def test_decode_clock_event_reasons():
 
 def test_no_nvml_is_evidence_not_an_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
-    assert telemetry.sample(["0000:18:00.0"]) == {0: {"nvml": "unavailable: import of pynvml "
-                                                          "halted; None in sys.modules"}}
+    assert telemetry.sample(["0000:18:00.0"]) == {
+        0: {"nvml": "unavailable: import of pynvml halted; None in sys.modules"}
+    }
 
 
 def _stub(fail_on: str | None = None) -> SimpleNamespace:
@@ -28,22 +29,33 @@ def _stub(fail_on: str | None = None) -> SimpleNamespace:
             if name == fail_on:
                 raise RuntimeError(f"{name} failed")
             return value
+
         return call
 
     return SimpleNamespace(
-        nvmlInit=maybe("init", None), nvmlShutdown=maybe("shutdown", None),
+        nvmlInit=maybe("init", None),
+        nvmlShutdown=maybe("shutdown", None),
         nvmlDeviceGetHandleByPciBusId=maybe("handle", object()),
         nvmlDeviceGetCurrentClocksEventReasons=maybe("reasons", 0x80),
-        nvmlDeviceGetClockInfo=maybe("clock", 1980), nvmlDeviceGetTemperature=maybe("temp", 71),
-        nvmlDeviceGetPowerUsage=maybe("power", 699123), NVML_CLOCK_SM=1,
-        NVML_TEMPERATURE_GPU=0)
+        nvmlDeviceGetClockInfo=maybe("clock", 1980),
+        nvmlDeviceGetTemperature=maybe("temp", 71),
+        nvmlDeviceGetPowerUsage=maybe("power", 699123),
+        NVML_CLOCK_SM=1,
+        NVML_TEMPERATURE_GPU=0,
+    )
 
 
 def test_sample_reads_each_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _stub())
     got = telemetry.sample(["0000:18:00.0", None])
-    assert got == {0: {"clock_event_reasons": ["hw_power_brake_slowdown"], "sm_clock_mhz": 1980,
-                       "temperature_c": 71, "power_w": 699.1}}
+    assert got == {
+        0: {
+            "clock_event_reasons": ["hw_power_brake_slowdown"],
+            "sm_clock_mhz": 1980,
+            "temperature_c": 71,
+            "power_w": 699.1,
+        }
+    }
 
 
 def test_nvml_failures_are_evidence(monkeypatch):

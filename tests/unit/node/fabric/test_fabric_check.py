@@ -55,8 +55,7 @@ def test_port_down_missing_adapter_and_low_rate(ib_node, make_ctx, run_named):
 
 
 def test_config_overrides_the_catalog(ib_node, make_ctx, run_named):
-    found = run_named("fabric", make_ctx(instance_type="dgx-h100",
-                                         fabric={"expect_adapters": 10}))
+    found = run_named("fabric", make_ctx(instance_type="dgx-h100", fabric={"expect_adapters": 10}))
     assert codes(found) == [("FABRIC_COUNT_LOW", "node")]
     assert found[0].evidence["expected"]["source"] == "config"
 
@@ -216,9 +215,7 @@ def test_fi_info_missing_is_only_a_failure_when_required(efa_node, make_ctx, run
 def test_real_h100_tree(corpus, tmp_path, make_ctx, run_named):
     root = tmp_path / "real"
     (root / "sys/class").mkdir(parents=True)
-    (root / "sys/class/infiniband").symlink_to(
-        corpus / "network/sysfs_class_infiniband_h100_gpud"
-    )
+    (root / "sys/class/infiniband").symlink_to(corpus / "network/sysfs_class_infiniband_h100_gpud")
     reading = probe.read_fabric(root)
     assert len(reading.adapters) == 9
     by = {a.name: a for a in reading.adapters}

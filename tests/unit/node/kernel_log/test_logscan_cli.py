@@ -90,7 +90,7 @@ def test_many_events_print_plain_columns(run_cli, tmp_path):
 def test_closed_pipe_is_not_an_error(tmp_path):
     import subprocess
 
-    from conftest import cli_env, gpuvigil_argv
+    from testkit import cli_env, gpuvigil_argv
 
     f = tmp_path / "many.log"
     f.write_text((LOG + "\n") * 3000)

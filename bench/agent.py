@@ -1,0 +1,192 @@
+"""Benchmark of `gpuvigil agent` on a fake 8-GPU, 4-adapter node (fake NVML, fake sysfs).
+
+Measures, with the agent running for real as a subprocess at its default 30 s interval:
+- CPU over `--minutes` (default 10) as a fraction of one core, summed over the agent and
+  its NVML worker process (target < 0.1%);
+- resident memory of the agent and of its NVML worker (target < 80 MB for the agent);
+- latency from an Xid line appended to the kernel log to the condition in the published
+  report (target < 2 s), over several Xids;
+- latency of a polled signal (an adapter port going down at a random moment of the
+  interval) to the published report (target <= one interval).
+Baseline, measured in the same run: an idle Python interpreter that imports the same
+modules as the agent (its CPU and memory floor), so the ratios show the agent's own cost.
+
+    PYTHONPATH=src python bench/agent.py --minutes 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from gpuvigil.fakes.gpu import SCENARIO_ENV, make_node  # noqa: E402
+from gpuvigil.fakes.sysfs import FakeSysfs  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+XID = ("[ {t:.6f}] NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, "
+       "GPU has fallen off the bus.")
+BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the NVML worker)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for p in pids:
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / TICK  # utime + stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def wait_for(pred, timeout: float, every: float = 0.01) -> float | None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if pred():
+                return time.monotonic() - t0
+        except (OSError, ValueError):
+            pass
+        time.sleep(every)
+    return None
+
+
+def codes(state: Path) -> set[tuple[str, str]]:
+    r = json.loads(state.read_text())
+    return {(f["code"], f["component"]) for f in r["findings"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=10.0, help="CPU window (default 10)")
+    ap.add_argument("--interval", type=float, default=30.0, help="fast interval (default 30)")
+    ap.add_argument("--xids", type=int, default=5, help="Xid latency samples")
+    ap.add_argument("--polls", type=int, default=3, help="port-down latency samples")
+    args = ap.parse_args()
+    # SIGTERM/SIGINT still stop the agent it started (the `finally` below runs).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    work = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-agent-"))
+    fs = FakeSysfs.node(work / "root", gpus=8, kind="ib", adapters=4, rate_gbps=400)
+    scenario = work / "nvml.json"
+    make_node(8).save(scenario)
+    kmsg = work / "kern.log"
+    kmsg.write_text("[    0.000000] Linux version 6.1.0\n")
+    state = work / "report.json"
+    cfg = work / "agent.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "node": {"expect_gpus": 8, "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
+                 "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400}},
+        "agent": {"sysfs_root": str(fs.root), "fast_interval_s": args.interval}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), SCENARIO_ENV: str(scenario),
+           "NODE_NAME": "bench-node"}
+    argv = [sys.executable, "-m", "gpuvigil", "agent", "--config", str(cfg), "--kmsg-file",
+            str(kmsg), "--state-file", str(state), "--listen", "127.0.0.1:0",
+            "--sink", "state-file", "--sink", "http", "--log-level", "warning"]
+    base_code = ("import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
+                 "gpuvigil.node.probes.nvml, time; time.sleep(1e6)")
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                             stderr=open(work / "agent.log", "w"))  # noqa: SIM115
+    base = subprocess.Popen([sys.executable, "-c", base_code], env=env)
+    try:
+        if wait_for(state.exists, 60) is None:
+            print("agent did not publish:", (work / "agent.log").read_text())
+            return 1
+        time.sleep(min(args.interval, 10))  # warm: the NVML worker has started
+        pids = tree(agent.pid)
+        c0, b0, t0 = cpu_s(pids), cpu_s([base.pid]), time.monotonic()
+        time.sleep(args.minutes * 60)
+        pids = tree(agent.pid)
+        wall = time.monotonic() - t0
+        cpu = (cpu_s(pids) - c0) / wall
+        base_cpu = (cpu_s([base.pid]) - b0) / wall
+        rss_agent = rss_mb(agent.pid)
+        rss_workers = sum(rss_mb(p) for p in pids if p != agent.pid)
+        rss_base = rss_mb(base.pid)
+
+        xid_lat = []
+        for i in range(args.xids):
+            time.sleep(random.uniform(0.2, 1.0))
+            line = XID.format(t=1000.0 + i, bus=BUSES[i % 8])
+            start = time.monotonic()
+            with kmsg.open("a") as fh:
+                fh.write(line + "\n")
+            lat = wait_for(lambda i=i: ("XID_79", f"gpu:{i % 8}") in codes(state), 30)
+            xid_lat.append(lat if lat is not None else float("inf"))
+            del start
+        poll_lat = []
+        for i in range(args.polls):
+            time.sleep(random.uniform(0, args.interval))
+            fs.port_down(f"mlx5_{i}")
+            lat = wait_for(lambda i=i: ("FABRIC_PORT_DOWN", f"mlx5_{i}") in codes(state)
+                           or any(c == "FABRIC_PORT_DOWN" and f"mlx5_{i}" in comp
+                                  for c, comp in codes(state)), 3 * args.interval)
+            poll_lat.append(lat if lat is not None else float("inf"))
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        base.kill()
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        base.wait(5)
+        shutil.rmtree(work, ignore_errors=True)
+
+    core = 100 * cpu
+    print(f"agent CPU over {wall / 60:.1f} min at a {args.interval:g} s interval "
+          f"(agent + NVML worker): {core:.4f}% of one core (target < 0.1%: "
+          f"{core / 0.1:.2f}x of target); idle-Python baseline {100 * base_cpu:.4f}%")
+    print(f"resident memory: agent {rss_agent:.1f} MB (target < 80 MB: "
+          f"{rss_agent / 80:.2f}x), NVML worker {rss_workers:.1f} MB; idle-Python baseline "
+          f"with the same imports {rss_base:.1f} MB (agent/baseline {rss_agent / rss_base:.2f}x)")
+    xs = sorted(xid_lat)
+    print(f"Xid line -> published report: median {xs[len(xs) // 2]:.3f} s, max {xs[-1]:.3f} s "
+          f"over {len(xs)} Xids (target < 2 s: max {xs[-1] / 2:.2f}x of target)")
+    ps = sorted(poll_lat)
+    print(f"adapter port down (polled) -> published report: median {ps[len(ps) // 2]:.1f} s, "
+          f"max {ps[-1]:.1f} s over {len(ps)} (target <= {args.interval:g} s: max "
+          f"{ps[-1] / args.interval:.2f}x of target)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The agent's Prometheus metric families, declared on an explicit registry.
+
+Called by the agent (`gpuvigil.node.agent`) when it composes itself: `build(registry)`
+declares every family once; the agent updates them as checks finish and reports are
+published; the HTTP sink renders the registry at scrape time. Nothing is registered at
+import. No `node` label: the scrape target identifies the node, and `gpuvigil_agent_info`
+carries the name for joins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuvigil.core import codes
+from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status
+
+# Checks take from a millisecond (sysfs) to minutes (a DCGM diag).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+STATUS_VALUE = {Status.OK: 0, Status.WARNING: 1, Status.FAILED: 2}
+
+
+@dataclass(frozen=True)
+class AgentMetrics:
+    info: Gauge
+    check_status: Gauge
+    check_could_not_run: Gauge
+    check_last_success: Gauge
+    check_duration: Histogram
+    check_runs: Counter
+    node_condition: Gauge
+    xid_events: Counter
+    sxid_events: Counter
+    loop_last: Gauge
+    kmsg_gaps: Counter
+    publish_errors: Counter
+    last_publish: Gauge
+    remediations: Counter
+    # Label sets rendered by the last report, so vanished ones are removed without a
+    # clear() that a concurrent scrape could observe as "no series at all".
+    rendered: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
+
+
+def build(registry: CollectorRegistry) -> AgentMetrics:
+    def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=registry)
+
+    def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=registry)
+
+    return AgentMetrics(
+        info=gauge("gpuvigil_agent_info", "Always 1; labels name the node and version.",
+                   ("node", "version")),
+        check_status=gauge(
+            "gpuvigil_check_status",
+            "Worst status of a check's findings per component: 0 OK, 1 WARNING, 2 FAILED.",
+            ("check", "component"),
+        ),
+        check_could_not_run=gauge(
+            "gpuvigil_check_could_not_run",
+            "1 while the check fails closed (timeout, error, missing dependency, stale result).",
+            ("check",),
+        ),
+        check_last_success=gauge(
+            "gpuvigil_check_last_success_timestamp_seconds",
+            "When the check last ran to completion (any verdict but could-not-run), Unix time.",
+            ("check",),
+        ),
+        check_duration=Histogram(
+            "gpuvigil_check_duration_seconds", "How long one run of a check took.",
+            ("check",), buckets=DURATION_BUCKETS, registry=registry,
+        ),
+        check_runs=counter(
+            "gpuvigil_check_runs_total",
+            "Check runs by result: ok, warning, failed, timeout, error.",
+            ("check", "result"),
+        ),
+        node_condition=gauge(
+            "gpuvigil_node_condition", "1 when the problem family (node condition) is present.",
+            ("condition",),
+        ),
+        xid_events=counter(
+            "gpuvigil_xid_events_total", "Xid events seen in the kernel log.", ("code", "gpu")
+        ),
+        sxid_events=counter(
+            "gpuvigil_sxid_events_total", "NVSwitch SXid events seen in the kernel log.",
+            ("code", "component"),
+        ),
+        loop_last=gauge(
+            "gpuvigil_agent_loop_last_timestamp_seconds",
+            "Heartbeat of the agent's loop, Unix time; the self-watchdog exits when it stalls.",
+        ),
+        kmsg_gaps=counter(
+            "gpuvigil_kmsg_gaps_total",
+            "Kernel log records lost to ring-buffer overruns (or gaps in the sequence).",
+        ),
+        publish_errors=counter(
+            "gpuvigil_agent_publish_errors_total", "Failed publish attempts per sink.", ("sink",)
+        ),
+        last_publish=gauge(
+            "gpuvigil_agent_last_publish_timestamp_seconds",
+            "When a sink last published successfully, Unix time.", ("sink",),
+        ),
+        remediations=counter(
+            "gpuvigil_agent_remediations_total",
+            "Remediation requests the agent executed, by action and result.",
+            ("action", "result"),
+        ),
+    )
+
+
+def run_result(findings: list[Finding], run: CheckRun) -> str:
+    """The `result` label of one run: timeout and error are told apart from verdicts."""
+    codes_seen = {f.code for f in findings if f.status is Status.FAILED}
+    if "CHECK_TIMEOUT" in codes_seen:
+        return "timeout"
+    if codes_seen & codes.COULD_NOT_RUN:
+        return "error"
+    return run.status.value.lower()
+
+
+def observe_run(m: AgentMetrics, findings: list[Finding], run: CheckRun, *, now_s: float) -> None:
+    """Called by the scheduler's completion hook, once per finished run."""
+    result = run_result(findings, run)
+    m.check_runs.labels(run.check, result).inc()
+    m.check_duration.labels(run.check).observe(run.duration_s)
+    if result not in ("timeout", "error"):
+        m.check_last_success.labels(run.check).set(now_s)
+
+
+def observe_report(m: AgentMetrics, report: NodeReport) -> None:
+    """Re-render the per-check and per-condition gauges from the latest report."""
+    worst: dict[tuple[str, str], Status] = {}
+    could_not: dict[str, int] = {run.check: 0 for run in report.checks}
+    for f in report.findings:
+        k = (f.check, f.component)
+        worst[k] = Status.worst([worst.get(k, Status.OK), f.status])
+        if f.could_not_run and f.status is Status.FAILED:
+            could_not[f.check] = 1
+        else:
+            could_not.setdefault(f.check, 0)
+    for run in report.checks:  # a check with no findings is OK on the node
+        if not any(c == run.check for c, _ in worst):
+            worst[(run.check, "node")] = run.status
+    for (check, component), status in worst.items():
+        m.check_status.labels(check, component).set(STATUS_VALUE[status])
+    for check, v in could_not.items():
+        m.check_could_not_run.labels(check).set(v)
+    _drop_vanished(m, "status", m.check_status, set(worst))
+    _drop_vanished(m, "could_not_run", m.check_could_not_run, {(c,) for c in could_not})
+    for cond in report.conditions:
+        m.node_condition.labels(cond.type).set(1 if cond.status else 0)
+
+
+def _drop_vanished(m: AgentMetrics, key: str, gauge: Gauge,
+                   now: set[tuple[str, ...]]) -> None:
+    for labels in m.rendered.get(key, set()) - now:
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass
+    m.rendered[key] = now

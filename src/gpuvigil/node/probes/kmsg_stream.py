@@ -1,0 +1,310 @@
+"""Follows the kernel log as a stream for the agent: /dev/kmsg first, fallbacks after.
+
+Called by the agent (`gpuvigil.node.kernel_watch`). One reader thread; it hands batches of
+raw records to a callback, first the records since boot (once, at start, `boot=True`),
+then everything logged while the agent runs.
+
+Sources, in the order `auto` tries them:
+- `/dev/kmsg`: one record per read(2), each with the kernel's sequence number. A reader
+  that falls behind the ring buffer gets EPIPE once, then continues at the oldest record
+  still held: the lost records are reported as a gap (KMSG_GAP), sized from the sequence
+  numbers on either side.
+- `dmesg` polled by time stamp, then `journalctl -k` polled with a cursor (bounded runs
+  through the fail-closed runner rather than a `-f` child that could hang unseen).
+  Using either says so: a SOURCE_FALLBACK warning naming why /dev/kmsg failed.
+- a plain file (`--kmsg-file`): existing content as the records since boot, then lines
+  appended later (truncation or replacement re-reads from the start), for trying the
+  agent anywhere and for tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuvigil.core.findings import Finding, Status
+from gpuvigil.node.probes import exec as ex
+
+STREAM_CHECK = "kernel_log"  # the stream stands in for the one-shot check of that name
+_KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;")
+_DMESG_TS = re.compile(r"^\[\s*(\d+\.\d+)\]")
+MAX_LINE = 64 * 1024  # the kernel's records are < 1 KiB; a runaway file line is cut here
+
+
+@dataclass(frozen=True)
+class Record:
+    """One kernel log line: `/dev/kmsg` record text (`pri,seq,usec,flags;msg`) or a text
+    line (dmesg, journal, file). `seq` is set for /dev/kmsg records."""
+
+    text: str
+    source: str  # kmsg | journal | dmesg | file
+    seq: int | None = None
+
+
+OnRecords = Callable[[list[Record], bool], None]  # (records, boot)
+
+
+@dataclass
+class StreamHealth:
+    """What the reader knows about itself, for the stream's findings and staleness."""
+
+    source: str = "none"
+    fallback_from: list[tuple[str, str]] = field(default_factory=list)
+    gaps: int = 0  # records lost, total
+    gap_events: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, lost)
+    alive_at: float = field(default_factory=time.monotonic)
+    error: Finding | None = None  # the latest poll failed (journalctl/dmesg), until it works
+    records: int = 0
+
+
+class Source:
+    name = "none"
+
+    def read(self, *, first: bool, wait_s: float) -> list[Record]:
+        """Records available now (after waiting up to `wait_s` for some). Raises OSError
+        for a broken source; returns [] when there is nothing new."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class DevKmsg(Source):
+    name = "kmsg"
+
+    def __init__(self, path: Path | None, *, health: StreamHealth, fd: int | None = None) -> None:
+        # `fd`: an already open record source (tests use a SOCK_SEQPACKET socket, which
+        # keeps record boundaries the way /dev/kmsg does).
+        self.fd = fd if fd is not None else os.open(path or "/dev/kmsg",
+                                                   os.O_RDONLY | os.O_NONBLOCK)
+        self.health = health
+        self.last_seq: int | None = None
+        self.overrun = False
+
+    def read(self, *, first: bool, wait_s: float) -> list[Record]:
+        out: list[Record] = []
+        if not first:
+            ready, _, _ = select.select([self.fd], [], [], wait_s)
+            if not ready:
+                return out
+        while len(out) < (1_000_000 if first else 10_000):
+            try:
+                data = os.read(self.fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.EPIPE:  # overwritten before we read it
+                    self.overrun = True
+                    continue
+                raise
+            if not data:
+                break
+            self._take(data.decode("utf-8", errors="replace"), out)
+        return out
+
+    def _take(self, text: str, out: list[Record]) -> None:
+        m = _KMSG_RECORD.match(text)
+        seq = int(m.group(2)) if m else None
+        if seq is not None and self.last_seq is not None and seq > self.last_seq + 1:
+            lost = seq - self.last_seq - 1
+            self.health.gaps += lost
+            self.health.gap_events.append((time.monotonic(), lost))
+        elif self.overrun and seq is not None and self.last_seq is None:
+            self.health.gap_events.append((time.monotonic(), 0))
+        self.overrun = False
+        if seq is not None:
+            self.last_seq = seq
+        # Continuation lines (" SUBSYSTEM=pci") carry metadata, not the message.
+        first_line = text.split("\n", 1)[0]
+        out.append(Record(first_line, "kmsg", seq))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class FollowFile(Source):
+    name = "file"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = open(path, "rb")  # noqa: SIM115 - held open for the agent's life
+        self.ino = os.fstat(self.fh.fileno()).st_ino
+        self.partial = b""
+
+    def read(self, *, first: bool, wait_s: float) -> list[Record]:
+        data = self.fh.read()
+        if not data and not first:
+            self._reopen_if_replaced()
+            time.sleep(wait_s)
+            data = self.fh.read()
+        if not data:
+            return []
+        data, self.partial = self.partial + data, b""
+        lines = data.split(b"\n")
+        self.partial = lines.pop()  # an unterminated last line waits for its newline
+        if len(self.partial) > MAX_LINE:  # ... but not forever: no kernel line is this long
+            lines.append(self.partial[:MAX_LINE])
+            self.partial = b""
+        return [_text_record(ln.decode("utf-8", errors="replace"), "file") for ln in lines if ln]
+
+    def _reopen_if_replaced(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return  # gone for now (rotation in progress): keep the old handle
+        if st.st_ino != self.ino or st.st_size < self.fh.tell():
+            self.fh.close()
+            self.fh = open(self.path, "rb")  # noqa: SIM115
+            self.ino, self.partial = st.st_ino, b""
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class Journalctl(Source):
+    name = "journal"
+
+    def __init__(self, *, timeout_s: float, env: dict[str, str] | None = None) -> None:
+        self.cursor: str | None = None
+        self.timeout_s, self.env = timeout_s, env
+
+    def read(self, *, first: bool, wait_s: float) -> list[Record]:
+        if not first:
+            time.sleep(wait_s)
+        argv = ["journalctl", "-k", "--no-pager", "-o", "short-monotonic", "--show-cursor"]
+        argv += ["-b"] if self.cursor is None else [f"--after-cursor={self.cursor}"]
+        res = ex.run(argv, timeout_s=self.timeout_s, env=self.env)
+        bad = ex.failure_finding(res, check=STREAM_CHECK)
+        if bad is not None:
+            raise PollFailed(bad)
+        out = []
+        for line in res.text.splitlines():
+            if line.startswith("-- cursor: "):
+                self.cursor = line[len("-- cursor: "):].strip()
+            elif line and not line.startswith("-- "):
+                out.append(_text_record(line, "journal"))
+        return out
+
+
+class Dmesg(Source):
+    name = "dmesg"
+
+    def __init__(self, *, timeout_s: float, env: dict[str, str] | None = None) -> None:
+        self.last_ts = -1.0
+        self.timeout_s, self.env = timeout_s, env
+
+    def read(self, *, first: bool, wait_s: float) -> list[Record]:
+        if not first:
+            time.sleep(wait_s)
+        res = ex.run(["dmesg", "--kernel"], timeout_s=self.timeout_s, env=self.env)
+        bad = ex.failure_finding(res, check=STREAM_CHECK)
+        if bad is not None:
+            raise PollFailed(bad)
+        out, newest = [], self.last_ts
+        for line in res.text.splitlines():
+            m = _DMESG_TS.match(line)
+            ts = float(m.group(1)) if m else None
+            if ts is not None and ts <= self.last_ts:
+                continue
+            newest = max(newest, ts or newest)
+            out.append(_text_record(line, "dmesg"))
+        self.last_ts = newest
+        return out
+
+
+class PollFailed(Exception):
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+def _text_record(line: str, source: str) -> Record:
+    m = _KMSG_RECORD.match(line)  # a file may hold raw /dev/kmsg records
+    return Record(line, source, int(m.group(2)) if m else None)
+
+
+def open_source(
+    *,
+    mode: str,
+    kmsg_path: Path,
+    file: Path | None,
+    poll_timeout_s: float,
+    env: dict[str, str],
+    health: StreamHealth,
+) -> Source | None:
+    """The first source that works, recording why earlier ones did not."""
+    if file is not None or mode == "file":
+        if file is None:
+            health.fallback_from.append(("file", "kernel_log.source is file but no file set"))
+            return None
+        try:
+            return FollowFile(file)
+        except OSError as e:
+            health.fallback_from.append((str(file), e.strerror or str(e)))
+            return None
+    # The same order as the one-shot kernel_log check: dmesg reads the same ring buffer
+    # through util-linux; the journal may lag or be rate-limited.
+    order = {"auto": ["kmsg", "dmesg", "journal"], "kmsg": ["kmsg"],
+             "journal": ["journal"], "dmesg": ["dmesg"]}.get(mode, ["kmsg"])
+    for name in order:
+        if name == "kmsg":
+            try:
+                return DevKmsg(kmsg_path, health=health)
+            except OSError as e:
+                health.fallback_from.append((str(kmsg_path), e.strerror or str(e)))
+        elif ex.resolve("journalctl" if name == "journal" else "dmesg", env.get("PATH")):
+            cls = Journalctl if name == "journal" else Dmesg
+            return cls(timeout_s=poll_timeout_s, env=env)
+        else:
+            health.fallback_from.append((name, "not installed"))
+    return None
+
+
+class KmsgStream:
+    """The reader thread. `health` is read by the stream check; records go to `on_records`."""
+
+    def __init__(self, source: Source | None, *, on_records: OnRecords, health: StreamHealth,
+                 poll_interval_s: float) -> None:
+        self.source, self.on_records, self.health = source, on_records, health
+        self.poll_interval_s = poll_interval_s
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="kmsg-stream", daemon=True)
+        self.health.source = source.name if source else "none"
+
+    def start(self) -> None:
+        if self.source is not None:
+            self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        assert self.source is not None
+        first = True
+        while not self._stop.is_set():
+            self.health.alive_at = time.monotonic()
+            try:
+                records = self.source.read(first=first, wait_s=self.poll_interval_s)
+                self.health.error = None
+            except PollFailed as e:
+                self.health.error = e.finding
+                time.sleep(self.poll_interval_s)
+                continue
+            except OSError as e:
+                self.health.error = Finding(
+                    check=STREAM_CHECK, status=Status.FAILED, code="CHECK_ERROR",
+                    message=f"reading the kernel log ({self.source.name}) failed: {e}")
+                time.sleep(self.poll_interval_s)
+                continue
+            self.health.records += len(records)
+            if records or first:
+                self.on_records(records, first)
+            first = False
+        self.source.close()

@@ -1,0 +1,178 @@
+"""Publishes this node's health to Slurm, and (standalone mode) drains it on a fatal finding.
+
+Called by the agent through a SinkWorker, and by `gpuvigil slurm-healthcheck`.
+- publish (always): the compact `core.wire` summary goes into the node field
+  `core.wire.SLURM_HEALTH_FIELD` (`Extra`, free text since Slurm 22.05, shown by
+  `scontrol show node` and `sinfo -O extra`), where the controller reads it;
+- standalone (sites without the controller): a fatal finding drains the node with
+  `Reason="gpuvigil: <code> <component>"`; it is resumed only when the finding has cleared
+  *and* the node is still drained with exactly the reason this agent wrote (remembered in
+  `marker_path`, so a restart does not forget it): a drain by an admin or by anything else
+  is never undone. With the controller, only the controller drains.
+Every command goes through the fail-closed runner with a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from gpuvigil.core import wire
+from gpuvigil.core.config import StrictModel
+from gpuvigil.core.findings import Finding, NodeReport, Status
+from gpuvigil.node.probes import exec as ex
+
+log = logging.getLogger("gpuvigil.agent.slurm")
+REASON_PREFIX = "gpuvigil: "
+
+
+class SlurmConfig(StrictModel):
+    enabled: bool = Field(False, description="Publish to this node's Slurm record.")
+    mode: Literal["publish", "standalone"] = Field(
+        "publish", description="publish: only write the summary (the controller acts). "
+        "standalone: also drain on a fatal finding and resume after it clears.",
+    )
+    drain_on: Literal["fatal", "failed"] = Field(
+        "fatal", description="Standalone: drain on fatal findings only (default), or on any "
+        "FAILED one. Fatal only, because without the controller's circuit breaker a "
+        "fleet-wide tool breakage (CHECK_ERROR everywhere) would drain every node.",
+    )
+    scontrol: str = Field("scontrol", description="The scontrol binary (name or path).")
+    timeout_s: float = Field(10.0, gt=0, description="Deadline of each scontrol call.")
+    heartbeat_interval_s: float = Field(
+        60.0, gt=0, description="Re-write the summary at least this often: its `generated_at` "
+        "is the controller's heartbeat.",
+    )
+    marker_path: Path = Field(
+        Path("/var/lib/gpuvigil/slurm-drain-reason"),
+        description="Remembers the drain reason this agent set (standalone), across restarts.",
+    )
+
+
+def drain_reason(f: Finding) -> str:
+    return f"{REASON_PREFIX}{f.code} {f.component}"
+
+
+def drain_trigger(report: NodeReport, *, drain_on: str) -> Finding | None:
+    """The finding that should drain the node, worst first, or None. Pure."""
+    bad = [f for f in report.problems if f.status is Status.FAILED
+           and (f.fatal or drain_on == "failed")]
+    bad.sort(key=lambda f: (not f.fatal, -f.action.rank, f.code, f.component))
+    return bad[0] if bad else None
+
+
+_FIELD = re.compile(r"(?:^|\s)(\w+)=")
+
+
+def parse_show_node(text: str) -> dict[str, str]:
+    """`scontrol show node X -o` -> {key: value}. Never raises.
+
+    Values may contain spaces (`OS=Linux 6.1 #1 SMP`, `Reason=gpuvigil: XID_79 gpu:3
+    [root@2026-11-30T08:00:00]`), so a value runs to the next ` Key=`; on 22.05 `Reason`
+    comes before `Extra`. The `[user@time]` suffix Slurm adds to a reason is dropped.
+    """
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
+    out: dict[str, str] = {}
+    keys = list(_FIELD.finditer(line))
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    if "Reason" in out:
+        out["Reason"] = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", out["Reason"]).strip()
+    return out
+
+
+class SlurmNode:
+    """scontrol for one node; raises RuntimeError (retried by the SinkWorker) on failure."""
+
+    def __init__(self, name: str, *, config: SlurmConfig, env: dict[str, str] | None = None):
+        self.name, self.config, self.env = name, config, env
+
+    def _run(self, *args: str) -> str:
+        res = ex.run([self.config.scontrol, *args], timeout_s=self.config.timeout_s,
+                     env=self.env)
+        bad = ex.failure_finding(res, check="slurm")
+        if bad is not None:
+            raise RuntimeError(bad.message)
+        return res.text
+
+    def show(self) -> dict[str, str]:
+        return parse_show_node(self._run("show", "node", self.name, "-o"))
+
+    def set_field(self, field: str, value: str) -> None:
+        self._run("update", f"NodeName={self.name}", f"{field}={value}")
+
+    def drain(self, reason: str) -> None:
+        self._run("update", f"NodeName={self.name}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self) -> None:
+        self._run("update", f"NodeName={self.name}", "State=RESUME")
+
+
+def is_drained(info: dict[str, str]) -> bool:
+    return "DRAIN" in info.get("State", "").upper()
+
+
+class SlurmSink:
+    name = "slurm"
+
+    def __init__(self, config: SlurmConfig, *, node: str, env: dict[str, str] | None = None):
+        self.config = config
+        self.slurm = SlurmNode(node, config=config, env=env)
+        self._last_summary: str | None = None
+        self._last_write = 0.0
+
+    def publish(self, report: NodeReport) -> None:
+        summary = wire.summarize(report).model_dump_json(exclude={"generated_at"})
+        due = time.monotonic() - self._last_write >= self.config.heartbeat_interval_s
+        if due or summary != self._last_summary:
+            self.slurm.set_field(wire.SLURM_HEALTH_FIELD, wire.encode_health(report))
+            self._last_summary, self._last_write = summary, time.monotonic()
+        if self.config.mode == "standalone":
+            reconcile_drain(self.slurm, report, config=self.config)
+
+    def close(self) -> None:
+        pass
+
+
+def reconcile_drain(slurm: SlurmNode, report: NodeReport, *, config: SlurmConfig) -> str:
+    """Drain on a trigger, resume what we drained once it clears. Returns what it did."""
+    trigger = drain_trigger(report, drain_on=config.drain_on)
+    ours = _read_marker(config.marker_path)
+    info = slurm.show()
+    if trigger is not None:
+        if is_drained(info):
+            return "already drained"
+        reason = drain_reason(trigger)
+        slurm.drain(reason)
+        _write_marker(config.marker_path, reason)
+        log.warning("drained %s: %s", slurm.name, reason)
+        return "drained"
+    if ours is None:
+        return "nothing to do"
+    if is_drained(info) and info.get("Reason", "") == ours:
+        slurm.resume()
+        log.warning("resumed %s: %r has cleared", slurm.name, ours)
+        config.marker_path.unlink(missing_ok=True)
+        return "resumed"
+    config.marker_path.unlink(missing_ok=True)  # someone else changed the drain: not ours
+    return "not ours"
+
+
+def _read_marker(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def _write_marker(path: Path, reason: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason + "\n")

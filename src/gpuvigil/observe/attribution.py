@@ -1,0 +1,353 @@
+"""Failure attribution: the most likely cause of each failed or restarted job.
+
+Called by `gpuvigil report` (through `observe.summary`) and the simulator's report.
+`Attributor` is fed the time-ordered event stream; for each `job.restart` and each failed
+`job.end` it gathers the evidence on the job's nodes and the job itself from `lookback_s`
+before to `grace_s` after the failure (detection lags the crash: an Xid is logged, then the
+agent reports it on its next pass), then `classify` — a pure function — picks the cause
+with the first matching rule of `RULES`. Memory: a short evidence ring per node and per
+running job, and the failures still inside their grace period.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuvigil.core import codes
+from gpuvigil.core.events import Event, Kind
+
+HARDWARE, NETWORK, STORAGE, HANG, USER, UNKNOWN = (
+    "hardware",
+    "network",
+    "storage",
+    "hang",
+    "user_code",
+    "unknown",
+)
+CAUSES = (HARDWARE, NETWORK, STORAGE, HANG, USER, UNKNOWN)
+
+HW_FAMILIES = frozenset(
+    {codes.GPU_XID, codes.GPU_MEMORY, codes.GPU_INTERCONNECT, codes.GPU_THERMAL}
+)
+HW_HEALTH_CODES = frozenset(
+    {"GPU_LOST", "GPU_COUNT_LOW", "DCGM_HEALTH_FAIL", "DCGM_DIAG_FAIL", "GPU_SDC", "GPU_SLOW"}
+)
+# Xids NVIDIA lists as usually caused by the application (graphics engine exception, MMU
+# fault, GPU stopped processing) or as the cleanup after another error: not hardware.
+APP_XIDS = frozenset({"XID_13", "XID_31", "XID_43", "XID_45"})
+SEVERE_ACTIONS = frozenset({"RESET_GPU", "REBOOT", "REPLACE", "INVESTIGATE"})
+# Node states that do not take work away from a job (returning, validating, planned).
+NOT_A_DRAIN = (None, "HEALTHY", "VALIDATING", "MAINTENANCE")
+SIGNAL_EXIT = 128  # exit codes above this mean "killed by a signal", not the program's error
+# Words in a restart/end `reason` that hint at a cause when no event proves one.
+REASON_HINTS = (
+    (HANG, ("hang", "watchdog", "timeout")),
+    (STORAGE, ("checkpoint", "storage", "filesystem", "i/o", "disk")),
+    (NETWORK, ("nccl", "network", "fabric", "efa", "infiniband", "collective")),
+    (HARDWARE, ("node", "xid", "gpu", "hardware", "ecc")),
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One event that may explain a failure, reduced to what the rules need."""
+
+    ts: float
+    kind: str  # hardware | network | storage | hang | drain | app_xid | tool | info
+    text: str
+    node: str | None = None
+    component: str | None = None
+    code: str | None = None
+    strong: bool = False  # fatal / severe action
+
+
+@dataclass(frozen=True)
+class Failure:
+    ts: float
+    job: str
+    event: str  # job.restart | job.end
+    node: str | None = None  # the node the training layer blamed, if any
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Attribution:
+    job: str
+    ts: float
+    event: str
+    cause: str
+    confidence: float
+    summary: str
+    node: str | None = None
+    component: str | None = None
+    code: str | None = None
+    evidence: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "ts": self.ts,
+            "event": self.event,
+            "cause": self.cause,
+            "confidence": self.confidence,
+            "summary": self.summary,
+            "node": self.node,
+            "component": self.component,
+            "code": self.code,
+            "evidence": list(self.evidence),
+        }
+
+
+def describe_code(code: str) -> str:
+    if code.startswith("XID_"):
+        return f"Xid {code[4:]}"
+    if code.startswith("SXID_"):
+        return f"SXid {code[5:]}"
+    return code
+
+
+def to_evidence(ev: Event) -> Evidence | None:
+    """Reduce one event to evidence, or None when it says nothing about failures."""
+    d, node = ev.data, ev.node
+    if ev.kind == Kind.FINDING_SET and str(d.get("status", "FAILED")) == "FAILED":
+        code, comp = str(d.get("code", "")), str(d.get("component", "node"))
+        where = f"{describe_code(code)} on {comp} of {node}"
+        strong = bool(d.get("fatal")) or str(d.get("action", "")) in SEVERE_ACTIONS
+        family = codes.family_of(code)
+        if code in codes.COULD_NOT_RUN:
+            kind = "tool"
+        elif code in APP_XIDS:
+            kind = "app_xid"
+        elif code == "TRAINING_HANG":
+            kind = HANG
+        elif family in HW_FAMILIES or code in HW_HEALTH_CODES:
+            kind = HARDWARE
+        elif family == codes.NETWORK_FABRIC:
+            kind = NETWORK
+        else:
+            kind = "info"
+        return Evidence(ev.ts, kind, where, node, comp, code, strong)
+    if ev.kind == Kind.HANG:
+        return Evidence(ev.ts, HANG, f"hang at step {d.get('step')} ({d.get('where', '?')})", node)
+    if ev.kind == Kind.CHECKPOINT and d.get("result") not in (None, "ok", "succeeded"):
+        return Evidence(ev.ts, STORAGE, f"checkpoint {d.get('result')} at step {d.get('step')}")
+    if (
+        ev.kind == Kind.NODE_STATE
+        and d.get("to") not in NOT_A_DRAIN
+        and d.get("dry_run") is not True
+    ):
+        why = str(d.get("reason") or "no reason")
+        # A drain for a check that could not run is tool breakage, not hardware evidence.
+        kind = "tool_drain" if any(c in why for c in codes.COULD_NOT_RUN) else "drain"
+        return Evidence(ev.ts, kind, f"{node} -> {d.get('to')} ({why})", node)
+    if ev.kind == Kind.STRAGGLER:
+        return Evidence(ev.ts, "info", f"straggler rank {d.get('rank')} on {node}", node)
+    return None
+
+
+def _pick(items: list[Evidence], kind: str) -> list[Evidence]:
+    return [e for e in items if e.kind == kind]
+
+
+def _hardware(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
+    hw = _pick(ev, HARDWARE)
+    if not hw:
+        return None
+    # Prefer the blamed node, then severe findings, then the one closest to the failure.
+    best = min(hw, key=lambda e: (e.node != f.node, not e.strong, abs(e.ts - f.ts)))
+    conf = 0.9 if best.strong else 0.7
+    if best.ts > f.ts:
+        conf -= 0.1  # seen only after the crash: likely, not proven, the cause
+    if f.node is not None and best.node == f.node:
+        conf += 0.05
+    return min(conf, 0.95), best
+
+
+def _simple(kind: str, conf: float):  # type: ignore[no-untyped-def]
+    def rule(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
+        hits = _pick(ev, kind)
+        return (conf, min(hits, key=lambda e: abs(e.ts - f.ts))) if hits else None
+
+    return rule
+
+
+def _drain(kind: str, conf: float):  # type: ignore[no-untyped-def]
+    def rule(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
+        hits = [e for e in _pick(ev, kind) if f.node is None or e.node == f.node]
+        return (conf, hits[0]) if hits else None
+
+    return rule
+
+
+# Ordered: the first rule that matches names the cause. Hardware wins over a hang because a
+# failing GPU is the usual reason a collective hangs.
+RULES = (
+    (HARDWARE, _hardware),
+    (NETWORK, _simple(NETWORK, 0.8)),
+    (STORAGE, _simple(STORAGE, 0.8)),
+    (HANG, _simple(HANG, 0.75)),
+    (HARDWARE, _drain("drain", 0.5)),
+    # Evicted by a drain that tool breakage caused: not the job's fault, not hardware.
+    (UNKNOWN, _drain("tool_drain", 0.3)),
+)
+
+
+def classify(f: Failure, evidence: Iterable[Evidence]) -> Attribution:
+    """Pure: the most likely cause of one failure from the evidence around it."""
+    ev = sorted(evidence, key=lambda e: e.ts)
+    listed = tuple(f"{e.text} ({e.ts - f.ts:+.0f}s)" for e in ev)
+    base = {"job": f.job, "ts": f.ts, "event": f.event, "evidence": listed}
+    for cause, rule in RULES:
+        hit = rule(f, ev)
+        if hit is not None:
+            conf, e = hit
+            return Attribution(
+                **base,
+                cause=cause,
+                confidence=round(conf, 2),
+                summary=e.text,
+                node=e.node,
+                component=e.component,
+                code=e.code,
+            )
+    reason = f.reason.lower()
+    for cause, words in REASON_HINTS:
+        if any(w in reason for w in words):
+            return Attribution(
+                **base, cause=cause, confidence=0.4, summary=f"reason: {f.reason}", node=f.node
+            )
+    if f.exit_code is not None and 0 < f.exit_code < SIGNAL_EXIT:
+        app = _pick(ev, "app_xid")
+        conf = 0.8 if app else 0.7
+        text = f"exit code {f.exit_code}, no hardware evidence"
+        if app:
+            text += f"; {app[0].text}"
+        return Attribution(**base, cause=USER, confidence=conf, summary=text, node=f.node)
+    why = "no evidence" if f.exit_code is None else f"exit code {f.exit_code}, no evidence"
+    return Attribution(**base, cause=UNKNOWN, confidence=0.0, summary=why, node=f.node)
+
+
+@dataclass
+class _Pending:
+    failure: Failure
+    nodes: frozenset[str]
+    evidence: list[Evidence]
+
+
+@dataclass
+class Attributor:
+    """Streams events; collects an Attribution for each failed or restarted job."""
+
+    lookback_s: float = 600.0
+    grace_s: float = 120.0
+    keep: int = 1000  # most recent attributions kept in full; counts cover all of them
+    start: float | None = None  # failures before the window are not reported
+    end: float | None = None
+    attributions: deque[Attribution] = field(default_factory=lambda: deque(maxlen=1000))
+    by_cause: Counter[str] = field(default_factory=Counter)
+    by_node: Counter[str] = field(default_factory=Counter)
+    by_component: Counter[tuple[str, str]] = field(default_factory=Counter)
+    total: int = 0
+    _node_ev: dict[str, deque[Evidence]] = field(default_factory=dict)
+    _job_ev: dict[str, deque[Evidence]] = field(default_factory=dict)
+    _job_nodes: dict[str, frozenset[str]] = field(default_factory=dict)
+    _pending: deque[_Pending] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.attributions = deque(maxlen=self.keep)
+
+    def feed(self, ev: Event) -> None:
+        self._settle(ev.ts)
+        if self.end is not None and ev.ts > self.end + self.grace_s:
+            return
+        if ev.kind == Kind.JOB_START and ev.job is not None:
+            nodes = ev.data.get("nodes")
+            names = [n for n in nodes if isinstance(n, str)] if isinstance(nodes, list) else []
+            self._job_nodes[ev.job] = frozenset(names)
+            self._job_ev[ev.job] = deque(maxlen=32)
+            if len(self._job_nodes) > 100_000:  # jobs that never ended
+                old = next(iter(self._job_nodes))
+                self._job_nodes.pop(old)
+                self._job_ev.pop(old, None)
+            return
+        if ev.kind in (Kind.JOB_RESTART, Kind.JOB_END):
+            self._on_failure(ev)
+            return
+        e = to_evidence(ev)
+        if e is None:
+            return
+        if ev.job is not None and ev.job in self._job_ev:
+            self._job_ev[ev.job].append(e)
+        elif ev.node is not None:
+            self._node_ev.setdefault(ev.node, deque(maxlen=32)).append(e)
+        for p in self._pending:
+            if ev.job == p.failure.job or (ev.node is not None and ev.node in p.nodes):
+                p.evidence.append(e)
+
+    def _on_failure(self, ev: Event) -> None:
+        job, d = ev.job or "?", ev.data
+        exit_code = d.get("exit_code")
+        exit_code = exit_code if type(exit_code) is int else None
+        if ev.kind == Kind.JOB_END:
+            ok = d.get("result", "succeeded" if exit_code in (0, None) else "failed")
+            nodes = self._job_nodes.pop(job, frozenset())
+            job_ev = self._job_ev.pop(job, deque())
+            if ok in ("succeeded", "cancelled"):
+                return
+        else:
+            nodes = self._job_nodes.get(job, frozenset())
+            job_ev = self._job_ev.get(job, deque())
+        blamed = d.get("node") if isinstance(d.get("node"), str) else ev.node
+        if blamed:
+            nodes = nodes | {blamed}
+        if (self.start is not None and ev.ts < self.start) or (
+            self.end is not None and ev.ts > self.end
+        ):
+            return
+        since = ev.ts - self.lookback_s
+        evidence = [e for e in job_ev if e.ts >= since]
+        for n in nodes:
+            evidence.extend(e for e in self._node_ev.get(n, ()) if e.ts >= since)
+        f = Failure(
+            ev.ts, job, ev.kind, blamed, exit_code, str(d.get("reason", d.get("result", "")))
+        )
+        self._pending.append(_Pending(f, nodes, evidence))
+
+    def _settle(self, now: float) -> None:
+        while self._pending and self._pending[0].failure.ts + self.grace_s < now:
+            self._record(self._pending.popleft())
+
+    def _record(self, p: _Pending) -> None:
+        a = classify(p.failure, p.evidence)
+        self.total += 1
+        self.attributions.append(a)
+        self.by_cause[a.cause] += 1
+        if a.cause == HARDWARE and a.node:
+            self.by_node[a.node] += 1
+            if a.component and a.component != "node":
+                self.by_component[(a.node, a.component)] += 1
+
+    def finish(self) -> Attributor:
+        while self._pending:
+            self._record(self._pending.popleft())
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "by_cause": {c: self.by_cause.get(c, 0) for c in CAUSES},
+            "failures": [a.to_json() for a in self.attributions],
+            "failures_listed": len(self.attributions),
+        }
+
+
+def attribute(events: Iterable[Event], **kw: Any) -> Attributor:
+    """Attribute every failure of a time-ordered event stream."""
+    a = Attributor(**kw)
+    for ev in events:
+        a.feed(ev)
+    return a.finish()

@@ -1,0 +1,117 @@
+"""One streaming pass over the event log: SLOs, attribution and offender counts together.
+
+Called by `gpuvigil report` and the simulator. `summarize()` feeds every event to an
+`SloTracker` and an `Attributor` and counts FAILED findings per code and per GPU (for the
+"top offenders" tables); `Summary.to_json()` is the stable `--json` format documented in
+docs/observability.md (`"format": "gpuvigil.report/v1"`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuvigil.core.events import Event, Kind
+from gpuvigil.observe.attribution import Attributor
+from gpuvigil.observe.events import ReadStats
+from gpuvigil.observe.slo import SloConfig, SloReport, SloTracker, Targets
+
+FORMAT = "gpuvigil.report/v1"
+TOP = 10
+# A GPU is `gpu:<index>`, or `pci:<bus id>` when the agent could not map the bus id to an
+# index (NVML down): both name one physical GPU.
+GPU_COMPONENTS = ("gpu:", "pci:")
+
+
+@dataclass
+class Summary:
+    slo: SloReport
+    attribution: Attributor
+    stats: ReadStats = field(default_factory=ReadStats)
+    findings_by_code: Counter[str] = field(default_factory=Counter)
+    findings_by_gpu: Counter[tuple[str, str]] = field(default_factory=Counter)
+    events_by_kind: Counter[str] = field(default_factory=Counter)
+
+    def top_nodes(self, n: int = TOP) -> list[dict[str, Any]]:
+        """Nodes by downtime (then hardware-attributed job failures)."""
+        down = self.slo.node_downtime_s
+        names = set(down) | set(self.attribution.by_node)
+        rows = [
+            {
+                "node": name,
+                "downtime_s": round(down.get(name, 0.0), 3),
+                "job_failures": self.attribution.by_node.get(name, 0),
+            }
+            for name in names
+        ]
+        rows.sort(key=lambda r: (-r["downtime_s"], -r["job_failures"], r["node"]))
+        return rows[:n]
+
+    def top_gpus(self, n: int = TOP) -> list[dict[str, Any]]:
+        rows = [
+            {"node": node, "gpu": comp, "findings": count}
+            for (node, comp), count in self.findings_by_gpu.most_common()
+        ]
+        rows.sort(key=lambda r: (-r["findings"], r["node"], r["gpu"]))
+        return rows[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        tl = self.slo.timeline
+        return {
+            "format": FORMAT,
+            "input": self.stats.to_json(),
+            "slo": self.slo.to_json(),
+            "attribution": self.attribution.to_json(),
+            "top_nodes": self.top_nodes(),
+            "top_gpus": self.top_gpus(),
+            "findings_by_code": dict(self.findings_by_code.most_common(20)),
+            "events_by_kind": dict(sorted(self.events_by_kind.items())),
+            "availability_series": tl.series() if tl is not None else [],
+        }
+
+
+def summarize(
+    events: Iterable[Event],
+    *,
+    start: float | None = None,
+    end: float | None = None,
+    targets: Targets | None = None,
+    config: SloConfig | None = None,
+    stats: ReadStats | None = None,
+    lookback_s: float = 600.0,
+    grace_s: float = 120.0,
+) -> Summary:
+    """One pass over a time-ordered event stream; memory bounded (see each tracker)."""
+    slo = SloTracker(start=start, end=end, targets=targets, config=config)
+    attr = Attributor(start=start, end=end, lookback_s=lookback_s, grace_s=grace_s)
+    by_code: Counter[str] = Counter()
+    by_gpu: Counter[tuple[str, str]] = Counter()
+    kinds: Counter[str] = Counter()
+    finding_set = Kind.FINDING_SET.value
+    for ev in events:
+        slo.feed(ev)
+        attr.feed(ev)
+        kinds[ev.kind] += 1
+        if ev.kind == finding_set and ev.node is not None and _in(ev.ts, start, end):
+            d = ev.data
+            if str(d.get("status", "FAILED")) == "FAILED":
+                by_code[str(d.get("code", "?"))] += 1
+                comp = str(d.get("component", ""))
+                if comp.startswith(GPU_COMPONENTS):
+                    by_gpu[(ev.node, comp)] += 1
+    report = slo.finish()
+    attr.start = report.start
+    return Summary(
+        slo=report,
+        attribution=attr.finish(),
+        stats=stats if stats is not None else ReadStats(),
+        findings_by_code=by_code,
+        findings_by_gpu=by_gpu,
+        events_by_kind=kinds,
+    )
+
+
+def _in(ts: float, start: float | None, end: float | None) -> bool:
+    return (start is None or ts >= start) and (end is None or ts <= end)

@@ -1,0 +1,129 @@
+"""THE cluster interface: what the controller (and the simulator) may do to a cluster.
+
+Three implementations: `kubernetes.KubernetesCluster`, `slurm.SlurmCluster` and
+`memory.MemoryCluster` (deterministic, virtual time; the tests', the benchmark's and the
+simulator's cluster). The controller (`platform.controller`) is the only caller.
+
+Errors say what to do next (after controller-runtime / kopf): `Conflict` -> re-read the
+node and retry; `Unavailable` -> retry later and act on nothing in the meantime;
+`Forbidden` -> terminal for this operation (RBAC, a node that is gone). Every method is
+idempotent: calling it twice has the effect of calling it once, which is what lets a
+restarted controller redo the step it may or may not have finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from gpuvigil.core.findings import Action
+from gpuvigil.platform.state import (
+    AgentResult,
+    NodeView,
+    Preflight,
+    Record,
+    State,
+)
+
+__all__ = [
+    "AgentResult",
+    "Cluster",
+    "ClusterError",
+    "Conflict",
+    "DrainStatus",
+    "Forbidden",
+    "NodeView",
+    "Preflight",
+    "Record",
+    "State",
+    "Unavailable",
+]
+
+
+class ClusterError(Exception):
+    """Base of the adapters' errors; `kind` labels gpuvigil_controller_api_errors_total."""
+
+    kind = "error"
+
+
+class Conflict(ClusterError):
+    """The node changed since it was read (optimistic concurrency): re-read, retry."""
+
+    kind = "conflict"
+
+
+class Unavailable(ClusterError):
+    """The cluster did not answer (timeout, 5xx, slurmctld down): retry later, act on nothing."""
+
+    kind = "unavailable"
+
+
+class Forbidden(ClusterError):
+    """Terminal for this operation: no permission, the node no longer exists, bad request."""
+
+    kind = "forbidden"
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """Progress of moving running work off a node.
+
+    `remaining` is work still running; `blocked` how much of it a PodDisruptionBudget
+    refused to evict this time; `forced` how much was removed past the deadline.
+    """
+
+    remaining: int
+    blocked: int = 0
+    forced: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    """The one interface to a cluster. Names are node names; reasons are for people."""
+
+    name: str  # "kubernetes" | "slurm" | "memory"
+    # Optional: `max_concurrency` (int, default 1): how many nodes the controller may act on
+    # at once. The memory cluster keeps 1 so that runs stay deterministic.
+
+    def list_nodes(self) -> list[NodeView]:
+        """Every node with its health summary, stored record, blocks and running work."""
+        ...
+
+    def get_node(self, name: str) -> NodeView:
+        """One node (raises Forbidden when it does not exist)."""
+        ...
+
+    def block(self, name: str, *, reason: str) -> None:
+        """Keep new work off (k8s taint gpuvigil.io/unhealthy:NoSchedule; Slurm DRAIN)."""
+        ...
+
+    def unblock(self, name: str) -> None:
+        """Lift gpuvigil's own blocks (both taints); never anyone else's."""
+        ...
+
+    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
+        """Move running work off, honouring disruption budgets until `deadline`, then
+        removing what is left (marked as an infrastructure disruption). Call repeatedly."""
+        ...
+
+    def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
+        """Ask the node's agent (or the scheduler) for RESET_GPU or REBOOT, once per id."""
+        ...
+
+    def replace(self, name: str, *, reason: str) -> None:
+        """Give the node back for replacement (k8s: delete the Node, or a hook command)."""
+        ...
+
+    def store(self, name: str, record: Record, *, version: str = "") -> None:
+        """Write gpuvigil's record onto the node; `version` non-empty -> Conflict if the
+        node changed since that read."""
+        ...
+
+    def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
+        """A human-readable event on the node (k8s Event; Slurm: the controller's log)."""
+        ...

@@ -1,0 +1,147 @@
+"""Draining a Kubernetes node: the Eviction API (PodDisruptionBudgets honoured), both
+policy/v1 and policy/v1beta1, the DisruptionTarget pod condition, and removal of what is
+left at the deadline. Used by `clusters.kubernetes.KubernetesCluster.drain`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from gpuvigil.core.findings import utcnow
+from gpuvigil.platform.clusters.base import ClusterError, DrainStatus, Forbidden, Unavailable
+from gpuvigil.platform.clusters.k8s_api import api_call, map_error
+from gpuvigil.platform.clusters.settings import KubernetesSettings
+
+log = logging.getLogger("gpuvigil.clusters.kubernetes")
+DISRUPTION_REASON = "NodeFaultByGpuvigil"
+
+
+def workload(pod: dict[str, Any]) -> bool:
+    """Pods a drain moves: not DaemonSet-owned, not mirror (static) pods, not finished."""
+    meta = pod.get("metadata", {})
+    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+        return False
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return False
+    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+
+
+class Drainer:
+    """Evicts a node's workload pods; remembers which Eviction version the server serves."""
+
+    def __init__(
+        self,
+        core: Any,
+        settings: KubernetesSettings,
+        calls: Counter[str],
+        pages: Callable[..., Iterator[dict[str, Any]]],
+    ) -> None:
+        self.core, self.settings, self.calls, self._pages = core, settings, calls, pages
+        self.timeout = settings.request_timeout_s
+        self._eviction_version: str | None = None  # learnt on first use: policy/v1 or v1beta1
+
+    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
+        sel = f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
+        pods = [
+            p
+            for p in self._pages(
+                "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
+            )
+            if workload(p)
+        ]
+        past = utcnow() >= deadline
+        blocked = forced = 0
+        for pod in pods:
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue  # already going; still counted as remaining
+            ns, pname = meta["namespace"], meta["name"]
+            if not past:
+                if self._evict(ns, pname):
+                    self._mark(ns, pname, reason)
+                else:
+                    blocked += 1
+                continue
+            self._mark(ns, pname, f"{reason} (drain deadline passed)")
+            self.calls["delete_pod"] += 1
+            try:
+                api_call(
+                    lambda ns=ns, pname=pname: self.core.delete_namespaced_pod(
+                        pname,
+                        ns,
+                        grace_period_seconds=self.settings.eviction_grace_s,
+                        _request_timeout=self.timeout,
+                    )
+                )
+                forced += 1
+            except Forbidden:
+                pass  # gone already
+        left = sum(
+            1
+            for p in self._pages(
+                "list_pods", self.core.list_pod_for_all_namespaces, field_selector=sel
+            )
+            if workload(p)
+        )
+        return DrainStatus(remaining=left, blocked=blocked, forced=forced)
+
+    def _evict(self, ns: str, pod: str) -> bool:
+        """True when evicted (or already gone); False when a disruption budget refused."""
+        versions = (
+            [self._eviction_version] if self._eviction_version else ["policy/v1", "policy/v1beta1"]
+        )
+        for version in versions:
+            body: dict[str, Any] = {
+                "apiVersion": version,
+                "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": ns},
+            }
+            if self.settings.eviction_grace_s is not None:
+                body["deleteOptions"] = {"gracePeriodSeconds": self.settings.eviction_grace_s}
+            self.calls["evict"] += 1
+            try:
+                self.core.create_namespaced_pod_eviction(
+                    pod, ns, body, _request_timeout=self.timeout
+                )
+                self._eviction_version = version
+                return True
+            except ApiException as e:
+                if e.status == 429:  # a PodDisruptionBudget says not now
+                    self._eviction_version = version
+                    return False
+                if e.status in (400, 404) and version != versions[-1]:
+                    continue  # the server may not serve this version: try the next one
+                if e.status == 404:
+                    return True  # the pod is gone
+                raise map_error(e) from e
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                raise Unavailable(f"eviction of {ns}/{pod}: {e}") from e
+        return False
+
+    def _mark(self, ns: str, pod: str, message: str) -> None:
+        """The DisruptionTarget condition: a Job's podFailurePolicy can ignore this failure."""
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": DISRUPTION_REASON,
+            "message": message[:512],
+            "lastTransitionTime": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        self.calls["mark_pod"] += 1
+        try:
+            api_call(
+                lambda: self.core.patch_namespaced_pod_status(
+                    pod, ns, {"status": {"conditions": [cond]}}, _request_timeout=self.timeout
+                )
+            )
+        except ClusterError as e:  # gone already, or no permission: the eviction stands
+            log.info("could not mark %s/%s as DisruptionTarget: %s", ns, pod, e)
+
+    # ---- leader election storage ---------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Kubernetes API plumbing shared by the adapter and leader election: error mapping (to
+`Conflict` / `Unavailable` / `Forbidden`), client loading, the Lease store.
+
+Used by `clusters.kubernetes` and, through `KubernetesCluster.lease_store()`, by
+`platform.leader`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from gpuvigil.platform.clusters.base import ClusterError, Conflict, Forbidden, Unavailable
+from gpuvigil.platform.clusters.settings import KubernetesSettings
+
+T = TypeVar("T")
+
+
+def map_error(e: ApiException) -> ClusterError:
+    if e.status == 409:
+        return Conflict(f"{e.status} {e.reason}")
+    if e.status == 429 or (e.status or 0) >= 500:
+        return Unavailable(f"{e.status} {e.reason}")
+    return Forbidden(f"{e.status} {e.reason}: {(e.body or '')[:200]}")
+
+
+def api_call(call: Callable[[], T]) -> T:
+    """Run one API call, mapping failures to the errors that say what to do next."""
+    try:
+        return call()
+    except ApiException as e:
+        raise map_error(e) from e
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise Unavailable(f"API server unreachable: {e}") from e
+
+
+def when(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def json_object(text: str | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load_api_client(settings: KubernetesSettings) -> client.ApiClient:
+    """The API client from the settings' kubeconfig, in-cluster config, or ~/.kube/config."""
+    if settings.kubeconfig:
+        return config.new_client_from_config(settings.kubeconfig, context=settings.context)
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(context=settings.context)
+
+
+class LeaseStore:
+    """coordination.k8s.io/v1 Lease reads and writes for `platform.leader` (raw dicts)."""
+
+    def __init__(self, api_client: Any, settings: KubernetesSettings) -> None:
+        self.api = client.CoordinationV1Api(api_client)
+        self.ns, self.name = settings.lease_namespace, settings.lease_name
+        self.timeout = settings.request_timeout_s
+
+    def get(self) -> dict[str, Any] | None:
+        try:
+            resp = api_call(
+                lambda: self.api.read_namespaced_lease(
+                    self.name, self.ns, _preload_content=False, _request_timeout=self.timeout
+                )
+            )
+        except Forbidden as e:
+            if "404" in str(e):
+                return None
+            raise
+        return json.loads(resp.data)
+
+    def create(self, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.ns},
+            "spec": spec,
+        }
+        api_call(
+            lambda: self.api.create_namespaced_lease(self.ns, body, _request_timeout=self.timeout)
+        )
+
+    def replace(self, spec: dict[str, Any], *, version: str) -> None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.ns, "resourceVersion": version},
+            "spec": spec,
+        }
+        api_call(
+            lambda: self.api.replace_namespaced_lease(
+                self.name, self.ns, body, _request_timeout=self.timeout
+            )
+        )

@@ -1,0 +1,250 @@
+"""The Slurm adapter: `Cluster` over scontrol / sinfo / squeue (22.05+), run only through
+`node.probes.exec.run` (argv lists, timeouts).
+
+Called by the controller (`gpuvigil controller --cluster slurm`), `gpuvigil nodes` and
+`gpuvigil release`. Mapping:
+
+- read: `sinfo --json` (state, flags, reason, comment, extra, boot time) and
+  `squeue --json` (running jobs per node); `scontrol --json` does not exist in 22.05;
+- health: the agent's summary in the node field `core.wire.SLURM_HEALTH_FIELD` (Extra);
+- record: gpuvigil's JSON record in the node's Comment; the drain reason is the short tag
+  `gpuvigil:<state>:<step>:<code>`, which is how a drain is known to be ours. A drain (or a
+  DOWN) with any other reason is someone else's: gpuvigil never RESUMEs it nor rewrites it;
+- block = `State=DRAIN Reason=<tag>`; unblock = `State=RESUME`, only when the reason is ours;
+- drain running work: wait for jobs, and at the deadline `scontrol requeue` the batch jobs
+  that allow it (`drain_mode: requeue`, the infrastructure-failure path: the job keeps its
+  id and runs again elsewhere) and `scancel` the rest; or requeue at once
+  (`requeue_at_once`);
+- reboot (and reset, which Slurm has no per-GPU channel for): `scontrol reboot ASAP
+  nextstate=RESUME reason=<tag> NODE`. Because the reason is not Slurm's own "Reboot ASAP",
+  Slurm keeps the DRAIN after the reboot, so the node stays blocked until it validates.
+  Success = the reboot flags are gone and BootTime is newer than the request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuvigil.core import wire
+from gpuvigil.core.findings import Action
+from gpuvigil.node.probes import exec as execp
+from gpuvigil.platform.clusters.base import (
+    AgentResult,
+    DrainStatus,
+    Forbidden,
+    NodeView,
+    Record,
+    Unavailable,
+)
+from gpuvigil.platform.clusters.settings import SlurmSettings
+from gpuvigil.platform.state import TAG_PREFIX, State, decode_record, parse_tag
+
+REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
+RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"}
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """`gpu[1-3,5],cpu7` -> gpu1 gpu2 gpu3 gpu5 cpu7 (Slurm's compact host lists)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)", text or ""):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
+        if not prefix and not ranges:
+            continue
+        if ranges is None:
+            out.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if hi and lo.isdigit() and hi.isdigit():
+                out += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
+            elif lo:
+                out.append(f"{prefix}{lo}{suffix}")
+    return out
+
+
+def _epoch(v: Any) -> datetime | None:
+    if isinstance(v, dict):  # newer Slurm: {"set": true, "number": N}
+        v = v.get("number") if v.get("set", True) else None
+    return datetime.fromtimestamp(v, UTC) if isinstance(v, int | float) and v > 0 else None
+
+
+def _flags(raw: dict[str, Any]) -> set[str]:
+    state = raw.get("state")
+    states = state if isinstance(state, list) else [state or ""]
+    return {str(s).upper() for s in [*states, *(raw.get("state_flags") or [])]}
+
+
+def _labels(raw: dict[str, Any]) -> dict[str, str]:
+    """A Slurm node's pool is its first partition (budgets are per pool)."""
+    parts = raw.get("partitions") or []
+    return {"gpuvigil.io/pool": str(parts[0])} if parts else {}
+
+
+def view(raw: dict[str, Any], running: int = 0) -> NodeView:
+    """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output)."""
+    flags = _flags(raw)
+    reason = str(raw.get("reason") or "")
+    # Ours only if it parses as our tag: the agent's standalone drains ("gpuvigil: XID_79
+    # gpu:3") and everyone else's are foreign. Slurm may append " : reboot issued".
+    ours = parse_tag(reason.split(" : ", maxsplit=1)[0]) is not None
+    drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
+    down = bool(flags & {"DOWN", "FAIL", "FAILING"})
+    others = []
+    if (drained or down) and not ours:
+        others.append(f"slurm:{'drain' if drained else 'down'}:{reason or '-'}")
+    extra = str(raw.get(wire.SLURM_HEALTH_FIELD.lower()) or "")
+    health = wire.decode_health(extra)
+    record = decode_record(str(raw.get("comment") or ""))
+    if record is None and ours:  # the comment is lost or garbled: the reason still says where
+        tag = parse_tag(reason.split(" : ", maxsplit=1)[0])
+        if tag:
+            since = _epoch(raw.get("reason_changed_at"))
+            record = Record(state=tag[0], step=tag[1], code=tag[2], since=since)
+    boot = _epoch(raw.get("boot_time"))
+    result = None
+    if record is not None and record.state is State.REMEDIATING and record.request_id:
+        requested = record.since
+        timed_out = "reboot timed out" in reason.lower()
+        if timed_out or (down and not flags & REBOOT_FLAGS and "REBOOT" in reason.upper()):
+            result = AgentResult(record.request_id, False, None, reason)
+        elif not flags & REBOOT_FLAGS and boot and requested and boot > requested:
+            result = AgentResult(record.request_id, True, boot, "rebooted")
+    return NodeView(
+        name=str(raw.get("name")),
+        pool="default",
+        labels=_labels(raw),
+        health=health,
+        health_error=None if health else ("unreadable" if extra else "absent"),
+        heartbeat_at=health.generated_at if health else None,
+        record=record,
+        record_error=None,
+        blocked_by_us=drained and ours,
+        blocked_by_others=tuple(others),
+        running=running,
+        agent_result=result,
+        boot_id=str(int(boot.timestamp())) if boot else "",
+        version="",
+        preflight_supported=False,
+    )
+
+
+class SlurmCluster:
+    name = "slurm"
+
+    def __init__(self, settings: SlurmSettings | None = None) -> None:
+        self.settings = settings or SlurmSettings()
+        self.calls: Counter[str] = Counter()
+
+    def _run(self, *argv: str) -> str:
+        tool = argv[0]
+        if self.settings.bin_dir:
+            argv = (f"{self.settings.bin_dir}/{tool}", *argv[1:])
+        env = {**os.environ, "SLURM_CONF": self.settings.conf} if self.settings.conf else None
+        self.calls[f"{tool} {argv[1]}" if tool == "scontrol" else tool] += 1
+        res = execp.run(list(argv), timeout_s=self.settings.timeout_s, env=env)
+        if res.error == "missing":
+            raise Forbidden(f"{tool} is not installed")
+        if not res.ok:
+            err = res.stderr_tail(300)
+            if res.error is None and ("Invalid node name" in err or "Access" in err):
+                raise Forbidden(f"{' '.join(argv[:3])}: {err}")
+            raise Unavailable(f"{' '.join(argv[:3])}: {res.error or res.returncode} {err}")
+        return res.text
+
+    def _json(self, *argv: str) -> dict[str, Any]:
+        try:
+            data = json.loads(self._run(*argv))
+        except ValueError as e:
+            raise Unavailable(f"{argv[0]} printed output that does not parse: {e}") from e
+        return data if isinstance(data, dict) else {}
+
+    def _jobs(self, node: str | None = None) -> list[dict[str, Any]]:
+        argv = ["squeue", "--json"] + (["--nodelist", node] if node else [])
+        jobs = self._json(*argv).get("jobs") or []
+        return [j for j in jobs if str(j.get("job_state", "")).upper() in RUNNING]
+
+    def _raw_nodes(self, name: str | None = None) -> list[dict[str, Any]]:
+        argv = ["sinfo", "--json"] + (["--nodes", name] if name else [])
+        return list(self._json(*argv).get("nodes") or [])
+
+    def list_nodes(self) -> list[NodeView]:
+        running: Counter[str] = Counter()
+        for job in self._jobs():
+            running.update(expand_hostlist(str(job.get("nodes") or "")))
+        return [view(n, running[n.get("name")]) for n in self._raw_nodes()]
+
+    def get_node(self, name: str) -> NodeView:
+        for raw in self._raw_nodes(name):
+            if raw.get("name") == name:
+                return view(raw, len(self._jobs(name)))
+        raise Forbidden(f"no Slurm node {name}")
+
+    def _update(self, name: str, *fields: str) -> None:
+        self._run("scontrol", "update", f"NodeName={name}", *fields)
+
+    def block(self, name: str, *, reason: str) -> None:
+        v = self.get_node(name)
+        if v.blocked_by_us or v.blocked_by_someone_else:
+            return  # already blocked: never overwrite someone else's reason
+        self._update(name, "State=DRAIN", f"Reason={reason}")
+
+    def unblock(self, name: str) -> None:
+        v = self.get_node(name)
+        if v.blocked_by_us and not v.blocked_by_someone_else:
+            self._update(name, "State=RESUME")
+
+    def store(self, name: str, record: Record, *, version: str = "") -> None:
+        self._update(name, f"Comment={record.encode()}")
+        v = self.get_node(name)
+        raw_tag = record.tag()
+        if v.blocked_by_us and record.state.blocks and v.record and v.record.tag() != raw_tag:
+            raw = next((n for n in self._raw_nodes(name) if n.get("name") == name), {})
+            if not _flags(raw) & REBOOT_FLAGS:  # Slurm owns the reason while rebooting
+                self._update(name, "State=DRAIN", f"Reason={raw_tag}")
+
+    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
+        jobs = self._jobs(name)
+        past = datetime.now(UTC) >= deadline
+        forced = 0
+        if jobs and (past or self.settings.requeue_at_once):
+            if self.settings.drain_mode == "wait" and not past:
+                return DrainStatus(remaining=len(jobs))
+            for job in jobs:
+                jid = str(job.get("job_id"))
+                if job.get("requeue") and job.get("batch_flag"):
+                    self._run("scontrol", "requeue", jid)
+                elif past and self.settings.drain_mode == "requeue":
+                    self._run("scancel", jid)
+                else:
+                    continue
+                forced += 1
+            jobs = self._jobs(name)
+        return DrainStatus(remaining=len(jobs), forced=forced)
+
+    def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
+        if action not in (Action.RESET_GPU, Action.REBOOT):
+            raise Forbidden(f"Slurm cannot {action.value}")
+        raw = next((n for n in self._raw_nodes(name) if n.get("name") == name), None)
+        if raw is None:
+            raise Forbidden(f"no Slurm node {name}")
+        if _flags(raw) & REBOOT_FLAGS:
+            return  # already asked (a resend after a restart)
+        tag = f"{TAG_PREFIX}{State.REMEDIATING.value}:{action.value}:{request_id}"
+        self._run("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={tag}", name)
+
+    def replace(self, name: str, *, reason: str) -> None:
+        argv = [a.replace("{node}", name) for a in self.settings.replace_hook]
+        if not argv:
+            raise Forbidden("no replace hook configured (controller.slurm.replace_hook)")
+        res = execp.run(argv, timeout_s=self.settings.hook_timeout_s)
+        if not res.ok:
+            raise Unavailable(f"replace hook: {res.error or res.returncode} {res.stderr_tail()}")
+
+    def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
+        """Slurm has no event object: the controller's event log and log lines carry it."""
+        self.calls["event"] += 1

@@ -1,0 +1,103 @@
+"""The controller's metric families (canonical names from docs/metrics.md).
+
+`build(registry)` is called once by `gpuvigil controller` (and by tests with a fresh
+registry); nothing is registered at import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass(frozen=True)
+class ControllerMetrics:
+    nodes: Gauge
+    nodes_total: Gauge
+    nodes_in_service: Gauge
+    node_state: Gauge
+    remediations: Counter
+    breaker_open: Gauge
+    breaker_trips: Counter
+    budget_in_use: Gauge
+    budget_limit: Gauge
+    reconcile_duration: Histogram
+    is_leader: Gauge
+    api_errors: Counter
+    last_reconcile: Gauge
+    held: Gauge
+
+
+def build(registry: CollectorRegistry) -> ControllerMetrics:
+    return ControllerMetrics(
+        nodes=Gauge("gpuvigil_nodes", "Nodes per policy state.", ["state"], registry=registry),
+        nodes_total=Gauge("gpuvigil_nodes_total", "Nodes the controller sees.", registry=registry),
+        nodes_in_service=Gauge(
+            "gpuvigil_nodes_in_service",
+            "Nodes HEALTHY and not blocked by anyone.",
+            registry=registry,
+        ),
+        node_state=Gauge(
+            "gpuvigil_node_state",
+            "1 for each node's current policy state (one series per node).",
+            ["node", "state"],
+            registry=registry,
+        ),
+        remediations=Counter(
+            "gpuvigil_remediations_total",
+            "Remediation steps by action (DRAIN, RESET_GPU, REBOOT, REPLACE) and result "
+            "(started, succeeded, failed).",
+            ["action", "result"],
+            registry=registry,
+        ),
+        breaker_open=Gauge(
+            "gpuvigil_circuit_breaker_open",
+            "1 while the circuit breaker holds back new disruptions.",
+            registry=registry,
+        ),
+        breaker_trips=Counter(
+            "gpuvigil_circuit_breaker_trips_total",
+            "Times the circuit breaker opened.",
+            registry=registry,
+        ),
+        budget_in_use=Gauge(
+            "gpuvigil_disruption_budget_in_use",
+            "Nodes DRAINING or REMEDIATING per pool.",
+            ["pool"],
+            registry=registry,
+        ),
+        budget_limit=Gauge(
+            "gpuvigil_disruption_budget_limit",
+            "Most nodes allowed DRAINING or REMEDIATING at once per pool.",
+            ["pool"],
+            registry=registry,
+        ),
+        reconcile_duration=Histogram(
+            "gpuvigil_controller_reconcile_duration_seconds",
+            "Time of one reconcile pass over every node.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        ),
+        is_leader=Gauge(
+            "gpuvigil_controller_is_leader",
+            "1 while this replica holds the leader Lease.",
+            registry=registry,
+        ),
+        api_errors=Counter(
+            "gpuvigil_controller_api_errors_total",
+            "Cluster API errors by kind (conflict, unavailable, forbidden).",
+            ["kind"],
+            registry=registry,
+        ),
+        last_reconcile=Gauge(
+            "gpuvigil_controller_last_reconcile_timestamp_seconds",
+            "When the last reconcile pass finished (seconds since the epoch).",
+            registry=registry,
+        ),
+        held=Gauge(
+            "gpuvigil_disruptions_held",
+            "Nodes needing a disruption that safety (budget, rate, breaker, cooldown) holds back.",
+            registry=registry,
+        ),
+    )

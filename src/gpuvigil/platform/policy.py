@@ -1,1 +1,0 @@
-"""The remediation policy: a pure state machine per node (filled in by the controller work)."""

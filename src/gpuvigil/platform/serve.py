@@ -1,0 +1,56 @@
+"""The controller's HTTP endpoint: `/metrics` (Prometheus) and `/healthz` (liveness).
+
+Started by `gpuvigil controller`. `/healthz` fails (503) when the reconcile loop has not
+finished a pass for `stale_after_s` while this replica leads: a stuck loop (a hung API call
+past its timeout, a deadlock) gets the pod restarted instead of silently stopping all
+remediation. A standby is healthy while its loop runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+        pass
+
+
+class _Threaded(WSGIServer):
+    daemon_threads = True
+
+
+def health_app(
+    registry: CollectorRegistry,
+    *,
+    last_pass: Callable[[], float],
+    is_leader: Callable[[], bool],
+    stale_after_s: float,
+    clock: Callable[[], float] = time.time,
+) -> Callable[..., Iterable[bytes]]:
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics(environ, start)
+        age = clock() - last_pass()
+        if is_leader() and age > stale_after_s:
+            start("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [f"no reconcile pass for {age:.0f} s\n".encode()]
+        start("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok\n"]
+
+    return app
+
+
+def serve(app: Callable[..., Iterable[bytes]], *, port: int, host: str = "") -> WSGIServer:
+    """Serve `app` on a daemon thread; returns the server (call shutdown() to stop)."""
+    server = make_server(host, port, app, server_class=_Threaded, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return server

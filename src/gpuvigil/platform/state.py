@@ -1,0 +1,199 @@
+"""The controller's per-node values: the policy state, the record stored on the node, and
+`NodeView` (what a cluster adapter reads about one node).
+
+Pure data, no I/O: the policy (`platform.policy`) reads these, the cluster adapters
+(`platform.clusters.*`) build and store them, the simulator and `gpuvigil nodes` show them.
+
+The record lives on the node itself (Kubernetes annotation `STATE_ANNOTATION`; Slurm: the
+node's Comment field, with `Record.tag()` as the drain reason), so a controller killed at
+any moment resumes from it: every field needed to continue a step without repeating it
+(the request id, the boot id seen when a reboot was asked for) is written before the step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.wire import DOMAIN, HealthSummary
+
+STATE_ANNOTATION = f"{DOMAIN}/state"
+TAG_PREFIX = "gpuvigil:"  # Slurm drain reasons written by gpuvigil start with this
+HISTORY_LIMIT = 12  # transitions kept on the node (annotation size stays ~2 KB)
+
+# The remediation ladder: each step is tried once per episode, in this order.
+LADDER: tuple[Action, ...] = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
+
+
+class State(StrEnum):
+    """Where a node is in its remediation; see docs/controller.md for the diagram."""
+
+    HEALTHY = "HEALTHY"  # in service (unless someone else blocks it)
+    SUSPECT = "SUSPECT"  # a problem: new work blocked, running work continues
+    DRAINING = "DRAINING"  # running work is being moved off
+    REMEDIATING = "REMEDIATING"  # a ladder step (reset, reboot, replace) is in progress
+    VALIDATING = "VALIDATING"  # preflight must pass before new work lands
+    QUARANTINED = "QUARANTINED"  # needs a human: `gpuvigil release NODE`
+
+    @property
+    def disruptive(self) -> bool:
+        """States that count against the disruption budget."""
+        return self in (State.DRAINING, State.REMEDIATING)
+
+    @property
+    def blocks(self) -> bool:
+        return self is not State.HEALTHY
+
+
+class Transition(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    at: datetime
+    to: State
+    reason: str = ""
+    step: Action | None = None
+
+
+class Record(BaseModel):
+    """gpuvigil's memory of one node, stored on the node (never in the controller)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    v: int = 1
+    state: State = State.HEALTHY
+    since: datetime | None = None  # when `state` began
+    reason: str = ""  # for people: why the node is in this state
+    code: str = ""  # the finding code that drove the latest transition
+    fatal: bool = False  # the episode began with a fatal finding
+    step: Action | None = None  # the ladder step in progress (REMEDIATING) or last taken
+    request_id: str = ""  # id of the request for `step`: the agent acts once per id
+    issued: str = ""  # the request id the controller confirmed it sent (not re-sent after)
+    boot_id: str = ""  # the node's boot id when a REBOOT was requested (verifies it)
+    failures: int = 0  # failed steps in this episode (quarantine after K)
+    last_step_done_at: datetime | None = None  # escalation: did the problem come back soon?
+    last_action_at: datetime | None = None  # per-node cooldown
+    history: tuple[Transition, ...] = ()
+
+    @property
+    def in_budget(self) -> bool:
+        """Holds a disruption-budget slot: from drain start until back in service (or
+        quarantined), including the validation after a step."""
+        if self.state is State.VALIDATING:
+            return self.step is not None
+        return self.state.disruptive
+
+    def tag(self) -> str:
+        """Short form for Slurm drain reasons and logs: `gpuvigil:<state>:<step>:<code>`."""
+        step = self.step.value if self.step is not None else "-"
+        return f"{TAG_PREFIX}{self.state.value}:{step}:{self.code or '-'}"
+
+    def encode(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+    def moved(self, to: State, *, at: datetime, reason: str, **changes: object) -> Record:
+        """A copy in state `to` (history appended); same-state calls only apply `changes`."""
+        if to is self.state:
+            return self.model_copy(update=changes)
+        hist = (*self.history, Transition(at=at, to=to, reason=reason, step=changes.get("step")))
+        update: dict[str, object] = {
+            "state": to,
+            "since": at,
+            "reason": reason,
+            "history": hist[-HISTORY_LIMIT:],
+        }
+        update.update(changes)
+        return self.model_copy(update=update)
+
+
+def decode_record(text: str | None) -> Record | None:
+    """Record from its stored JSON; None for absent or garbage (never raises)."""
+    if not text:
+        return None
+    try:
+        return Record.model_validate(json.loads(text))
+    except (ValueError, ValidationError, TypeError):
+        return None
+
+
+def parse_tag(text: str | None) -> tuple[State, Action | None, str] | None:
+    """`gpuvigil:<state>:<step>:<code>` -> (state, step, code); None when not ours or garbage."""
+    if not text or not text.startswith(TAG_PREFIX):
+        return None
+    parts = text[len(TAG_PREFIX) :].split(":")
+    if len(parts) < 3:
+        return None
+    try:
+        state = State(parts[0])
+        step = None if parts[1] == "-" else Action(parts[1])
+    except ValueError:
+        return None
+    code = ":".join(parts[2:])
+    return state, step, "" if code == "-" else code
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """The agent's answer to a remediation request (`core.wire.RESULT_ANNOTATION`)."""
+
+    request_id: str
+    succeeded: bool
+    at: datetime | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The latest preflight verdict on the node (`core.wire.PREFLIGHT_ANNOTATION`)."""
+
+    passed: bool
+    at: datetime
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as a cluster adapter read it, at one moment. Built by `clusters.*`.
+
+    `health` is None when the agent's summary is absent or unreadable (`health_error`
+    says which); `record` is None when gpuvigil has stored nothing (a new node) or what is
+    stored is unreadable (`record_error`). `blocked_by_others` names every block that is
+    not gpuvigil's (a cordon, another tool's taint, a Slurm drain with a foreign reason):
+    gpuvigil never lifts those.
+    """
+
+    name: str
+    pool: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    health: HealthSummary | None = None
+    health_error: str | None = "absent"  # None | "absent" | "unreadable"
+    heartbeat_at: datetime | None = None
+    record: Record | None = None
+    record_error: str | None = None
+    blocked_by_us: bool = False
+    blocked_by_others: tuple[str, ...] = ()
+    unvalidated: bool = False  # carries the gpuvigil.io/unvalidated taint (a new node)
+    running: int = 0  # pods / jobs running on it (work a drain would move)
+    preflight: Preflight | None = None
+    agent_result: AgentResult | None = None
+    boot_id: str = ""
+    version: str = ""  # the adapter's optimistic-concurrency token (resourceVersion)
+    preflight_supported: bool = True  # False where the cluster has no preflight channel
+
+    @property
+    def blocked_by_someone_else(self) -> bool:
+        return bool(self.blocked_by_others)
+
+    def heartbeat_age_s(self, now: datetime) -> float | None:
+        if self.heartbeat_at is None:
+            return None
+        return max(0.0, (now - self.heartbeat_at).total_seconds())
+
+    @property
+    def failed(self) -> bool:
+        return self.health is not None and self.health.status is Status.FAILED

@@ -1,0 +1,136 @@
+"""Helpers and fixtures for the controller's integration tests: a fake agent for nodes
+without kubelets, health summaries, polling. Test modules import the fixtures by name.
+
+No conftest.py here on purpose: a second module named `conftest` shadows tests/conftest.py
+for every later `from conftest import ...` in the same pytest run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuvigil.core import wire
+from gpuvigil.core.findings import Action, Status, utcnow
+from gpuvigil.core.wire import FindingSummary, HealthSummary
+
+FATAL = FindingSummary(
+    code="XID_79",
+    component="gpu:3",
+    status=Status.FAILED,
+    action=Action.RESET_GPU,
+    fatal=True,
+    check="xid",
+)
+
+
+def health(*findings: FindingSummary, age_s: float = 0) -> str:
+    status = Status.worst(f.status for f in findings)
+    return HealthSummary(
+        generated_at=utcnow() - timedelta(seconds=age_s), status=status, findings=list(findings)
+    ).model_dump_json()
+
+
+class Agent:
+    """Plays the node agent and preflight for nodes without kubelets: publishes the health
+    summary, answers remediation requests, writes preflight results."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.answered: list[tuple[str, str]] = []
+
+    def publish(self, node: str, *findings: FindingSummary) -> None:
+        self.core.patch_node(
+            node, {"metadata": {"annotations": {wire.HEALTH_ANNOTATION: health(*findings)}}}
+        )
+
+    def step(self, node: str, *, fixes: bool = True, boot_id: str | None = None) -> None:
+        """Answer a pending request (once per id), then publish health; preflight when
+        VALIDATING."""
+        n = self.core.read_node(node)
+        ann = n.metadata.annotations or {}
+        req = json.loads(ann.get(wire.REQUEST_ANNOTATION, "null") or "null")
+        res = json.loads(ann.get(wire.RESULT_ANNOTATION, "null") or "null")
+        if req and (not res or res.get("id") != req["id"]):
+            self.answered.append((req["id"], req["action"]))
+            result = {
+                "id": req["id"],
+                "result": "succeeded",
+                "at": utcnow().isoformat(),
+                "detail": req["action"],
+            }
+            self.core.patch_node(
+                node, {"metadata": {"annotations": {wire.RESULT_ANNOTATION: json.dumps(result)}}}
+            )
+            if req["action"] == "REBOOT":
+                self.core.patch_node_status(
+                    node,
+                    {"status": {"nodeInfo": {"bootID": boot_id or f"boot-{len(self.answered)}"}}},
+                )
+            if fixes:
+                self.publish(node)
+        state = json.loads(ann.get("gpuvigil.io/state", "null") or "null")
+        if state and state.get("state") == "VALIDATING":
+            pf = {"result": "pass", "at": utcnow().isoformat(), "summary": "ok"}
+            self.core.patch_node(
+                node, {"metadata": {"annotations": {wire.PREFLIGHT_ANNOTATION: json.dumps(pf)}}}
+            )
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finding_investigate() -> FindingSummary:
+    return FindingSummary(
+        code="GPU_SDC",
+        component="gpu:1",
+        status=Status.FAILED,
+        action=Action.INVESTIGATE,
+        check="matmul",
+    )
+
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+
+
+def controller_argv(*args: str) -> list[str]:
+    """This checkout's gpuvigil (tests/conftest.py's helpers are shadowed by ours here)."""
+    return [sys.executable, "-m", "gpuvigil", *args]
+
+
+def controller_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def agent(kube: Any) -> Agent:
+    return Agent(kube.core())
+
+
+@pytest.fixture
+def kube_cluster(kube: Any) -> Callable[..., Any]:
+    from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
+    from gpuvigil.platform.clusters.settings import KubernetesSettings
+
+    def make(**kw: Any) -> KubernetesCluster:
+        kw.setdefault("eviction_grace_s", 0)
+        return KubernetesCluster(KubernetesSettings(**kw), api_client=kube.api_client())
+
+    return make

@@ -1,0 +1,241 @@
+# ruff: noqa: F811  (fixtures imported from ctl_helpers are parameters here)
+"""The controller against a real kube-apiserver 1.20.2 (+ etcd, kube-scheduler, and
+kube-controller-manager's disruption controller): no kubelets, the test plays the agent."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from ctl_helpers import FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
+
+from gpuvigil.core import wire
+from gpuvigil.platform.clusters.base import Conflict
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.policy import PolicyConfig
+from gpuvigil.platform.safety import SafetyConfig
+from gpuvigil.platform.state import Record, State, decode_record
+
+pytestmark = pytest.mark.realparts
+
+
+def fleet(kube: Any, n: int, **kw: Any) -> tuple[str, list[str]]:
+    tag = uuid.uuid4().hex[:6]
+    names = [kube.create_node(f"gpu-{tag}-{i}", labels={"fleet": tag}, **kw) for i in range(n)]
+    return f"fleet={tag}", names
+
+
+def config(**policy: Any) -> ControllerConfig:
+    return ControllerConfig(
+        policy=PolicyConfig(**policy),
+        safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
+    )
+
+
+def state_of(kube: Any, node: str) -> Record | None:
+    ann = kube.core().read_node(node).metadata.annotations or {}
+    return decode_record(ann.get("gpuvigil.io/state"))
+
+
+def taints(kube: Any, node: str) -> set[str]:
+    return {t.key for t in kube.core().read_node(node).spec.taints or []}
+
+
+def test_view_blocks_and_conflicts(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    sel, (name,) = fleet(kube, 1)
+    c = kube_cluster(node_selector=sel)
+    agent.publish(name)
+    (v,) = c.list_nodes()
+    assert v.health is not None and v.health_error is None and v.record is None
+    kube.kubectl("cordon", name)
+    kube.core().patch_node(
+        name, {"spec": {"taints": [{"key": "other.io/maintenance", "effect": "NoSchedule"}]}}
+    )
+    c.block(name, reason="t")
+    v = c.get_node(name)
+    assert v.blocked_by_us and set(v.blocked_by_others) == {"cordon", "taint:other.io/maintenance"}
+    c.unblock(name)
+    n = kube.core().read_node(name)
+    assert n.spec.unschedulable is True  # a human's cordon is never lifted
+    assert {t.key for t in n.spec.taints} >= {"other.io/maintenance"}
+    assert wire.UNHEALTHY_TAINT not in {t.key for t in n.spec.taints}
+    v = c.get_node(name)
+    c.store(name, Record(state=State.SUSPECT), version=v.version)
+    with pytest.raises(Conflict):
+        c.store(name, Record(state=State.HEALTHY), version=v.version)
+
+
+def test_taint_keeps_new_pods_off(kube, kube_cluster) -> None:  # type: ignore[no-untyped-def]
+    kube.start_scheduler()
+    sel, (name,) = fleet(kube, 1)
+    c = kube_cluster(node_selector=sel)
+    c.block(name, reason="t")
+    ns = kube.namespace()
+    v1 = kube.core()
+    v1.create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {
+                "nodeSelector": {"fleet": sel.split("=")[1]},
+                "containers": [{"name": "c", "image": "x"}],
+            },
+        },
+    )
+    time.sleep(3)
+    assert v1.read_namespaced_pod("p", ns).spec.node_name is None  # kept off by the taint
+    c.unblock(name)
+    wait_for(lambda: v1.read_namespaced_pod("p", ns).spec.node_name == name, 30, "scheduled")
+
+
+def test_eviction_honours_pdb_until_the_deadline(kube, kube_cluster) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from gpuvigil.core.findings import utcnow
+
+    kube.start_disruption_controller()
+    sel, (name,) = fleet(kube, 1)
+    ns = kube.namespace()
+    app = uuid.uuid4().hex[:6]
+    kube.create_running_pod(name, namespace=ns, name="guarded", labels={"app": app})
+    kube.create_running_pod(name, namespace=ns, name="free")
+    policy = "policy/v1beta1"
+    kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=f"""
+apiVersion: {policy}
+kind: PodDisruptionBudget
+metadata: {{name: pdb, namespace: {ns}}}
+spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{app}"}}}}}}
+""",
+    )
+    wait_for(
+        lambda: (
+            kube.kubectl(
+                "get", "pdb", "pdb", "-n", ns, "-o", "jsonpath={.status.expectedPods}"
+            ).stdout
+            == "1"
+        ),
+        30,
+        "pdb",
+    )
+    c = kube_cluster(node_selector=sel)
+    st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79")
+    assert (st.remaining, st.blocked) == (1, 1)  # "free" evicted (v1beta1 here), "guarded" 429
+    assert c.drainer._eviction_version == "policy/v1beta1"
+    st = c.drain(name, deadline=utcnow() - timedelta(seconds=1), reason="XID_79")
+    assert st.done and st.forced == 1
+
+
+def test_evicted_pods_carry_disruption_target(kube, kube_cluster) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from gpuvigil.core.findings import utcnow
+
+    sel, (name,) = fleet(kube, 1)
+    ns = kube.namespace()
+    kube.create_running_pod(name, namespace=ns, name="job-pod")
+    c = kube_cluster(node_selector=sel, eviction_grace_s=30)  # stays Terminating: no kubelet
+    st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79 gpu:3")
+    assert st.remaining == 1  # terminating pods still count until they are gone
+    pod = kube.core().read_namespaced_pod("job-pod", ns)
+    assert pod.metadata.deletion_timestamp is not None
+    cond = {c.type: c for c in pod.status.conditions}["DisruptionTarget"]
+    assert cond.status == "True" and "XID_79" in cond.message
+
+
+def test_full_ladder_and_a_humans_cordon(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    sel, names = fleet(kube, 3)
+    bad = names[0]
+    ns = kube.namespace()
+    kube.create_running_pod(bad, namespace=ns)
+    kube.kubectl("cordon", names[1])
+    for n in names:
+        agent.publish(n)
+    agent.publish(bad, FATAL)
+    agent.publish(names[1], FATAL)  # cordoned by a human: gpuvigil leaves it alone
+    c = kube_cluster(node_selector=sel)
+    ctl = Controller(c, config=config())
+    seen = []
+    for _ in range(20):
+        ctl.reconcile()
+        rec = state_of(kube, bad)
+        if rec and (not seen or seen[-1] != rec.state):
+            seen.append(rec.state)
+        if rec and rec.state is State.HEALTHY:
+            break
+        agent.step(bad, fixes=len(agent.answered) > 0)
+    assert seen == [
+        State.DRAINING,
+        State.REMEDIATING,
+        State.VALIDATING,
+        State.REMEDIATING,
+        State.VALIDATING,
+        State.HEALTHY,
+    ]
+    assert [a for _, a in agent.answered] == ["RESET_GPU", "REBOOT"]  # escalated once, no repeat
+    assert taints(kube, bad).isdisjoint({wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT})
+    assert kube.core().read_node(names[1]).spec.unschedulable is True
+    assert state_of(kube, names[1]) is None  # never touched
+    events = kube.core().list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={bad}"
+    )
+    assert any(e.reason == "gpuvigilDraining" for e in events.items)
+
+
+def test_fault_storm_trips_the_breaker_and_recoveries_continue(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    from gpuvigil.platform import metrics as pmetrics
+
+    sel, names = fleet(kube, 10)
+    for n in names:
+        agent.publish(n)
+    for n in names[:5]:  # half the fleet at once: a bad driver roll-out, not five bad GPUs
+        agent.publish(n, FATAL)
+    registry = CollectorRegistry()
+    ctl = Controller(
+        kube_cluster(node_selector=sel), config=config(), metrics=pmetrics.build(registry)
+    )
+    ctl.reconcile()
+    assert registry.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert registry.get_sample_value("gpuvigil_circuit_breaker_trips_total") == 1
+    for n in names[:5]:
+        rec = state_of(kube, n)
+        assert rec is not None and rec.state is State.SUSPECT  # blocked, never drained
+        assert wire.UNHEALTHY_TAINT in taints(kube, n)
+    assert registry.get_sample_value("gpuvigil_disruptions_held") == 5
+    agent.publish(names[0])  # one recovers while the breaker is open
+    ctl.reconcile()
+    assert state_of(kube, names[0]).state is State.HEALTHY
+    assert wire.UNHEALTHY_TAINT not in taints(kube, names[0])
+    assert registry.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert all(state_of(kube, n).state is State.SUSPECT for n in names[1:5])
+
+
+def test_agent_started_is_not_an_answer_and_new_nodes_validate(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from gpuvigil.core.findings import utcnow
+
+    sel, (name,) = fleet(kube, 1, taints=[{"key": wire.UNVALIDATED_TAINT, "effect": "NoSchedule"}])
+    agent.publish(name)
+    c = kube_cluster(node_selector=sel)
+    ctl = Controller(c, config=config())
+    ctl.reconcile()
+    assert state_of(kube, name).state is State.VALIDATING
+    agent.step(name)  # writes a preflight pass
+    ctl.reconcile()
+    assert state_of(kube, name).state is State.HEALTHY
+    assert taints(kube, name).isdisjoint({wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT})
+    started = {"id": "x", "result": "started", "at": utcnow().isoformat()}
+    kube.core().patch_node(
+        name, {"metadata": {"annotations": {wire.RESULT_ANNOTATION: json.dumps(started)}}}
+    )
+    assert c.get_node(name).agent_result is None

@@ -1,0 +1,105 @@
+"""Failure attribution, table-driven: events around a failure -> cause, confidence, summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvigil.observe import attribution as at
+
+from .conftest import make_event as E
+
+START = E(0, "job.start", job="j", nodes=["node-17", "node-18"], gpus=16)
+FAILED = E(1000, "job.end", job="j", result="failed", exit_code=1)
+KILLED = E(1000, "job.end", job="j", result="failed", exit_code=137)
+
+
+def _xid(ts: float, code: str = "XID_79", node: str = "node-17", **kw) -> object:
+    return E(ts, "finding.set", node=node, code=code, component="gpu:3", status="FAILED", **kw)
+
+
+CASES = [
+    # (id, events between start and failure (or after), failure, cause, confidence, summary)
+    ("xid79-before", [_xid(990, fatal=True, action="RESET_GPU")], FAILED, "hardware", 0.9,
+     "Xid 79 on gpu:3 of node-17"),
+    ("xid79-after-within-grace", [_xid(1030, fatal=True)], FAILED, "hardware", 0.8,
+     "Xid 79 on gpu:3 of node-17"),
+    ("xid-non-fatal", [_xid(990, code="XID_63", action="NONE")], FAILED, "hardware", 0.7,
+     "Xid 63 on gpu:3 of node-17"),
+    ("ecc", [_xid(990, code="ECC_UNCORRECTED_VOLATILE", action="RESET_GPU")], FAILED,
+     "hardware", 0.9, "ECC_UNCORRECTED_VOLATILE on gpu:3 of node-17"),
+    ("other-node-ignored", [_xid(990, node="node-99", fatal=True)], FAILED, "user_code", 0.7,
+     "exit code 1, no hardware evidence"),
+    ("too-old-ignored", [_xid(100, fatal=True)], FAILED, "user_code", 0.7,
+     "exit code 1, no hardware evidence"),
+    ("after-grace-ignored", [_xid(1200, fatal=True)], FAILED, "user_code", 0.7,
+     "exit code 1, no hardware evidence"),
+    ("fabric", [E(995, "finding.set", node="node-18", code="FABRIC_PORT_DOWN",
+                  component="nic:rdmap79s0")], FAILED, "network", 0.8,
+     "FABRIC_PORT_DOWN on nic:rdmap79s0 of node-18"),
+    ("checkpoint", [E(990, "checkpoint", job="j", step=40, result="failed")], FAILED, "storage",
+     0.8, "checkpoint failed at step 40"),
+    ("hang", [E(990, "hang", job="j", rank=3, step=41, where="allreduce")], KILLED, "hang", 0.75,
+     "hang at step 41 (allreduce)"),
+    ("hardware-beats-hang", [E(980, "hang", job="j", rank=3, step=41, where="allreduce"),
+                             _xid(985, fatal=True)], KILLED, "hardware", 0.9,
+     "Xid 79 on gpu:3 of node-17"),
+    ("tool-breakage-is-not-hardware", [_xid(990, code="CHECK_TIMEOUT")], FAILED, "user_code",
+     0.7, "exit code 1, no hardware evidence"),
+    ("app-xid-is-user-code", [_xid(990, code="XID_13")], FAILED, "user_code", 0.8,
+     "exit code 1, no hardware evidence; Xid 13 on gpu:3 of node-17"),
+    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINED", reason="preflight")],
+     KILLED, "hardware", 0.5, "node-18 -> DRAINED (preflight)"),
+    ("drain-for-tool-breakage", [_xid(980, code="CHECK_TIMEOUT"),
+                                 E(985, "node.state", node="node-17", to="DRAINING",
+                                   reason="CHECK_TIMEOUT on node")],
+     KILLED, "unknown", 0.3, "node-17 -> DRAINING (CHECK_TIMEOUT on node)"),
+    ("signal-without-evidence", [], KILLED, "unknown", 0.0, "exit code 137, no evidence"),
+    ("reason-hint", [], E(1000, "job.end", job="j", result="failed", reason="NCCL timeout"),
+     "hang", 0.4, "reason: NCCL timeout"),
+    ("restart-blames-node", [_xid(990, node="node-18", code="XID_48", action="RESET_GPU"),
+                             _xid(991, node="node-17", code="XID_63")],
+     E(1000, "job.restart", job="j", node="node-18", reason="worker lost", lost_s=30),
+     "hardware", 0.95, "Xid 48 on gpu:3 of node-18"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("between", "failure", "cause", "confidence", "summary"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_attribution(between, failure, cause, confidence, summary) -> None:
+    evs = sorted([START, *between, failure], key=lambda e: e.ts)
+    a = at.attribute(evs, lookback_s=600, grace_s=120)
+    assert a.total == 1
+    got = a.attributions[0]
+    assert (got.cause, got.confidence, got.summary) == (cause, confidence, summary)
+    assert got.job == "j" and got.ts == 1000
+    mine = [e for e in between if e.node in (None, "node-17", "node-18") and 400 <= e.ts <= 1120]
+    assert len(got.evidence) == len(mine)
+
+
+def test_successful_and_cancelled_jobs_are_not_attributed() -> None:
+    evs = [START, E(5, "job.end", job="j", result="succeeded"), E(6, "job.end", job="k",
+           result="cancelled")]  # fmt: skip
+    assert at.attribute(evs).total == 0
+
+
+def test_counts_by_cause_node_and_gpu() -> None:
+    evs = [
+        START,
+        _xid(10, fatal=True),
+        E(20, "job.restart", job="j", node="node-17"),
+        E(30, "job.end", job="j", result="failed", exit_code=2),
+    ]
+    a = at.attribute(evs, lookback_s=15, grace_s=0)
+    assert a.by_cause == {"hardware": 1, "user_code": 1}
+    assert a.by_node == {"node-17": 1}
+    assert a.by_component == {("node-17", "gpu:3"): 1}
+    assert a.to_json()["by_cause"]["hardware"] == 1
+
+
+def test_failures_outside_the_window_are_not_reported() -> None:
+    evs = [START, FAILED]
+    assert at.attribute(evs, start=2000).total == 0
+    assert at.attribute(evs, end=500).total == 0

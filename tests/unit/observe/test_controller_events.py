@@ -1,0 +1,65 @@
+"""The real controller's event log (policy, safety, virtual-time MemoryCluster) through the
+SLO and attribution code: what the controller writes is what the report reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuvigil.core.events import EventWriter
+from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.wire import FindingSummary
+from gpuvigil.observe import events as reader
+from gpuvigil.observe import summary
+
+platform = pytest.importorskip("gpuvigil.platform.clusters.memory")
+controller = pytest.importorskip("gpuvigil.platform.controller")
+
+XID79 = FindingSummary(code="XID_79", component="gpu:3", status=Status.FAILED,
+                       action=Action.RESET_GPU, fatal=True, check="xid")  # fmt: skip
+
+
+def _run(tmp_path: Path, *, fixed_by: Action | None) -> tuple[Path, list[dict]]:
+    log = tmp_path / "events.jsonl"
+    cluster = platform.MemoryCluster()
+    for i in range(4):
+        cluster.add_node(f"n{i}", pods=1)
+    with EventWriter(log) as w:
+        ctl = controller.Controller(cluster, clock=cluster.clock.now, events=w)
+        ctl.reconcile()
+        cluster.advance(600)
+        ctl.reconcile()
+        cluster.set_findings("n1", [XID79], fixed_by=fixed_by)
+        for _ in range(60):  # 30 virtual minutes
+            cluster.advance(30)
+            ctl.reconcile()
+    return log, [json.loads(x) for x in log.read_text().splitlines()]
+
+
+def test_a_fatal_xid_drained_reset_and_returned(tmp_path: Path) -> None:
+    log, lines = _run(tmp_path, fixed_by=Action.RESET_GPU)
+    states = [x["data"]["to"] for x in lines if x["kind"] == "node.state"]
+    assert states[0] == "DRAINING" and states[-1] == "HEALTHY"
+    s = summary.summarize(reader.read_events([log]))
+    r = s.slo
+    assert (r.drains, r.false_positive_drains, r.cordons) == (1, 0, 0)
+    back = next(
+        x["ts"] for x in lines if x["kind"] == "node.state" and x["data"]["to"] == "HEALTHY"
+    )
+    assert r.mttr.samples == [back - lines[0]["ts"]]
+    assert s.top_nodes()[0]["node"] == "n1"
+
+
+def test_an_unfixable_fault_escalates_to_replace_and_counts_as_repaired(tmp_path: Path) -> None:
+    log, lines = _run(tmp_path, fixed_by=None)
+    actions = [x["data"]["action"] for x in lines
+               if x["kind"] == "remediation" and x["data"]["result"] == "started"]  # fmt: skip
+    assert actions == ["DRAIN", "RESET_GPU", "REBOOT", "REPLACE"]
+    s = summary.summarize(reader.read_events([log]))
+    r = s.slo
+    assert (r.drains, r.false_positive_drains) == (1, 0)
+    back = [x["ts"] for x in lines if x["kind"] == "node.state" and x["data"]["to"] == "HEALTHY"]
+    assert r.mttr.samples == [back[-1] - lines[0]["ts"]]  # until the replacement validated
+    assert s.slo.to_json()["availability"]["achieved"] == 0.0  # n1 is the only node seen

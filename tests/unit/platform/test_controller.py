@@ -1,0 +1,114 @@
+"""The loop's own duties: dry-run never acts, exclusions, metrics, events, conflicts."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import FATAL
+from prometheus_client import CollectorRegistry
+
+from gpuvigil.core.events import EventWriter
+from gpuvigil.platform import metrics as pmetrics
+from gpuvigil.platform.clusters.base import Conflict
+from gpuvigil.platform.clusters.memory import MemoryCluster
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.state import State
+
+
+def fleet(n: int = 4) -> MemoryCluster:
+    c = MemoryCluster()
+    for i in range(n):
+        c.add_node(f"n{i}", pods=1)
+    return c
+
+
+def test_dry_run_decides_and_records_but_never_acts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    c = fleet()
+    c.set_findings("n1", [FATAL])
+    events = EventWriter(tmp_path / "ev.jsonl")
+    ctl = Controller(c, config=ControllerConfig(dry_run=True), clock=c.clock.now, events=events)
+    r = ctl.reconcile()
+    assert r.decisions["n1"].state is State.DRAINING
+    assert not any(c.calls[op] for op in ("store", "block", "drain", "request", "event"))
+    lines = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    assert lines[0]["kind"] == "node.state" and lines[0]["data"]["dry_run"] is True
+
+
+def test_excluded_nodes_are_observed_only() -> None:
+    c = MemoryCluster()
+    c.add_node("n0", labels={"gpuvigil.io/exclude": "true"})
+    c.set_findings("n0", [FATAL])
+    Controller(c, clock=c.clock.now).reconcile()
+    assert not c.nodes["n0"].actions
+
+
+def test_metrics_one_series_per_node() -> None:
+    c = fleet()
+    reg = CollectorRegistry()
+    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    ctl.reconcile()
+    assert reg.get_sample_value("gpuvigil_nodes", {"state": "HEALTHY"}) == 4
+    assert reg.get_sample_value("gpuvigil_nodes_in_service") == 4
+    c.set_findings("n1", [FATAL])
+    ctl.reconcile()
+    assert reg.get_sample_value("gpuvigil_node_state", {"node": "n1", "state": "DRAINING"}) == 1
+    assert reg.get_sample_value("gpuvigil_node_state", {"node": "n1", "state": "HEALTHY"}) is None
+    assert reg.get_sample_value("gpuvigil_nodes_in_service") == 3
+    assert reg.get_sample_value("gpuvigil_disruption_budget_in_use", {"pool": "default"}) == 1
+    assert reg.get_sample_value("gpuvigil_disruption_budget_limit", {"pool": "default"}) == 1
+    assert (
+        reg.get_sample_value(
+            "gpuvigil_remediations_total", {"action": "DRAIN", "result": "started"}
+        )
+        == 1
+    )
+
+
+def test_a_conflict_rereads_and_decides_again() -> None:
+    c = fleet()
+    c.set_findings("n1", [FATAL])
+    reg = CollectorRegistry()
+    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    c.fail_next("store", Conflict, node="n1")
+    r = ctl.reconcile()
+    assert "n1" not in r.errors and r.decisions["n1"].state is State.DRAINING
+    assert c.calls["get"] == 1
+
+
+def test_api_errors_are_counted_and_nothing_is_acted_on() -> None:
+    from gpuvigil.platform.clusters.base import Unavailable
+
+    c = fleet()
+    reg = CollectorRegistry()
+    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    c.fail_next("list", Unavailable)
+    assert not ctl.reconcile().listed
+    assert (
+        reg.get_sample_value("gpuvigil_controller_api_errors_total", {"kind": "unavailable"}) == 1
+    )
+
+
+def test_a_dropped_binary_fleet_wide_blocks_but_never_drains_then_recovers() -> None:
+    """A driver upgrade removes nvidia-smi on 40 of 100 nodes: every check fails closed.
+    The breaker opens, the nodes are kept from new work, none is drained; when the binary
+    is back they all return to service without a human."""
+    from helpers import CANNOT_RUN
+
+    c = MemoryCluster()
+    for i in range(100):
+        c.add_node(f"n{i}", pods=1)
+    reg = CollectorRegistry()
+    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    for i in range(40):
+        c.set_findings(f"n{i}", [CANNOT_RUN], fixed_by=None)
+    for _ in range(30):  # 30 minutes
+        ctl.reconcile()
+        c.advance(60)
+    assert reg.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert all(not [a for a in n.actions if a[0] in ("drain", "request")] for n in c.nodes.values())
+    assert reg.get_sample_value("gpuvigil_nodes", {"state": "SUSPECT"}) == 40
+    for i in range(40):
+        c.clear_findings(f"n{i}")
+    ctl.reconcile()
+    assert reg.get_sample_value("gpuvigil_nodes", {"state": "HEALTHY"}) == 100
+    assert reg.get_sample_value("gpuvigil_nodes_in_service") == 100

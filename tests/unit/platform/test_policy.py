@@ -1,0 +1,312 @@
+"""The policy state machine, edge by edge (table-driven)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from helpers import CANNOT_RUN, FATAL, INVESTIGATE, NONFATAL, REPLACE, T0, view
+
+from gpuvigil.core.findings import Action
+from gpuvigil.platform.policy import Fleet, OpKind, PolicyConfig, decide, release
+from gpuvigil.platform.state import AgentResult, Preflight, Record, State
+
+CFG = PolicyConfig()
+S = timedelta(seconds=1)
+
+
+def rec(state: State, since_s: float = 0, **kw: object) -> Record:
+    return Record(state=state, since=T0 - since_s * S, **kw)  # type: ignore[arg-type]
+
+
+def kinds(d) -> list[str]:  # type: ignore[no-untyped-def]
+    return [op.kind.value for op in d.ops]
+
+
+CASES = [
+    # (name, node, fleet, expected state, expected op kinds)
+    ("healthy stays", view(), Fleet(), State.HEALTHY, []),
+    ("non-fatal -> suspect, blocked", view(NONFATAL), Fleet(), State.SUSPECT, ["block"]),
+    ("fatal -> draining", view(FATAL, running=2), Fleet(), State.DRAINING, ["block", "drain"]),
+    ("fatal held by budget", view(FATAL), Fleet(False, "budget"), State.SUSPECT, ["block"]),
+    ("investigate -> quarantine", view(INVESTIGATE), Fleet(), State.QUARANTINED, ["block"]),
+    ("cannot-run blocks only", view(CANNOT_RUN), Fleet(), State.SUSPECT, ["block"]),
+    (
+        "suspect persists -> draining",
+        view(NONFATAL, record=rec(State.SUSPECT, 601)),
+        Fleet(),
+        State.DRAINING,
+        ["drain"],
+    ),
+    (
+        "suspect young stays",
+        view(NONFATAL, record=rec(State.SUSPECT, 10)),
+        Fleet(),
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "cannot-run never drains",
+        view(CANNOT_RUN, record=rec(State.SUSPECT, 3600)),
+        Fleet(),
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "cannot-run quarantines when stuck",
+        view(CANNOT_RUN, record=rec(State.SUSPECT, 14400)),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    ("suspect clears", view(record=rec(State.SUSPECT, 10)), Fleet(), State.HEALTHY, ["unblock"]),
+    (
+        "recovery while breaker open",
+        view(record=rec(State.SUSPECT, 10)),
+        Fleet(False, "breaker", True),
+        State.HEALTHY,
+        ["unblock"],
+    ),
+    (
+        "draining waits for work",
+        view(FATAL, record=rec(State.DRAINING, 10), running=1),
+        Fleet(),
+        State.DRAINING,
+        ["drain"],
+    ),
+    (
+        "drained -> reset",
+        view(FATAL, record=rec(State.DRAINING, 10, fatal=True)),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "drained, replace finding -> replace",
+        view(REPLACE, record=rec(State.DRAINING, 10, fatal=True)),
+        Fleet(),
+        State.REMEDIATING,
+        ["replace"],
+    ),
+    (
+        "step issued: wait, no resend",
+        view(
+            FATAL,
+            record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r", issued="r"),
+        ),
+        Fleet(),
+        State.REMEDIATING,
+        [],
+    ),
+    (
+        "step not confirmed: resend same id",
+        view(FATAL, record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r")),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "reset done -> validating",
+        view(
+            FATAL,
+            record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r", issued="r"),
+            agent_result=AgentResult("r", True),
+        ),
+        Fleet(),
+        State.VALIDATING,
+        [],
+    ),
+    (
+        "reset failed -> reboot",
+        view(
+            FATAL,
+            record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r", issued="r"),
+            agent_result=AgentResult("r", False),
+        ),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "reboot reported, same boot id: wait",
+        view(
+            FATAL,
+            record=rec(
+                State.REMEDIATING, 10, step=Action.REBOOT, request_id="r", boot_id="b1", issued="r"
+            ),
+            agent_result=AgentResult("r", True),
+            boot_id="b1",
+        ),
+        Fleet(),
+        State.REMEDIATING,
+        [],
+    ),
+    (
+        "reset timed out -> reboot",
+        view(
+            FATAL,
+            record=rec(State.REMEDIATING, 601, step=Action.RESET_GPU, request_id="r", issued="r"),
+        ),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "replace still here after timeout -> quarantine",
+        view(
+            REPLACE,
+            record=rec(State.REMEDIATING, 3601, step=Action.REPLACE, request_id="r", issued="r"),
+        ),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "validating: preflight pass -> healthy",
+        view(
+            record=rec(State.VALIDATING, 60, step=Action.RESET_GPU),
+            preflight=Preflight(True, T0),
+        ),
+        Fleet(),
+        State.HEALTHY,
+        ["unblock"],
+    ),
+    (
+        "validating: an old preflight pass does not count",
+        view(
+            record=rec(State.VALIDATING, 60, step=Action.RESET_GPU),
+            preflight=Preflight(True, T0 - 120 * S),
+        ),
+        Fleet(),
+        State.VALIDATING,
+        [],
+    ),
+    (
+        "validating: problem back -> next step",
+        view(FATAL, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU)),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "validating: preflight fail after replace -> quarantine",
+        view(
+            record=rec(State.VALIDATING, 60, step=Action.REPLACE),
+            preflight=Preflight(False, T0),
+        ),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "validating, unreadable, timed out -> quarantine (never escalate on unknown)",
+        view(
+            record=rec(State.VALIDATING, 1801, step=Action.RESET_GPU),
+            health=None,
+            health_error="unreadable",
+        ),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "new node under unvalidated taint -> validating",
+        view(unvalidated=True),
+        Fleet(),
+        State.VALIDATING,
+        ["block"],
+    ),
+    (
+        "human's cordon: left alone",
+        view(FATAL, blocked_by_others=("cordon",)),
+        Fleet(),
+        State.HEALTHY,
+        [],
+    ),
+    (
+        "quarantine holds",
+        view(record=rec(State.QUARANTINED, 10)),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "stale summary never drains",
+        view(FATAL, at=T0 - 301 * S, record=rec(State.SUSPECT, 9999)),
+        Fleet(),
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "unreadable summary blocks new work",
+        view(health=None, health_error="unreadable"),
+        Fleet(),
+        State.SUSPECT,
+        ["block"],
+    ),
+    (
+        "unreadable summary under an open breaker is not blocked",
+        view(health=None, health_error="unreadable"),
+        Fleet(False, "breaker", True),
+        State.HEALTHY,
+        [],
+    ),
+    ("absent summary (no agent yet) is left alone", view(health=None), Fleet(), State.HEALTHY, []),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "node", "fleet", "state", "ops"), CASES, ids=[c[0] for c in CASES]
+)
+def test_edges(name: str, node, fleet, state, ops) -> None:  # type: ignore[no-untyped-def]
+    d = decide(node, fleet=fleet, now=T0, config=CFG)
+    assert d.state is state, d.reason
+    assert kinds(d) == ops, d.reason
+
+
+def test_cooldown_holds_a_new_disruption() -> None:
+    r = rec(State.SUSPECT, 700, last_action_at=T0 - 60 * S)
+    d = decide(view(FATAL, record=r), now=T0, config=CFG)
+    assert d.state is State.SUSPECT and "cooldown" in d.held
+
+
+def test_problem_back_soon_after_a_step_escalates() -> None:
+    r = Record(state=State.HEALTHY, step=Action.RESET_GPU, last_step_done_at=T0 - 3600 * S)
+    d = decide(view(FATAL, record=r), now=T0, config=CFG)
+    assert d.state is State.DRAINING and d.record.failures == 1
+    d2 = decide(view(FATAL, record=d.record.model_copy(update={"since": T0})), now=T0, config=CFG)
+    assert d2.state is State.REMEDIATING and d2.record.step is Action.REBOOT
+
+
+def test_problem_back_long_after_starts_the_ladder_again() -> None:
+    r = Record(
+        state=State.HEALTHY, step=Action.REBOOT, failures=2, last_step_done_at=T0 - 2 * 86400 * S
+    )
+    d = decide(view(FATAL, record=r), now=T0, config=CFG)
+    assert d.record.failures == 0 and d.record.step is None
+
+
+def test_k_failed_steps_quarantine() -> None:
+    r = rec(State.REMEDIATING, 10, step=Action.REBOOT, request_id="r", issued="r", failures=2)
+    d = decide(view(FATAL, record=r, agent_result=AgentResult("r", False)), now=T0, config=CFG)
+    assert d.state is State.QUARANTINED
+
+
+def test_release_validates_before_work() -> None:
+    r = release(rec(State.QUARANTINED, failures=3, step=Action.REPLACE), now=T0, who="alice")
+    assert r.state is State.VALIDATING and r.failures == 0 and r.step is None
+    assert r.history[-1].reason == "released by alice"
+
+
+def test_a_decision_that_starts_a_disruption_says_so() -> None:
+    d = decide(view(FATAL), now=T0, config=CFG)
+    assert d.disruptive and d.store
+    assert [op.kind for op in d.ops] == [OpKind.BLOCK, OpKind.DRAIN]
+
+
+def test_a_new_node_failing_validation_takes_budget() -> None:
+    node = view(FATAL, record=rec(State.VALIDATING, 60), unvalidated=True)
+    held = decide(node, fleet=Fleet(False, "budget"), now=T0, config=CFG)
+    assert held.state is State.VALIDATING and held.held == "budget"
+    d = decide(node, fleet=Fleet(), now=T0, config=CFG)
+    assert d.state is State.REMEDIATING and d.disruptive

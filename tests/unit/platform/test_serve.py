@@ -1,0 +1,46 @@
+"""/healthz fails on a stuck leader; /metrics serves the registry (real HTTP on loopback)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from prometheus_client import CollectorRegistry
+
+from gpuvigil.platform import metrics as pmetrics
+from gpuvigil.platform import serve
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_healthz_and_metrics() -> None:
+    reg = CollectorRegistry()
+    pmetrics.build(reg).nodes_total.set(7)
+    state = {"last": 1000.0, "leader": True}
+    app = serve.health_app(
+        reg,
+        last_pass=lambda: state["last"],
+        is_leader=lambda: state["leader"],
+        stale_after_s=120,
+        clock=lambda: 1100.0,
+    )
+    server = serve.serve(app, port=0, host="127.0.0.1")
+    try:
+        port = server.server_port
+        assert get(port, "/healthz") == (200, "ok\n")
+        state["last"] = 900.0
+        code, body = get(port, "/healthz")
+        assert code == 503 and "200 s" in body
+        state["leader"] = False  # a standby does not reconcile: it is not stuck
+        assert get(port, "/healthz")[0] == 200
+        code, body = get(port, "/metrics")
+        assert code == 200 and "gpuvigil_nodes_total 7.0" in body
+    finally:
+        server.shutdown()
+        server.server_close()
