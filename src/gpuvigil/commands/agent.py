@@ -97,53 +97,110 @@ def overrides_from_flags(
 def register(app: typer.Typer) -> None:
     @app.command("agent", help=HELP)
     def agent(  # noqa: PLR0917 - one parameter per flag is how typer declares them
-        config: Annotated[Path | None, typer.Option(
-            "--config", help="YAML config file (default: $GPUVIGIL_CONFIG).")] = None,
-        kmsg_file: Annotated[Path | None, typer.Option(
-            "--kmsg-file", help="Follow this file as the kernel log instead of /dev/kmsg "
-            "(lines appended later are read as they come).")] = None,
-        state_file: Annotated[Path | None, typer.Option(
-            "--state-file", help="Where the latest NodeReport JSON is written atomically.")] = None,
-        interval: Annotated[float | None, typer.Option(
-            "--interval", min=0.1, help="Seconds between fast-check runs (default 30).")] = None,
-        expect_gpus: Annotated[int | None, typer.Option(
-            "--expect-gpus", min=0, help="GPUs this node must have (GPU_COUNT_LOW below).")] = None,
-        sysfs_root: Annotated[Path | None, typer.Option(
-            "--sysfs-root", help="Read /sys and /dev below this folder (a fake or captured "
-            "tree).")] = None,
-        listen: Annotated[str | None, typer.Option(
-            "--listen", help="HOST:PORT for /metrics, /healthz, /report (default "
-            "0.0.0.0:9410; port 0 picks a free one).")] = None,
-        node_name: Annotated[str | None, typer.Option(
-            "--node-name", help="This node's name in Kubernetes/Slurm (default $NODE_NAME, "
-            "else the short host name).")] = None,
-        sink: Annotated[list[SinkName] | None, typer.Option(
-            "--sink", help="Publish to exactly these sinks (repeat the flag).")] = None,
-        slurm_mode: Annotated[str | None, typer.Option(
-            "--slurm-mode", help="publish (write the Extra field only) or standalone "
-            "(also drain on fatal findings and resume after they clear).")] = None,
-        kubeconfig: Annotated[Path | None, typer.Option(
-            "--kubeconfig", help="Kubeconfig for the kubernetes sink (default: in-cluster "
-            "service account, else $KUBECONFIG).")] = None,
-        events_file: Annotated[Path | None, typer.Option(
-            "--events-file", help="Append finding events (JSONL) here.")] = None,
-        log_level: Annotated[str, typer.Option(
-            "--log-level", help="debug, info, warning, error.")] = "info",
+        config: Annotated[
+            Path | None,
+            typer.Option("--config", help="YAML config file (default: $GPUVIGIL_CONFIG)."),
+        ] = None,
+        kmsg_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--kmsg-file",
+                help="Follow this file as the kernel log instead of /dev/kmsg "
+                "(lines appended later are read as they come).",
+            ),
+        ] = None,
+        state_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--state-file", help="Where the latest NodeReport JSON is written atomically."
+            ),
+        ] = None,
+        interval: Annotated[
+            float | None,
+            typer.Option(
+                "--interval", min=0.1, help="Seconds between fast-check runs (default 30)."
+            ),
+        ] = None,
+        expect_gpus: Annotated[
+            int | None,
+            typer.Option(
+                "--expect-gpus", min=0, help="GPUs this node must have (GPU_COUNT_LOW below)."
+            ),
+        ] = None,
+        sysfs_root: Annotated[
+            Path | None,
+            typer.Option(
+                "--sysfs-root",
+                help="Read /sys and /dev below this folder (a fake or captured tree).",
+            ),
+        ] = None,
+        listen: Annotated[
+            str | None,
+            typer.Option(
+                "--listen",
+                help="HOST:PORT for /metrics, /healthz, /report (default "
+                "0.0.0.0:9410; port 0 picks a free one).",
+            ),
+        ] = None,
+        node_name: Annotated[
+            str | None,
+            typer.Option(
+                "--node-name",
+                help="This node's name in Kubernetes/Slurm (default $NODE_NAME, "
+                "else the short host name).",
+            ),
+        ] = None,
+        sink: Annotated[
+            list[SinkName] | None,
+            typer.Option("--sink", help="Publish to exactly these sinks (repeat the flag)."),
+        ] = None,
+        slurm_mode: Annotated[
+            str | None,
+            typer.Option(
+                "--slurm-mode",
+                help="publish (write the Extra field only) or standalone "
+                "(also drain on fatal findings and resume after they clear).",
+            ),
+        ] = None,
+        kubeconfig: Annotated[
+            Path | None,
+            typer.Option(
+                "--kubeconfig",
+                help="Kubeconfig for the kubernetes sink (default: in-cluster "
+                "service account, else $KUBECONFIG).",
+            ),
+        ] = None,
+        events_file: Annotated[
+            Path | None, typer.Option("--events-file", help="Append finding events (JSONL) here.")
+        ] = None,
+        log_level: Annotated[
+            str, typer.Option("--log-level", help="debug, info, warning, error.")
+        ] = "info",
     ) -> None:
         logging.basicConfig(
-            level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            level=getattr(logging, log_level.upper(), logging.INFO),
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
         if slurm_mode not in (None, "publish", "standalone"):
-            typer.echo(f"--slurm-mode must be publish or standalone, not {slurm_mode!r}",
-                       err=True)
+            typer.echo(f"--slurm-mode must be publish or standalone, not {slurm_mode!r}", err=True)
             raise typer.Exit(2)
-        path = config or (Path(os.environ["GPUVIGIL_CONFIG"])
-                          if os.environ.get("GPUVIGIL_CONFIG") else None)
+        path = config or (
+            Path(os.environ["GPUVIGIL_CONFIG"]) if os.environ.get("GPUVIGIL_CONFIG") else None
+        )
         over = overrides_from_flags(
-            kmsg_file=kmsg_file, state_file=state_file, interval=interval,
-            expect_gpus=expect_gpus, sysfs_root=sysfs_root, listen=listen,
-            node_name=node_name, sinks=sink, slurm_mode=slurm_mode, kubeconfig=kubeconfig,
-            events_file=events_file)
+            kmsg_file=kmsg_file,
+            state_file=state_file,
+            interval=interval,
+            expect_gpus=expect_gpus,
+            sysfs_root=sysfs_root,
+            listen=listen,
+            node_name=node_name,
+            sinks=sink,
+            slurm_mode=slurm_mode,
+            kubeconfig=kubeconfig,
+            events_file=events_file,
+        )
         try:
             cfg = gconfig.load(path, overrides=over)
         except gconfig.ConfigError as e:
@@ -158,7 +215,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from e
         install_stop_signals(agent_obj)
         logging.getLogger("gpuvigil.agent").info(
-            "agent for node %s: %d checks, publishing to %s", agent_obj.node,
+            "agent for node %s: %d checks, publishing to %s",
+            agent_obj.node,
             len(agent_obj.scheduler.slots),
-            ", ".join(f"{k} ({v})" for k, v in where.items()) or "nothing")
+            ", ".join(f"{k} ({v})" for k, v in where.items()) or "nothing",
+        )
         agent_obj.run()

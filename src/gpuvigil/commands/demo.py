@@ -1,55 +1,37 @@
-"""`gpuvigil demo`: what gpuvigil finds, in under a minute, on any machine.
-
-Interim demo (the fleet simulator replaces it): `gpuvigil check --expect-gpus 0` on this
-machine, then `gpuvigil analyze` over the bundled captures of a faulty 8-GPU H100 node
-(`examples/faulty-node/`). Both run as subprocesses of this same interpreter, exactly as a
-user would type them.
-"""
+"""`gpuvigil demo` (what `make demo` runs): the fleet simulator's default comparison, with a
+progress bar, the scenario table, and layer 4's HTML report of the `full` run."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-import gpuvigil
-
-# The bundle ships in the repository (and the sdist), next to src/.
-BUNDLE = Path(gpuvigil.__file__).resolve().parents[2] / "examples" / "faulty-node"
-
-
-def _run(args: list[str]) -> int:
-    typer.secho(f"\n$ gpuvigil {' '.join(args)}", bold=True)
-    return subprocess.run([sys.executable, "-m", "gpuvigil", *args], check=False).returncode
+DEMO_NODES = 512  # 512 nodes x 30 days: every scenario plus the storm in ~10 s on 2 cores
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
-    def demo() -> None:
-        """Check this machine (as a node without GPUs), then analyze a faulty 8-GPU node."""
-        here = _run(["check", "--expect-gpus", "0"])
-        typer.echo(f"(exit {here}: 0 healthy, 1 unhealthy, 2 a check could not run)")
-        if not BUNDLE.is_dir():
-            typer.echo(f"example bundle not found at {BUNDLE}", err=True)
-            raise typer.Exit(2)
-        captured = _run(
-            [
-                "analyze",
-                "--nvidia-smi-xml",
-                str(BUNDLE / "nvidia-smi-q-x.xml"),
-                "--kmsg",
-                str(BUNDLE / "dmesg.txt"),
-                "--dcgm-diag",
-                str(BUNDLE / "dcgmi-diag-r1.json"),
-                "--sysfs",
-                str(BUNDLE / "sysfs.tar.gz"),
-                "--instance-type",
-                "p5.48xlarge",
-                "--node",
-                "faulty-h100-node",
-            ]
-        )
-        typer.echo(f"(exit {captured}: the bundled node is faulty, so 1 is the right answer)")
-        raise typer.Exit(0 if captured == 1 else 1)
+    def demo(
+        *,
+        nodes: Annotated[int, typer.Option(help="Simulated nodes (8 GPUs each).")] = DEMO_NODES,
+        days: Annotated[float, typer.Option(help="Simulated days.")] = 30.0,
+        seed: Annotated[int, typer.Option(help="Same seed, same numbers.")] = 1,
+        report: Annotated[
+            Path, typer.Option(help="Where to write the HTML report of the full run.")
+        ] = Path("out/gpuvigil-demo-report.html"),
+        events: Annotated[
+            Path | None, typer.Option(help="Also write the full run's events (JSONL) here.")
+        ] = None,
+    ) -> None:
+        """Simulate a GPU fleet with and without gpuvigil, print what each layer buys, and
+        write the HTML report of the run with every layer on. No GPU needed.
+
+        Runs the real node rules, controller policy and safety, restart semantics and
+        SLO/attribution code against faults at the Llama 3 paper's published rates.
+        """
+        from gpuvigil.sim import demo as sim_demo
+
+        path = sim_demo.run(nodes=nodes, days=days, seed=seed, report=report, events=events)
+        typer.echo(f"HTML report of the full run: {path.resolve()}")

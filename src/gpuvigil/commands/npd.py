@@ -34,8 +34,10 @@ HELP = (
 
 def message(report: NodeReport, *, limit: int) -> str:
     """One line: the worst problem first, then how many more. Pure."""
-    problems = sorted(report.problems, key=lambda f: (-f.status.rank, -f.action.rank,
-                                                      not f.fatal, f.code, f.component))
+    problems = sorted(
+        report.problems,
+        key=lambda f: (-f.status.rank, -f.action.rank, not f.fatal, f.code, f.component),
+    )
     if not problems:
         text = "gpuvigil: healthy"
     else:
@@ -66,25 +68,39 @@ def only_family(report: NodeReport, family: str | None) -> NodeReport:
 def register(app: typer.Typer) -> None:
     @app.command("npd-plugin", help=HELP)
     def npd_plugin(  # noqa: PLR0917 - one parameter per flag is how typer declares them
-        checks: Annotated[list[str] | None, typer.Argument(
-            help="Checks to run (e.g. gpu kernel_log fabric pcie); none: every fast check.",
-            show_default=False)] = None,
-        family: Annotated[str | None, typer.Option(
-            "--family", help=f"Only findings of this family: {', '.join(codes.FAMILIES)}.")]
-        = None,
-        max_length: Annotated[int, typer.Option(
-            "--max-length", min=8, help="Bytes of stdout NPD keeps.")] = NPD_DEFAULT_MAX_OUTPUT,
-        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
-        = None,
-        sysfs_root: Annotated[Path | None, typer.Option(
-            "--sysfs-root", help="Read /sys and /dev below this folder.")] = None,
-        expect_gpus: Annotated[int | None, typer.Option(
-            "--expect-gpus", min=0, help="GPUs this node must have.")] = None,
-        from_state_file: Annotated[Path | None, typer.Option(
-            "--from-state-file", help="Judge the agent's report in this file instead.")]
-        = None,
-        max_age: Annotated[float, typer.Option(
-            "--max-age", help="Seconds after which --from-state-file is unknown.")] = 180.0,
+        checks: Annotated[
+            list[str] | None,
+            typer.Argument(
+                help="Checks to run (e.g. gpu kernel_log fabric pcie); none: every fast check.",
+                show_default=False,
+            ),
+        ] = None,
+        family: Annotated[
+            str | None,
+            typer.Option(
+                "--family", help=f"Only findings of this family: {', '.join(codes.FAMILIES)}."
+            ),
+        ] = None,
+        max_length: Annotated[
+            int, typer.Option("--max-length", min=8, help="Bytes of stdout NPD keeps.")
+        ] = NPD_DEFAULT_MAX_OUTPUT,
+        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
+        sysfs_root: Annotated[
+            Path | None, typer.Option("--sysfs-root", help="Read /sys and /dev below this folder.")
+        ] = None,
+        expect_gpus: Annotated[
+            int | None, typer.Option("--expect-gpus", min=0, help="GPUs this node must have.")
+        ] = None,
+        from_state_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--from-state-file", help="Judge the agent's report in this file instead."
+            ),
+        ] = None,
+        max_age: Annotated[
+            float,
+            typer.Option("--max-age", help="Seconds after which --from-state-file is unknown."),
+        ] = 180.0,
     ) -> None:
         if family is not None and family not in codes.FAMILIES:
             typer.echo(f"unknown family {family!r}"[:max_length])
@@ -95,8 +111,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"gpuvigil: no fresh report in {from_state_file}"[:max_length])
                 raise typer.Exit(2)
         else:
-            report = run_once(config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus,
-                              names=checks or None)
+            report = run_once(
+                config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus, names=checks or None
+            )
         report = only_family(report, family)
         typer.echo(message(report, limit=max_length))
         raise typer.Exit(verdict(report))
@@ -111,8 +128,14 @@ def fresh_report(path: Path, *, max_age_s: float) -> NodeReport | None:
     return report
 
 
-def run_once(*, config: Path | None, sysfs_root: Path | None, expect_gpus: int | None,
-             names: list[str] | None, node: str | None = None) -> NodeReport:
+def run_once(
+    *,
+    config: Path | None,
+    sysfs_root: Path | None,
+    expect_gpus: int | None,
+    names: list[str] | None,
+    node: str | None = None,
+) -> NodeReport:
     """Load the config the way the agent does and run checks once (npd-plugin, Slurm)."""
     from gpuvigil.core.findings import Finding
     from gpuvigil.node.checks import REGISTRY, CheckContext
@@ -124,14 +147,24 @@ def run_once(*, config: Path | None, sysfs_root: Path | None, expect_gpus: int |
     cfg = gconfig.load(config, overrides=over)
     root = sysfs_root or cfg.agent.sysfs_root
     ctx = CheckContext(config=cfg.node, root=root, env=dict(os.environ))
-    name = node or cfg.agent.node_name or os.environ.get("NODE_NAME") or \
-        socket.gethostname().split(".")[0]
+    name = (
+        node
+        or cfg.agent.node_name
+        or os.environ.get("NODE_NAME")
+        or socket.gethostname().split(".")[0]
+    )
     specs = select(names=names) if names else select(groups=("fast",))
     report = run_sweep(ctx, node=name, specs=specs)
     unknown = [n for n in names or () if n not in REGISTRY]
     if not unknown:
         return report
-    missing = tuple(Finding(check=n, status=Status.FAILED, code="DEPENDENCY_MISSING",
-                            message=f"no check named {n!r}; known: {', '.join(sorted(REGISTRY))}")
-                    for n in unknown)  # a typo in NPD's config must not read as healthy
+    missing = tuple(
+        Finding(
+            check=n,
+            status=Status.FAILED,
+            code="DEPENDENCY_MISSING",
+            message=f"no check named {n!r}; known: {', '.join(sorted(REGISTRY))}",
+        )
+        for n in unknown
+    )  # a typo in NPD's config must not read as healthy
     return report.model_copy(update={"findings": report.findings + missing})

@@ -17,7 +17,7 @@ HELP = (
     "Judge this node once and drain it in Slurm on a problem, the way NHC does; meant for "
     "slurm.conf's HealthCheckProgram (runs as root on every node). Uses the gpuvigil "
     "agent's report when it is fresh (--state-file, --max-age), else runs the fast checks "
-    "itself. Drains with Reason=\"gpuvigil: <code> <component>\" on a fatal finding (or any "
+    'itself. Drains with Reason="gpuvigil: <code> <component>" on a fatal finding (or any '
     "FAILED one with --drain-on failed) and resumes the node only when it drained it itself "
     "and the finding has cleared. Exit: 0 healthy, 1 unhealthy, 2 a check could not run.\n\n"
     "slurm.conf: HealthCheckProgram=/usr/local/bin/gpuvigil-slurm-healthcheck "
@@ -29,37 +29,51 @@ HELP = (
 def register(app: typer.Typer) -> None:
     @app.command("slurm-healthcheck", help=HELP)
     def slurm_healthcheck(  # noqa: PLR0917 - one parameter per flag is how typer declares them
-        node_name: Annotated[str | None, typer.Option(
-            "--node-name", help="Slurm node name (default $SLURMD_NODENAME, else the short "
-            "host name).")] = None,
-        state_file: Annotated[Path, typer.Option(
-            "--state-file", help="The agent's report.")] = DEFAULT_PATH,
-        max_age: Annotated[float, typer.Option(
-            "--max-age", help="Seconds: an older report is ignored and checks run here.")]
-        = 120.0,
-        drain: Annotated[bool, typer.Option(
-            "--drain/--no-drain", help="Drain/resume through scontrol, or only judge.")] = True,
-        drain_on: Annotated[str, typer.Option(
-            "--drain-on", help="fatal (default) or failed.")] = "fatal",
-        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
-        = None,
-        sysfs_root: Annotated[Path | None, typer.Option(
-            "--sysfs-root", help="Read /sys and /dev below this folder.")] = None,
-        expect_gpus: Annotated[int | None, typer.Option(
-            "--expect-gpus", min=0, help="GPUs this node must have.")] = None,
+        node_name: Annotated[
+            str | None,
+            typer.Option(
+                "--node-name",
+                help="Slurm node name (default $SLURMD_NODENAME, else the short host name).",
+            ),
+        ] = None,
+        state_file: Annotated[
+            Path, typer.Option("--state-file", help="The agent's report.")
+        ] = DEFAULT_PATH,
+        max_age: Annotated[
+            float,
+            typer.Option(
+                "--max-age", help="Seconds: an older report is ignored and checks run here."
+            ),
+        ] = 120.0,
+        drain: Annotated[
+            bool,
+            typer.Option(
+                "--drain/--no-drain", help="Drain/resume through scontrol, or only judge."
+            ),
+        ] = True,
+        drain_on: Annotated[
+            str, typer.Option("--drain-on", help="fatal (default) or failed.")
+        ] = "fatal",
+        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
+        sysfs_root: Annotated[
+            Path | None, typer.Option("--sysfs-root", help="Read /sys and /dev below this folder.")
+        ] = None,
+        expect_gpus: Annotated[
+            int | None, typer.Option("--expect-gpus", min=0, help="GPUs this node must have.")
+        ] = None,
     ) -> None:
         from gpuvigil.node.sinks import slurm as sl
 
         if drain_on not in ("fatal", "failed"):
             typer.echo("--drain-on must be fatal or failed", err=True)
             raise typer.Exit(2)
-        name = node_name or os.environ.get("SLURMD_NODENAME") or \
-            socket.gethostname().split(".")[0]
+        name = node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         report = fresh_report(state_file, max_age_s=max_age)
         source = f"agent report {state_file}"
         if report is None:
-            report = run_once(config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus,
-                              names=None, node=name)
+            report = run_once(
+                config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus, names=None, node=name
+            )
             source = "checks run now"
         for f in report.problems:
             typer.echo(f"{f.status.value} {f.code} {f.component}: {f.message}")

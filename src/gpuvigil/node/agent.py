@@ -54,58 +54,79 @@ class AgentConfig(StrictModel):
     """The `agent:` section. Every interval is in seconds."""
 
     node_name: str | None = Field(
-        None, description="None: $NODE_NAME (the Kubernetes downward API), else the short "
+        None,
+        description="None: $NODE_NAME (the Kubernetes downward API), else the short "
         "host name (what Slurm calls the node on most sites).",
     )
     sysfs_root: Path = Field(
-        Path("/"), description="Checks read /sys and /dev below this root: point it at a "
+        Path("/"),
+        description="Checks read /sys and /dev below this root: point it at a "
         "captured or fake tree to try the agent without the hardware.",
     )
     fast_interval_s: float = Field(
-        30.0, gt=0, description="NVML status, fabric, PCIe, topology. 30 s: an Xid-free "
+        30.0,
+        gt=0,
+        description="NVML status, fabric, PCIe, topology. 30 s: an Xid-free "
         "fault (a link down, a lost GPU) is seen within half a minute, at well under 0.1% "
         "of a core.",
     )
     slow_interval_s: float = Field(
-        300.0, gt=0, description="`dcgmi health` and other checks that cost more or change "
+        300.0,
+        gt=0,
+        description="`dcgmi health` and other checks that cost more or change "
         "slowly. 5 min: DCGM's own watches update at that scale.",
     )
     diag_interval_s: float = Field(
-        21600.0, gt=0, description="A short DCGM diagnostic (when DCGM is installed). "
+        21600.0,
+        gt=0,
+        description="A short DCGM diagnostic (when DCGM is installed). "
         "6 h: it briefly loads the GPUs, so it runs rarely.",
     )
     diag_splay_s: float = Field(
-        3600.0, ge=0, description="The first diag run waits a random 0..this many seconds "
+        3600.0,
+        ge=0,
+        description="The first diag run waits a random 0..this many seconds "
         "(at most one diag interval): a fleet-wide rollout must not load every GPU of the "
         "fleet with a DCGM diag in the same minute. New nodes are validated by preflight.",
     )
     checks: dict[str, CheckSchedule] = Field(
-        default_factory=dict, description="Per-check overrides, by check name.")
+        default_factory=dict, description="Per-check overrides, by check name."
+    )
     check_modules: list[str] = Field(
-        default_factory=list, description="Extra Python modules to import that register "
+        default_factory=list,
+        description="Extra Python modules to import that register "
         "site-specific checks with `@gpuvigil.node.checks.check`.",
     )
     stale_factor: float = Field(
-        2.0, ge=1, description="A result older than this many intervals (or deadlines, if "
+        2.0,
+        ge=1,
+        description="A result older than this many intervals (or deadlines, if "
         "longer) is RESULT_STALE: one missed run is tolerated, two are not.",
     )
     publish_interval_s: float = Field(
-        30.0, gt=0, description="Re-publish to every sink at least this often even when "
+        30.0,
+        gt=0,
+        description="Re-publish to every sink at least this often even when "
         "nothing changed (changes are published at once). Sinks that write remote state "
         "throttle further with their own heartbeat_interval_s.",
     )
     watchdog_timeout_s: float = Field(
-        60.0, gt=0, description="Exit (status 3) when the loop has not beaten for this long, "
+        60.0,
+        gt=0,
+        description="Exit (status 3) when the loop has not beaten for this long, "
         "so the supervisor restarts the agent. Far above the loop's 5 s beat.",
     )
     events_file: Path | None = Field(
-        None, description="Append finding.set/finding.cleared events (JSONL, "
+        None,
+        description="Append finding.set/finding.cleared events (JSONL, "
         "docs/events.md) here for `gpuvigil report`. None: no event log.",
     )
     kernel_log: KernelStreamConfig = Field(
-        default_factory=KernelStreamConfig, description="The kernel log as a stream.")
+        default_factory=KernelStreamConfig, description="The kernel log as a stream."
+    )
     sinks: SinksConfig = Field(
-        default_factory=SinksConfig, description="Where reports go (any combination).")
+        default_factory=SinksConfig, description="Where reports go (any combination)."
+    )
 
 
 class Agent:
@@ -184,8 +205,9 @@ class Agent:
         if self.kernel is not None:
             kf, kr = self.kernel.snapshot(now)
             findings, runs = findings + kf, runs + kr
-        return NodeReport(node=self.node, generated_at=utcnow(), findings=tuple(findings),
-                          checks=tuple(runs))
+        return NodeReport(
+            node=self.node, generated_at=utcnow(), findings=tuple(findings), checks=tuple(runs)
+        )
 
     def publish(self, now: float) -> NodeReport:
         report = self.build_report(now)
@@ -201,8 +223,7 @@ class Agent:
         for key, f in current.items():
             old = self._previous.get(key)
             if old is None or old.status is not f.status:
-                log.warning("finding %s %s %s: %s", f.status.value, f.code, f.component,
-                            f.message)
+                log.warning("finding %s %s %s: %s", f.status.value, f.code, f.component, f.message)
                 self._event(Kind.FINDING_SET, f)
         for key, f in self._previous.items():
             if key not in current:
@@ -213,12 +234,21 @@ class Agent:
     def _event(self, kind: Kind, f: Finding) -> None:
         if self.events is None:
             return
-        data = {"code": f.code, "component": f.component, "status": f.status.value,
-                "action": f.action.value, "fatal": f.fatal, "check": f.check,
-                "message": f.message}
+        data = {
+            "code": f.code,
+            "component": f.component,
+            "status": f.status.value,
+            "action": f.action.value,
+            "fatal": f.fatal,
+            "check": f.check,
+            "message": f.message,
+        }
+        if kind is Kind.FINDING_SET:  # for MTTD: the first evidence, e.g. the Xid line's time
+            data["evidence_ts"] = f.observed_at.timestamp()
         try:
-            self.events.write(Event(ts=time.time(), kind=kind.value, source="agent",
-                                    node=self.node, data=data))
+            self.events.write(
+                Event(ts=time.time(), kind=kind.value, source="agent", node=self.node, data=data)
+            )
         except OSError as e:
             log.warning("event log write failed: %s", e)
 
@@ -234,10 +264,14 @@ class Agent:
         else:
             ok = ok and pub_age < fresh_limit
         status = self.latest.status.value if self.latest else None
-        return ok, {"ok": ok, "loop_age_s": round(loop_age, 2),
-                    "publish_age_s": None if pub_age is None else round(pub_age, 2),
-                    "node": self.node, "status": status,
-                    "sinks": {w.sink.name: w.last_error or "ok" for w in self.workers}}
+        return ok, {
+            "ok": ok,
+            "loop_age_s": round(loop_age, 2),
+            "publish_age_s": None if pub_age is None else round(pub_age, 2),
+            "node": self.node,
+            "status": status,
+            "sinks": {w.sink.name: w.last_error or "ok" for w in self.workers},
+        }
 
     def _shutdown(self) -> None:
         if self.watchdog is not None:
@@ -248,4 +282,3 @@ class Agent:
             w.stop()
         if self.events is not None:
             self.events.close()
-

@@ -41,8 +41,11 @@ def node_name(config: AgentConfig, env: dict[str, str]) -> str:
 def schedule(config: AgentConfig) -> tuple[list[CheckSpec], list[str]]:
     """Every registered check of the scheduled groups with its effective interval and
     deadline, plus the names switched off in the config."""
-    group_interval = {"fast": config.fast_interval_s, "slow": config.slow_interval_s,
-                      "diag": config.diag_interval_s}
+    group_interval = {
+        "fast": config.fast_interval_s,
+        "slow": config.slow_interval_s,
+        "diag": config.diag_interval_s,
+    }
     unknown = set(config.checks) - set(REGISTRY)
     if unknown:
         raise ValueError(f"agent.checks names unknown checks: {', '.join(sorted(unknown))}")
@@ -56,16 +59,19 @@ def schedule(config: AgentConfig) -> tuple[list[CheckSpec], list[str]]:
         if over is not None and not over.enabled:
             disabled.append(spec.name)
             continue
-        interval = (over.interval_s if over and over.interval_s
-                    else group_interval[spec.group])
+        interval = over.interval_s if over and over.interval_s else group_interval[spec.group]
         timeout = over.timeout_s if over and over.timeout_s else spec.timeout_s
         specs.append(with_schedule(spec, interval_s=interval, timeout_s=timeout))
     return specs, disabled
 
 
-def build_agent(a: AgentConfig, *, node_config: NodeConfig,
-                env: dict[str, str] | None = None,
-                watchdog: bool = True) -> tuple[Agent, dict[str, str]]:
+def build_agent(
+    a: AgentConfig,
+    *,
+    node_config: NodeConfig,
+    env: dict[str, str] | None = None,
+    watchdog: bool = True,
+) -> tuple[Agent, dict[str, str]]:
     """The agent and a description of what it publishes to (for the start-up log line)."""
     env = dict(os.environ if env is None else env)
     sweep.load_checks()
@@ -81,29 +87,65 @@ def build_agent(a: AgentConfig, *, node_config: NodeConfig,
     def on_result(findings: list, run: object) -> None:
         observe_run(metrics, findings, run, now_s=time.time())  # type: ignore[arg-type]
 
-    splay = {s.name: random.uniform(0, min(a.diag_splay_s, s.interval_s))
-             for s in specs if s.group == "diag"}
-    scheduler = Scheduler(specs, ctx, stale_factor=a.stale_factor, on_result=on_result,
-                          disabled=disabled, first_delay_s=splay)
-    kernel = KernelWatch(a.kernel_log, ctx=ctx, changed=scheduler.changed, metrics=metrics,
-                         stale_factor=a.stale_factor) if a.kernel_log.enabled else None
+    splay = {
+        s.name: random.uniform(0, min(a.diag_splay_s, s.interval_s))
+        for s in specs
+        if s.group == "diag"
+    }
+    scheduler = Scheduler(
+        specs,
+        ctx,
+        stale_factor=a.stale_factor,
+        on_result=on_result,
+        disabled=disabled,
+        first_delay_s=splay,
+    )
+    kernel = (
+        KernelWatch(
+            a.kernel_log,
+            ctx=ctx,
+            changed=scheduler.changed,
+            metrics=metrics,
+            stale_factor=a.stale_factor,
+        )
+        if a.kernel_log.enabled
+        else None
+    )
     dog = Watchdog(a.watchdog_timeout_s) if watchdog else None
     events = EventWriter(a.events_file) if a.events_file is not None else None
     workers: list[SinkWorker] = []
-    agent = Agent(node=node, config=a, scheduler=scheduler, kernel=kernel, workers=workers,
-                  metrics=metrics, watchdog=dog, events=events,
-                  # The first report waits for the fast and slow groups (a DCGM diag may take
-                  # minutes and is published when it finishes).
-                  first_publish_timeout_s=max((s.timeout_s for s in specs
-                                               if s.group in ("fast", "slow")), default=5.0) + 5)
-    where = _build_sinks(a, node=node, env=env, registry=registry, metrics=metrics,
-                         agent=agent, workers=workers)
+    agent = Agent(
+        node=node,
+        config=a,
+        scheduler=scheduler,
+        kernel=kernel,
+        workers=workers,
+        metrics=metrics,
+        watchdog=dog,
+        events=events,
+        # The first report waits for the fast and slow groups (a DCGM diag may take
+        # minutes and is published when it finishes).
+        first_publish_timeout_s=max(
+            (s.timeout_s for s in specs if s.group in ("fast", "slow")), default=5.0
+        )
+        + 5,
+    )
+    where = _build_sinks(
+        a, node=node, env=env, registry=registry, metrics=metrics, agent=agent, workers=workers
+    )
     return agent, where
 
 
-def _build_sinks(a: AgentConfig, *, node: str, env: dict[str, str],
-                 registry: CollectorRegistry, metrics: AgentMetrics, agent: Agent,
-                 workers: list[SinkWorker]) -> dict[str, str]:
+def _build_sinks(
+    a: AgentConfig,
+    *,
+    node: str,
+    env: dict[str, str],
+    registry: CollectorRegistry,
+    metrics: AgentMetrics,
+    agent: Agent,
+    workers: list[SinkWorker],
+) -> dict[str, str]:
     where: dict[str, str] = {}
 
     def ok(name: str) -> None:
@@ -131,8 +173,7 @@ def _build_sinks(a: AgentConfig, *, node: str, env: dict[str, str],
         def remediated(action: str, result: str) -> None:
             metrics.remediations.labels(action, result).inc()
 
-        sinks.append(KubernetesSink(s.kubernetes, node=node, env=env,
-                                    on_remediation=remediated))
+        sinks.append(KubernetesSink(s.kubernetes, node=node, env=env, on_remediation=remediated))
         where["kubernetes"] = f"node/{node}"
     if s.slurm.enabled:
         from gpuvigil.node.sinks.slurm import SlurmSink
@@ -153,4 +194,3 @@ def install_stop_signals(agent: Agent) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
-

@@ -42,28 +42,41 @@ class KernelStreamConfig(StrictModel):
     )
     kmsg_path: Path = Field(Path("/dev/kmsg"), description="The kernel's record device.")
     file: Path | None = Field(
-        None, description="Follow this plain file instead (`--kmsg-file`): for trying the "
+        None,
+        description="Follow this plain file instead (`--kmsg-file`): for trying the "
         "agent anywhere and for tests. Lines appended later are read as they come.",
     )
     poll_interval_s: float = Field(
-        0.5, gt=0, description="How often a polled source (file, journalctl, dmesg) is read, "
+        0.5,
+        gt=0,
+        description="How often a polled source (file, journalctl, dmesg) is read, "
         "and the longest /dev/kmsg waits between liveness beats. 0.5 s keeps Xid-to-"
         "condition latency under 2 s at negligible CPU.",
     )
     poll_timeout_s: float = Field(
-        10.0, gt=0, description="Deadline of one journalctl/dmesg run; a hang is CHECK_TIMEOUT.",
+        10.0,
+        gt=0,
+        description="Deadline of one journalctl/dmesg run; a hang is CHECK_TIMEOUT.",
     )
     gap_hold_s: float = Field(
-        900.0, ge=0, description="How long a KMSG_GAP warning stays after records were lost: "
+        900.0,
+        ge=0,
+        description="How long a KMSG_GAP warning stays after records were lost: "
         "long enough for the controller and a person to see it (NVML's Xid events cover "
         "the gap meanwhile).",
     )
 
 
 class KernelWatch:
-    def __init__(self, config: KernelStreamConfig, *, ctx: CheckContext,
-                 changed: threading.Event, metrics: AgentMetrics | None,
-                 stale_factor: float = 2.0) -> None:
+    def __init__(
+        self,
+        config: KernelStreamConfig,
+        *,
+        ctx: CheckContext,
+        changed: threading.Event,
+        metrics: AgentMetrics | None,
+        stale_factor: float = 2.0,
+    ) -> None:
         self.config, self.ctx, self.changed, self.metrics = config, ctx, changed, metrics
         self.stale_factor = stale_factor
         self.health = ks.StreamHealth()
@@ -73,17 +86,31 @@ class KernelWatch:
         boot_id, booted_at = _boot(ctx)
         if booted_at is None:  # no /proc/stat below the root (a fake tree): this machine's
             booted_at = datetime.now(UTC) - timedelta(
-                seconds=time.clock_gettime(time.CLOCK_BOOTTIME))
-        self.feed = xid_feed.XidFeed(load_catalog(getattr(node_cfg, "kernel_log", None)),
-                                     check=CHECK, boot_id=boot_id, booted_at=booted_at)
+                seconds=time.clock_gettime(time.CLOCK_BOOTTIME)
+            )
+        self.feed = xid_feed.XidFeed(
+            load_catalog(getattr(node_cfg, "kernel_log", None)),
+            check=CHECK,
+            boot_id=boot_id,
+            booted_at=booted_at,
+        )
         self._gaps_counted = 0
         source = None
         if config.enabled:
             source = ks.open_source(
-                mode=config.source, kmsg_path=config.kmsg_path, file=config.file,
-                poll_timeout_s=config.poll_timeout_s, env=env, health=self.health)
-        self.stream = ks.KmsgStream(source, on_records=self._on_records, health=self.health,
-                                    poll_interval_s=config.poll_interval_s)
+                mode=config.source,
+                kmsg_path=config.kmsg_path,
+                file=config.file,
+                poll_timeout_s=config.poll_timeout_s,
+                env=env,
+                health=self.health,
+            )
+        self.stream = ks.KmsgStream(
+            source,
+            on_records=self._on_records,
+            health=self.health,
+            poll_interval_s=config.poll_interval_s,
+        )
         self.ready = threading.Event()  # the records since boot have been read
         if source is None:
             self.ready.set()
@@ -120,35 +147,62 @@ class KernelWatch:
         out: list[Finding] = []
         if self.stream.source is None:
             why = "; ".join(f"{s}: {r}" for s, r in h.fallback_from) or "disabled"
-            out.append(Finding(check=CHECK, status=Status.FAILED, code="DEPENDENCY_MISSING",
-                               message=f"no kernel log source could be read ({why})",
-                               evidence={"tried": [s for s, _ in h.fallback_from]}))
+            out.append(
+                Finding(
+                    check=CHECK,
+                    status=Status.FAILED,
+                    code="DEPENDENCY_MISSING",
+                    message=f"no kernel log source could be read ({why})",
+                    evidence={"tried": [s for s, _ in h.fallback_from]},
+                )
+            )
         else:
             # The `gpu` check leaves the GPU map and NVML's own Xid events (its second
             # source, drained on every run) in the shared context.
-            out.extend(self.feed.findings(
-                datetime.now(UTC), gpus=self.ctx.extras.get("gpu_map"),
-                nvml_events=tuple(self.ctx.extras.get(NVML_XID_EVENTS, ()))))
+            out.extend(
+                self.feed.findings(
+                    datetime.now(UTC),
+                    gpus=self.ctx.extras.get("gpu_map"),
+                    nvml_events=tuple(self.ctx.extras.get(NVML_XID_EVENTS, ())),
+                )
+            )
             if h.fallback_from and h.source in ("journal", "dmesg"):
                 why = "; ".join(f"{s}: {r}" for s, r in h.fallback_from)
-                out.append(Finding(
-                    check=CHECK, status=Status.WARNING, code="SOURCE_FALLBACK",
-                    message=f"reading the kernel log with {h.source} polling ({why})",
-                    evidence={"source": h.source, "failed": dict(h.fallback_from)}))
+                out.append(
+                    Finding(
+                        check=CHECK,
+                        status=Status.WARNING,
+                        code="SOURCE_FALLBACK",
+                        message=f"reading the kernel log with {h.source} polling ({why})",
+                        evidence={"source": h.source, "failed": dict(h.fallback_from)},
+                    )
+                )
             if h.error is not None:
                 out.append(h.error)
             recent = [n for t, n in h.gap_events if now - t <= self.config.gap_hold_s]
             if recent:
-                out.append(Finding(
-                    check=CHECK, status=Status.WARNING, code="KMSG_GAP",
-                    message=f"{sum(recent)} kernel log records lost to ring-buffer overruns "
-                    f"in the last {self.config.gap_hold_s:g} s; Xid events may be missing",
-                    evidence={"lost": sum(recent), "overruns": len(recent),
-                              "lost_total": h.gaps}))
+                out.append(
+                    Finding(
+                        check=CHECK,
+                        status=Status.WARNING,
+                        code="KMSG_GAP",
+                        message=f"{sum(recent)} kernel log records lost to ring-buffer overruns "
+                        f"in the last {self.config.gap_hold_s:g} s; Xid events may be missing",
+                        evidence={
+                            "lost": sum(recent),
+                            "overruns": len(recent),
+                            "lost_total": h.gaps,
+                        },
+                    )
+                )
             limit = self.stale_factor * (self.config.poll_interval_s + self.config.poll_timeout_s)
             age = now - h.alive_at
             if age > limit:
                 out.append(stale_finding(CHECK, age_s=age, limit_s=limit, last=out))
-        run = CheckRun(check=CHECK, status=Status.worst(f.status for f in out),
-                       started_at=self.started_at, duration_s=0.0)
+        run = CheckRun(
+            check=CHECK,
+            status=Status.worst(f.status for f in out),
+            started_at=self.started_at,
+            duration_s=0.0,
+        )
         return out, [run]

@@ -50,8 +50,11 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
         return Counter(name, doc, labels, registry=registry)
 
     return AgentMetrics(
-        info=gauge("gpuvigil_agent_info", "Always 1; labels name the node and version.",
-                   ("node", "version")),
+        info=gauge(
+            "gpuvigil_agent_info",
+            "Always 1; labels name the node and version.",
+            ("node", "version"),
+        ),
         check_status=gauge(
             "gpuvigil_check_status",
             "Worst status of a check's findings per component: 0 OK, 1 WARNING, 2 FAILED.",
@@ -68,8 +71,11 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
             ("check",),
         ),
         check_duration=Histogram(
-            "gpuvigil_check_duration_seconds", "How long one run of a check took.",
-            ("check",), buckets=DURATION_BUCKETS, registry=registry,
+            "gpuvigil_check_duration_seconds",
+            "How long one run of a check took.",
+            ("check",),
+            buckets=DURATION_BUCKETS,
+            registry=registry,
         ),
         check_runs=counter(
             "gpuvigil_check_runs_total",
@@ -77,14 +83,16 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
             ("check", "result"),
         ),
         node_condition=gauge(
-            "gpuvigil_node_condition", "1 when the problem family (node condition) is present.",
+            "gpuvigil_node_condition",
+            "1 when the problem family (node condition) is present.",
             ("condition",),
         ),
         xid_events=counter(
             "gpuvigil_xid_events_total", "Xid events seen in the kernel log.", ("code", "gpu")
         ),
         sxid_events=counter(
-            "gpuvigil_sxid_events_total", "NVSwitch SXid events seen in the kernel log.",
+            "gpuvigil_sxid_events_total",
+            "NVSwitch SXid events seen in the kernel log.",
             ("code", "component"),
         ),
         loop_last=gauge(
@@ -100,7 +108,8 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
         ),
         last_publish=gauge(
             "gpuvigil_agent_last_publish_timestamp_seconds",
-            "When a sink last published successfully, Unix time.", ("sink",),
+            "When a sink last published successfully, Unix time.",
+            ("sink",),
         ),
         remediations=counter(
             "gpuvigil_agent_remediations_total",
@@ -153,8 +162,7 @@ def observe_report(m: AgentMetrics, report: NodeReport) -> None:
         m.node_condition.labels(cond.type).set(1 if cond.status else 0)
 
 
-def _drop_vanished(m: AgentMetrics, key: str, gauge: Gauge,
-                   now: set[tuple[str, ...]]) -> None:
+def _drop_vanished(m: AgentMetrics, key: str, gauge: Gauge, now: set[tuple[str, ...]]) -> None:
     for labels in m.rendered.get(key, set()) - now:
         try:
             gauge.remove(*labels)

@@ -89,13 +89,18 @@ class Scheduler:
             slot.stuck_since = slot.stuck_since or now
             stuck_s = now - slot.stuck_since + slot.spec.timeout_s
             finding = Finding(
-                check=slot.name, status=Status.FAILED, code="CHECK_TIMEOUT",
-                message=(f"still running {stuck_s:.0f} s after it started (deadline "
-                         f"{slot.spec.timeout_s:g} s); not relaunched until it returns"),
+                check=slot.name,
+                status=Status.FAILED,
+                code="CHECK_TIMEOUT",
+                message=(
+                    f"still running {stuck_s:.0f} s after it started (deadline "
+                    f"{slot.spec.timeout_s:g} s); not relaunched until it returns"
+                ),
                 evidence={"stuck_for_s": round(stuck_s, 1), "relaunched": False},
             )
-            run = CheckRun(check=slot.name, status=Status.FAILED,
-                           started_at=datetime.now(UTC), duration_s=0.0)
+            run = CheckRun(
+                check=slot.name, status=Status.FAILED, started_at=datetime.now(UTC), duration_s=0.0
+            )
             self._record(slot, [finding], run, now)
             return
         slot.stuck_since = None
@@ -140,25 +145,43 @@ class Scheduler:
                 # healthy run look stale.
                 limit = self.stale_factor * max(slot.spec.interval_s, slot.spec.timeout_s)
                 if age > limit:
-                    findings.append(stale_finding(slot.name, age_s=age, limit_s=limit,
-                                                  last=slot.findings))
+                    findings.append(
+                        stale_finding(slot.name, age_s=age, limit_s=limit, last=slot.findings)
+                    )
         for name in self.disabled:
-            findings.append(Finding(
-                check=name, status=Status.WARNING, code="CHECK_DISABLED",
-                message="switched off in the agent config (agent.checks.<name>.enabled)",
-            ))
-            runs.append(CheckRun(check=name, status=Status.WARNING,
-                                 started_at=datetime.now(UTC), duration_s=0.0, disabled=True))
+            findings.append(
+                Finding(
+                    check=name,
+                    status=Status.WARNING,
+                    code="CHECK_DISABLED",
+                    message="switched off in the agent config (agent.checks.<name>.enabled)",
+                )
+            )
+            runs.append(
+                CheckRun(
+                    check=name,
+                    status=Status.WARNING,
+                    started_at=datetime.now(UTC),
+                    duration_s=0.0,
+                    disabled=True,
+                )
+            )
         return findings, runs
 
 
 def stale_finding(check: str, *, age_s: float, limit_s: float, last: list[Finding]) -> Finding:
     """RESULT_STALE for a check (or stream) whose latest result is too old to trust."""
     return Finding(
-        check=check, status=Status.FAILED, code="RESULT_STALE", action=Action.NONE,
+        check=check,
+        status=Status.FAILED,
+        code="RESULT_STALE",
+        action=Action.NONE,
         message=f"latest result is {age_s:.0f} s old (limit {limit_s:g} s)",
-        evidence={"age_s": round(age_s, 1), "limit_s": limit_s,
-                  "last_codes": sorted({f.code for f in last})},
+        evidence={
+            "age_s": round(age_s, 1),
+            "limit_s": limit_s,
+            "last_codes": sorted({f.code for f in last}),
+        },
     )
 
 
@@ -171,11 +194,20 @@ def _abandoned_alive(name: str) -> bool:
 def _disabled(spec: CheckSpec, missing: list[Finding]) -> tuple[list[Finding], CheckRun]:
     """An optional check (spec.required False) whose tool is absent: reported, not failed."""
     what = "; ".join(f.message for f in missing)
-    finding = Finding(check=spec.name, status=Status.OK, code="CHECK_DISABLED",
-                      message=f"optional check not run: {what}",
-                      evidence={"missing": [f.evidence.get("need") for f in missing]})
-    run = CheckRun(check=spec.name, status=Status.OK, started_at=datetime.now(UTC),
-                   duration_s=0.0, disabled=True)
+    finding = Finding(
+        check=spec.name,
+        status=Status.OK,
+        code="CHECK_DISABLED",
+        message=f"optional check not run: {what}",
+        evidence={"missing": [f.evidence.get("need") for f in missing]},
+    )
+    run = CheckRun(
+        check=spec.name,
+        status=Status.OK,
+        started_at=datetime.now(UTC),
+        duration_s=0.0,
+        disabled=True,
+    )
     return [finding], run
 
 

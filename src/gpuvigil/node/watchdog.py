@@ -20,15 +20,24 @@ log = logging.getLogger("gpuvigil.agent")
 
 
 def exit_now(age_s: float) -> None:
-    log.critical("agent loop stalled for %.1f s: exiting with status %d so the supervisor "
-                 "restarts the agent", age_s, EXIT_STALLED)
+    log.critical(
+        "agent loop stalled for %.1f s: exiting with status %d so the supervisor "
+        "restarts the agent",
+        age_s,
+        EXIT_STALLED,
+    )
     logging.shutdown()
     os._exit(EXIT_STALLED)  # not sys.exit: a stalled process may never unwind
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, *, on_stall: Callable[[float], None] = exit_now,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        *,
+        on_stall: Callable[[float], None] = exit_now,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.timeout_s, self.on_stall, self.clock = timeout_s, on_stall, clock
         self._last = clock()
         self._stop = threading.Event()

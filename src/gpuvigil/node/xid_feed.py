@@ -23,12 +23,23 @@ from gpuvigil.node.rules import xid as xid_rules
 
 MAX_EVENTS = 4096  # an Xid storm must not grow memory without bound; the newest are kept
 _SOURCES: dict[str, XidSource] = {
-    "kmsg": "kmsg", "dmesg": "dmesg", "journal": "journal", "file": "file", "nvml": "nvml"}
+    "kmsg": "kmsg",
+    "dmesg": "dmesg",
+    "journal": "journal",
+    "file": "file",
+    "nvml": "nvml",
+}
 
 
 class XidFeed:
-    def __init__(self, catalog: XidCatalog, *, check: str, boot_id: str | None = None,
-                 booted_at: datetime | None = None) -> None:
+    def __init__(
+        self,
+        catalog: XidCatalog,
+        *,
+        check: str,
+        boot_id: str | None = None,
+        booted_at: datetime | None = None,
+    ) -> None:
         self.catalog, self.check = catalog, check
         self.boot_id, self.booted_at = boot_id, booted_at
         self.events: deque[XidEvent] = deque(maxlen=MAX_EVENTS)
@@ -73,10 +84,21 @@ class XidFeed:
         if when is not None and (self.driver_loaded_at is None or when > self.driver_loaded_at):
             self.driver_loaded_at = when
 
-    def findings(self, now: datetime, *, gpus: Mapping[str, GpuRef] | None = None,
-                 nvml_events: Iterable[XidEvent] = ()) -> list[Finding]:
+    def findings(
+        self,
+        now: datetime,
+        *,
+        gpus: Mapping[str, GpuRef] | None = None,
+        nvml_events: Iterable[XidEvent] = (),
+    ) -> list[Finding]:
         with self._lock:
             events = [*self.events, *nvml_events]
-        return xid_rules.evaluate(events, catalog=self.catalog, now=now, gpus=gpus,
-                                  boot_id=self.boot_id, driver_loaded_at=self.driver_loaded_at,
-                                  check=self.check)
+        return xid_rules.evaluate(
+            events,
+            catalog=self.catalog,
+            now=now,
+            gpus=gpus,
+            boot_id=self.boot_id,
+            driver_loaded_at=self.driver_loaded_at,
+            check=self.check,
+        )

@@ -92,6 +92,7 @@ class Controller:
         self.breaker = Breaker(self.config.safety)
         self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
         self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
+        self._announced: set[str] = set()  # nodes whose state this process has put on record
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
     # ---- one pass -------------------------------------------------------------------
@@ -107,6 +108,7 @@ class Controller:
             log.warning("cannot list nodes: %s", e)
             result.listed = False
             return result
+        self._announce(nodes, now)
         changed = self.breaker.update(nodes, now=now)
         if changed:
             self._breaker_changed(changed, now)
@@ -228,6 +230,27 @@ class Controller:
                 self.metrics.remediations.labels(action, res).inc()
             self._event(
                 node.name, Kind.REMEDIATION, now, action=action, result=res, reason=d.reason
+            )
+
+    def _announce(self, nodes: list[NodeView], now: datetime) -> None:
+        """One `node.state` event (`from: null`) per node the first time this process sees
+        it, so availability counts nodes that never change state, and a restarted
+        controller's log stands on its own."""
+        for node in nodes:
+            if node.name in self._announced:
+                continue
+            self._announced.add(node.name)
+            state = (node.record or Record()).state
+            self._event(
+                node.name,
+                Kind.NODE_STATE,
+                now,
+                **{
+                    "from": None,
+                    "to": state.value,
+                    "reason": "observed",
+                    "dry_run": self.config.dry_run,
+                },
             )
 
     def _say(self, name: str, message: str, now: datetime) -> None:

@@ -1,1 +1,34 @@
-"""training"""
+"""Layer 3: training that survives losing a machine (`pip install gpuvigil[training]`).
+
+Read these in order: `run` (the loop API), `process_group` (restarts that work every time,
+health gate), `checkpoint` + `manifest` (async, atomic, verified DCP checkpoints), `watchdog`
+(hangs), `straggler` (slow ranks). Only this package imports torch, and only the modules
+that need it: `config`, `manifest`, `straggler`, `watchdog`, `health_gate`, `sampler` and
+`exit_codes` are torch-free (the simulator and unit tests import them without torch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpuvigil.training import exit_codes
+from gpuvigil.training.config import TrainingConfig
+from gpuvigil.training.sampler import ResumableSampler
+
+if TYPE_CHECKING:
+    from gpuvigil.training.process_group import Env, init, shutdown
+    from gpuvigil.training.run import Run
+
+__all__ = ["Env", "ResumableSampler", "Run", "TrainingConfig", "exit_codes", "init", "shutdown"]
+
+
+def __getattr__(name: str) -> Any:  # torch is imported on first use, not with the package
+    if name in {"Env", "init", "shutdown"}:
+        from gpuvigil.training import process_group
+
+        return getattr(process_group, name)
+    if name == "Run":
+        from gpuvigil.training.run import Run
+
+        return Run
+    raise AttributeError(name)

@@ -35,7 +35,12 @@ def _run(tmp_path: Path, *, fixed_by: Action | None) -> tuple[Path, list[dict]]:
         for _ in range(60):  # 30 virtual minutes
             cluster.advance(30)
             ctl.reconcile()
-    return log, [json.loads(x) for x in log.read_text().splitlines()]
+    every = [json.loads(x) for x in log.read_text().splitlines()]
+    # The controller first puts every node's state on record (`from: null`); the rest are
+    # the transitions and remediations this test is about.
+    announced = [x for x in every if x["kind"] == "node.state" and x["data"]["from"] is None]
+    assert sorted(x["node"] for x in announced) == [f"n{i}" for i in range(4)]
+    return log, [x for x in every if x not in announced]
 
 
 def test_a_fatal_xid_drained_reset_and_returned(tmp_path: Path) -> None:
@@ -62,4 +67,5 @@ def test_an_unfixable_fault_escalates_to_replace_and_counts_as_repaired(tmp_path
     assert (r.drains, r.false_positive_drains) == (1, 0)
     back = [x["ts"] for x in lines if x["kind"] == "node.state" and x["data"]["to"] == "HEALTHY"]
     assert r.mttr.samples == [back[-1] - lines[0]["ts"]]  # until the replacement validated
-    assert s.slo.to_json()["availability"]["achieved"] == 0.0  # n1 is the only node seen
+    # Every node is on record from the start: three stayed in service, n1 did not for a while.
+    assert 0.75 < s.slo.to_json()["availability"]["achieved"] < 1.0

@@ -82,8 +82,9 @@ class DevKmsg(Source):
     def __init__(self, path: Path | None, *, health: StreamHealth, fd: int | None = None) -> None:
         # `fd`: an already open record source (tests use a SOCK_SEQPACKET socket, which
         # keeps record boundaries the way /dev/kmsg does).
-        self.fd = fd if fd is not None else os.open(path or "/dev/kmsg",
-                                                   os.O_RDONLY | os.O_NONBLOCK)
+        self.fd = (
+            fd if fd is not None else os.open(path or "/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        )
         self.health = health
         self.last_seq: int | None = None
         self.overrun = False
@@ -187,7 +188,7 @@ class Journalctl(Source):
         out = []
         for line in res.text.splitlines():
             if line.startswith("-- cursor: "):
-                self.cursor = line[len("-- cursor: "):].strip()
+                self.cursor = line[len("-- cursor: ") :].strip()
             elif line and not line.startswith("-- "):
                 out.append(_text_record(line, "journal"))
         return out
@@ -251,8 +252,12 @@ def open_source(
             return None
     # The same order as the one-shot kernel_log check: dmesg reads the same ring buffer
     # through util-linux; the journal may lag or be rate-limited.
-    order = {"auto": ["kmsg", "dmesg", "journal"], "kmsg": ["kmsg"],
-             "journal": ["journal"], "dmesg": ["dmesg"]}.get(mode, ["kmsg"])
+    order = {
+        "auto": ["kmsg", "dmesg", "journal"],
+        "kmsg": ["kmsg"],
+        "journal": ["journal"],
+        "dmesg": ["dmesg"],
+    }.get(mode, ["kmsg"])
     for name in order:
         if name == "kmsg":
             try:
@@ -270,8 +275,14 @@ def open_source(
 class KmsgStream:
     """The reader thread. `health` is read by the stream check; records go to `on_records`."""
 
-    def __init__(self, source: Source | None, *, on_records: OnRecords, health: StreamHealth,
-                 poll_interval_s: float) -> None:
+    def __init__(
+        self,
+        source: Source | None,
+        *,
+        on_records: OnRecords,
+        health: StreamHealth,
+        poll_interval_s: float,
+    ) -> None:
         self.source, self.on_records, self.health = source, on_records, health
         self.poll_interval_s = poll_interval_s
         self._stop = threading.Event()
@@ -299,8 +310,11 @@ class KmsgStream:
                 continue
             except OSError as e:
                 self.health.error = Finding(
-                    check=STREAM_CHECK, status=Status.FAILED, code="CHECK_ERROR",
-                    message=f"reading the kernel log ({self.source.name}) failed: {e}")
+                    check=STREAM_CHECK,
+                    status=Status.FAILED,
+                    code="CHECK_ERROR",
+                    message=f"reading the kernel log ({self.source.name}) failed: {e}",
+                )
                 time.sleep(self.poll_interval_s)
                 continue
             self.health.records += len(records)

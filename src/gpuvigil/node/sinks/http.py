@@ -45,8 +45,9 @@ HealthFn = Callable[[], tuple[bool, dict[str, object]]]
 class HttpSink:
     name = "http"
 
-    def __init__(self, config: HttpConfig, *, registry: CollectorRegistry,
-                 health: HealthFn) -> None:
+    def __init__(
+        self, config: HttpConfig, *, registry: CollectorRegistry, health: HealthFn
+    ) -> None:
         self._report: bytes | None = None
         sink = self
 
@@ -59,8 +60,7 @@ class HttpSink:
                     self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     ok, detail = health()
-                    self._send(200 if ok else 503, json.dumps(detail).encode(),
-                               "application/json")
+                    self._send(200 if ok else 503, json.dumps(detail).encode(), "application/json")
                 elif path == "/report":
                     body = sink._report
                     if body is None:
@@ -68,8 +68,7 @@ class HttpSink:
                     else:
                         self._send(200, body, "application/json")
                 else:
-                    self._send(404, b"not found: try /metrics, /healthz, /report\n",
-                               "text/plain")
+                    self._send(404, b"not found: try /metrics, /healthz, /report\n", "text/plain")
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
                 self.send_response(code)
@@ -85,8 +84,7 @@ class HttpSink:
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.address = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         self._thread.start()
 
     def publish(self, report: NodeReport) -> None:

@@ -41,25 +41,33 @@ SMP = "application/strategic-merge-patch+json"
 class KubernetesConfig(StrictModel):
     enabled: bool = Field(False, description="Publish to this node's Node object.")
     kubeconfig: Path | None = Field(
-        None, description="None: the pod's service account (in-cluster), else $KUBECONFIG.")
+        None, description="None: the pod's service account (in-cluster), else $KUBECONFIG."
+    )
     heartbeat_interval_s: float = Field(
-        60.0, gt=0, description="Re-write the conditions at least this often while nothing "
+        60.0,
+        gt=0,
+        description="Re-write the conditions at least this often while nothing "
         "changes. 60 s keeps API load at one patch per node per minute; the controller "
         "treats a heartbeat older than a few of these as a dead agent.",
     )
     request_poll_interval_s: float = Field(
-        30.0, gt=0, description="While nothing changes, read the Node at most this often "
+        30.0,
+        gt=0,
+        description="While nothing changes, read the Node at most this often "
         "(for the controller's remediation requests). With the 60 s heartbeat a node costs "
         "the API server 2 GETs and 2 PATCHes a minute: 5,000 nodes ~ 330 requests/s.",
     )
     request_timeout_s: float = Field(10.0, gt=0, description="Deadline of each API call.")
     events: bool = Field(True, description="Create an Event when a condition turns on or off.")
     event_namespace: str = Field(
-        "default", description="Node events live in `default`, like the kubelet's.")
+        "default", description="Node events live in `default`, like the kubelet's."
+    )
     mark_unknown_on_exit: bool = Field(
-        True, description="On a graceful stop, set the conditions to Unknown (AgentStopped).")
+        True, description="On a graceful stop, set the conditions to Unknown (AgentStopped)."
+    )
     remediation: RemediationConfig = Field(
-        default_factory=RemediationConfig, description="Acting on the controller's requests.")
+        default_factory=RemediationConfig, description="Acting on the controller's requests."
+    )
 
 
 def _ts(dt: datetime) -> str:
@@ -80,7 +88,9 @@ def merge_conditions(
         old = by_type.get(cond.type)
         same = old is not None and old.get("status") == status
         new = {
-            "type": cond.type, "status": status, "reason": cond.reason,
+            "type": cond.type,
+            "status": status,
+            "reason": cond.reason,
             "message": cond.message or f"gpuvigil: no {cond.type} problem",
             "lastHeartbeatTime": _ts(now),
             "lastTransitionTime": old.get("lastTransitionTime") if same and old else _ts(now),
@@ -98,9 +108,14 @@ def _semantic(conds: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 class KubernetesSink:
     name = "kubernetes"
 
-    def __init__(self, config: KubernetesConfig, *, node: str,
-                 env: dict[str, str] | None = None,
-                 on_remediation: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: KubernetesConfig,
+        *,
+        node: str,
+        env: dict[str, str] | None = None,
+        on_remediation: Callable[[str, str], None] | None = None,
+    ) -> None:
         from kubernetes import client
         from kubernetes import config as kconfig
 
@@ -114,8 +129,10 @@ class KubernetesSink:
                 except kconfig.ConfigException:
                     api_client = kconfig.new_client_from_config()
         except (kconfig.ConfigException, OSError) as e:
-            raise ValueError(f"kubernetes sink: no usable credentials ({e}); run in a pod "
-                             "with a service account, or pass --kubeconfig") from e
+            raise ValueError(
+                f"kubernetes sink: no usable credentials ({e}); run in a pod "
+                "with a service account, or pass --kubeconfig"
+            ) from e
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
         self.remediator = Remediator(config.remediation, env=env)
@@ -129,10 +146,12 @@ class KubernetesSink:
     def publish(self, report: NodeReport) -> None:
         mono = time.monotonic()
         wanted = _semantic(merge_conditions([], report, now=datetime.now(UTC))[0])
-        if (self._last_written == wanted
-                and _summary_without_time(report) == self._last_summary
-                and mono - self._last_write < self.config.heartbeat_interval_s
-                and mono - self._last_read < self.config.request_poll_interval_s):
+        if (
+            self._last_written == wanted
+            and _summary_without_time(report) == self._last_summary
+            and mono - self._last_write < self.config.heartbeat_interval_s
+            and mono - self._last_read < self.config.request_poll_interval_s
+        ):
             return  # nothing to write and no reason to look: spare the API server
         self._last_read = mono
         obj = self.api.read_node(self.node, _request_timeout=self._timeout)
@@ -143,8 +162,12 @@ class KubernetesSink:
         summary = _summary_without_time(report)
         due = time.monotonic() - self._last_write >= self.config.heartbeat_interval_s
         if due or flipped or _semantic(conds) != self._last_written:
-            self.api.patch_node_status(self.node, {"status": {"conditions": conds}},
-                                       _request_timeout=self._timeout, _content_type=SMP)
+            self.api.patch_node_status(
+                self.node,
+                {"status": {"conditions": conds}},
+                _request_timeout=self._timeout,
+                _content_type=SMP,
+            )
             self._last_written, self._last_write = _semantic(conds), time.monotonic()
         annotations = obj.metadata.annotations or {}
         if due or summary != self._last_summary or wire.HEALTH_ANNOTATION not in annotations:
@@ -153,9 +176,11 @@ class KubernetesSink:
         if self.config.events:
             for new, old in flipped:
                 self._event(obj, new, old)
-        self.remediator.handle(decode(annotations.get(wire.REQUEST_ANNOTATION)),
-                               decode(annotations.get(wire.RESULT_ANNOTATION)),
-                               self._answer)
+        self.remediator.handle(
+            decode(annotations.get(wire.REQUEST_ANNOTATION)),
+            decode(annotations.get(wire.RESULT_ANNOTATION)),
+            self._answer,
+        )
 
     def _answer(self, result: dict[str, Any]) -> None:
         self._annotate({wire.RESULT_ANNOTATION: json.dumps(result, separators=(",", ":"))})
@@ -163,28 +188,44 @@ class KubernetesSink:
             self._on_remediation(str(result.get("action")), str(result["result"]))
 
     def _annotate(self, annotations: dict[str, str]) -> None:
-        self.api.patch_node(self.node, {"metadata": {"annotations": annotations}},
-                            _request_timeout=self._timeout, _content_type=SMP)
+        self.api.patch_node(
+            self.node,
+            {"metadata": {"annotations": annotations}},
+            _request_timeout=self._timeout,
+            _content_type=SMP,
+        )
 
     def _event(self, obj: Any, new: dict[str, Any], old: dict[str, Any] | None) -> None:
         problem = new["status"] == "True"
         reason = new["reason"] if problem else f"{new['type']}Cleared"
         now = _ts(datetime.now(UTC))
         body = {
-            "metadata": {"generateName": f"{self.node}.gpuvigil-",
-                         "namespace": self.config.event_namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node,
-                               "uid": obj.metadata.uid},
+            "metadata": {
+                "generateName": f"{self.node}.gpuvigil-",
+                "namespace": self.config.event_namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": obj.metadata.uid,
+            },
             "reason": reason[:128],
-            "message": (new["message"] if problem else
-                        f"{new['type']} cleared (was {old.get('reason') if old else '?'})")[:1024],
+            "message": (
+                new["message"]
+                if problem
+                else f"{new['type']} cleared (was {old.get('reason') if old else '?'})"
+            )[:1024],
             "type": "Warning" if problem else "Normal",
             "source": {"component": COMPONENT, "host": self.node},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
         }
         try:
-            self.api.create_namespaced_event(self.config.event_namespace, body,
-                                             _request_timeout=self._timeout)
+            self.api.create_namespaced_event(
+                self.config.event_namespace, body, _request_timeout=self._timeout
+            )
         except Exception as e:  # noqa: BLE001 - an Event is informational; conditions matter
             log.warning("creating event %s failed: %s", reason, e)
 
@@ -192,14 +233,24 @@ class KubernetesSink:
         if not self.config.mark_unknown_on_exit or self._last_written is None:
             return
         now = _ts(datetime.now(UTC))
-        conds = [{"type": t, "status": "Unknown", "reason": "AgentStopped",
-                  "message": f"gpuvigil agent stopped at {now}; last: {s} {r}"[:1024],
-                  "lastHeartbeatTime": now, "lastTransitionTime": now}
-                 for t, s, r, _ in self._last_written]
+        conds = [
+            {
+                "type": t,
+                "status": "Unknown",
+                "reason": "AgentStopped",
+                "message": f"gpuvigil agent stopped at {now}; last: {s} {r}"[:1024],
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            for t, s, r, _ in self._last_written
+        ]
         try:
-            self.api.patch_node_status(self.node, {"status": {"conditions": conds}},
-                                       _request_timeout=min(self._timeout, 5.0),
-                                       _content_type=SMP)
+            self.api.patch_node_status(
+                self.node,
+                {"status": {"conditions": conds}},
+                _request_timeout=min(self._timeout, 5.0),
+                _content_type=SMP,
+            )
         except Exception as e:  # noqa: BLE001 - best effort on the way out
             log.warning("marking conditions Unknown failed: %s", e)
 
@@ -208,8 +259,7 @@ def _summary_without_time(report: NodeReport) -> str:
     return wire.summarize(report).model_dump_json(exclude={"generated_at"})
 
 
-_CAMEL = {"last_heartbeat_time": "lastHeartbeatTime",
-          "last_transition_time": "lastTransitionTime"}
+_CAMEL = {"last_heartbeat_time": "lastHeartbeatTime", "last_transition_time": "lastTransitionTime"}
 
 
 def _camel(c: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,8 @@ ACTIONS = ("RESET_GPU", "REBOOT")
 
 class RemediationConfig(StrictModel):
     enabled: bool = Field(
-        True, description="Act on the controller's requests. False: answer `failed` with "
+        True,
+        description="Act on the controller's requests. False: answer `failed` with "
         "'remediation disabled on this node', so the controller escalates instead of waiting.",
     )
     reset_gpu_argv: list[str] = Field(
@@ -39,13 +40,16 @@ class RemediationConfig(StrictModel):
         description="Run once per requested GPU; `{gpu}` becomes its index.",
     )
     reset_all_argv: list[str] = Field(
-        ["nvidia-smi", "--gpu-reset"], description="For a RESET_GPU naming no GPU.")
+        ["nvidia-smi", "--gpu-reset"], description="For a RESET_GPU naming no GPU."
+    )
     reboot_argv: list[str] = Field(
-        ["systemctl", "reboot"], description="Under Kubernetes the DaemonSet sets "
+        ["systemctl", "reboot"],
+        description="Under Kubernetes the DaemonSet sets "
         "nsenter into PID 1's namespaces first (it runs with hostPID).",
     )
     timeout_s: float = Field(
-        180.0, gt=0, description="Deadline per command: a GPU reset takes tens of seconds.")
+        180.0, gt=0, description="Deadline per command: a GPU reset takes tens of seconds."
+    )
     boot_id_path: Path = Field(
         Path("/proc/sys/kernel/random/boot_id"),
         description="Changes on every boot: how a REBOOT is known to have happened.",
@@ -83,11 +87,18 @@ class Remediator:
         self._lock = threading.Lock()
 
     def result(self, req: dict[str, Any], result: str, detail: str, **extra: Any) -> dict[str, Any]:
-        return {"id": req["id"], "action": req.get("action"), "result": result,
-                "at": utcnow().isoformat(), "detail": detail[:500], **extra}
+        return {
+            "id": req["id"],
+            "action": req.get("action"),
+            "result": result,
+            "at": utcnow().isoformat(),
+            "detail": detail[:500],
+            **extra,
+        }
 
-    def handle(self, req: dict[str, Any] | None, last: dict[str, Any] | None,
-               answer: Answer) -> None:
+    def handle(
+        self, req: dict[str, Any] | None, last: dict[str, Any] | None, answer: Answer
+    ) -> None:
         """Called on every publish with the current request and result annotations."""
         if req is None:
             return
@@ -113,14 +124,21 @@ class Remediator:
             self._busy = req["id"]
         # Record `started` before acting: a crash after this point never repeats the action.
         try:
-            answer(self.result(req, "started", f"{action} started",
-                               boot_id=read_boot_id(self.config.boot_id_path)))
+            answer(
+                self.result(
+                    req,
+                    "started",
+                    f"{action} started",
+                    boot_id=read_boot_id(self.config.boot_id_path),
+                )
+            )
         except BaseException:
             with self._lock:
                 self._busy = None  # not recorded, so not run: the next publish retries
             raise
-        threading.Thread(target=self._act, args=(req, answer), name="remediation",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._act, args=(req, answer), name="remediation", daemon=True
+        ).start()
 
     def _resume(self, req: dict[str, Any], last: dict[str, Any], answer: Answer) -> None:
         if req.get("action") == "REBOOT":
@@ -155,14 +173,16 @@ class Remediator:
             plans = [c.reboot_argv]
         else:
             gpus = [g for g in req.get("gpus") or [] if isinstance(g, int) and g >= 0]
-            plans = ([[a.replace("{gpu}", str(g)) for a in c.reset_gpu_argv] for g in gpus]
-                     or [c.reset_all_argv])
+            plans = [[a.replace("{gpu}", str(g)) for a in c.reset_gpu_argv] for g in gpus] or [
+                c.reset_all_argv
+            ]
         details = []
         for argv in plans:
             res = ex.run(argv, timeout_s=c.timeout_s, env=self.env)
             bad = ex.failure_finding(res, check="remediation")
-            log.warning("remediation %s: %s -> %s", req["id"], argv,
-                        "ok" if bad is None else bad.message)
+            log.warning(
+                "remediation %s: %s -> %s", req["id"], argv, "ok" if bad is None else bad.message
+            )
             if bad is not None:
                 return False, f"{' '.join(argv)}: {bad.code}: {bad.message}"
             details.append(" ".join(argv))

@@ -34,18 +34,22 @@ REASON_PREFIX = "gpuvigil: "
 class SlurmConfig(StrictModel):
     enabled: bool = Field(False, description="Publish to this node's Slurm record.")
     mode: Literal["publish", "standalone"] = Field(
-        "publish", description="publish: only write the summary (the controller acts). "
+        "publish",
+        description="publish: only write the summary (the controller acts). "
         "standalone: also drain on a fatal finding and resume after it clears.",
     )
     drain_on: Literal["fatal", "failed"] = Field(
-        "fatal", description="Standalone: drain on fatal findings only (default), or on any "
+        "fatal",
+        description="Standalone: drain on fatal findings only (default), or on any "
         "FAILED one. Fatal only, because without the controller's circuit breaker a "
         "fleet-wide tool breakage (CHECK_ERROR everywhere) would drain every node.",
     )
     scontrol: str = Field("scontrol", description="The scontrol binary (name or path).")
     timeout_s: float = Field(10.0, gt=0, description="Deadline of each scontrol call.")
     heartbeat_interval_s: float = Field(
-        60.0, gt=0, description="Re-write the summary at least this often: its `generated_at` "
+        60.0,
+        gt=0,
+        description="Re-write the summary at least this often: its `generated_at` "
         "is the controller's heartbeat.",
     )
     marker_path: Path = Field(
@@ -60,8 +64,11 @@ def drain_reason(f: Finding) -> str:
 
 def drain_trigger(report: NodeReport, *, drain_on: str) -> Finding | None:
     """The finding that should drain the node, worst first, or None. Pure."""
-    bad = [f for f in report.problems if f.status is Status.FAILED
-           and (f.fatal or drain_on == "failed")]
+    bad = [
+        f
+        for f in report.problems
+        if f.status is Status.FAILED and (f.fatal or drain_on == "failed")
+    ]
     bad.sort(key=lambda f: (not f.fatal, -f.action.rank, f.code, f.component))
     return bad[0] if bad else None
 
@@ -82,7 +89,7 @@ def parse_show_node(text: str) -> dict[str, str]:
     keys = list(_FIELD.finditer(line))
     for i, m in enumerate(keys):
         end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
-        out[m.group(1)] = line[m.end():end].strip()
+        out[m.group(1)] = line[m.end() : end].strip()
     if "Reason" in out:
         out["Reason"] = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", out["Reason"]).strip()
     return out
@@ -95,8 +102,7 @@ class SlurmNode:
         self.name, self.config, self.env = name, config, env
 
     def _run(self, *args: str) -> str:
-        res = ex.run([self.config.scontrol, *args], timeout_s=self.config.timeout_s,
-                     env=self.env)
+        res = ex.run([self.config.scontrol, *args], timeout_s=self.config.timeout_s, env=self.env)
         bad = ex.failure_finding(res, check="slurm")
         if bad is not None:
             raise RuntimeError(bad.message)

@@ -1,0 +1,174 @@
+"""The engine's side of layer 2: publish what a node's agent sees, apply what the controller did.
+
+`Episodes` is mixed into `sim.engine.Engine` for the `platform` and `full` scenarios;
+`sim.platform.Platform` holds the real controller and cluster. A pass runs when an agent
+publishes, and again at the time the controller said its next step is due.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpuvigil.core.findings import Action, Finding
+from gpuvigil.platform.state import State
+from gpuvigil.sim.faults import BOOT_NOISE, Cause, Effect
+from gpuvigil.sim.fleet import Node, NodeState
+from gpuvigil.sim.platform import sample_fixed_by
+
+if TYPE_CHECKING:
+    from gpuvigil.sim.engine import Engine
+
+OUT = (State.DRAINING, State.REMEDIATING, State.VALIDATING)
+BLOCKED = (State.SUSPECT, State.QUARANTINED)
+
+
+class Episodes:
+    def visible_findings(self: Engine, node: Node) -> list[Finding]:
+        out: list[Finding] = []
+        for fi in node.faults:
+            if fi.detected_by in ("layer1", "active-check", "boot"):
+                out += self.layer1.verdict(
+                    fi.kind.fault, active=fi.detected_by == "active-check"
+                ).findings
+        return out
+
+    def publish(self: Engine, node: Node, t: float) -> None:
+        """The node's agent reports every fault on it that a check has seen so far."""
+        findings: list[Finding] = []
+        fixed: list[Action | None] = []
+        for fi in node.faults:
+            if fi.detected_by not in ("layer1", "active-check", "boot"):
+                continue
+            v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+            findings += v.findings
+            if fi.fixed_by is None and fi.kind.fix:
+                fi.fixed_by = sample_fixed_by(fi.kind.fix, self.draws("fix", fi.id))
+            fixed.append(fi.fixed_by)
+        if not findings:
+            return
+        worst = None if None in fixed else max(fixed, key=lambda a: a.rank)  # type: ignore[union-attr]
+        self.platform.at(t)
+        self.platform.publish(node.name, findings, fixed_by=worst, running=node.job is not None)
+        self.rec.findings(t, node.name, findings)
+        self.control_pass(t)
+
+    def control_pass(self: Engine, t: float, *_: Any) -> None:
+        self.platform.at(t)
+        for name in self.platform.cluster.active:
+            nid = self.by_name.get(name)
+            if nid is not None:
+                self.platform.set_running(name, running=self.fleet.nodes[nid].job is not None)
+        wake = self.platform.reconcile()
+        self.tally.remediations += wake.steps
+        for name in wake.drained:
+            node = self.fleet.nodes[self.by_name[name]]
+            if node.job is not None:
+                graceful = self.sc.layer3 and not any(f.kind.effect is Effect.CRASH
+                                                      for f in node.faults)  # fmt: skip
+                self.set_state(node, NodeState.REPAIR, t)
+                self.interrupt(self.jobs[node.job], t, node.faults[0] if node.faults else None,
+                               reason="drain: controller", graceful=graceful)  # fmt: skip
+        for name in wake.replaced:
+            node = self.fleet.nodes[self.by_name[name]]
+            self.set_state(node, NodeState.REPAIR, t)
+            self.clear_faults(node, t)  # a new machine
+            self.push(t + self.cfg.replace_s, CONTROL_ARRIVE, node, 0)
+        for name in wake.quarantined:
+            node = self.fleet.nodes[self.by_name[name]]
+            self.push(t + self._human_repair(node), CONTROL_HUMAN, node, node.repair_epoch)
+        for name, state in wake.states.items():
+            node = self.fleet.nodes[self.by_name[name]]
+            if name in wake.replaced:
+                continue
+            if state in OUT:
+                self.set_state(node, NodeState.REPAIR, t)
+                if state is State.VALIDATING:
+                    self.preflight_finds(node, t)
+            elif state in BLOCKED:
+                self.set_state(node, NodeState.CORDONED, t)
+            elif not self.platform.cluster.nodes[name].our_taints:
+                if self.platform.faults_cleared(name):
+                    self.clear_faults(node, t)
+                self.set_state(node, NodeState.UP, t)
+        if wake.at is not None and (self._pass_at is None or wake.at < self._pass_at
+                                    or self._pass_at <= t):  # fmt: skip
+            self._pass_at = wake.at
+            self.push(wake.at, CONTROL_PASS, None, 0)
+
+    def preflight_finds(self: Engine, node: Node, t: float) -> None:
+        """Preflight runs the active checks before a node takes work again: silent
+        corruption the passive checks missed shows here (its findings go out next pass)."""
+        hidden = [fi for fi in node.faults if fi.kind.effect is Effect.SILENT
+                  and fi.detected_s is None]  # fmt: skip
+        for fi in hidden:
+            if self.layer1.verdict(fi.kind.fault, active=True).seen:
+                fi.detected_s, fi.detected_by = t, "active-check"
+                self.tally.detect.append(t - fi.onset_s)
+                self.push(t + self.cfg.validate_s, PUBLISH, node, 0)
+
+    def on_publish(self: Engine, t: float, node: Node, _: int) -> None:
+        self.publish(node, t)
+
+    def on_control_arrive(self: Engine, t: float, node: Node, _: int) -> None:
+        self.platform.at(t)
+        self.platform.arrive(node.name)
+        self.maybe_boot_noise(node, t)
+        self.control_pass(t)
+
+    def on_control_human(self: Engine, t: float, node: Node, epoch: int) -> None:
+        if node.repair_epoch != epoch:
+            return
+        if node.job is not None:  # the person drains it first
+            self.interrupt(self.jobs[node.job], t, node.faults[0] if node.faults else None,
+                           reason="drain: human")  # fmt: skip
+        self.clear_faults(node, t)
+        self.platform.at(t)
+        self.platform.release(node.name)
+        self.control_pass(t)
+
+    def set_state(self: Engine, node: Node, state: NodeState, t: float) -> None:
+        was = node.state
+        if was is state or was is NodeState.DOWN:
+            return
+        if was is NodeState.UP and not any(f.kind.cause is not Cause.TOOLING for f in node.faults):
+            self.tally.false_drains += 1
+        node.state = state
+        if state is NodeState.UP:
+            if node.job is None:
+                self.fleet.add_free(node.id)
+            self.back_in_service(node, t)
+            if was is NodeState.REPAIR:
+                self.maybe_boot_noise(node, t)
+            self.schedule(t)
+        else:
+            self.fleet.remove_free(node.id)
+        if state is NodeState.REPAIR:
+            node.repair_epoch += 1
+        self.fleet.mark(node, t)
+
+    def clear_faults(self: Engine, node: Node, t: float) -> None:
+        """The hardware is fixed; MTTR counts when the node is back in service."""
+        for fi in node.faults:
+            fi.repaired_s = t
+            if fi.kind.cause is not Cause.TOOLING:
+                node.recovering.append(fi)
+            if fi.detected_by in ("layer1", "active-check", "boot"):
+                v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+                self.rec.findings(t, node.name, v.findings, cleared=True)
+        node.faults.clear()
+        self.fleet.mark(node, t)
+
+    def back_in_service(self: Engine, node: Node, t: float) -> None:
+        for fi in node.recovering:
+            self.tally.repair.append(t - fi.onset_s)
+        node.recovering.clear()
+        self.rec.state(t, node.name, "HEALTHY", "back in service")
+
+    def maybe_boot_noise(self: Engine, node: Node, t: float) -> None:
+        noise = self.draws("boot", node.id, node.repair_epoch).random()
+        if self.sc.layer1 and noise < self.model.boot_noise_probability:
+            self.push(t + 30.0, DETECT_EV, self._instance(BOOT_NOISE, node.id, t), 4)
+
+
+CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH = 9, 10, 11, 12
+DETECT_EV = 1

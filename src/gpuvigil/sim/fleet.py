@@ -1,0 +1,117 @@
+"""The simulated machines: state, active faults, the pool of free nodes (used by the engine).
+
+A node is unavailable while it carries a hardware fault (found or not) or is out of
+service (cordoned, draining, remediating); the fleet integrates that time so node
+availability costs nothing per tick.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuvigil.sim.faults import Cause, FaultKind
+
+
+class NodeState(StrEnum):
+    UP = "up"  # schedulable (perhaps with a fault nobody has seen yet)
+    CORDONED = "cordoned"  # no new work; waits for a person or the controller
+    REPAIR = "repair"  # out of service: remediation, replacement or a person's repair
+    DOWN = "down"  # the machine does not answer (the scheduler sees it)
+
+
+@dataclass(eq=False)
+class FaultInstance:
+    id: int
+    kind: FaultKind
+    node: int
+    onset_s: float
+    detected_s: float | None = None
+    detected_by: str = ""
+    repaired_s: float | None = None
+    interrupted_job: bool = False
+    fixed_by: object = None  # the least ladder step that cures this instance (layer 2)
+
+
+@dataclass(eq=False)
+class Node:
+    id: int
+    state: NodeState = NodeState.UP
+    faults: list[FaultInstance] = field(default_factory=list)
+    job: int | None = None  # job id
+    unavailable_since: float | None = None
+    hardware_faults: int = 0  # lifetime count, for repeat-offender replacement
+    recovering: list[FaultInstance] = field(default_factory=list)  # fixed, not yet in service
+    repair_epoch: int = 0
+    last_step: str = "REPLACE"  # the repair under way (a person's repair: parts swapped)
+
+    @property
+    def name(self) -> str:
+        return f"node-{self.id:05d}"
+
+    @property
+    def healthy(self) -> bool:
+        """In service with no hardware fault (a broken tool leaves the machine fine)."""
+        return self.state is NodeState.UP and all(
+            f.kind.cause is Cause.TOOLING for f in self.faults
+        )
+
+
+class Fleet:
+    def __init__(self, size: int, rng: random.Random) -> None:
+        self.nodes = [Node(i) for i in range(size)]
+        self._rng = rng
+        self._free: list[int] = list(range(size))
+        self._pos: dict[int, int] = {i: i for i in range(size)}
+        self.unavailable_s = 0.0
+
+    # --- the free pool: O(1) add, remove and random pick ---------------------------------
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    def add_free(self, nid: int) -> None:
+        if nid in self._pos:
+            return
+        self._pos[nid] = len(self._free)
+        self._free.append(nid)
+
+    def remove_free(self, nid: int) -> None:
+        i = self._pos.pop(nid, None)
+        if i is None:
+            return
+        last = self._free.pop()
+        if last != nid:
+            self._free[i] = last
+            self._pos[last] = i
+
+    def take(self, n: int) -> list[int]:
+        picked = []
+        for _ in range(n):
+            nid = self._free[self._rng.randrange(len(self._free))]
+            self.remove_free(nid)
+            picked.append(nid)
+        return picked
+
+    def release(self, nid: int) -> None:
+        node = self.nodes[nid]
+        node.job = None
+        if node.state is NodeState.UP:
+            self.add_free(nid)
+
+    # --- availability accounting ---------------------------------------------------------
+    def mark(self, node: Node, t: float) -> None:
+        """Call after any change to the node: opens or closes its unavailable interval."""
+        bad = not node.healthy
+        if bad and node.unavailable_since is None:
+            node.unavailable_since = t
+        elif not bad and node.unavailable_since is not None:
+            self.unavailable_s += t - node.unavailable_since
+            node.unavailable_since = None
+
+    def close(self, t: float) -> None:
+        for node in self.nodes:
+            if node.unavailable_since is not None:
+                self.unavailable_s += t - node.unavailable_since
+                node.unavailable_since = t

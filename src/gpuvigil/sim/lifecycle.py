@@ -1,0 +1,301 @@
+"""What happens to nodes and jobs after a fault is seen: the engine's second half.
+
+`Lifecycle` is mixed into `sim.engine.Engine` (which owns the heap, the fleet and the
+tallies): layer-1/2 decisions, taking nodes out and repairing them, and the jobs'
+start, interruption (layer-3 restart semantics) and end.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from gpuvigil.core.findings import Action
+from gpuvigil.sim import restart
+from gpuvigil.sim.faults import STORM_KINDS, TOOL_MISSING, Cause, Effect
+from gpuvigil.sim.fleet import FaultInstance, Node, NodeState
+from gpuvigil.sim.jobs import Job, JobState
+
+if TYPE_CHECKING:
+    from gpuvigil.sim.engine import Engine
+
+LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
+STORMS = tuple(STORM_KINDS.values())
+
+
+class Lifecycle:
+    # --- layer 1 alone (cordon) or layers 1-2 (policy + safety) --------------------------
+    def layer_decision(self: Engine, node: Node, fi: FaultInstance, t: float, *,
+                       active: bool = False) -> None:  # fmt: skip
+        v = self.layer1.verdict(fi.kind.fault, active=active)
+        if not v.seen:
+            return
+        if not self.sc.layer2:  # layer 1 alone: the agent cordons (NPD + a cordon hook)
+            if v.could_not_run or v.action.rank >= Action.RESET_GPU.rank:
+                self.cordon(node, t, reason=v.findings[0].code)
+                node.last_step = "REPLACE"  # a person swaps what is broken
+                self.push(t + self._human_repair(node), REPAIRED_EV, node, node.repair_epoch)
+            return
+        self.publish(node, t)
+
+    def on_drain(self: Engine, t: float, obj: tuple[Node, Action | None], epoch: int) -> None:
+        node, step = obj
+        if node.repair_epoch != epoch or node.state is not NodeState.CORDONED or not node.faults:
+            return
+        # layer 3 drains at a checkpoint: nothing is lost but the restart
+        self.take_out(node, t, reason="drain", graceful=self.sc.layer3)
+        self.remediate(node, t, step or Action.REBOOT)
+
+    def cordon(self: Engine, node: Node, t: float, *, reason: str) -> None:
+        if node.state is not NodeState.UP:
+            return
+        if not any(f.kind.cause is not Cause.TOOLING for f in node.faults):
+            self.tally.false_drains += 1
+        node.state = NodeState.CORDONED
+        self.fleet.remove_free(node.id)
+        self.fleet.mark(node, t)
+        self.rec.state(t, node.name, "SUSPECT", reason)
+
+    def take_out(self: Engine, node: Node, t: float, *, reason: str,
+                 graceful: bool = False) -> None:  # fmt: skip
+        was = node.state
+        if was is NodeState.UP and not any(f.kind.cause is not Cause.TOOLING for f in node.faults):
+            self.tally.false_drains += 1
+        node.state = NodeState.REPAIR
+        node.repair_epoch += 1
+        self.fleet.remove_free(node.id)
+        self.fleet.mark(node, t)
+        self.rec.state(t, node.name, "REMEDIATING", reason)
+        if node.job is not None:
+            fi = node.faults[0] if node.faults else None
+            self.interrupt(self.jobs[node.job], t, fi, reason=f"drain: {reason}",
+                           graceful=graceful)  # fmt: skip
+
+    def remediate(self: Engine, node: Node, t: float, step: Action) -> None:
+        """Run the ladder from `step` until the node's faults are cured; schedule the end."""
+        cfg = self.cfg
+        self.tally.remediations += 1
+        duration = {Action.RESET_GPU: cfg.reset_gpu_s, Action.REBOOT: cfg.reboot_s,
+                    Action.REPLACE: cfg.replace_s}  # fmt: skip
+        total, human = 0.0, False
+        for fi in node.faults:
+            spent, s = 0.0, step if step in LADDER else Action.REBOOT
+            while True:
+                spent += duration[s] + cfg.validate_s
+                if self.draws("cure", fi.id, s.value).random() < cure_probability(fi, s):
+                    break
+                if s is Action.REPLACE:
+                    human = True  # the ladder is spent: quarantine for a person
+                    break
+                s = LADDER[LADDER.index(s) + 1]
+            total = max(total, spent)
+        if human:
+            total += self._human_repair(node)
+        if any(f.kind in STORMS for f in node.faults) and self.storm is not None:
+            total = max(total, self.storm.at_s + self.storm.fixed_after_s - t)
+        node.last_step = step.value
+        self.rec.remediation(t, node.name, step.value, reason="cloud instance check")
+        self.push(t + total, REPAIRED_EV, node, node.repair_epoch)
+
+    def on_repaired(self: Engine, t: float, node: Node, epoch: int) -> None:
+        if node.repair_epoch != epoch or node.state is NodeState.UP:
+            return
+        if node.job is not None:
+            fi = node.faults[0] if node.faults else None
+            self.interrupt(self.jobs[node.job], t, fi, reason="repair")
+        self.rec.remediation(t, node.name, node.last_step, result="succeeded", reason="repaired")
+        self.clear_faults(node, t)
+        node.state = NodeState.UP
+        self.fleet.add_free(node.id)
+        self.fleet.mark(node, t)
+        if self.platform is not None:  # the controller hears the node is fine again
+            self.platform.at(t)
+            self.platform.clear(node.name)
+        self.back_in_service(node, t)
+        self.maybe_boot_noise(node, t)
+        self.schedule(t)
+
+    # --- the storm ----------------------------------------------------------------------
+    def on_storm(self: Engine, t: float, _: Any, __: int) -> None:
+        n = len(self.fleet.nodes)
+        rng = self.draws("storm")
+        hit = rng.sample(range(n), int(self.storm.fraction * n)) if self.storm else []
+        for nid in sorted(hit):
+            kind = STORM_KINDS[self.storm.kind] if self.storm else TOOL_MISSING
+            self.push(t, FAULT_EV, self._instance(kind, nid, t))
+
+    def on_storm_fix(self: Engine, t: float, _: Any, __: int) -> None:
+        """The rollback lands: the tool is back on every node."""
+        for node in self.fleet.nodes:
+            if any(f.kind in STORMS for f in node.faults):
+                node.faults = [f for f in node.faults if f.kind not in STORMS]
+                self.fleet.mark(node, t)
+                if self.platform is not None:  # the agent reports healthy; the controller decides
+                    self.platform.at(t)
+                    self.platform.publish(
+                        node.name,
+                        self.visible_findings(node),
+                        fixed_by=None,
+                        running=node.job is not None,
+                    )
+                elif node.state in (NodeState.CORDONED, NodeState.REPAIR) and not node.faults:
+                    node.repair_epoch += 1
+                    self.push(t, REPAIRED_EV, node, node.repair_epoch)
+        if self.platform is not None:
+            self.control_pass(t)
+
+    # --- jobs ---------------------------------------------------------------------------
+    def on_arrive(self: Engine, t: float, job: Job, requeue: int) -> None:
+        if requeue:
+            self.queue.appendleft(job.id)  # a retried job keeps its place at the front
+        else:
+            self.queue.append(job.id)
+            self.rec.submit(t, job)
+        self.schedule(t)
+
+    def schedule(self: Engine, t: float) -> None:
+        free = self.fleet.free_count
+        if not self.queue or free == 0:
+            return
+        started = []
+        for i, jid in enumerate(self.queue):
+            job = self.jobs[jid]
+            if job.size <= free:
+                self.start(job, t)
+                free -= job.size
+                started.append(jid)
+                if free == 0:
+                    break
+            if i > 256:
+                break
+        for jid in started:
+            self.queue.remove(jid)
+
+    def start(self: Engine, job: Job, t: float) -> None:
+        job.nodes = self.fleet.take(job.size)
+        for nid in job.nodes:
+            self.fleet.nodes[nid].job = job.id
+        job.state = JobState.RUNNING
+        job.alloc_since = t
+        cost = restart.restart_cost_s(self.cfg, warm=self.sc.layer3 and job.restarts > 0)
+        job.restarts += 1
+        job.run_start = job.seg_start = t + cost
+        job.start_secured = job.seg_done
+        job.hung_since = None
+        job.speed = self.gang_speed(job)
+        job.epoch += 1
+        self.push(job.finish_time(t), JOB_END_EV, job, job.epoch)
+        self.rec.job_start(t, job)
+        for nid in job.nodes:
+            for fi in self.fleet.nodes[nid].faults:
+                if fi.kind.effect in (Effect.CRASH, Effect.SILENT):
+                    self.hit_job(job, fi, job.run_start)
+
+    def gang_speed(self: Engine, job: Job) -> float:
+        speed = 1.0
+        for nid in job.nodes:
+            for fi in self.fleet.nodes[nid].faults:
+                if fi.kind.effect is Effect.DEGRADE:
+                    speed = min(speed, fi.kind.slowdown)
+        return speed
+
+    def hit_job(self: Engine, job: Job, fi: FaultInstance, t: float) -> None:
+        effect = fi.kind.effect
+        if effect is Effect.CRASH:
+            self.push(t, JOB_HIT_EV, (job, fi), job.restarts)
+        elif effect is Effect.HANG:
+            if job.hung_since is None and t >= job.run_start:
+                job.rebase(t, job.speed)
+                job.hung_since = t
+            timeout = restart.hang_timeout_s(self.cfg, layer3=self.sc.layer3)
+            self.push(t + timeout, JOB_HIT_EV, (job, fi), job.restarts)
+        elif effect is Effect.SILENT:
+            self.push(t + self.cfg.sdc_job_detect_s, JOB_HIT_EV, (job, fi), job.restarts)
+        elif effect is Effect.DEGRADE:
+            job.rebase(t, self.gang_speed(job))
+            self.push(job.finish_time(t), JOB_END_EV, job, job.epoch)
+
+    def on_job_hit(self: Engine, t: float, obj: tuple[Job, FaultInstance], run: int) -> None:
+        job, fi = obj
+        if job.restarts != run or job.state is not JobState.RUNNING:
+            return
+        if fi.kind.persistent and fi.repaired_s is not None and fi.repaired_s <= t:
+            return
+        self.interrupt(job, t, fi, reason=fi.kind.name)
+
+    def interrupt(self: Engine, job: Job, t: float, fi: FaultInstance | None, *, reason: str,
+                  graceful: bool = False) -> None:  # fmt: skip
+        if job.state is not JobState.RUNNING:
+            return
+        keep = job.done_at(t) if graceful else job.secured_at(t)
+        progressed = keep > job.start_secured + 1e-6
+        self._settle(job, t)
+        job.seg_done = job.ckpt_done = keep
+        job.hung_since = None
+        job.epoch += 1
+        job.interruptions += 1
+        cause = fi.kind.cause.value if fi is not None else "drain"
+        self.tally.interruption(cause=cause, kind=fi.kind.name if fi else "drain")
+        if fi is not None and not fi.interrupted_job:
+            fi.interrupted_job = True
+            self.tally.fault_interruption(cause=cause, calibrated=fi.kind.calibrated)
+        if progressed:
+            job.failures_in_row = 0
+        if not reason.startswith("drain") and restart.counts_against_job(fi, layer3=self.sc.layer3):
+            job.failures_in_row += 1  # a drain is the platform's doing, not the job's
+        blamed = f"node-{fi.node:05d}" if fi is not None else None
+        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t), node=blamed)
+        if job.failures_in_row >= self.workload.max_failures_in_row:
+            job.state = JobState.FAILED
+            self.tally.failed += 1
+            self.rec.job_end(t, job, ok=False, productive_s=0.0)
+        else:
+            job.state = JobState.QUEUED
+            self.push(t + self.cfg.requeue_delay_s, ARRIVE_EV, job, 1)
+        self.schedule(t)
+
+    def _settle(self: Engine, job: Job, t: float) -> None:
+        held = (t - job.alloc_since) * job.size
+        job.allocated_s += held
+        self.tally.allocated_s += held
+        for nid in job.nodes:
+            self.fleet.release(nid)
+        job.nodes = []
+
+    def on_job_end(self: Engine, t: float, job: Job, epoch: int) -> None:
+        if job.epoch != epoch or job.state is not JobState.RUNNING or math.isinf(t):
+            return
+        self._settle(job, t)
+        job.state = JobState.DONE
+        self.tally.finished += 1
+        self.tally.productive_s += job.work_s * job.size
+        self.rec.job_end(t, job, ok=True, productive_s=job.work_s)
+        self.schedule(t)
+
+    def finish(self: Engine, t: float) -> None:
+        for job in self.jobs:
+            if job.state is JobState.RUNNING:
+                done = job.done_at(t)
+                self._settle(job, t)
+                self.tally.productive_s += done * job.size
+            elif job.state is JobState.QUEUED and job.restarts:
+                self.tally.productive_s += job.seg_done * job.size
+        self.fleet.close(t)
+        self.res.faults_undetected = sum(
+            1 for n in self.fleet.nodes for f in n.faults
+            if f.detected_s is None and f.kind.cause is not Cause.TOOLING
+        )  # fmt: skip
+        if self.platform is not None:
+            self.res.breaker_trips = self.platform.controller.breaker.status.trips
+        self.tally.finish(self.res, unavailable_s=self.fleet.unavailable_s,
+                          gpus_per_node=self.cfg.gpus_per_node)  # fmt: skip
+        self.rec.finish(t, self.res)
+
+
+def cure_probability(fi: FaultInstance, step: Action) -> float:
+    """A step cures a fault with the best chance among the fixes it includes: a reboot
+    also resets the GPUs, a replacement is a new machine (a missing tool: nothing cures)."""
+    return max((p for a, p in fi.kind.fix if Action(a).rank <= step.rank), default=0.0)
+
+
+FAULT_EV, DETECT_EV, REPAIRED_EV, ARRIVE_EV, JOB_END_EV, JOB_HIT_EV, _, _, DRAIN_EV = range(9)

@@ -1,0 +1,247 @@
+"""Layer 2 inside the simulator: the real controller over the in-memory cluster.
+
+Called by the engine in the `platform` and `full` scenarios. The node agent's verdicts
+(`sim.detect`) are published on a `MemoryCluster` node (the controller work's simulated
+cluster, behind the same `Cluster` interface as the Kubernetes and Slurm adapters); the
+real `platform.controller.Controller` reconciles it with the real policy, budgets and
+circuit breaker; its operations (block, drain, reset/reboot request, replace) come back to
+the simulated fleet. The controller runs when something changes and at the policy's next
+deadline (grace, request due, preflight), not every `interval_s`: cost grows with events.
+
+Only nodes in an episode are listed (a HEALTHY node with nothing to report gets no
+decision but "healthy"); the list's len() is the fleet size, so the breaker's share of
+unhealthy nodes is taken over the whole fleet, and the budget is fixed to the limit the
+safety rules give for the whole pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from gpuvigil.core.findings import Action, Finding, NodeReport
+from gpuvigil.core.wire import summarize
+from gpuvigil.platform import policy as policy_mod
+from gpuvigil.platform.clusters.memory import EPOCH, MemoryCluster, Pod
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.safety import PoolLimit, pool_limit
+from gpuvigil.platform.state import NodeView, State
+
+LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
+# Virtual time has microsecond steps: wake a little after a deadline, never on it.
+SLACK_S = 0.01
+
+
+class FleetList(list[NodeView]):
+    """The listed (active) nodes; len() answers the size of the whole fleet."""
+
+    def __init__(self, views: Iterable[NodeView], total: int) -> None:
+        super().__init__(views)
+        self.total = total
+
+    def __len__(self) -> int:
+        return max(self.total, super().__len__())
+
+    def __iter__(self) -> Iterator[NodeView]:
+        return super().__iter__()
+
+
+class SimCluster(MemoryCluster):
+    """The controller's in-memory cluster, listing and advancing only active nodes."""
+
+    def __init__(self, *, total: int, reset_s: float, reboot_s: float, preflight_s: float):
+        super().__init__(reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s)
+        self.total = total
+        self.active: set[str] = set()
+
+    def _only_active(self) -> dict:
+        return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
+
+    def list_nodes(self) -> list[NodeView]:
+        full, self.nodes = self.nodes, self._only_active()
+        try:
+            views = super().list_nodes()
+        finally:
+            self.nodes = full
+        return FleetList(views, self.total)
+
+    def advance(self, seconds: float) -> None:
+        full, self.nodes = self.nodes, self._only_active()
+        try:
+            super().advance(seconds)
+        finally:
+            full.update(self.nodes)
+            self.nodes = full
+
+
+def sample_fixed_by(fix: tuple[tuple[str, float], ...], rng: random.Random) -> Action | None:
+    """The least ladder step that cures this instance of a fault (None: nothing does)."""
+    for action, p in fix:
+        if rng.random() < p:
+            return Action(action)
+    return None
+
+
+@dataclass
+class Wake:
+    """What the engine must do after a pass: when to pass again, and what changed."""
+
+    at: float | None = None
+    drained: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+    states: dict[str, State] = field(default_factory=dict)
+    steps: int = 0
+
+
+class Platform:
+    """The real controller driving the simulated cluster; the engine's layer-2 seam."""
+
+    def __init__(
+        self,
+        *,
+        total: int,
+        config: ControllerConfig | None,
+        reset_s: float,
+        reboot_s: float,
+        preflight_s: float,
+        breaker: bool = True,
+        events: object | None = None,
+    ) -> None:
+        cfg = config or ControllerConfig()
+        safety = cfg.safety
+        # the pool's limit over the whole fleet, as the safety rules compute it
+        limit = pool_limit("default", total, safety)
+        updates: dict[str, object] = {
+            "pools": {"default": PoolLimit(max_disrupted=limit, max_disrupted_percent=100)}
+        }
+        if not breaker:
+            updates |= {"breaker_unhealthy_percent": 100.0, "breaker_same_check_nodes": 10**9,
+                        "breaker_min_nodes": 10**9}  # fmt: skip
+        cfg = cfg.model_copy(update={"safety": safety.model_copy(update=updates)})
+        self.config = cfg
+        self.cluster = SimCluster(
+            total=total, reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s
+        )
+        self.controller = Controller(
+            self.cluster,
+            config=cfg,
+            clock=self.cluster.clock.now,
+            events=events,  # type: ignore[arg-type]
+        )
+        self.t = 0.0
+        self.passes = 0
+        self.held_retry_s = max(cfg.interval_s, 60.0)
+        logging.getLogger("gpuvigil.controller").setLevel(logging.ERROR)
+
+    # --- the world side -------------------------------------------------------------------
+    def at(self, t: float) -> None:
+        if t > self.t:
+            self.cluster.advance(t - self.t)
+            self.t = t
+
+    def publish(self, name: str, findings: Iterable[Finding], *, fixed_by: Action | None,
+                running: bool) -> None:  # fmt: skip
+        """The node's agent publishes these problems (they clear when `fixed_by` runs)."""
+        if name not in self.cluster.nodes:
+            self.cluster.add_node(name)
+        summary = summarize(NodeReport(node=name, findings=tuple(findings)))
+        self.cluster.set_findings(name, list(summary.findings), fixed_by=fixed_by)
+        self.set_running(name, running=running)
+        self.cluster.active.add(name)
+
+    def clear(self, name: str) -> None:
+        if name in self.cluster.nodes:
+            self.cluster.clear_findings(name)
+
+    def set_running(self, name: str, *, running: bool) -> None:
+        node = self.cluster.nodes.get(name)
+        if node is not None:
+            node.pods = [Pod(f"{name}-job")] if running else []
+
+    def faults_cleared(self, name: str) -> bool:
+        node = self.cluster.nodes.get(name)
+        return node is None or not node.faults
+
+    def release(self, name: str) -> None:
+        """A person repaired a quarantined node: `gpuvigil release NODE`."""
+        node = self.cluster.nodes.get(name)
+        if node is None:
+            return
+        self.cluster.clear_findings(name)
+        view = self.cluster.get_node(name)
+        rec = policy_mod.release(view.record, now=self.cluster.clock.now(), who="sim")
+        self.cluster.store(name, rec)
+
+    def arrive(self, name: str) -> None:
+        """A replacement machine has arrived: it takes part again (and validates)."""
+        node = self.cluster.nodes.get(name)
+        if node is not None:
+            # MemoryCluster re-adds a replaced node under the same name, and the controller
+            # stores the REPLACE step's record on it right after: a new machine has no
+            # record (a real cluster's replacement is a new Node), so drop it here.
+            node.record_raw = None
+            node.heartbeat_at = self.cluster.clock.now()
+            self.cluster.active.add(name)
+
+    # --- one pass -------------------------------------------------------------------------
+    def reconcile(self) -> Wake:
+        self.passes += 1
+        before = {n: len(self.cluster.nodes[n].evicted) for n in self.cluster.active
+                  if n in self.cluster.nodes}  # fmt: skip
+        replaced_before = len(self.cluster.replaced)
+        result = self.controller.reconcile()
+        wake = Wake()
+        now = self.cluster.clock.now()
+        for name in self.cluster.replaced[replaced_before:]:
+            wake.replaced.append(name)
+            self.cluster.active.discard(name)  # the new machine arrives replace_s later
+        for name, d in result.decisions.items():
+            node = self.cluster.nodes.get(name)
+            if node is None:
+                continue
+            wake.states[name] = d.state
+            if len(node.evicted) > before.get(name, 0):
+                wake.drained.append(name)
+            if any(op.kind.value in ("request", "replace") for op in d.ops):
+                wake.steps += 1
+            if d.state is State.QUARANTINED and d.store:
+                wake.quarantined.append(name)
+            nxt = self._next(name, d, now)
+            if nxt is not None:
+                nxt = max(nxt, self.t + SLACK_S)
+            if nxt is not None and (wake.at is None or nxt < wake.at):
+                wake.at = nxt
+            if d.state is State.HEALTHY and not node.faults and not node.our_taints:
+                self.cluster.active.discard(name)
+        return wake
+
+    def _next(self, name: str, d: policy_mod.Decision, now: object) -> float | None:
+        """When this node's state can next change without news from the world."""
+        rec, cfg, node = d.record, self.config.policy, self.cluster.nodes[name]
+        since = (rec.since - EPOCH).total_seconds() if rec.since else self.t
+        if d.held:
+            return self.t + self.held_retry_s
+        if d.state is State.SUSPECT:
+            for limit in (cfg.suspect_grace_s, cfg.suspect_max_s):
+                if since + limit > self.t:
+                    return since + limit + SLACK_S
+            return self.t + self.held_retry_s
+        if d.state is State.DRAINING:
+            return self.t + 1.0
+        if d.state is State.REMEDIATING:
+            if node.request is not None:
+                return (node.request[2] - EPOCH).total_seconds() + SLACK_S
+            return self.t + 1.0
+        if d.state is State.VALIDATING:
+            return max(self.t + 1.0, since + self.cluster.preflight_s + 1.0)
+        if d.state is State.HEALTHY and node.our_taints:
+            return self.t + 1.0
+        return None
+
+
+def seconds(td: timedelta) -> float:
+    return td.total_seconds()

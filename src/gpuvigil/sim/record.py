@@ -1,0 +1,141 @@
+"""Layer 4 inside the simulator: the events a run writes (called by the engine).
+
+`Recorder` is the no-op base (fast runs, the bench); `EventRecorder` builds the real
+`gpuvigil.core.events.Event` envelopes, writes them if asked, and feeds layer 4's SLO
+tracker and failure attribution as the run goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuvigil.core.events import Event, EventWriter, Kind
+
+if TYPE_CHECKING:
+    from gpuvigil.core.findings import Finding
+    from gpuvigil.sim.jobs import Job
+    from gpuvigil.sim.results import Results
+
+# Simulated time 0 is this instant (the in-memory cluster's epoch too).
+T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+
+
+class Recorder:
+    """Does nothing: the engine calls these hooks at each transition."""
+
+    def fault(self, t: float, node: str, fault: str, component: str) -> None: ...
+    def fleet(self, t: float, names: Iterable[str]) -> None: ...
+    def findings(
+        self, t: float, node: str, findings: Iterable[Finding], *, cleared: bool = False
+    ) -> None: ...
+    def state(self, t: float, node: str, to: str, reason: str) -> None: ...
+    def held(self, t: float, node: str, why: str) -> None: ...
+    def remediation(
+        self, t: float, node: str, action: str, *, result: str = "started", reason: str = ""
+    ) -> None: ...
+    def submit(self, t: float, job: Job) -> None: ...
+    def job_start(self, t: float, job: Job) -> None: ...
+    def job_restart(
+        self, t: float, job: Job, *, reason: str, lost_s: float, node: str | None = None
+    ) -> None: ...
+    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None: ...
+    def finish(self, t: float, res: Results) -> None: ...
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+class EventRecorder(Recorder):
+    """Real `core.events.Event`s for every transition, kept in order for layer 4.
+
+    `finish` runs `observe.summary.summarize` (SLO tracker + failure attribution) over
+    them and stores what layer 4 would report in the run's results; `summary` keeps the
+    whole `observe.summary.Summary` for the HTML report. The controller writes its own
+    node.state/remediation/breaker events here too (it takes any object with `write`).
+    """
+
+    def __init__(self, *, write_to: Path | None = None, sim_states: bool = True) -> None:
+        self.events: list[Event] = []
+        self.sim_states = sim_states  # False when the real controller reports states
+        if write_to is not None:
+            write_to.unlink(missing_ok=True)  # one run per file: EventWriter appends
+        self._writer = EventWriter(write_to) if write_to is not None else None
+        self.report: Any = None
+
+    def write(self, event: Event) -> None:  # the controller's EventWriter interface
+        self.events.append(event)
+        if self._writer is not None:
+            self._writer.write(event)
+
+    def _emit(self, t: float, kind: Kind, *, node: str | None = None, job: str | None = None,
+              source: str = "sim", **data: Any) -> None:  # fmt: skip
+        self.write(Event(ts=T0 + t, kind=kind.value, source=source, node=node, job=job,
+                         data=data))  # fmt: skip
+
+    def fleet(self, t: float, names: Iterable[str]) -> None:
+        """Every node in service at the start, so layer 4 counts the whole fleet."""
+        for name in names:
+            self._emit(t, Kind.NODE_STATE, node=name, to="HEALTHY", reason="in the fleet")
+
+    def fault(self, t: float, node: str, fault: str, component: str) -> None:
+        self._emit(t, Kind.FAULT, node=node, fault=fault, component=component)
+
+    def findings(
+        self, t: float, node: str, findings: Iterable[Finding], *, cleared: bool = False
+    ) -> None:
+        kind = Kind.FINDING_CLEARED if cleared else Kind.FINDING_SET
+        for f in findings:
+            self._emit(t, kind, node=node, source="agent", code=f.code,
+                       component=f.component, status=f.status.value, action=f.action.value,
+                       fatal=f.fatal, check=f.check, message=f.message)  # fmt: skip
+
+    def state(self, t: float, node: str, to: str, reason: str) -> None:
+        if self.sim_states:
+            self._emit(t, Kind.NODE_STATE, node=node, to=to, reason=reason)
+
+    def remediation(self, t: float, node: str, action: str, *, result: str = "started",
+                    reason: str = "") -> None:  # fmt: skip
+        if self.sim_states:
+            self._emit(t, Kind.REMEDIATION, node=node, action=action, result=result,
+                       reason=reason)  # fmt: skip
+
+    def job_start(self, t: float, job: Job) -> None:
+        self._emit(t, Kind.JOB_START, job=f"job-{job.id}", source="training",
+                   nodes=[f"node-{n:05d}" for n in job.nodes], gpus=job.gpus)  # fmt: skip
+
+    def job_restart(self, t: float, job: Job, *, reason: str, lost_s: float,
+                    node: str | None = None) -> None:  # fmt: skip
+        self._emit(t, Kind.JOB_RESTART, job=f"job-{job.id}", source="training", reason=reason,
+                   lost_s=lost_s, **({"node": node} if node else {}))  # fmt: skip
+
+    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None:
+        allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
+        self._emit(t, Kind.JOB_END, job=f"job-{job.id}", source="training",
+                   result="succeeded" if ok else "failed", exit_code=0 if ok else 1,
+                   productive_gpu_s=productive_s * job.gpus, allocated_gpu_s=allocated)  # fmt: skip
+
+    def finish(self, t: float, res: Results) -> None:
+        from gpuvigil.observe.events import ReadStats
+        from gpuvigil.observe.summary import summarize
+
+        if self._writer is not None:
+            self._writer.close()
+        n = len(self.events)
+        stats = ReadStats(lines=n, events=n, sources=[f"gpuvigil simulate ({res.scenario})"])
+        self.report = summarize(self.events, start=T0, end=T0 + t, stats=stats)
+        slo = self.report.slo
+        res.slo = {
+            "availability": slo.availability,
+            "job_success_rate": slo.job_success_rate,
+            "goodput": slo.goodput,
+            "false_positive_drains": slo.false_positive_drains,
+            "breaker_trips": slo.breaker_trips,
+            "events": len(self.events),
+        }
+        res.attribution = dict(self.report.attribution.by_cause)
+
+    def summary(self) -> dict[str, Any]:
+        return self.report.to_json() if self.report is not None else {}

@@ -1,0 +1,98 @@
+"""Scenarios (which layers run) and the simulator's settings (`SimConfig`).
+
+Called by the engine and the CLI. A scenario switches layers on; every timing that is not
+a layer's own setting lives in `SimConfig`, each with the reason for its default (the
+published figures behind them are in docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from gpuvigil.core.config import StrictModel
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Which layers run. `baseline` is a cloud's own instance checks and job retries."""
+
+    name: str
+    layer1: bool  # node checks: faults are seen at the next check and the node cordoned
+    layer2: bool  # policy + safety: drain, remediate, validate, budgets, breaker
+    layer3: bool  # training: hang watchdog, warm restart, graceful drain at a checkpoint
+    layer4: bool  # observability: the active-check schedule (silent corruption)
+    summary: str = ""
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("baseline", False, False, False, False,
+                 "cloud instance checks only: dead machines replaced, failed jobs retried"),
+        Scenario("node", True, False, False, False, "layer 1: node checks + cordon"),
+        Scenario("platform", True, True, False, False, "layers 1-2: + policy, safety, remediation"),
+        Scenario("full", True, True, True, True, "layers 1-4: + training resilience, observe"),
+    )
+}  # fmt: skip
+
+
+class SimConfig(StrictModel):
+    """Timings of the simulated world (seconds). Defaults and their reasons:"""
+
+    gpus_per_node: int = Field(8, ge=1, description="H100/H200/A100 servers carry 8 GPUs.")
+    instance_check_s: float = Field(
+        300.0,
+        description="Cloud instance status checks run every minute; an instance is marked "
+        "impaired after a few failed checks: ~5 min until replacement starts.",
+    )
+    human_detect_mean_s: float = Field(
+        12 * 3600.0,
+        description="Without node checks, a bad but reachable machine is found when someone "
+        "triages failed jobs: half a working day on average (assumption).",
+    )
+    human_repair_mean_s: float = Field(
+        8 * 3600.0,
+        description="Hands-on repair once a human owns a node (ticket, swap, re-image): "
+        "a shift (assumption).",
+    )
+    restart_cost_s: float = Field(
+        900.0,
+        description="Requeue, reschedule, start processes and load the checkpoint: "
+        "~15 min for a large job (assumption; Llama 3 reports reducing job startup time).",
+    )
+    warm_restart_cost_s: float = Field(
+        240.0,
+        description="Layer 3's in-job restart on the same allocation with a hot spare: "
+        "no requeue, processes restart in place (assumption).",
+    )
+    nccl_timeout_s: float = Field(
+        600.0, description="PyTorch's default collective timeout (10 min) ends a hung job."
+    )
+    step_p99_s: float = Field(
+        10.0,
+        description="p99 step time of a large job; layer 3's watchdog derives its hang "
+        "timeout from it (factor x p99, training.config.WatchdogConfig).",
+    )
+    sdc_job_detect_s: float = Field(
+        6 * 3600.0,
+        description="A job notices silent corruption (loss spike, NaN) hours later (assumption).",
+    )
+    active_check_interval_s: float = Field(
+        86400.0, description="Layer 4 schedules a short active check on every node daily."
+    )
+    reset_gpu_s: float = Field(300.0, description="nvidia-smi -r plus checks: minutes.")
+    reboot_s: float = Field(1200.0, description="An 8-GPU server takes 10-20 min to reboot.")
+    replace_s: float = Field(
+        3600.0, description="Cloud: terminate + launch a new instance + preflight: ~1 h."
+    )
+    validate_s: float = Field(
+        600.0, description="Preflight (active checks) before a remediated node takes work."
+    )
+    requeue_delay_s: float = Field(
+        60.0, description="Scheduler back-off before a failed job is placed again."
+    )
+    remediation_retry_s: float = Field(
+        600.0, description="How long a held remediation (budget, breaker) waits to retry."
+    )

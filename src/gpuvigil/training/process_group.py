@@ -1,0 +1,168 @@
+"""Process-group setup that makes every torchrun restart clean, without the user knowing why.
+
+Called once per worker by the user's script (`training.init()`), before building the model.
+It runs the health gate, then forms the process group on a store prefix unique to this
+attempt (see `round_key`). Why: torchrun's agent shares one TCPStore with its workers for
+the whole job, and restarted workers find the dead attempt's keys there
+(pytorch/pytorch#135712); on gloo about half the restarts then fail (`Gloo connectFullMesh
+failed`) or hang. Also picks the backend and device: NCCL on GPUs (with gloo for
+CPU tensors, which async checkpointing and the monitoring side groups need), gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpuvigil.core.findings import utcnow
+from gpuvigil.training import health_gate
+from gpuvigil.training.config import TrainingConfig
+
+log = logging.getLogger("gpuvigil.training")
+
+
+@dataclass
+class Env:
+    """What a worker knows about itself and its job after `init`."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    node: str
+    device: torch.device
+    restart_count: int  # TORCHELASTIC_RESTART_COUNT of this agent
+    round_key: str  # the store prefix of this attempt
+    job: str | None
+    config: TrainingConfig
+    store: Any = None  # this attempt's (prefixed) store, for the watchdog's peer signal
+    groups: dict[str, Any] = field(default_factory=dict)  # side groups: "checkpoint", "monitor"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def node_name() -> str:
+    """The node as the platform names it: the k8s node (downward API) or the host name."""
+    return (
+        os.environ.get("GPUVIGIL_NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname()
+    )
+
+
+def _connect(env: dict[str, str], *, rank: int, world_size: int, timeout: timedelta) -> Any:
+    host, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500"))
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    return dist.TCPStore(
+        host, port, world_size, is_master=rank == 0, timeout=timeout, multi_tenant=True
+    )
+
+
+def round_key(env: dict[str, str]) -> str:
+    """A store prefix that every rank of this attempt computes alike.
+
+    torchrun shares its agent's store with the workers (TORCHELASTIC_USE_AGENT_STORE=True)
+    for the whole job: each attempt then needs its own prefix. With one agent (one node),
+    its restart count is exact. With several agents the counts can differ (an agent whose
+    workers were healthy restarts them for a membership change without counting it), so
+    multi-node jobs launch with `python -m gpuvigil.training.launch` (torchrun with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): every round then gets a fresh store from the
+    rendezvous, and no prefix is needed.
+    """
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "false":
+        return "gpuvigil/attempt"
+    if int(env.get("GROUP_WORLD_SIZE", "1")) > 1:
+        log.warning(
+            "gpuvigil: %s nodes share torchrun's rendezvous store across restarts; a restart "
+            "can then hang. Launch with `python -m gpuvigil.training.launch` (or set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun) on every node.",
+            env["GROUP_WORLD_SIZE"],
+        )
+    return f"gpuvigil/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def init(
+    config: TrainingConfig | None = None,
+    *,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> Env:
+    """Health gate, then the process group; returns who this worker is.
+
+    Exits with `exit_codes.NODE_UNHEALTHY` / `NODE_STATE_UNKNOWN` when the gate refuses.
+    """
+    config = config or TrainingConfig.load()
+    verdict = health_gate.check(config.health_gate, now=utcnow())
+    if not verdict.allowed:
+        log.error("%s (exit code %d)", verdict.message, verdict.exit_code)
+        raise health_gate.NodeRefused(verdict)
+    log.info(verdict.message)
+
+    env = dict(os.environ)
+    rank, world_size = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = backend or "cpu:gloo,cuda:nccl"
+    else:
+        device = torch.device("cpu")
+        backend = backend or "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    base = _connect(env, rank=rank, world_size=world_size, timeout=timeout)
+    key = round_key(env)
+    store = dist.PrefixStore(key, base)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+    groups = {
+        # Side groups so a background checkpoint and the straggler gather never interleave
+        # their collectives with the training's or each other's.
+        "checkpoint": dist.new_group(backend="gloo", timeout=timeout),
+        "monitor": dist.new_group(backend="gloo", timeout=timedelta(seconds=60)),
+    }
+    watch_store = dist.PrefixStore(
+        key,
+        dist.TCPStore(
+            base.host, base.port, world_size, is_master=False, timeout=timedelta(seconds=5)
+        ),
+    )
+    log.info(
+        "rank %d/%d on %s: process group %s on store prefix %s (restart %s)",
+        rank,
+        world_size,
+        node_name(),
+        backend,
+        key,
+        env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+    )
+    return Env(
+        rank,
+        world_size,
+        local_rank,
+        node_name(),
+        device,
+        int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        key,
+        env.get("TORCHELASTIC_RUN_ID"),
+        config,
+        watch_store,
+        groups,
+    )
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

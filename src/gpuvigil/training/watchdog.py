@@ -1,0 +1,218 @@
+"""The hang watchdog: a rank whose steps stop completing dumps its stacks and exits.
+
+Started by `run.Run`, kicked once per completed step. A daemon thread checks, every
+`poll_s`, that a step completed within the timeout (fixed, or derived from observed step
+times by `derive_timeout`, which is pure). When it fires it:
+1. dumps every thread's Python stack (stderr and a file per rank),
+2. writes an attribution record (rank, node, last step, where the main thread is, whether
+   it waits in torch collectives/backward: a rank that does not is the likely culprit),
+3. raises a flag in the job's c10d store so peers on other nodes dump and exit at once,
+4. exits with `exit_codes.HANG`, so torchrun restarts the group now instead of after the
+   collective timeout (NCCL's default is 10 minutes; gloo's 30).
+`faulthandler.dump_traceback_later` backs it up for a main thread that holds the GIL.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuvigil.training import exit_codes
+from gpuvigil.training.config import WatchdogConfig
+
+log = logging.getLogger("gpuvigil.training.watchdog")
+
+HANG_KEY = "gpuvigil/hang"
+_TORCH_WAIT = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
+
+
+def derive_timeout(step_times_s: Sequence[float], config: WatchdogConfig) -> float:
+    """Pure: the fixed timeout, else initial_timeout_s until warmup, else factor * p99."""
+    if config.timeout_s is not None:
+        return config.timeout_s
+    if len(step_times_s) < config.warmup_steps:
+        return config.initial_timeout_s
+    ordered = sorted(step_times_s)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return max(config.min_timeout_s, config.factor * p99)
+
+
+@dataclass(frozen=True)
+class HangRecord:
+    rank: int
+    node: str
+    step: int  # last completed step
+    waited_s: float
+    timeout_s: float
+    where: str  # innermost frame of the main thread
+    in_collective: bool  # main thread is inside torch collectives/backward (a victim)
+    reason: str  # "timeout" or "peer" (another rank fired first)
+    stack_file: str
+
+    def data(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "node"}
+
+
+def main_thread_stack() -> list[traceback.FrameSummary]:
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    return traceback.extract_stack(frame) if frame is not None else []
+
+
+class Watchdog:
+    def __init__(
+        self,
+        config: WatchdogConfig,
+        *,
+        rank: int,
+        node: str,
+        dump_dir: Path,
+        on_fire: Callable[[HangRecord], None] = lambda record: None,
+        store: Any = None,  # a c10d Store (get/set/check) shared by this attempt's ranks
+        exit: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.config = config
+        self.rank, self.node, self.dump_dir = rank, node, dump_dir
+        self._on_fire, self._store, self._exit = on_fire, store, exit
+        self._times: deque[float] = deque(maxlen=1000)
+        self._last_kick = time.monotonic()
+        self._step = 0
+        self._paused = 0
+        self._timeout = derive_timeout((), config)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpuvigil-watchdog", daemon=True)
+        self.fired: HangRecord | None = None
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout
+
+    def start(self) -> Watchdog:
+        self._last_kick = time.monotonic()
+        self._arm_backstop()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        faulthandler.cancel_dump_traceback_later()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.config.poll_s * 2)
+
+    def kick(self, step: int, step_time_s: float) -> None:
+        """One completed step (the hot path: a clock read and a deque append)."""
+        now = time.monotonic()
+        if now - self._last_kick > self.config.poll_s:
+            self._arm_backstop()
+        self._last_kick = now
+        self._step = step
+        self._times.append(step_time_s)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Suspend during long, legitimate stalls between steps (a synchronous save, a load)."""
+        self._paused += 1
+        faulthandler.cancel_dump_traceback_later()
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            self._last_kick = time.monotonic()
+            self._arm_backstop()
+
+    def _arm_backstop(self) -> None:
+        if self._paused:
+            return
+        # Fires only if this thread could not (the main thread holds the GIL in C code).
+        faulthandler.dump_traceback_later(2 * self._timeout + 30, exit=True)
+
+    def _peer_fired(self) -> bool:
+        if self._store is None:
+            return False
+        try:
+            return bool(self._store.check([HANG_KEY]))
+        except Exception:  # noqa: BLE001 (store gone (its host died): the local timeout still works)
+            return False
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.poll_s):
+            self._timeout = derive_timeout(list(self._times), self.config)
+            if self._paused:
+                continue
+            waited = time.monotonic() - self._last_kick
+            if waited > self._timeout:
+                self.fire(reason="timeout", waited_s=waited)
+                return
+            if self._peer_fired():
+                self.fire(reason="peer", waited_s=waited)
+                return
+
+    def fire(self, *, reason: str, waited_s: float) -> None:
+        stack = main_thread_stack()
+        where = f"{stack[-1].filename}:{stack[-1].lineno} in {stack[-1].name}" if stack else "?"
+        in_collective = any(any(p in f.filename for p in _TORCH_WAIT) for f in stack)
+        path = self.dump_dir / f"hang-rank{self.rank}-pid{os.getpid()}.txt"
+        try:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            with open(path, "w") as fh:
+                fh.write(
+                    f"gpuvigil hang watchdog: rank {self.rank} on {self.node}, last step "
+                    f"{self._step}, waited {waited_s:.1f}s (timeout {self._timeout:.1f}s), "
+                    f"reason {reason}\n"
+                )
+                fh.flush()
+                faulthandler.dump_traceback(fh, all_threads=True)
+        except OSError as e:
+            log.error("cannot write stack dump %s: %s", path, e)
+        record = HangRecord(
+            self.rank,
+            self.node,
+            self._step,
+            round(waited_s, 3),
+            round(self._timeout, 3),
+            where,
+            in_collective,
+            reason,
+            str(path),
+        )
+        self.fired = record
+        log.error(
+            "gpuvigil hang watchdog fired on rank %d (node %s): no step completed for %.1fs "
+            "(timeout %.1fs, reason %s); last step %d; main thread at %s%s; stacks in %s; "
+            "exiting with code %d so torchrun restarts the group",
+            self.rank,
+            self.node,
+            waited_s,
+            self._timeout,
+            reason,
+            self._step,
+            where,
+            " (waiting in a collective: likely a victim)" if in_collective else "",
+            path,
+            exit_codes.HANG,
+        )
+        sys.stderr.write(f"--- gpuvigil: stacks of rank {self.rank} ---\n")
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        if self._store is not None and reason == "timeout":
+            try:
+                self._store.set(HANG_KEY, f"{self.rank}")
+            except Exception as e:  # noqa: BLE001 (best effort: peers still time out on their own)
+                log.warning("could not signal peers through the store: %s", e)
+        try:
+            self._on_fire(record)
+        except Exception:
+            log.exception("hang record could not be written")
+        for h in logging.getLogger().handlers:
+            h.flush()
+        self._exit(exit_codes.HANG)

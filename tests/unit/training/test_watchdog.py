@@ -1,0 +1,105 @@
+"""Hang watchdog: timeout derivation (pure) and firing on a real thread with a real store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuvigil.training import exit_codes
+from gpuvigil.training.config import WatchdogConfig
+from gpuvigil.training.watchdog import HANG_KEY, HangRecord, Watchdog, derive_timeout
+
+
+def test_fixed_timeout_wins() -> None:
+    assert derive_timeout([1.0] * 100, WatchdogConfig(timeout_s=7)) == 7
+
+
+def test_initial_timeout_until_warmup() -> None:
+    cfg = WatchdogConfig(warmup_steps=10, initial_timeout_s=600)
+    assert derive_timeout([0.1] * 9, cfg) == 600
+
+
+def test_derived_from_p99_with_a_floor() -> None:
+    cfg = WatchdogConfig(warmup_steps=10, factor=10, min_timeout_s=60)
+    assert derive_timeout([0.1] * 100, cfg) == 60  # 10 * 0.1 = 1 s is below the floor
+    times = [1.0] * 98 + [9.0, 12.0]
+    assert derive_timeout(times, cfg) == pytest.approx(120.0)  # p99 = 12 s
+
+
+def test_outlier_below_p99_does_not_dominate() -> None:
+    cfg = WatchdogConfig(warmup_steps=10, factor=10, min_timeout_s=1)
+    times = [0.5] * 1000 + [50.0]  # one slow checkpoint step among a thousand
+    assert derive_timeout(times, cfg) == pytest.approx(5.0)
+
+
+def _watchdog(tmp_path: Path, **kw: object) -> tuple[Watchdog, list[int], list[HangRecord]]:
+    exits: list[int] = []
+    records: list[HangRecord] = []
+    cfg = WatchdogConfig(timeout_s=0.5, poll_s=0.05)
+    wd = Watchdog(
+        cfg, rank=3, node="n1", dump_dir=tmp_path, on_fire=records.append, exit=exits.append, **kw
+    )  # type: ignore[arg-type]
+    return wd, exits, records
+
+
+def test_fires_when_steps_stop_and_dumps_stacks(tmp_path: Path) -> None:
+    wd, exits, records = _watchdog(tmp_path)
+    wd.start()
+    try:
+        for step in range(1, 6):
+            wd.kick(step, 0.01)
+            time.sleep(0.05)
+        assert exits == []
+        t0 = time.monotonic()
+        while not exits and time.monotonic() - t0 < 5:
+            time.sleep(0.02)
+    finally:
+        wd.stop()
+    assert exits == [exit_codes.HANG]
+    (rec,) = records
+    assert (rec.rank, rec.node, rec.step, rec.reason) == (3, "n1", 5, "timeout")
+    assert 0.5 <= rec.waited_s < 0.5 + 1.0
+    assert "test_watchdog.py" in rec.where  # the main thread was sleeping in this test
+    dump = Path(rec.stack_file).read_text()
+    assert "gpuvigil-watchdog" in dump or "Thread" in dump
+    assert "test_fires_when_steps_stop" in dump
+
+
+def test_paused_does_not_fire(tmp_path: Path) -> None:
+    wd, exits, _ = _watchdog(tmp_path)
+    wd.start()
+    try:
+        with wd.paused():
+            time.sleep(1.0)
+        assert exits == []
+    finally:
+        wd.stop()
+
+
+def test_peer_flag_in_the_store_fires_at_once(tmp_path: Path) -> None:
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    wd, exits, records = _watchdog(tmp_path, store=store)
+    wd.config = WatchdogConfig(timeout_s=60, poll_s=0.05)
+    wd.start()
+    try:
+        threading.Timer(0.2, lambda: store.set(HANG_KEY, "0")).start()
+        t0 = time.monotonic()
+        while not exits and time.monotonic() - t0 < 5:
+            time.sleep(0.02)
+    finally:
+        wd.stop()
+    assert exits == [exit_codes.HANG]
+    assert records[0].reason == "peer"
+
+
+def test_firing_rank_raises_the_flag_for_peers(tmp_path: Path) -> None:
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    wd, exits, _ = _watchdog(tmp_path, store=store)
+    wd.fire(reason="timeout", waited_s=1.0)
+    assert exits == [exit_codes.HANG]
+    assert store.get(HANG_KEY) == b"3"
