@@ -113,3 +113,31 @@ def test_no_budget_means_not_run_never_skipped():
     out = run_active(cfg(checks=["matmul", "load"]), device="cpu", budget_s=1)
     assert codes(out) == [("active.load", "CHECK_TIMEOUT"), ("active.matmul", "CHECK_TIMEOUT")]
     assert out.workers == 0
+
+
+def test_slow_fabric_across_nodes_is_fabric_slow():
+    """Two workers as two nodes (two CPU devices each); every all-reduce is slowed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuvigil.node.active.allreduce import free_port
+
+    port = free_port()
+
+    def node(rank: int):
+        c = cfg(
+            checks=["allreduce"],
+            allreduce_bytes=1 << 16,
+            peers={"master_addr": "127.0.0.1", "master_port": port, "nnodes": 2, "node_rank": rank},
+            expected={"internode_busbw_gbs": 0.01},
+        )
+        return run_active(
+            c, device="cpu", budget_s=90, wrapper="gpuvigil.fakes.active:slow_all_reduce"
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(node, (0, 1)))
+    for out in outs:
+        assert codes(out) == [("active.allreduce", "FABRIC_SLOW")]
+        f = out.findings[0]
+        assert f.component == "fabric" and f.evidence["world"] == 4
+        assert f.evidence["achieved"] < 0.5 * f.evidence["expected"]
