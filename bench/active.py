@@ -55,8 +55,17 @@ def baseline_tflops(device: str, size: int, dtype_name: str, seconds: float) -> 
 
 
 def run_preflight(device: str, budget_s: float) -> dict:
-    argv = [sys.executable, "-m", "gpuvigil", "preflight", "--device", device, "--json",
-            "--budget-s", str(budget_s)]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuvigil",
+        "preflight",
+        "--device",
+        device,
+        "--json",
+        "--budget-s",
+        str(budget_s),
+    ]
     if device == "cpu":
         argv += ["--expect-gpus", "0"]
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin:/usr/local/bin"}
@@ -64,8 +73,9 @@ def run_preflight(device: str, budget_s: float) -> dict:
 
     env = {**os.environ, **env}
     t0 = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=budget_s + 60,
-                       check=False)
+    p = subprocess.run(
+        argv, capture_output=True, text=True, env=env, timeout=budget_s + 60, check=False
+    )
     wall = time.perf_counter() - t0
     try:
         out = json.loads(p.stdout)
@@ -90,8 +100,11 @@ def main() -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print(f"no CUDA device for torch {torch.__version__}: nothing to measure "
-                  "(use --device cpu)", file=sys.stderr)
+            print(
+                f"no CUDA device for torch {torch.__version__}: nothing to measure "
+                "(use --device cpu)",
+                file=sys.stderr,
+            )
             return 3
     cfg = ActiveConfig(checks=["load"], load_s=args.load_s)
     sizes = cfg.sizes(args.device)
@@ -99,8 +112,7 @@ def main() -> int:
     bases, runs = [], []
     for _ in range(args.rounds):
         runs.append(run_active(cfg, device=args.device, budget_s=sizes.load_s + 120))
-        bases.append(baseline_tflops(args.device, sizes.load_size, sizes.load_dtype,
-                                     sizes.load_s))
+        bases.append(baseline_tflops(args.device, sizes.load_size, sizes.load_dtype, sizes.load_s))
     base = statistics.median(bases)
     outcome = runs[-1]
     by_device: dict[str, list[float]] = {}
@@ -115,41 +127,73 @@ def main() -> int:
         name = outcome.devices[i] if i < len(outcome.devices) else "?"
         found = identify(name, models) if args.device == "cuda" else None
         peak = getattr(found[1].dense_tflops, sizes.load_dtype) if found else None
-        rows.append({"device": m.component, "name": name, "model": found[0] if found else None,
-                     "dtype": sizes.load_dtype, "size": sizes.load_size,
-                     "achieved_tflops": m.achieved, "peak_tflops": peak,
-                     "ratio_to_peak": m.achieved / peak if peak and m.achieved else None,
-                     "baseline_tflops": base,
-                     "ratio_to_baseline": m.achieved / base if base and m.achieved else None,
-                     "status": m.status, "code": m.code})
+        rows.append(
+            {
+                "device": m.component,
+                "name": name,
+                "model": found[0] if found else None,
+                "dtype": sizes.load_dtype,
+                "size": sizes.load_size,
+                "achieved_tflops": m.achieved,
+                "peak_tflops": peak,
+                "ratio_to_peak": m.achieved / peak if peak and m.achieved else None,
+                "baseline_tflops": base,
+                "ratio_to_baseline": m.achieved / base if base and m.achieved else None,
+                "status": m.status,
+                "code": m.code,
+            }
+        )
     problems = [f"{f.check} {f.code}: {f.message}" for f in outcome.findings]
     pf = None if args.skip_preflight else run_preflight(args.device, args.budget_s)
-    figures = {"device": args.device, "load_s": sizes.load_s, "rounds": args.rounds,
-               "baseline_rounds_tflops": bases, "matmul": rows,
-               "problems": problems}
+    figures = {
+        "device": args.device,
+        "load_s": sizes.load_s,
+        "rounds": args.rounds,
+        "baseline_rounds_tflops": bases,
+        "matmul": rows,
+        "problems": problems,
+    }
     if pf is not None:
-        figures["preflight"] = {k: pf.get(k) for k in ("result", "exit_status", "duration_s",
-                                                       "wall_s", "budget_s",
-                                                       "check_durations_s", "devices", "error")}
+        figures["preflight"] = {
+            k: pf.get(k)
+            for k in (
+                "result",
+                "exit_status",
+                "duration_s",
+                "wall_s",
+                "budget_s",
+                "check_durations_s",
+                "devices",
+                "error",
+            )
+        }
     if args.json:
         print(json.dumps(figures, indent=2, default=str))
         return 0
-    print(f"active-check benchmark on {args.device} ({sizes.load_dtype}, "
-          f"{sizes.load_size}x{sizes.load_size}, {sizes.load_s:g} s sustained, medians of "
-          f"{args.rounds} alternating rounds)")
+    print(
+        f"active-check benchmark on {args.device} ({sizes.load_dtype}, "
+        f"{sizes.load_size}x{sizes.load_size}, {sizes.load_s:g} s sustained, medians of "
+        f"{args.rounds} alternating rounds)"
+    )
     for r in rows:
         ratio = f"{r['ratio_to_peak']:.2f}" if r["ratio_to_peak"] is not None else "n/a"
-        print(f"  {r['device']:7} {r['name'][:28]:28} achieved {r['achieved_tflops']:.4g} "
-              f"TFLOP/s  peak {r['peak_tflops'] or 'n/a'}  ratio to peak {ratio}  "
-              f"ratio to bare loop {r['ratio_to_baseline'] or 0:.2f}  {r['status']}")
-    print(f"  bare torch.matmul loop on device 0: {base:.4g} TFLOP/s (median of "
-          f"{', '.join(f'{b:.3g}' for b in bases)})")
+        print(
+            f"  {r['device']:7} {r['name'][:28]:28} achieved {r['achieved_tflops']:.4g} "
+            f"TFLOP/s  peak {r['peak_tflops'] or 'n/a'}  ratio to peak {ratio}  "
+            f"ratio to bare loop {r['ratio_to_baseline'] or 0:.2f}  {r['status']}"
+        )
+    print(
+        f"  bare torch.matmul loop on device 0: {base:.4g} TFLOP/s (median of "
+        f"{', '.join(f'{b:.3g}' for b in bases)})"
+    )
     for p in problems:
         print(f"  problem: {p}")
     if pf is not None:
-        print(f"preflight: {pf.get('result')} (exit {pf['exit_status']}) in "
-              f"{pf.get('duration_s')} s of a {pf.get('budget_s')} s budget "
-              f"(process wall {pf['wall_s']:.1f} s); per check: {pf.get('check_durations_s')}")
+        print(
+            f"preflight: {pf.get('result')} (exit {pf['exit_status']}) in "
+            f"{pf.get('duration_s')} s of a {pf.get('budget_s')} s budget "
+            f"(process wall {pf['wall_s']:.1f} s); per check: {pf.get('check_durations_s')}"
+        )
         if pf.get("error"):
             print(f"preflight error: {pf['error']}")
     return 0

@@ -17,32 +17,29 @@ from gpuvigil.core.config import ConfigError
 
 
 def _render(result: Any) -> None:
+    """The measurements (achieved vs expected), then the report as `gpuvigil check` shows it."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    table = Table(title="Active checks: achieved vs expected")
-    for col in ("check", "component", "metric", "achieved", "expected", "status"):
-        table.add_column(col)
+    from gpuvigil.commands import report_view
+
+    console = Console(emoji=False, highlight=False)
+    table = Table(title="Active checks: achieved vs expected", title_justify="left")
+    for col in ("check", "component", "metric", "achieved", "expected", "unit", "status"):
+        table.add_column(col, no_wrap=col != "unit")
     for m in result.measurements:
         table.add_row(
             m.check,
             m.component,
             m.metric,
-            "-" if m.achieved is None else f"{m.achieved:.4g} {m.unit}",
+            "-" if m.achieved is None else f"{m.achieved:.4g}",
             "-" if m.expected is None else f"{m.expected:.4g}",
+            m.unit,
             m.status if not m.code else f"{m.status} {m.code}",
         )
     if result.measurements:
         console.print(table)
-    problems = result.report.problems
-    if problems:
-        t = Table(title="Problems")
-        for col in ("check", "component", "code", "status", "action", "message"):
-            t.add_column(col)
-        for f in problems:
-            t.add_row(f.check, f.component, f.code, f.status.value, f.action.value, f.message[:120])
-        console.print(t)
+    report_view.render(result.report, console=console, title="gpuvigil preflight")
     verdict = "PASSED" if result.passed else "FAILED"
     devices = ", ".join(sorted(set(result.devices))) or "none"
     console.print(
@@ -147,10 +144,15 @@ def register(app: typer.Typer) -> None:
                 c.strip() for c in checks.split(",") if c.strip()
             ]
         if master:
-            addr, _, port = master.rpartition(":")
+            addr, sep, port = master.rpartition(":")
+            if not sep or not addr or not port.isdigit():
+                typer.echo(
+                    f"gpuvigil preflight: --master wants HOST:PORT, not {master!r}", err=True
+                )
+                raise typer.Exit(2)
             overrides["preflight"]["active"]["peers"] = {
-                "master_addr": addr or master,
-                "master_port": int(port or 29533),
+                "master_addr": addr,
+                "master_port": int(port),
                 "nnodes": nnodes or 0,
                 "node_rank": node_rank or 0,
             }

@@ -49,6 +49,19 @@ class _FlakyMatmul(OpsWrapper):
         return out
 
 
+class _SubtleMatmul(OpsWrapper):
+    """Device 1 flips the lowest mantissa bit of one element, the same way every time:
+    within every tolerance and repeatable; only its identical peers can expose it."""
+
+    def matmul(self, i: int, a: Any, b: Any) -> Any:
+        out = self.inner.matmul(i, a, b)
+        if i == BAD:
+            out = out.clone()
+            flat = out.view(-1)
+            flat[5] = self.torch.nextafter(flat[5], flat[5] * 2)
+        return out
+
+
 class _SlowMatmul(OpsWrapper):
     """Device 1 takes 20x as long (a power-braked or throttled GPU)."""
 
@@ -141,6 +154,10 @@ def wrong_matmul(ops: Any) -> Any:
 
 def flaky_matmul(ops: Any) -> Any:
     return _FlakyMatmul(ops)
+
+
+def subtle_matmul(ops: Any) -> Any:
+    return _SubtleMatmul(ops)
 
 
 def slow_matmul(ops: Any) -> Any:

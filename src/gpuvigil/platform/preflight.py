@@ -53,6 +53,8 @@ class PreflightResult:
     device: str
     devices: list[str] = field(default_factory=list)
     models: list[str | None] = field(default_factory=list)
+    components: list[str] = field(default_factory=list)
+    pci: list[str | None] = field(default_factory=list)
     duration_s: float = 0.0
     budget_s: float = 0.0
     durations_s: dict[str, float] = field(default_factory=dict)
@@ -69,6 +71,8 @@ class PreflightResult:
             "device": self.device,
             "devices": self.devices,
             "gpu_models": self.models,
+            "device_components": self.components,
+            "device_pci": self.pci,
             "duration_s": round(self.duration_s, 3),
             "budget_s": self.budget_s,
             "check_durations_s": {k: round(v, 3) for k, v in self.durations_s.items()},
@@ -149,6 +153,8 @@ def run_preflight(
         device=pf.device,
         devices=outcome.devices,
         models=outcome.models,
+        components=outcome.components,
+        pci=outcome.pci,
         duration_s=time.monotonic() - t0,
         budget_s=pf.budget_s,
         durations_s=durations,

@@ -11,11 +11,22 @@ import pytest
 from gpuvigil.core.wire import PREFLIGHT_ANNOTATION, UNVALIDATED_TAINT
 from gpuvigil.fakes.sysfs import FakeSysfs
 
-pytestmark = pytest.mark.realparts
-pytest.importorskip("torch")
+pytest_plugins = ["preflight_fixtures"]  # this folder's fixtures (see preflight_fixtures.py)
+
+pytestmark = [pytest.mark.realparts, pytest.mark.usefixtures("need_torch")]
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy/kubernetes/preflight"
-QUICK = ("preflight", "--device", "cpu", "--expect-gpus", "0", "--checks", "matmul", "--json",
-         "--publish", "kubernetes")
+QUICK = (
+    "preflight",
+    "--device",
+    "cpu",
+    "--expect-gpus",
+    "0",
+    "--checks",
+    "matmul",
+    "--json",
+    "--publish",
+    "kubernetes",
+)
 
 
 def annotation(kube, node: str) -> dict:
@@ -35,16 +46,27 @@ def test_pass_and_fail_are_published_on_the_node(kube, run_cli, tmp_path):
 
     fs = FakeSysfs.node(tmp_path / "root", gpus=0, kind="ib", adapters=8)
     fs.remove_adapter("mlx5_7")
-    p = run_cli(*QUICK, "--node-name", node, "--kubeconfig", str(kube.kubeconfig),
-                "--instance-type", "dgx-h100", "--sysfs-root", str(fs.root), timeout=90)
+    p = run_cli(
+        *QUICK,
+        "--node-name",
+        node,
+        "--kubeconfig",
+        str(kube.kubeconfig),
+        "--instance-type",
+        "dgx-h100",
+        "--sysfs-root",
+        str(fs.root),
+        timeout=90,
+    )
     assert p.returncode == 1, p.stderr
     got = annotation(kube, node)
     assert got["result"] == "fail" and "node FABRIC_COUNT_LOW" in got["summary"]
 
 
 def test_publish_failure_is_exit_2(kube, run_cli):
-    p = run_cli(*QUICK, "--node-name", "no-such-node", "--kubeconfig", str(kube.kubeconfig),
-                timeout=90)
+    p = run_cli(
+        *QUICK, "--node-name", "no-such-node", "--kubeconfig", str(kube.kubeconfig), timeout=90
+    )
     assert p.returncode == 2
     assert "could not annotate node 'no-such-node'" in p.stderr
 

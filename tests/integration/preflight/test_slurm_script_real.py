@@ -11,8 +11,12 @@ import pytest
 
 pytestmark = pytest.mark.realparts
 SCRIPT = Path(__file__).resolve().parents[3] / "deploy/slurm/gpuvigil-preflight.sh"
-FAIL = {"result": "fail", "report": {"findings": [
-    {"component": "gpu:5", "code": "GPU_MEMORY_FAULT", "status": "FAILED"}]}}
+FAIL = {
+    "result": "fail",
+    "report": {
+        "findings": [{"component": "gpu:5", "code": "GPU_MEMORY_FAULT", "status": "FAILED"}]
+    },
+}
 
 
 def run_script(slurm, fake_bin, tmp_path, *, rc: int, out: dict, node: str) -> int:
@@ -21,8 +25,7 @@ def run_script(slurm, fake_bin, tmp_path, *, rc: int, out: dict, node: str) -> i
     env = slurm.env()
     env["PATH"] = f"{fake_bin.dir}:{env['PATH']}"
     env["SLURMD_NODENAME"] = node
-    p = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
     return p.returncode
 
 

@@ -11,10 +11,16 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[3] / "deploy/slurm/gpuvigil-preflight.sh"
 
-FAILED = {"result": "fail", "report": {"findings": [
-    {"component": "gpu:3", "code": "GPU_SDC", "status": "FAILED"},
-    {"component": "nic:mlx5_2", "code": "FABRIC_PORT_DOWN", "status": "FAILED"},
-    {"component": "gpu:0", "code": "X", "status": "OK"}]}}
+FAILED = {
+    "result": "fail",
+    "report": {
+        "findings": [
+            {"component": "gpu:3", "code": "GPU_SDC", "status": "FAILED"},
+            {"component": "nic:mlx5_2", "code": "FABRIC_PORT_DOWN", "status": "FAILED"},
+            {"component": "gpu:0", "code": "X", "status": "OK"},
+        ]
+    },
+}
 
 
 @pytest.fixture
@@ -23,11 +29,16 @@ def slurm(fake_bin, tmp_path):
 
     def setup(*, rc: int, out: str = "", running: str = "") -> None:
         (tmp_path / "out.json").write_text(out)
-        fake_bin("gpuvigil", f"#!/bin/sh\necho \"gpuvigil $*\" >> {log}\n"
-                             f"cat {tmp_path / 'out.json'}\nexit {rc}\n")
-        fake_bin("scontrol", f"#!/bin/sh\necho \"scontrol $*\" >> {log}\n"
-                             "[ \"$1\" = show ] && echo \"   Reason=$FAKE_REASON [root@t]\"\n"
-                             "exit 0\n")
+        fake_bin(
+            "gpuvigil",
+            f'#!/bin/sh\necho "gpuvigil $*" >> {log}\ncat {tmp_path / "out.json"}\nexit {rc}\n',
+        )
+        fake_bin(
+            "scontrol",
+            f'#!/bin/sh\necho "scontrol $*" >> {log}\n'
+            '[ "$1" = show ] && echo "   Reason=$FAKE_REASON [root@t]"\n'
+            "exit 0\n",
+        )
         fake_bin("squeue", f"#!/bin/sh\necho '{running}'\n")
 
     def run(**env: str) -> tuple[int, list[str]]:
@@ -36,8 +47,7 @@ def slurm(fake_bin, tmp_path):
         e["SLURMD_NODENAME"] = "gpu7"
         e.pop("SLURM_JOB_ID", None)
         e.update(env)
-        p = subprocess.run(["bash", str(SCRIPT)], env=e, capture_output=True, text=True,
-                           timeout=30)
+        p = subprocess.run(["bash", str(SCRIPT)], env=e, capture_output=True, text=True, timeout=30)
         calls = log.read_text().splitlines() if log.exists() else []
         return p.returncode, calls
 
@@ -62,8 +72,10 @@ def test_failure_drains_with_the_problems_as_reason(slurm):
     rc, calls = slurm.run(GPUVIGIL_PREFLIGHT_MODE="quick")
     assert rc == 1
     assert calls[0] == "gpuvigil preflight --checks matmul,memory --budget-s 60 --json"
-    assert calls[1] == ("scontrol update NodeName=gpu7 State=DRAIN Reason=gpuvigil preflight: "
-                        "gpu:3 GPU_SDC; nic:mlx5_2 FABRIC_PORT_DOWN")
+    assert calls[1] == (
+        "scontrol update NodeName=gpu7 State=DRAIN Reason=gpuvigil preflight: "
+        "gpu:3 GPU_SDC; nic:mlx5_2 FABRIC_PORT_DOWN"
+    )
 
 
 def test_could_not_run_and_garbage_still_drain(slurm):

@@ -10,8 +10,10 @@ import math
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
+from gpuvigil.node.active import telemetry
 from gpuvigil.node.active.config import ActiveConfig, Sizes
 from gpuvigil.node.active.results import Measurement
 from gpuvigil.node.rules import active as rules
@@ -62,6 +64,9 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
             * b.double().pow(2).mean().sqrt().item()
         )
         tol = rules.TOLERANCE[name]
+        batch: list[Measurement] = []
+        digests: dict[int, str] = {}
+        classes: list[Any] = []  # one CPU copy per bitwise-distinct product
         for i in range(ops.count()):
             da, db = a.to(ops.devices[i]), b.to(ops.devices[i])
             with _tf32(ops, name == "tf32"):
@@ -73,6 +78,7 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
                 for r in results[1:]
             )
             bitwise = all(torch.equal(results[0], r) for r in results[1:])
+            digests[i] = _class_of(ops, results[0], classes)
             ev = {
                 "dtype": name,
                 "size": n,
@@ -80,6 +86,7 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
                 "max_repeat_difference": drift,
                 "bitwise_repeatable": bitwise,
                 "device_name": ops.name(i),
+                "result_class": digests[i],
             }
             status, code, msg = "OK", None, ""
             if rules.wrong(error, name):
@@ -93,20 +100,75 @@ def correctness(ops: Any, cfg: ActiveConfig, sizes: Sizes) -> list[Measurement]:
                 # same device: any change between repeats is the hardware.
                 status, code = "FAILED", "GPU_SDC"
                 msg = f"{name} matmul gave different results on repeats (by {drift:.3g})"
-            out.append(
+            batch.append(
                 Measurement(
                     check="matmul",
                     component=ops.component(i),
                     metric=f"{name}_max_error",
                     achieved=error,
                     expected=tol,
-                    unit="normalised error",
+                    unit="norm_err",
                     status=status,
                     code=code,
                     message=msg,
                     evidence=ev,
                 )
             )
+        out += _agreement(ops, batch, digests, name)
+    return out
+
+
+def _class_of(ops: Any, t: Any, classes: list[Any]) -> str:
+    """A label shared by bitwise-equal products ("r0", "r1", ...): n GPUs, <= n^2/2 compares."""
+    host = t.detach().to("cpu")
+    for k, rep in enumerate(classes):
+        if rep.dtype == host.dtype and ops.torch.equal(rep, host):
+            return f"r{k}"
+    classes.append(host)
+    return f"r{len(classes) - 1}"
+
+
+def _agreement(
+    ops: Any, batch: list[Measurement], digests: dict[int, str], dtype: str
+) -> list[Measurement]:
+    """Same inputs, same GPU model, same library: the products must be bitwise identical.
+    A GPU that disagrees with the majority of its peers is corrupting bits too small for
+    any tolerance to see (the way fleet SDC screens find them)."""
+    groups: dict[str, list[int]] = {}
+    for i in digests:
+        groups.setdefault(ops.name(i), []).append(i)
+    out = list(batch)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        counts: dict[str, int] = {}
+        for i in members:
+            counts[digests[i]] = counts.get(digests[i], 0) + 1
+        if len(counts) == 1:
+            continue
+        top, top_n = max(counts.items(), key=lambda kv: kv[1])
+        majority = top_n * 2 > len(members)
+        if not majority and any(out[i].status != "OK" for i in members):
+            continue  # a peer already failed on its own: that explains the disagreement
+        for i in members:
+            m = out[i]
+            if m.status != "OK" or (majority and digests[i] == top):
+                continue
+            if majority:
+                msg = (
+                    f"{dtype} product differs bitwise from {top_n} of {len(members)} "
+                    "identical GPUs given the same inputs"
+                )
+                out[i] = replace(
+                    m,
+                    status="FAILED",
+                    code="GPU_SDC",
+                    message=msg,
+                    evidence={**m.evidence, "majority_class": top},
+                )
+            else:  # no majority (two GPUs, or all different): cannot tell which is wrong
+                msg = f"{dtype} products of identical GPUs disagree bitwise; no majority"
+                out[i] = replace(m, status="WARNING", code="GPU_SDC", message=msg)
     return out
 
 
@@ -129,10 +191,14 @@ def load(
     iters, busy = [0] * count, [0.0] * count
     drift: list[float] = [0.0] * count
     timers = [ops.timer(i).start() for i in range(count)] if ops.asynchronous else []
-    deadline = time.monotonic() + sizes.load_s
+    started = time.monotonic()
+    deadline = started + sizes.load_s
     rounds = 0
     last: list[Any] = list(first)
+    nvml: dict[int, dict[str, Any]] = {}
     while time.monotonic() < deadline:
+        if ops.kind == "cuda" and not nvml and time.monotonic() > started + sizes.load_s / 2:
+            nvml = telemetry.sample(list(getattr(ops, "pci", [])))  # mid-load, hot
         for i in range(count):
             t0 = time.perf_counter()
             last[i] = ops.matmul(i, a[i], b[i])
@@ -167,6 +233,10 @@ def load(
             "max_drift": drift[i],
             "device_name": ops.name(i),
         }
+        if i in nvml:
+            ev["under_load"] = nvml[i]
+        slowing = sorted(set(nvml.get(i, {}).get("clock_event_reasons", ())) & telemetry.SLOWING)
+        why = f" (clock events under load: {', '.join(slowing)})" if slowing else ""
         status, code, msg = "OK", None, ""
         if drift[i] > 0:
             status, code = "FAILED", "GPU_SDC"
@@ -175,14 +245,14 @@ def load(
             status, code = "FAILED", "GPU_SLOW"
             msg = (
                 f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_peak:g} of "
-                f"the expected {exp:g}"
+                f"the expected {exp:g}{why}"
             )
         elif str(i) in slow_vs_peers:
             med = slow_vs_peers[str(i)]
             status, code = "FAILED", "GPU_SLOW"
             msg = (
                 f"{tflops[i]:.3g} TFLOP/s {dt_name}, below {cfg.min_fraction_of_median:g} "
-                f"of the node's median {med:.3g}"
+                f"of the node's median {med:.3g}{why}"
             )
             ev["median_tflops"] = med
         out.append(

@@ -8,6 +8,7 @@ the worker process (it imports torch).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -15,23 +16,35 @@ from typing import Any
 class TorchOps:
     """CUDA GPUs, or `cpu_devices` virtual devices on the CPU (same code, small sizes)."""
 
-    def __init__(self, device: str, *, cpu_devices: int = 2) -> None:
+    def __init__(self, device: str, *, cpu_devices: int = 2, sysfs_root: str = "/") -> None:
         import torch
 
         self.torch = torch
         self.kind = "cuda" if device.startswith("cuda") else "cpu"
+        self.pci: list[str | None] = []
         if self.kind == "cuda":
             self.devices = [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]
+            self.pci = [
+                _pci_address(torch.cuda.get_device_properties(i)) for i in range(len(self.devices))
+            ]
         else:
             self.devices = [torch.device("cpu")] * cpu_devices
         self.asynchronous = self.kind == "cuda"
+        self._host_index = host_gpu_indexes(sysfs_root) if self.kind == "cuda" else {}
 
     # --- identity ------------------------------------------------------------------------
     def count(self) -> int:
         return len(self.devices)
 
     def component(self, i: int) -> str:
-        return f"gpu:{i}" if self.kind == "cuda" else f"cpu:{i}"
+        """`gpu:N` with N the host's NVML index (GPUs in PCI address order, as the `gpu` and
+        `pcie` checks number them), not torch's index, which CUDA_VISIBLE_DEVICES and the
+        device order can shuffle: a remediation must reset the GPU that failed."""
+        if self.kind != "cuda":
+            return f"cpu:{i}"
+        pci = self.pci[i] if i < len(self.pci) else None
+        host = self._host_index.get(pci) if pci else None
+        return f"gpu:{host if host is not None else i}"
 
     def name(self, i: int) -> str:
         if self.kind == "cuda":
@@ -86,6 +99,35 @@ class TorchOps:
 
     def timer(self, i: int) -> Timer:
         return Timer(self, i)
+
+
+def _pci_address(props: Any) -> str | None:
+    try:
+        domain, bus, dev = props.pci_domain_id, props.pci_bus_id, props.pci_device_id
+    except AttributeError:
+        return None
+    return f"{int(domain):04x}:{int(bus):02x}:{int(dev):02x}.0"
+
+
+def host_gpu_indexes(root: str = "/") -> dict[str, int]:
+    """{PCI address: index} of the host's NVIDIA GPUs in PCI order, from sysfs."""
+    base = os.path.join(root, "sys/bus/pci/devices")
+    out: dict[str, int] = {}
+    try:
+        addresses = sorted(os.listdir(base))
+    except OSError:
+        return out
+    for addr in addresses:
+        try:
+            with open(os.path.join(base, addr, "vendor")) as f:
+                vendor = f.read().strip()
+            with open(os.path.join(base, addr, "class")) as f:
+                pci_class = f.read().strip()
+        except OSError:
+            continue
+        if vendor == "0x10de" and pci_class.startswith(("0x0300", "0x0302")):
+            out[addr.lower()] = len(out)
+    return out
 
 
 class Timer:

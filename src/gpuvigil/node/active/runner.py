@@ -34,6 +34,8 @@ class ActiveOutcome:
     findings: list[Finding] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     models: list[str | None] = field(default_factory=list)
+    components: list[str] = field(default_factory=list)  # gpu:N (host index) per device
+    pci: list[str | None] = field(default_factory=list)
     durations_s: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     workers: int = 0
@@ -43,6 +45,7 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
     src = str(Path(gpuvigil.__file__).resolve().parents[1])
     out["PYTHONPATH"] = os.pathsep.join(p for p in (src, out.get("PYTHONPATH", "")) if p)
+    out.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch's order = the host's order
     return out
 
 
@@ -147,52 +150,18 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
             continue  # a stray print from a library: not ours to judge
         if not isinstance(ev, dict):
             continue
-        kind, check = ev.get("event"), str(ev.get("check", ""))
-        if kind == "devices":
-            outcome.devices = list(ev.get("names", []))
-            outcome.models = list(ev.get("models", []))
-        elif kind == "start":
-            started, where = check, "node"
-        elif kind == "progress":
-            where = str(ev.get("component", "node"))
-        elif kind == "result":
-            try:
-                outcome.measurements += [Measurement.from_json(m) for m in ev["measurements"]]
-            except (KeyError, TypeError) as e:
-                outcome.findings.append(_failed(check, "CHECK_ERROR", f"bad result: {e}"))
-            outcome.durations_s[check] = float(ev.get("duration_s", 0.0))
-            done.add(check)
-            started = None
-        elif kind == "error":
-            code = str(ev.get("code", "CHECK_ERROR"))
+        try:
+            started, where, fatal = _event(ev, outcome, done, started, where)
+        except (TypeError, ValueError, KeyError) as e:
+            # A garbled event from our own worker: the check it names failed.
+            check = str(ev.get("check") or started or "worker")
             outcome.findings.append(
-                Finding(
-                    check=f"active.{check}",
-                    status=Status.FAILED,
-                    code=code,
-                    component=str(ev.get("component", where)),
-                    message=str(ev.get("message", ""))[:500],
-                    action=ACTIONS.get(code, (Action.NONE, False))[0],
-                    fatal=ACTIONS.get(code, (Action.NONE, False))[1],
-                    evidence={"traceback": ev.get("traceback", "")},
-                )
+                _failed(check, "CHECK_ERROR", f"unreadable worker event: {e}", event=line[:300])
             )
             done.add(check)
-            started = None
-        elif kind == "timeout":
-            outcome.findings.append(
-                _failed(
-                    check,
-                    "CHECK_TIMEOUT",
-                    f"did not finish within {ev.get('timeout_s')} s (killed; last on {where})",
-                    where,
-                    timeout_s=ev.get("timeout_s"),
-                )
-            )
-            done.add(check)
-            started = None
-        elif kind == "fatal":
-            return done, (str(ev.get("code", "CHECK_ERROR")), str(ev.get("message", "")))
+            continue
+        if fatal is not None:
+            return done, fatal
     if started is not None:
         # It was running when the worker ended without a word: hung past the parent's
         # deadline (timeout) or crashed (a segfault in a driver, an OOM kill).
@@ -219,3 +188,61 @@ def _absorb(result: execp.ExecResult, outcome: ActiveOutcome) -> tuple[set[str],
             )
         done.add(started)
     return done, None
+
+
+def _event(
+    ev: dict[str, Any],
+    outcome: ActiveOutcome,
+    done: set[str],
+    started: str | None,
+    where: str,
+) -> tuple[str | None, str, tuple[str, str] | None]:
+    """Apply one worker event; returns (check running, its device, fatal or None)."""
+    kind, check = ev.get("event"), str(ev.get("check", ""))
+    if kind == "devices":
+        outcome.devices = [str(n) for n in ev.get("names") or []]
+        outcome.models = [m if isinstance(m, str) else None for m in ev.get("models") or []]
+        outcome.components = [str(c) for c in ev.get("components") or []]
+        outcome.pci = [p if isinstance(p, str) else None for p in ev.get("pci") or []]
+    elif kind == "start":
+        started, where = check, "node"
+    elif kind == "progress":
+        where = str(ev.get("component", "node"))
+    elif kind == "result":
+        parsed = [Measurement.from_json(m) for m in ev["measurements"]]  # all or nothing
+        outcome.measurements += parsed
+        seconds = ev.get("duration_s")
+        outcome.durations_s[check] = float(seconds) if isinstance(seconds, int | float) else 0.0
+        done.add(check)
+        started = None
+    elif kind == "error":
+        code = str(ev.get("code", "CHECK_ERROR"))
+        outcome.findings.append(
+            Finding(
+                check=f"active.{check}",
+                status=Status.FAILED,
+                code=code,
+                component=str(ev.get("component", where)),
+                message=str(ev.get("message", ""))[:500],
+                action=ACTIONS.get(code, (Action.NONE, False))[0],
+                fatal=ACTIONS.get(code, (Action.NONE, False))[1],
+                evidence={"traceback": ev.get("traceback", "")},
+            )
+        )
+        done.add(check)
+        started = None
+    elif kind == "timeout":
+        outcome.findings.append(
+            _failed(
+                check,
+                "CHECK_TIMEOUT",
+                f"did not finish within {ev.get('timeout_s')} s (killed; last on {where})",
+                where,
+                timeout_s=ev.get("timeout_s"),
+            )
+        )
+        done.add(check)
+        started = None
+    elif kind == "fatal":
+        return started, where, (str(ev.get("code", "CHECK_ERROR")), str(ev.get("message", "")))
+    return started, where, None

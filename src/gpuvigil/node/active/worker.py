@@ -183,6 +183,8 @@ def main() -> int:
         {
             "event": "devices",
             "names": [ops.name(i) for i in range(ops.count())],
+            "components": [ops.component(i) for i in range(ops.count())],
+            "pci": list(getattr(ops.inner, "pci", [])),
             "models": [exp["model"][i] for i in range(ops.count())],
             "torch": torch.__version__,
         }

@@ -111,18 +111,47 @@ def _read_port(port_dir: Path) -> FabricPort:
     )
 
 
-def _read_netdevs(dev_dir: Path, problems: list[str]) -> tuple[NetDev, ...]:
-    net = dev_dir / "device" / "net"
+def _netdev_dirs(dev_dir: Path) -> list[Path]:
+    """The adapter's network interfaces, first found of: the PCI function's own `net/`
+    (mlx5, and EFA in gpuvigil's fake trees); the ports' GID netdevs (RoCE); the other
+    functions of the same PCI slot (an adapter exposing its netdev on a sibling function)."""
+    own = dev_dir / "device" / "net"
     try:
-        names = sorted(os.listdir(net))
+        names = sorted(os.listdir(own))
     except OSError:
-        return ()
+        names = []
+    if names:
+        return [own / n for n in names]
+    found: dict[str, Path] = {}
+    for ndevs in sorted(dev_dir.glob("ports/*/gid_attrs/ndevs/*"))[:64]:
+        try:
+            name = ndevs.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            continue
+        if name and "/" not in name and (dev_dir.parents[1] / "net" / name).exists():
+            found.setdefault(name, dev_dir.parents[1] / "net" / name)
+    if found:
+        return list(found.values())
+    pci = Path(os.path.realpath(dev_dir / "device"))
+    slot = pci.name.rsplit(".", 1)[0]
+    for sibling in sorted(pci.parent.glob(f"{slot}.*")):
+        if sibling == pci:
+            continue
+        try:
+            names = sorted(os.listdir(sibling / "net"))
+        except OSError:
+            continue
+        return [sibling / "net" / n for n in names]
+    return []
+
+
+def _read_netdevs(dev_dir: Path, problems: list[str]) -> tuple[NetDev, ...]:
     out = []
-    for name in names:
-        operstate = _read(net / name / "operstate", problems)
-        carrier_raw = _read(net / name / "carrier", [])  # EINVAL while the interface is down
+    for nd in _netdev_dirs(dev_dir):
+        operstate = _read(nd / "operstate", problems)
+        carrier_raw = _read(nd / "carrier", [])  # EINVAL while the interface is down
         carrier = int(carrier_raw) if carrier_raw in ("0", "1") else None
-        out.append(NetDev(name=name, operstate=operstate, carrier=carrier))
+        out.append(NetDev(name=nd.name, operstate=operstate, carrier=carrier))
     return tuple(out)
 
 

@@ -11,6 +11,8 @@ import pytest
 from gpuvigil.node.active import bandwidth, matmul, memory
 from gpuvigil.node.active.config import ActiveConfig
 
+pytest_plugins = ["active_fixtures"]  # this folder's fixtures (see active_fixtures.py)
+
 
 def problems(measurements):
     return sorted((m.component, m.code) for m in measurements if m.status != "OK")
@@ -18,8 +20,12 @@ def problems(measurements):
 
 def test_matmul_correct_in_every_dtype(cpu_ops, small):
     ms = matmul.correctness(cpu_ops(), small, small.sizes("cpu"))
-    assert {m.metric for m in ms} == {"bf16_max_error", "fp16_max_error", "tf32_max_error",
-                                      "fp32_max_error"}
+    assert {m.metric for m in ms} == {
+        "bf16_max_error",
+        "fp16_max_error",
+        "tf32_max_error",
+        "fp32_max_error",
+    }
     assert problems(ms) == []
     for m in ms:
         assert 0 <= m.achieved < m.expected
@@ -42,6 +48,23 @@ def test_result_changing_between_repeats_is_sdc(cpu_ops, small):
     assert flagged[0].evidence["bitwise_repeatable"] is False
 
 
+def test_a_bit_no_tolerance_sees_is_found_by_the_peers(cpu_ops, small):
+    cfg = small.model_copy(update={"dtypes": ["fp32", "bf16"]})
+    ms = matmul.correctness(cpu_ops("subtle_matmul", devices=3), cfg, cfg.sizes("cpu"))
+    assert problems(ms) == [("cpu:1", "GPU_SDC")] * 2
+    bad = next(m for m in ms if m.code)
+    assert bad.achieved < bad.expected  # within tolerance: only the peers disagree
+    assert "differs bitwise from 2 of 3" in bad.message
+    # With two devices there is no majority: both are flagged, as a WARNING.
+    two = matmul.correctness(cpu_ops("subtle_matmul"), cfg, cfg.sizes("cpu"))
+    assert sorted((m.component, m.status) for m in two if m.code) == [
+        ("cpu:0", "WARNING"),
+        ("cpu:0", "WARNING"),
+        ("cpu:1", "WARNING"),
+        ("cpu:1", "WARNING"),
+    ]
+
+
 def test_load_reports_tflops_and_passes(cpu_ops, small):
     # 0.2 GFLOP/s expected: a 48x48 fp32 matmul call beats 0.4 of it unless the machine
     # stalls it for ~3 ms every call; the all-slow injector (20 ms a call) does not.
@@ -59,8 +82,7 @@ def test_one_slow_device_is_slow_against_its_peers(cpu_ops, small):
 
 
 def test_all_slow_is_slow_against_the_expected_figure(cpu_ops, small):
-    ms = matmul.load(cpu_ops("all_slow_matmul"), small, small.sizes("cpu"),
-                     {0: 0.0002, 1: 0.0002})
+    ms = matmul.load(cpu_ops("all_slow_matmul"), small, small.sizes("cpu"), {0: 0.0002, 1: 0.0002})
     assert problems(ms) == [("cpu:0", "GPU_SLOW"), ("cpu:1", "GPU_SLOW")]
     assert all(m.evidence["ratio_to_peak"] < small.min_fraction_of_peak for m in ms)
 
@@ -85,32 +107,39 @@ def test_bandwidth(cpu_ops, small, monkeypatch):
     # Expected 0.002 GB/s: a healthy 64 KiB memcpy beats half of it by >100x even on a
     # loaded 2-core machine; device 1's injected 0.2 s per copy puts it 3x below.
     exp = {0: 0.002, 1: 0.002}
-    ms = bandwidth.transfers(cpu_ops(), cfg, cfg.sizes("cpu"), h2d_expected=exp,
-                             p2p_expected=exp)
+    ms = bandwidth.transfers(cpu_ops(), cfg, cfg.sizes("cpu"), h2d_expected=exp, p2p_expected=exp)
     assert {m.metric for m in ms} == {"h2d_gbs", "d2h_gbs", "p2p_gbs"}
     assert problems(ms) == []
-    slow = bandwidth.transfers(cpu_ops("slow_copy"), cfg, cfg.sizes("cpu"), h2d_expected=exp,
-                               p2p_expected=exp)
-    assert problems(slow) == [("cpu:1", "NVLINK_SLOW"), ("cpu:1", "PCIE_SLOW"),
-                              ("cpu:1", "PCIE_SLOW")]
+    slow = bandwidth.transfers(
+        cpu_ops("slow_copy"), cfg, cfg.sizes("cpu"), h2d_expected=exp, p2p_expected=exp
+    )
+    assert problems(slow) == [
+        ("cpu:1", "NVLINK_SLOW"),
+        ("cpu:1", "PCIE_SLOW"),
+        ("cpu:1", "PCIE_SLOW"),
+    ]
 
 
 def test_unknown_expectation_is_reported_not_judged(cpu_ops, small, monkeypatch):
     monkeypatch.setattr(bandwidth, "REPEATS", 1)
-    ms = bandwidth.transfers(cpu_ops("slow_copy"), small, small.sizes("cpu"), h2d_expected={},
-                             p2p_expected={})
+    ms = bandwidth.transfers(
+        cpu_ops("slow_copy"), small, small.sizes("cpu"), h2d_expected={}, p2p_expected={}
+    )
     assert problems(ms) == [] and all(m.expected is None for m in ms)
 
 
-@pytest.mark.parametrize(("fault", "code"), [(None, None), ("slow_all_reduce", "NVLINK_SLOW"),
-                                             ("wrong_all_reduce", "GPU_SDC")])
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [(None, None), ("slow_all_reduce", "NVLINK_SLOW"), ("wrong_all_reduce", "GPU_SDC")],
+)
 def test_allreduce_within_the_node(cpu_ops, small, fault, code):
     from gpuvigil.node.active import allreduce
 
     cfg = small.model_copy(update={"timeouts_s": {"allreduce": 60}})
     wrapper = f"gpuvigil.fakes.active:{fault}" if fault else None
-    ms = allreduce.allreduce(cpu_ops(), cfg, cfg.sizes("cpu"), wrapper=wrapper,
-                             expected_intra=0.01, expected_inter=None)
+    ms = allreduce.allreduce(
+        cpu_ops(), cfg, cfg.sizes("cpu"), wrapper=wrapper, expected_intra=0.01, expected_inter=None
+    )
     assert len(ms) == 1
     m = ms[0]
     assert (m.metric, m.component, m.code) == ("busbw_gbs", "node", code)
@@ -118,7 +147,7 @@ def test_allreduce_within_the_node(cpu_ops, small, fault, code):
         assert m.achieved > 0 and m.evidence["world"] == 2
 
 
-def test_sizes_follow_the_device():
+def test_sizes_follow_the_device():  # pure config: no torch needed
     gpu, cpu = ActiveConfig().sizes("cuda"), ActiveConfig().sizes("cpu")
     assert gpu.matmul_size > cpu.matmul_size and gpu.load_dtype == "bf16"
     assert cpu.load_dtype == "fp32" and cpu.load_s <= 2

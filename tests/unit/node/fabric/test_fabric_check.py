@@ -13,6 +13,8 @@ from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import fabric as probe
 
+pytest_plugins = ["fabric_fixtures"]  # this folder's fixtures (see fabric_fixtures.py)
+
 FI_INFO_4 = "".join(
     f"provider: efa\n    fabric: efa\n    domain: rdmap{n}s0-{ep}\n    version: 122.0\n"
     f"    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n"
@@ -53,8 +55,7 @@ def test_port_down_missing_adapter_and_low_rate(ib_node, make_ctx, run_named):
 
 
 def test_config_overrides_the_catalog(ib_node, make_ctx, run_named):
-    found = run_named("fabric", make_ctx(instance_type="dgx-h100",
-                                         fabric={"expect_adapters": 10}))
+    found = run_named("fabric", make_ctx(instance_type="dgx-h100", fabric={"expect_adapters": 10}))
     assert codes(found) == [("FABRIC_COUNT_LOW", "node")]
     assert found[0].evidence["expected"]["source"] == "config"
 
@@ -214,9 +215,7 @@ def test_fi_info_missing_is_only_a_failure_when_required(efa_node, make_ctx, run
 def test_real_h100_tree(corpus, tmp_path, make_ctx, run_named):
     root = tmp_path / "real"
     (root / "sys/class").mkdir(parents=True)
-    (root / "sys/class/infiniband").symlink_to(
-        corpus / "network/sysfs_class_infiniband_h100_gpud"
-    )
+    (root / "sys/class/infiniband").symlink_to(corpus / "network/sysfs_class_infiniband_h100_gpud")
     reading = probe.read_fabric(root)
     assert len(reading.adapters) == 9
     by = {a.name: a for a in reading.adapters}
@@ -231,3 +230,24 @@ def test_real_h100_tree(corpus, tmp_path, make_ctx, run_named):
     assert [(f.code, f.component, f.status) for f in found] == [
         ("FABRIC_ERRORS", "nic:mlx5_1", Status.WARNING)
     ]
+
+
+def test_efa_interface_found_on_a_sibling_pci_function(tmp_path, make_ctx, run_named):
+    fs = FakeSysfs(tmp_path / "root")
+    fs.add_pci("0000:20:00.0", vendor="0x1d0f", pci_class="0x020000", driver="ena")
+    fs.write("sys/devices/pci0000:00/0000:20:00.0/net/ens32/operstate", "down\n")
+    fs.add_efa("rdmap32s0", address="0000:20:00.1")  # no net/ of its own
+    found = run_named("fabric", make_ctx(fabric={"kind": "efa", "expect_adapters": 1}))
+    assert codes(found) == [("FABRIC_PORT_DOWN", "nic:rdmap32s0")]
+    assert found[0].evidence["netdev"] == "ens32"
+
+
+def test_roce_interface_found_through_the_gid_table(tmp_path):
+    fs = FakeSysfs(tmp_path / "root")
+    fs.add_ib("mlx5_0", link_layer="Ethernet", rate_gbps=400)
+    fs.write("sys/class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0", "eth7\n")
+    fs.write("sys/class/net/eth7/operstate", "up\n")
+    fs.write("sys/class/net/eth7/carrier", "1\n")
+    (adapter,) = probe.read_fabric(fs.root).adapters
+    assert adapter.kind == "roce"
+    assert [(n.name, n.operstate, n.carrier) for n in adapter.netdevs] == [("eth7", "up", 1)]

@@ -33,8 +33,11 @@ ports = st.builds(
     rate_gbps=st.one_of(st.none(), st.floats(allow_nan=True)),
     link_layer=st.one_of(st.none(), text),
     counters=st.lists(
-        st.tuples(st.sampled_from(["link_downed", "symbol_error", "rx_drops", "x"]),
-                  st.integers(-(2**70), 2**70)), max_size=4,
+        st.tuples(
+            st.sampled_from(["link_downed", "symbol_error", "rx_drops", "x"]),
+            st.integers(-(2**70), 2**70),
+        ),
+        max_size=4,
     ).map(tuple),
     problems=st.lists(text, max_size=2).map(tuple),
 )
@@ -43,18 +46,27 @@ adapters = st.builds(
     name=st.sampled_from(["mlx5_0", "mlx5_1", "rdmap16s0"]),
     kind=st.sampled_from(["efa", "ib", "roce"]),
     ports=st.lists(ports, max_size=3).map(tuple),
-    netdevs=st.lists(st.builds(NetDev, name=text, operstate=st.one_of(st.none(), text),
-                               carrier=st.one_of(st.none(), st.integers())),
-                     max_size=2).map(tuple),
+    netdevs=st.lists(
+        st.builds(
+            NetDev,
+            name=text,
+            operstate=st.one_of(st.none(), text),
+            carrier=st.one_of(st.none(), st.integers()),
+        ),
+        max_size=2,
+    ).map(tuple),
 )
 readings = st.builds(
     FabricReading,
-    taken_at=st.datetimes(timezones=st.just(UTC), min_value=datetime(2020, 1, 1),
-                          max_value=datetime(2030, 1, 1)),
+    taken_at=st.datetimes(
+        timezones=st.just(UTC), min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1)
+    ),
     adapters=st.lists(adapters, max_size=4).map(tuple),
     sysfs_present=st.booleans(),
-    fi_info=st.one_of(st.none(), st.builds(FiInfo, domains=st.lists(text, max_size=3)
-                                           .map(tuple), ran=st.booleans())),
+    fi_info=st.one_of(
+        st.none(),
+        st.builds(FiInfo, domains=st.lists(text, max_size=3).map(tuple), ran=st.booleans()),
+    ),
 )
 expectations = st.builds(
     FabricExpectation,
@@ -67,8 +79,9 @@ expectations = st.builds(
 @settings(max_examples=200, deadline=None)
 @given(readings, readings, expectations, st.floats(-1e6, 1e6))
 def test_rules_never_raise(now, before, expected, shift):
-    previous = FabricReading(taken_at=now.taken_at - timedelta(seconds=shift),
-                             adapters=before.adapters)
+    previous = FabricReading(
+        taken_at=now.taken_at - timedelta(seconds=shift), adapters=before.adapters
+    )
     findings = rules.judge(now, expected=expected, config=FabricConfig(), previous=previous)
     assert all(f.check == "fabric" for f in findings)
 

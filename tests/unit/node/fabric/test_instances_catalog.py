@@ -27,8 +27,12 @@ def test_builtin_facts():
 
 
 def test_override_and_extend():
-    cat = load_catalog({"p5.48xlarge": {"fabric": {"count": 16}},
-                        "my-box": {"gpus": 4, "fabric": {"kind": "roce", "count": 2}}})
+    cat = load_catalog(
+        {
+            "p5.48xlarge": {"fabric": {"count": 16}},
+            "my-box": {"gpus": 4, "fabric": {"kind": "roce", "count": 2}},
+        }
+    )
     assert cat.lookup("p5.48xlarge")[1].fabric.count == 16
     assert cat.lookup("p5.48xlarge")[1].fabric.kind == "efa"  # merged, not replaced
     assert cat.lookup("my-box")[1].gpus == 4

@@ -5,6 +5,8 @@ from __future__ import annotations
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.node.probes import pcie as probe
 
+pytest_plugins = ["fabric_fixtures"]  # this folder's fixtures (see fabric_fixtures.py)
+
 
 def codes(findings: list[Finding]) -> list[tuple[str, str]]:
     return sorted((f.code, f.component) for f in findings)

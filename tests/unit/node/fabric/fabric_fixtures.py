@@ -1,4 +1,9 @@
-"""Fixtures for the fabric and PCIe tests: fake sysfs trees and check contexts."""
+"""Fixtures for the fabric and PCIe tests: fake sysfs trees and check contexts.
+
+Loaded by this folder's test modules (`pytest_plugins`) rather than kept in a
+conftest.py: a nested conftest.py takes over the module name `conftest`, from which other
+areas' tests import the shared helpers.
+"""
 
 from __future__ import annotations
 

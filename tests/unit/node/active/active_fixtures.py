@@ -1,0 +1,53 @@
+"""Fixtures for the active checks on the CPU: real torch compute, faults by wrapping it.
+
+Loaded by this folder's test modules (`pytest_plugins`) rather than kept in a
+conftest.py: a nested conftest.py takes over the module name `conftest`, from which other
+areas' tests import the shared helpers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpuvigil.node.active.config import ActiveConfig
+
+
+@pytest.fixture
+def need_torch() -> None:
+    """PyTorch (the [training] extra, which `make test` installs): required under CI."""
+    # As tests/conftest.py's require(), which cannot be imported by name reliably here
+    # (another folder's conftest.py may hold the module name `conftest` by then).
+    if importlib.util.find_spec("torch") is None:
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail("required component missing under CI: torch is not installed")
+        pytest.skip("torch is not installed")
+
+
+@pytest.fixture
+def cpu_ops(need_torch: None) -> Callable[..., Any]:
+    """Two virtual CPU devices, optionally wrapped by a `gpuvigil.fakes.active` injector."""
+    from gpuvigil.node.active.worker import build_ops
+
+    def make(fault: str | None = None, devices: int = 2) -> Any:
+        wrapper = f"gpuvigil.fakes.active:{fault}" if fault else None
+        return build_ops("cpu", cpu_devices=devices, wrapper=wrapper)
+
+    return make
+
+
+@pytest.fixture
+def small() -> ActiveConfig:
+    return ActiveConfig(
+        matmul_size=32,
+        load_size=48,
+        load_s=0.5,
+        transfer_bytes=1 << 20,
+        memory_bytes_cpu=1 << 20,
+        allreduce_bytes=1 << 16,
+        min_fraction_of_median=0.3,
+    )  # CPU timing noise on a shared box
