@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,11 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             p.stop()
 
     def stop(self) -> None:
+        # Batch steps run under slurmstepd in sessions of their own: cancel the jobs first so
+        # nothing outlives the cluster.
+        if self.procs and self.procs[-1].alive():
+            self.run("scancel", "--full", "--quiet", "--user=root", check=False)
+            time.sleep(0.5)
         for p in self.slurmd.values():
             p.stop()
         self.slurmd.clear()
