@@ -13,6 +13,7 @@ from pathlib import Path
 
 import agent_helpers
 import pytest
+import yaml
 from agent_helpers import wait_until
 
 from gpuvigil.core import codes, wire
@@ -131,7 +132,10 @@ def deployed(kube):
     real = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
     assert real.returncode == 0, real.stderr
     yield dry.stdout
-    kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered.stdout)
+    # Everything but the namespace: with no namespace controller running, a deleted
+    # namespace stays Terminating, and later tests in this session deploy into it.
+    keep = [d for d in yaml.safe_load_all(rendered.stdout) if d and d.get("kind") != "Namespace"]
+    kube.kubectl("delete", "-f", "-", "--wait=false", input=yaml.safe_dump_all(keep))
 
 
 def test_manifests_pass_server_dry_run_and_rbac_is_minimal(kube, deployed):

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from conftest import cli_env, require
 from gpuvigil.core.findings import NodeReport
+from testkit import cli_env, require
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "train_resilient.py"

@@ -200,7 +200,7 @@ def test_unhealthy_node_refuses_to_start(job: Any, tmp_path: Path) -> None:
 def test_missing_node_state_fails_closed_without_torchrun(tmp_path: Path) -> None:
     import subprocess
 
-    from conftest import cli_env
+    from testkit import cli_env
 
     from .conftest import EXAMPLE
 

@@ -127,7 +127,7 @@ def test_faulthandler_backstop_follows_progress_and_fires_without_it(tmp_path: P
     import subprocess
     import sys
 
-    from conftest import cli_env
+    from testkit import cli_env
 
     def run(run_s: float, idle_s: float) -> subprocess.CompletedProcess[str]:
         code = _BACKSTOP.format(run_s=run_s, idle_s=idle_s)
