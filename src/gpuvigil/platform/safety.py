@@ -128,7 +128,8 @@ class Trip:
 
     @property
     def reason(self) -> str:
-        return "; ".join([self.share, *self.checks.values()] if self.share else self.checks.values())
+        parts = [self.share] if self.share else []
+        return "; ".join([*parts, *self.checks.values()])
 
 
 def _could_not_run(v: NodeView) -> dict[str, str]:
@@ -206,9 +207,11 @@ class Breaker:
             bad_now = v.health is not None and v.health.status is Status.FAILED
             if not bad_now or _explained(v, explained):  # the tool's cause, not the fleet's
                 continue
-            if v.record is not None and v.record.state is State.QUARANTINED:
-                continue  # a person owns it: no longer part of an ongoing fleet event
             start = episode_start(v.record)
+            if (v.record is not None and v.record.state is State.QUARANTINED) or (
+                start is None and v.blocked_by_others
+            ):
+                continue  # a person owns it: not part of a fleet event gpuvigil must judge
             if start is None:
                 start = self.first_bad.setdefault(v.name, now)  # about to turn: count it now
                 seen.add(v.name)
@@ -309,10 +312,11 @@ class Gate:
         if br.holds_disruptions:
             why = f"circuit breaker open: {br.reason}"
         elif self.in_use[pool] >= self.limit(pool):
-            why = f"disruption budget of pool {pool} in use ({self.in_use[pool]}/{self.limit(pool)})"
+            used = f"{self.in_use[pool]}/{self.limit(pool)}"
+            why = f"disruption budget of pool {pool} in use ({used})"
         elif self.tokens <= 0:
             why = f"rate limit ({self.config.max_actions} per {self.config.rate_window_s:.0f} s)"
-        return Fleet(not why, why, br.open, tolerated_checks=tolerated)
+        return Fleet(not why, why, br.open, br.holds_disruptions, tolerated_checks=tolerated)
 
     def consume(self, node: NodeView) -> None:
         self.in_use[pool_of(node, self.config)] += 1

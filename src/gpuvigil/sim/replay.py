@@ -68,6 +68,8 @@ class _Collect:
         self.out: list[dict[str, Any]] = []
 
     def write(self, ev: Event) -> None:
+        if ev.kind == Kind.NODE_STATE.value and ev.data.get("from", "") is None:
+            return  # the controller putting a node's state on record, not a decision
         self.out.append({"ts": ev.ts + self.offset, "node": ev.node, "kind": ev.kind, **ev.data})
 
 

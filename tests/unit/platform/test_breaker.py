@@ -24,7 +24,9 @@ TIMEOUT = finding("CHECK_TIMEOUT", check="nvml", component="node")
 OTHER_TOOL = finding("DEPENDENCY_MISSING", check="fabric", component="node")
 
 
-def _run(kinds: list[str], *, passes: int = 3, **safety: object) -> tuple[MemoryCluster, Controller]:
+def _run(
+    kinds: list[str], *, passes: int = 3, **safety: object
+) -> tuple[MemoryCluster, Controller]:
     c = MemoryCluster()
     per = {"cannot_run": [CANNOT_RUN], "fatal": [FATAL], "both": [CANNOT_RUN, FATAL],
            "nonfatal": [NONFATAL], "other_tool": [OTHER_TOOL]}  # fmt: skip
@@ -122,7 +124,8 @@ def test_breaker_blocks_exactly_what_it_should(kinds, hold) -> None:  # type: ig
     could-not-run-only node is blocked unless the tool cause holds (enough nodes, and
     holding switched on); nothing is ever disrupted for a could-not-run finding alone."""
     c, ctl = _run(kinds, breaker_hold_blocks_for_tool_breakage=hold)
-    tool = sum(k in ("cannot_run", "both") for k in kinds) >= SafetyConfig().breaker_same_check_nodes
+    trip = SafetyConfig().breaker_same_check_nodes
+    tool = sum(k in ("cannot_run", "both") for k in kinds) >= trip
     assert ("nvml" in ctl.breaker.status.checks) is tool
     for i, kind in enumerate(kinds):
         if kind == "none":

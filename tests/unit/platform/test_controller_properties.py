@@ -4,10 +4,10 @@ Hypothesis draws a fleet, faults (fatal or not, fixed by a reset, a reboot, a re
 or nothing; INVESTIGATE; a check that cannot run), humans' cordons, API errors and the
 moments the controller is killed and restarted. Checked on every pass: the disruption
 budget is never exceeded, a node that never had a fault is never drained or repaired, a
-human's cordon is never lifted and a cordoned node is left alone. At the end: every node is
-HEALTHY or QUARANTINED (or SUSPECT, blocked, while the breaker holds a fleet event), the
-breaker never holds back a recovery, and a run with restarts and API errors ends exactly like a calm run
-with no step repeated.
+human's cordon is never lifted, a cordoned node is left alone and the breaker never holds
+back a recovery. At the end: every node is HEALTHY or QUARANTINED (or SUSPECT, blocked,
+while the breaker holds a fleet event), and a run with restarts and API errors ends exactly
+like a calm run with no step repeated.
 """
 
 from __future__ import annotations

@@ -158,6 +158,12 @@ class _Ctx:
         )
 
     def fail_step(self, reason: str) -> Decision:
+        if self.fleet.breaker_holds:  # the next step is a new disruption: a fleet event
+            if self.a.readable and not self.a.real:  # e.g. the bad driver was rolled back
+                # validate afresh: a preflight from before the rollback does not count
+                why = f"{reason}; the problem cleared: validating"
+                return self.go(State.VALIDATING, why, since=self.now)
+            return self.keep(f"{reason}; next step held", held=self.fleet.why_not)
         failures = self.rec.failures + 1
         self.rec = self.rec.model_copy(update={"failures": failures})
         if failures >= self.cfg.max_failed_steps:

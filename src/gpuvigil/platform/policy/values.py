@@ -63,6 +63,7 @@ class Fleet:
     may_disrupt: bool = True  # budget left in the node's pool and an action token
     why_not: str = ""  # the reason when it may not (budget, breaker, rate limit)
     breaker_open: bool = False
+    breaker_holds: bool = False  # the breaker holds disruptions: no new step, no escalation
     # Checks the breaker found failing closed fleet-wide (a broken tool, not broken GPUs):
     # their could-not-run findings alone neither block a node nor keep it blocked.
     tolerated_checks: frozenset[str] = frozenset()
