@@ -86,6 +86,11 @@ def print_results(results: dict[str, Results]) -> None:
         f"{first.nodes:,} nodes x {first.days:g} days, workload {first.workload}, seed {first.seed}"
     )
     console.print(table(results, title=title))
+    if any("storm" in name for name in results):
+        console.print(
+            "storm pairs: disruption budget 10% of the pool (not the default 2 nodes), so the "
+            "breaker, not the budget, is what limits"
+        )
     for name, r in results.items():
         if "storm" in name:
             console.print(

@@ -110,3 +110,12 @@ def test_sampling_is_poisson_and_seeded():
     expected = sum(k.per_node_day for k in model.kinds) * 1000 * 30
     assert abs(len(a) - expected) < 4 * expected**0.5
     assert [t for t, _, _ in a] == sorted(t for t, _, _ in a)
+
+
+def test_storms_are_deterministic():
+    for kind in ("tool", "driver"):
+        storm = Storm(at_s=2 * 86400.0, fraction=0.25, fixed_after_s=6 * 3600.0, kind=kind)
+        kw = {"nodes": 64, "days": 4, "seed": 5, "storm": storm, "controller": storm_controller()}
+        a, b = (simulate("full", **kw).to_json() for _ in range(2))  # type: ignore[arg-type]
+        a.pop("wall_s"), b.pop("wall_s")
+        assert a == b
