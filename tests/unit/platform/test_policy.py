@@ -271,8 +271,13 @@ CASES = [
         State.HEALTHY,
         ["unblock"],
     ),
-    ("held check + real fault: full ladder", view(CANNOT_RUN, FATAL), TOOL, State.DRAINING,
-     ["block", "drain"]),  # fmt: skip
+    (
+        "held check + real fault: full ladder",
+        view(CANNOT_RUN, FATAL),
+        TOOL,
+        State.DRAINING,
+        ["block", "drain"],
+    ),
     ("another check is not held", view(OTHER_TOOL), TOOL, State.SUSPECT, ["block"]),
     (
         "held check while validating stays strict",
