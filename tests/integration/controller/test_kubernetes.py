@@ -9,11 +9,9 @@ import uuid
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
+from ctl_helpers import CANNOT_RUN, FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
 
 from gpuvigil.core import wire
-from gpuvigil.core.findings import Action, Status
-from gpuvigil.core.wire import FindingSummary
 from gpuvigil.platform.clusters.base import Conflict
 from gpuvigil.platform.controller import Controller, ControllerConfig
 from gpuvigil.platform.policy import PolicyConfig
@@ -21,14 +19,6 @@ from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import Record, State, decode_record
 
 pytestmark = pytest.mark.realparts
-
-CANNOT_RUN = FindingSummary(
-    code="DEPENDENCY_MISSING",
-    component="node",
-    status=Status.FAILED,
-    action=Action.NONE,
-    check="nvml",
-)
 
 
 def fleet(kube: Any, n: int, **kw: Any) -> tuple[str, list[str]]:
