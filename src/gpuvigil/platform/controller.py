@@ -282,15 +282,16 @@ class Controller:
 
     def _breaker_changed(self, changed: str, now: datetime) -> None:
         st = self.breaker.status
-        reason = st.reason if changed == "open" else "the fleet looks normal again"
+        reason = st.reason if changed == "open" else self.breaker.closed_reason
         log.warning("circuit breaker %s: %s", changed, reason)
         if self.events is not None:
+            causes = st.causes if changed == "open" else self.breaker.closed_causes
             self.events.write(
                 Event(
                     ts=now.timestamp(),
                     kind=Kind.BREAKER.value,
                     source="controller",
-                    data={"state": changed, "reason": reason},
+                    data={"state": changed, "reason": reason, "causes": causes},
                 )
             )
         if self.metrics and changed == "open":

@@ -52,6 +52,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self.workload = workload
         self.model = model or FaultModel()
         self.storm = storm
+        self.storm_hit: set[int] = set()  # nodes the storm's upgrade reached, until the fix
         self.seed = seed
         self.rng = random.Random(f"{seed}:delays")
         self.fleet = Fleet(nodes, random.Random(f"{seed}:placement"))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action, Finding
 from gpuvigil.platform.state import State
-from gpuvigil.sim.faults import BOOT_NOISE, Cause, Effect
+from gpuvigil.sim.faults import BAD_DRIVER, BOOT_NOISE, Cause, Effect
 from gpuvigil.sim.fleet import Node, NodeState
 from gpuvigil.sim.platform import sample_fixed_by
 
@@ -113,6 +113,13 @@ class Episodes:
         self.platform.at(t)
         self.platform.arrive(node.name)
         self.maybe_boot_noise(node, t)
+        if self.storm is not None and self.storm.kind == "driver" and node.id in self.storm_hit:
+            # the new machine boots the image the upgrade pushed: its GPUs read lost too,
+            # from the agent's first sweep, until the rollback
+            fi = self._instance(BAD_DRIVER, node.id, t)
+            fi.detected_s, fi.detected_by = t, "layer1"
+            node.faults.append(fi)
+            self.publish(node, t)
         self.control_pass(t)
 
     def on_control_human(self: Engine, t: float, node: Node, epoch: int) -> None:

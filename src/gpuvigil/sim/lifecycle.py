@@ -120,12 +120,14 @@ class Lifecycle:
         n = len(self.fleet.nodes)
         rng = self.draws("storm")
         hit = rng.sample(range(n), int(self.storm.fraction * n)) if self.storm else []
+        self.storm_hit = set(hit)
         for nid in sorted(hit):
             kind = STORM_KINDS[self.storm.kind] if self.storm else TOOL_MISSING
             self.push(t, FAULT_EV, self._instance(kind, nid, t))
 
     def on_storm_fix(self: Engine, t: float, _: Any, __: int) -> None:
         """The rollback lands: the tool is back on every node."""
+        self.storm_hit = set()
         for node in self.fleet.nodes:
             if any(f.kind in STORMS for f in node.faults):
                 node.faults = [f for f in node.faults if f.kind not in STORMS]

@@ -217,7 +217,19 @@ class Platform:
                 wake.at = nxt
             if d.state is State.HEALTHY and not node.faults and not node.our_taints:
                 self.cluster.active.discard(name)
+        closes = self._breaker_closes()
+        if closes is not None and (wake.at is None or closes < wake.at):
+            wake.at = closes
         return wake
+
+    def _breaker_closes(self) -> float | None:
+        """An open breaker whose causes are gone closes `breaker_close_after_s` later: pass
+        then, so it closes on time even when nothing else happens."""
+        st = self.controller.breaker.status
+        if not st.open or st.clear_since is None:
+            return None
+        at = seconds(st.clear_since - EPOCH) + self.config.safety.breaker_close_after_s
+        return max(at + SLACK_S, self.t + SLACK_S)
 
     def _next(self, name: str, d: policy_mod.Decision, now: object) -> float | None:
         """When this node's state can next change without news from the world."""

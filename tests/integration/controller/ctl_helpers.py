@@ -30,6 +30,14 @@ FATAL = FindingSummary(
     fatal=True,
     check="xid",
 )
+# a dropped binary: the check fails closed (what a tool breakage looks like on every node)
+CANNOT_RUN = FindingSummary(
+    code="DEPENDENCY_MISSING",
+    component="node",
+    status=Status.FAILED,
+    action=Action.NONE,
+    check="nvml",
+)
 
 
 def health(*findings: FindingSummary, age_s: float = 0) -> str:

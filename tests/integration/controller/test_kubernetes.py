@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
+from ctl_helpers import CANNOT_RUN, FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
 
 from gpuvigil.core import wire
 from gpuvigil.platform.clusters.base import Conflict
@@ -215,8 +215,50 @@ def test_fault_storm_trips_the_breaker_and_recoveries_continue(kube, kube_cluste
     ctl.reconcile()
     assert state_of(kube, names[0]).state is State.HEALTHY
     assert wire.UNHEALTHY_TAINT not in taints(kube, names[0])
+    # 4 of 10 still show it: the breaker stays open (not just one window after the burst)
     assert registry.get_sample_value("gpuvigil_circuit_breaker_open") == 1
     assert all(state_of(kube, n).state is State.SUSPECT for n in names[1:5])
+    assert ctl.breaker.status.holds_disruptions and ctl.breaker.status.clear_since is None
+
+
+def test_tool_breakage_is_held_not_blocked_and_real_faults_are_repaired(  # type: ignore[no-untyped-def]
+    kube, kube_cluster, agent, tmp_path
+) -> None:
+    """An upgrade drops nvidia-smi: one check fails closed on 6 of 12 nodes. The first
+    three are blocked (a handful: fail closed); when the rest follow, the breaker opens on
+    the check, gpuvigil lifts its own taints and blocks none of them, while a node with a
+    real fault meanwhile is tainted and drained within budget."""
+    import json
+
+    from gpuvigil.core.events import EventWriter
+
+    sel, names = fleet(kube, 12)
+    for n in names:
+        agent.publish(n)
+    safety = SafetyConfig(max_disrupted=5, max_disrupted_percent=100, breaker_unhealthy_percent=50)
+    ctl = Controller(
+        kube_cluster(node_selector=sel),
+        config=ControllerConfig(safety=safety),  # a small test fleet: no share trip on 3 nodes
+        events=EventWriter(tmp_path / "events.jsonl"),
+    )
+    for n in names[:3]:
+        agent.publish(n, CANNOT_RUN)
+    ctl.reconcile()
+    assert not ctl.breaker.status.open
+    assert all(wire.UNHEALTHY_TAINT in taints(kube, n) for n in names[:3])
+    for n in names[3:6]:
+        agent.publish(n, CANNOT_RUN)
+    agent.publish(names[6], FATAL)
+    ctl.reconcile()
+    assert ctl.breaker.status.checks == {"nvml"} and not ctl.breaker.status.holds_disruptions
+    for n in names[:6]:
+        assert wire.UNHEALTHY_TAINT not in taints(kube, n), n
+        assert (state_of(kube, n) or Record()).state is State.HEALTHY
+    assert wire.UNHEALTHY_TAINT in taints(kube, names[6])
+    assert state_of(kube, names[6]).state is State.DRAINING
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    breaker = [json.loads(x)["data"] for x in lines if '"breaker"' in x]
+    assert breaker[0]["state"] == "open" and breaker[0]["causes"] == ["check:nvml"]
 
 
 def test_agent_started_is_not_an_answer_and_new_nodes_validate(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL, health, wait_for
+from ctl_helpers import CANNOT_RUN, FATAL, health, wait_for
 
 from gpuvigil.platform.clusters.settings import SlurmSettings
 from gpuvigil.platform.clusters.slurm import SlurmCluster, expand_hostlist
@@ -141,3 +141,31 @@ def test_controller_once_on_slurm(slurm, run_cli, tmp_path) -> None:  # type: ig
     assert (
         "Reason=gpuvigil:DRAINING:-:XID_79" in slurm.run("scontrol", "show", "node", "gpu4").stdout
     )
+
+
+def test_tool_breakage_lifts_gpuvigils_drains_and_keeps_foreign_ones(slurm) -> None:  # type: ignore[no-untyped-def]
+    """One check fails closed on one node: drained (fail closed). It follows on two more:
+    the breaker opens on the check and resumes the nodes gpuvigil drained for it alone."""
+    c = adapter(slurm)
+    for n in slurm.names:
+        publish(slurm, n)
+    safety = SafetyConfig(
+        max_disrupted=4,
+        max_disrupted_percent=100,
+        breaker_unhealthy_percent=100,  # a 4-node test cluster: only the check cause
+        breaker_same_check_nodes=3,
+        breaker_same_check_close_nodes=2,
+    )
+    ctl = Controller(c, config=ControllerConfig(cluster="slurm", safety=safety))
+    first, *rest = slurm.names[:3]
+    publish(slurm, first, CANNOT_RUN)
+    ctl.reconcile()
+    assert not ctl.breaker.status.open
+    assert "DRAIN" in slurm.node_state(first)
+    for n in rest:
+        publish(slurm, n, CANNOT_RUN)
+    ctl.reconcile()
+    assert ctl.breaker.status.checks == {"nvml"}
+    for n in (first, *rest):
+        assert "DRAIN" not in slurm.node_state(n), (n, slurm.node_state(n))
+        assert c.get_node(n).record is None or c.get_node(n).record.state is State.HEALTHY

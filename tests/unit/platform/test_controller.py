@@ -88,22 +88,70 @@ def test_api_errors_are_counted_and_nothing_is_acted_on() -> None:
     )
 
 
-def test_a_dropped_binary_fleet_wide_blocks_but_never_drains_then_recovers() -> None:
-    """A driver upgrade removes nvidia-smi on 40 of 100 nodes: every check fails closed.
-    The breaker opens, the nodes are kept from new work, none is drained; when the binary
-    is back they all return to service without a human."""
+def _storm(c: MemoryCluster, names: list[str], ctl: Controller, minutes: int) -> None:
     from helpers import CANNOT_RUN
 
-    c = MemoryCluster()
-    for i in range(100):
-        c.add_node(f"n{i}", pods=1)
-    reg = CollectorRegistry()
-    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
-    for i in range(40):
-        c.set_findings(f"n{i}", [CANNOT_RUN], fixed_by=None)
-    for _ in range(30):  # 30 minutes
+    for n in names:
+        c.set_findings(n, [CANNOT_RUN], fixed_by=None)
+    for _ in range(minutes):
         ctl.reconcile()
         c.advance(60)
+
+
+def test_a_dropped_binary_fleet_wide_is_held_by_the_breaker_not_blocked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A driver upgrade removes nvidia-smi on 40 of 100 nodes: that check fails closed on
+    all of them. That is the tool, not 40 bad machines: the breaker opens (metric, event)
+    and holds the blocks; a node with a real fault meanwhile still gets the full ladder
+    within budget; when the binary is back the breaker closes with hysteresis."""
+    c = fleet(100)
+    reg = CollectorRegistry()
+    events = EventWriter(tmp_path / "ev.jsonl")
+    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg), events=events)
+    _storm(c, [f"n{i}" for i in range(40)], ctl, 30)
+    assert reg.get_sample_value("gpuvigil_circuit_breaker_open") == 1
+    assert reg.get_sample_value("gpuvigil_circuit_breaker_trips_total") == 1
+    assert all(not c.nodes[f"n{i}"].actions for i in range(40))  # never blocked
+    assert reg.get_sample_value("gpuvigil_nodes_in_service") == 100
+    c.set_findings("n50", [FATAL])  # a real fault during the storm: blocked and repaired
+    ctl.reconcile()
+    assert [a[0] for a in c.nodes["n50"].actions][:2] == ["block", "drain"]
+    for i in range(40):
+        c.clear_findings(f"n{i}")
+    for _ in range(20):  # the rollback landed; 900 s later the breaker closes
+        ctl.reconcile()
+        c.advance(60)
+    assert reg.get_sample_value("gpuvigil_circuit_breaker_open") == 0
+    lines = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    breaker = [e["data"] for e in lines if e["kind"] == "breaker"]
+    assert [b["state"] for b in breaker] == ["open", "closed"]
+    assert "check nvml fails closed" in breaker[0]["reason"]
+    assert breaker[0]["causes"] == ["check:nvml"]
+    assert breaker[1]["causes"] == ["check:nvml"]  # what it had held
+
+
+def test_blocks_set_for_the_broken_check_are_lifted_when_the_breaker_trips() -> None:
+    """Four nodes fail closed: a handful, so they are blocked (fail closed). Six more
+    follow: now it is the tool, and the blocks gpuvigil set for it alone are lifted."""
+    c = fleet(100)
+    ctl = Controller(c, clock=c.clock.now)
+    _storm(c, [f"n{i}" for i in range(4)], ctl, 2)
+    assert not ctl.breaker.status.open
+    assert all(c.nodes[f"n{i}"].our_taints == {"unhealthy"} for i in range(4))
+    _storm(c, [f"n{i}" for i in range(4, 10)], ctl, 2)
+    assert ctl.breaker.status.open
+    assert all(not c.nodes[f"n{i}"].our_taints for i in range(10))
+    assert all(ctl.reconcile().decisions[f"n{i}"].state is State.HEALTHY for i in range(10))
+
+
+def test_without_holding_blocks_a_dropped_binary_blocks_but_never_drains() -> None:
+    """`breaker_hold_blocks_for_tool_breakage: false`: the strict behaviour."""
+    from gpuvigil.platform.safety import SafetyConfig
+
+    c = fleet(100)
+    reg = CollectorRegistry()
+    cfg = ControllerConfig(safety=SafetyConfig(breaker_hold_blocks_for_tool_breakage=False))
+    ctl = Controller(c, config=cfg, clock=c.clock.now, metrics=pmetrics.build(reg))
+    _storm(c, [f"n{i}" for i in range(40)], ctl, 30)
     assert reg.get_sample_value("gpuvigil_circuit_breaker_open") == 1
     assert all(not [a for a in n.actions if a[0] in ("drain", "request")] for n in c.nodes.values())
     assert reg.get_sample_value("gpuvigil_nodes", {"state": "SUSPECT"}) == 40

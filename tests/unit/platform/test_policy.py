@@ -5,13 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from helpers import CANNOT_RUN, FATAL, INVESTIGATE, NONFATAL, REPLACE, T0, view
+from helpers import CANNOT_RUN, FATAL, INVESTIGATE, NONFATAL, REPLACE, T0, finding, view
 
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.policy import Fleet, OpKind, PolicyConfig, decide, release
 from gpuvigil.platform.state import AgentResult, Preflight, Record, State
 
 CFG = PolicyConfig()
+TOOL = Fleet(breaker_open=True, tolerated_checks=frozenset({"nvml"}))  # the tool cause holds
+SHARE = Fleet(False, "circuit breaker open: share", True, True)  # the share cause holds
+OTHER_TOOL = finding("DEPENDENCY_MISSING", action=Action.NONE, component="node", check="fabric")
 S = timedelta(seconds=1)
 
 
@@ -280,6 +283,69 @@ CASES = [
         [],
     ),
     ("absent summary (no agent yet) is left alone", view(health=None), Fleet(), State.HEALTHY, []),
+    # The breaker's tool cause: could-not-run findings of a held check alone never block.
+    ("held check is not blocked", view(CANNOT_RUN), TOOL, State.HEALTHY, []),
+    (
+        "held check: our block is lifted",
+        view(CANNOT_RUN, record=rec(State.SUSPECT, 60)),
+        TOOL,
+        State.HEALTHY,
+        ["unblock"],
+    ),
+    (
+        "held check: no quarantine when stuck",
+        view(CANNOT_RUN, record=rec(State.SUSPECT, 14400)),
+        TOOL,
+        State.HEALTHY,
+        ["unblock"],
+    ),
+    (
+        "held check + real fault: full ladder",
+        view(CANNOT_RUN, FATAL),
+        TOOL,
+        State.DRAINING,
+        ["block", "drain"],
+    ),
+    ("another check is not held", view(OTHER_TOOL), TOOL, State.SUSPECT, ["block"]),
+    (
+        "held check while validating stays strict",
+        view(CANNOT_RUN, record=rec(State.VALIDATING, 60), preflight=Preflight(True, at=T0)),
+        TOOL,
+        State.VALIDATING,
+        [],
+    ),
+    (
+        "quarantined stays with a person",
+        view(CANNOT_RUN, record=rec(State.QUARANTINED, 60)),
+        TOOL,
+        State.QUARANTINED,
+        [],
+    ),
+    # The share cause holds the next ladder step too; a cleared problem revalidates.
+    (
+        "share breaker holds escalation",
+        view(FATAL, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
+        SHARE,
+        State.VALIDATING,
+        [],
+    ),
+    (
+        "escalation proceeds without the breaker",
+        view(FATAL, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "held step whose problem cleared revalidates",
+        view(
+            record=rec(State.REMEDIATING, 60, step=Action.RESET_GPU, request_id="r"),
+            agent_result=AgentResult(request_id="r", succeeded=False, detail="x", at=T0),
+        ),
+        SHARE,
+        State.VALIDATING,
+        [],
+    ),
 ]
 
 

@@ -7,7 +7,9 @@ import random
 import pytest
 
 from gpuvigil.sim import faults
+from gpuvigil.sim.cli import storm_controller
 from gpuvigil.sim.faults import FaultModel, Storm
+from gpuvigil.sim.results import Results
 from gpuvigil.sim.run import simulate
 
 
@@ -56,23 +58,38 @@ def test_results_are_fractions_and_layer4_scores_the_events(small_runs):
     assert sum(small_runs["platform"].attribution.values()) > 0
 
 
-def test_breaker_storm_runs_and_trips_only_with_the_breaker():
-    storm = Storm(at_s=3 * 86400.0, fraction=0.25, fixed_after_s=6 * 3600.0)
-    on = simulate("full", nodes=128, days=6, seed=3, storm=storm, breaker=True)
-    off = simulate("full", nodes=128, days=6, seed=3, storm=storm, breaker=False)
-    assert on.breaker_trips >= 1
-    assert off.breaker_trips == 0
-    # the broken tool takes nodes out of service: false drains, measured
-    assert on.false_drains >= 0.2 * 128 and off.false_drains >= 0.2 * 128
-    assert on.node_availability <= 1.0 and off.node_availability <= 1.0
+def _storm_pair(kind: str) -> tuple[Results, Results, Results]:
+    storm = Storm(at_s=3 * 86400.0, fraction=0.25, fixed_after_s=6 * 3600.0, kind=kind)
+    kw = {"nodes": 128, "days": 6, "seed": 3, "storm": storm, "controller": storm_controller()}
+    on = simulate("full", breaker=True, **kw)  # type: ignore[arg-type]
+    off = simulate("full", breaker=False, **kw)  # type: ignore[arg-type]
+    calm = simulate("full", nodes=128, days=6, seed=3)
+    return on, off, calm
 
 
-def test_driver_storm_breaker_holds_remediations():
-    storm = Storm(at_s=3 * 86400.0, fraction=0.25, fixed_after_s=6 * 3600.0, kind="driver")
-    on = simulate("full", nodes=128, days=6, seed=3, storm=storm, breaker=True)
-    off = simulate("full", nodes=128, days=6, seed=3, storm=storm, breaker=False)
+def test_tool_storm_breaker_keeps_the_fleet_in_service():
+    """A dropped binary on 32 of 128 nodes: with the breaker it is the tool's fault and the
+    fleet stays as available as without any storm; without it, 32 nodes are blocked."""
+    on, off, calm = _storm_pair("tool")
     assert on.breaker_trips >= 1 and off.breaker_trips == 0
-    assert on.remediations <= off.remediations
+    assert on.node_availability > off.node_availability
+    assert on.node_availability >= calm.node_availability - 0.0005
+    assert on.false_drains < off.false_drains
+    assert on.false_drains <= calm.false_drains + 5  # the few blocked before it tripped
+    assert off.false_drains >= calm.false_drains + 0.2 * 128
+
+
+def test_driver_storm_breaker_holds_the_repairs_for_the_whole_storm():
+    """A bad driver makes healthy GPUs read lost on 32 of 128 nodes, with a 10% budget (13
+    nodes at a time) so the budget is not what limits: without the breaker the controller
+    resets, reboots and replaces them (the new machines boot the same image) until the
+    rollback; with it, the repairs wait and the nodes come back when the rollback lands."""
+    on, off, calm = _storm_pair("driver")
+    assert on.breaker_trips >= 1 and off.breaker_trips == 0
+    assert on.remediations < off.remediations / 5
+    assert on.remediations <= calm.remediations + 13 * 2  # the wave admitted before the trip
+    assert on.node_availability > off.node_availability
+    assert on.job_interruptions <= off.job_interruptions
 
 
 def test_fault_model_rates_follow_the_llama3_table():
@@ -93,3 +110,12 @@ def test_sampling_is_poisson_and_seeded():
     expected = sum(k.per_node_day for k in model.kinds) * 1000 * 30
     assert abs(len(a) - expected) < 4 * expected**0.5
     assert [t for t, _, _ in a] == sorted(t for t, _, _ in a)
+
+
+def test_storms_are_deterministic():
+    for kind in ("tool", "driver"):
+        storm = Storm(at_s=2 * 86400.0, fraction=0.25, fixed_after_s=6 * 3600.0, kind=kind)
+        kw = {"nodes": 64, "days": 4, "seed": 5, "storm": storm, "controller": storm_controller()}
+        a, b = (simulate("full", **kw).to_json() for _ in range(2))  # type: ignore[arg-type]
+        a.pop("wall_s"), b.pop("wall_s")
+        assert a == b

@@ -80,8 +80,19 @@ class _Ctx:
 
     def __init__(self, node: NodeView, fleet: Fleet, now: datetime, config: PolicyConfig) -> None:
         self.node, self.fleet, self.now, self.cfg = node, fleet, now, config
-        self.a = assess(node, now=now, config=config)
         self.rec = node.record or Record()
+        # The breaker's tool cause is honoured where a block is all it could cause (HEALTHY,
+        # SUSPECT); a node being repaired or validated stays strict (fail closed).
+        tolerate = self.rec.state in (State.HEALTHY, State.SUSPECT)
+        held = fleet.tolerated_checks if tolerate else frozenset()
+        self.a = assess(node, now=now, config=config, tolerated=held)
+
+    def tolerated(self) -> str:
+        """Why findings on the node are not acted on (the breaker's tool cause), or ""."""
+        checks = sorted({p.check for p in self.a.tolerated})
+        if not checks:
+            return ""
+        return f"circuit breaker: check {', '.join(checks)} fails closed fleet-wide (tool breakage)"
 
     def keep(self, reason: str = "", *ops: Op, held: str = "") -> Decision:
         block = () if self.node.blocked_by_us else (Op(OpKind.BLOCK),)
@@ -158,6 +169,12 @@ class _Ctx:
         )
 
     def fail_step(self, reason: str) -> Decision:
+        if self.fleet.breaker_holds:  # the next step is a new disruption: a fleet event
+            if self.a.readable and not self.a.real:  # e.g. the bad driver was rolled back
+                # validate afresh: a preflight from before the rollback does not count
+                why = f"{reason}; the problem cleared: validating"
+                return self.go(State.VALIDATING, why, since=self.now)
+            return self.keep(f"{reason}; next step held", held=self.fleet.why_not)
         failures = self.rec.failures + 1
         self.rec = self.rec.model_copy(update={"failures": failures})
         if failures >= self.cfg.max_failed_steps:
@@ -207,7 +224,7 @@ def _healthy(c: _Ctx) -> Decision:
             return c.drain_or_hold(f"fatal: {a.describe()}")
         return c.go(State.SUSPECT, a.describe())
     unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us or node.unvalidated else ()
-    return Decision(c.rec, unblock, "healthy")
+    return Decision(c.rec, unblock, c.tolerated() or "healthy")
 
 
 def _suspect(c: _Ctx) -> Decision:
@@ -220,7 +237,9 @@ def _suspect(c: _Ctx) -> Decision:
             )
         return c.keep(f"unknown: {a.unknown_reason}")
     if not a.problems:
-        return c.go(State.HEALTHY, "problem cleared", Op(OpKind.UNBLOCK))
+        why = c.tolerated()
+        return c.go(State.HEALTHY, f"block lifted: {why}" if why else "problem cleared",
+                    Op(OpKind.UNBLOCK))  # fmt: skip
     if a.action is Action.INVESTIGATE:
         return c.go(State.QUARANTINED, f"needs a human: {a.describe()}")
     persisted = _age(c.rec.since, c.now) >= c.cfg.suspect_grace_s

@@ -64,6 +64,10 @@ class Fleet:
     may_disrupt: bool = True  # budget left in the node's pool and an action token
     why_not: str = ""  # the reason when it may not (budget, breaker, rate limit)
     breaker_open: bool = False
+    breaker_holds: bool = False  # the breaker holds disruptions: no new step, no escalation
+    # Checks the breaker found failing closed fleet-wide (a broken tool, not broken GPUs):
+    # their could-not-run findings alone neither block a node nor keep it blocked.
+    tolerated_checks: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class Assessment:
     readable: bool
     unknown_reason: str = ""  # why it is not readable
     problems: tuple[FindingSummary, ...] = field(default_factory=tuple)
+    tolerated: tuple[FindingSummary, ...] = field(default_factory=tuple)  # held by the breaker
 
     @property
     def real(self) -> tuple[FindingSummary, ...]:
@@ -120,7 +125,15 @@ class Assessment:
         return ", ".join(f"{p.code} {p.component}" for p in self.problems[:3]) or "healthy"
 
 
-def assess(node: NodeView, *, now: datetime, config: PolicyConfig) -> Assessment:
+def assess(
+    node: NodeView,
+    *,
+    now: datetime,
+    config: PolicyConfig,
+    tolerated: frozenset[str] = frozenset(),
+) -> Assessment:
+    """`tolerated`: checks whose could-not-run findings are left out (the breaker's tool
+    cause); they are kept in `Assessment.tolerated` so the reason can say so."""
     if node.health is None:
         return Assessment(False, f"health summary {node.health_error or 'absent'}")
     age = node.heartbeat_age_s(now)
@@ -128,5 +141,7 @@ def assess(node: NodeView, *, now: datetime, config: PolicyConfig) -> Assessment
         return Assessment(False, f"health summary stale ({age or 0:.0f} s old)")
     bad = {Status.FAILED, Status.WARNING} if config.block_on_warning else {Status.FAILED}
     problems = [f for f in node.health.findings if f.status in bad]
+    held = [f for f in problems if f.code in COULD_NOT_RUN and f.check in tolerated]
+    problems = [f for f in problems if f not in held]
     problems.sort(key=lambda f: (-f.action.rank, not f.fatal, -f.status.rank, f.code))
-    return Assessment(True, problems=tuple(problems))
+    return Assessment(True, problems=tuple(problems), tolerated=tuple(held))
