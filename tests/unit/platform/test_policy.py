@@ -344,7 +344,7 @@ CASES = [
         ),
         SHARE,
         State.VALIDATING,
-        [],
+        ["revalidate"],  # entering VALIDATING after a repair asks for preflight again
     ),
 ]
 
