@@ -213,8 +213,8 @@ class Watchdog:
                 log.warning("could not signal peers through the store: %s", e)
         try:
             self._on_fire(record)
-        except Exception:
-            log.exception("hang record could not be written")
+        except Exception as e:  # the exit below must happen whatever failed
+            log.error("hang record could not be written: %s", e, exc_info=True)
         for h in logging.getLogger().handlers:
             h.flush()
         self._exit(exit_codes.HANG)
