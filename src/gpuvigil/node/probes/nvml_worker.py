@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -173,7 +176,25 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def die_with_parent(interval_s: float = 1.0) -> None:
+    """Exit when the process that started this worker is gone, even killed by SIGKILL.
+
+    A worker stuck in a driver call would otherwise outlive its agent. ctypes releases the
+    GIL around NVML calls, so this thread runs while the main thread is stuck in one.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
+    die_with_parent()
     module = argv[1] if len(argv) > 1 else "pynvml"
     try:
         nvml = importlib.import_module(module)
