@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -47,6 +48,9 @@ RELEASED_ANNOTATION = f"{DOMAIN}/released-at"
 UNHEALTHY_TAINT = f"{DOMAIN}/unhealthy"
 UNVALIDATED_TAINT = f"{DOMAIN}/unvalidated"
 SLURM_HEALTH_FIELD = "Extra"
+# The agent's latest NodeReport on the node itself (state-file sink), read by the training
+# health gate, `slurm-healthcheck` and `npd-plugin --from-state-file`.
+STATE_FILE = Path("/run/gpuvigil/report.json")
 MAX_FINDINGS = 20  # keeps the summary well under annotation and Slurm field limits
 
 

@@ -69,12 +69,12 @@ class DcgmConfig(StrictModel):
     required: bool = False
     binary: str = "dcgmi"
     health_timeout_s: float = Field(default=30.0, gt=0)
-    health_interval_s: float = Field(default=300.0, gt=0)
     # `dcgmi diag -r 1` takes seconds, `-r 2` minutes and `-r 3` 30+ minutes; run level 1
     # in the node's diag group and deeper levels from preflight.
     diag_level: int = Field(default=1, ge=1, le=4)
     diag_timeout_s: float = Field(default=600.0, gt=0)
-    diag_interval_s: float = Field(default=86400.0, gt=0)
+    # How often they run is the agent's schedule (`agent.slow_interval_s`,
+    # `agent.diag_interval_s`), the one place intervals are set.
 
 
 # --- Kernel log, Xid/SXid catalog overrides (layer-1 kernel-log work) ----------------------

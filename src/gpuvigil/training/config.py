@@ -18,8 +18,9 @@ from pydantic import Field
 
 from gpuvigil.core import config as core_config
 from gpuvigil.core.config import StrictModel
+from gpuvigil.core.wire import STATE_FILE
 
-DEFAULT_NODE_STATE_FILE = Path("/run/gpuvigil/report.json")  # the agent's state-file sink
+DEFAULT_NODE_STATE_FILE = STATE_FILE  # the agent's state-file sink
 
 
 class CheckpointConfig(StrictModel):

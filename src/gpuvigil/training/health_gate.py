@@ -9,7 +9,6 @@ does the one read.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,15 +40,8 @@ def read(path: Path) -> tuple[NodeReport | None, str]:
     except OSError as e:
         return None, f"cannot read {path}: {e.strerror or e}"
     try:
-        body = json.loads(raw)
-        if isinstance(body, dict):
-            # model_dump_json() also writes computed fields, which validation rejects as
-            # unknown keys: drop them (they are recomputed from the findings).
-            body = {k: v for k, v in body.items() if k not in ("status", "conditions")}
-            for f in body.get("findings") or ():
-                if isinstance(f, dict):
-                    f.pop("family", None)
-        return NodeReport.model_validate(body), ""
+        # NodeReport drops its own computed fields (status, conditions, family) on load.
+        return NodeReport.model_validate_json(raw), ""
     except (ValueError, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         return None, f"{path} is not a gpuvigil NodeReport: {first}"

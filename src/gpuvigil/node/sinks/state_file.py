@@ -18,8 +18,9 @@ from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
+from gpuvigil.core.wire import STATE_FILE
 
-DEFAULT_PATH = Path("/run/gpuvigil/report.json")
+DEFAULT_PATH = STATE_FILE
 
 
 class StateFileConfig(StrictModel):
