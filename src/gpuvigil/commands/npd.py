@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from gpuvigil import config as gconfig
+from gpuvigil.commands import options
 from gpuvigil.core import codes
 from gpuvigil.core.findings import NodeReport, Status
 
@@ -84,13 +85,9 @@ def register(app: typer.Typer) -> None:
         max_length: Annotated[
             int, typer.Option("--max-length", min=8, help="Bytes of stdout NPD keeps.")
         ] = NPD_DEFAULT_MAX_OUTPUT,
-        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
-        sysfs_root: Annotated[
-            Path | None, typer.Option("--sysfs-root", help="Read /sys and /dev below this folder.")
-        ] = None,
-        expect_gpus: Annotated[
-            int | None, typer.Option("--expect-gpus", min=0, help="GPUs this node must have.")
-        ] = None,
+        config: options.ConfigFile = None,
+        sysfs_root: options.SysfsRoot = None,
+        expect_gpus: options.ExpectGpus = None,
         from_state_file: Annotated[
             Path | None,
             typer.Option(

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from gpuvigil import config as gconfig
+from gpuvigil.commands import options
 from gpuvigil.commands.npd import fresh_report, run_once
 from gpuvigil.node.sinks.state_file import DEFAULT_PATH
 
@@ -54,13 +55,9 @@ def register(app: typer.Typer) -> None:
         drain_on: Annotated[
             str, typer.Option("--drain-on", help="fatal (default) or failed.")
         ] = "fatal",
-        config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
-        sysfs_root: Annotated[
-            Path | None, typer.Option("--sysfs-root", help="Read /sys and /dev below this folder.")
-        ] = None,
-        expect_gpus: Annotated[
-            int | None, typer.Option("--expect-gpus", min=0, help="GPUs this node must have.")
-        ] = None,
+        config: options.ConfigFile = None,
+        sysfs_root: options.SysfsRoot = None,
+        expect_gpus: options.ExpectGpus = None,
     ) -> None:
         from gpuvigil.node.sinks import slurm as sl
 
