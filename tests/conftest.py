@@ -6,6 +6,7 @@ skips with the reason, so a developer without Slurm can still run the unit tests
 
 from __future__ import annotations
 
+import importlib.util
 import stat
 import subprocess
 from collections.abc import Callable
@@ -66,3 +67,9 @@ def corpus() -> Path:
     """The shared real-world corpus (../shared/corpus); skipped where it is absent."""
     require(SHARED_CORPUS.is_dir(), f"shared corpus not found at {SHARED_CORPUS}")
     return SHARED_CORPUS
+
+
+@pytest.fixture
+def need_torch() -> None:
+    """PyTorch (the [training] extra, which `make test` installs): required under CI."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")

@@ -8,8 +8,6 @@ import pytest
 
 from gpuvigil.fakes.sysfs import FakeSysfs
 
-pytest_plugins = ["preflight_fixtures"]  # this folder's fixtures (see preflight_fixtures.py)
-
 pytestmark = pytest.mark.usefixtures("need_torch")
 
 

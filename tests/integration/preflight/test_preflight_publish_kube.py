@@ -11,8 +11,6 @@ import pytest
 from gpuvigil.core.wire import PREFLIGHT_ANNOTATION, UNVALIDATED_TAINT
 from gpuvigil.fakes.sysfs import FakeSysfs
 
-pytest_plugins = ["preflight_fixtures"]  # this folder's fixtures (see preflight_fixtures.py)
-
 pytestmark = [pytest.mark.realparts, pytest.mark.usefixtures("need_torch")]
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy/kubernetes/preflight"
 QUICK = (

@@ -7,25 +7,12 @@ areas' tests import the shared helpers.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from gpuvigil.node.active.config import ActiveConfig
-
-
-@pytest.fixture
-def need_torch() -> None:
-    """PyTorch (the [training] extra, which `make test` installs): required under CI."""
-    # As tests/conftest.py's require(), which cannot be imported by name reliably here
-    # (another folder's conftest.py may hold the module name `conftest` by then).
-    if importlib.util.find_spec("torch") is None:
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail("required component missing under CI: torch is not installed")
-        pytest.skip("torch is not installed")
 
 
 @pytest.fixture
