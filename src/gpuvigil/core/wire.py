@@ -25,7 +25,7 @@ Remediation. The controller writes `REQUEST_ANNOTATION`; the agent answers in
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -111,12 +111,15 @@ def decode_health(text: str | None) -> HealthSummary | None:
         return None
 
 
-def decode_time(text: str | None) -> datetime | None:
-    """An ISO time with a zone (`RELEASED_ANNOTATION`); None for absent or garbage."""
+def decode_time(text: str | None, *, assume_utc: bool = False) -> datetime | None:
+    """An ISO time (`RELEASED_ANNOTATION`, Kubernetes timestamps); None for absent or
+    garbage. A time without a zone is None, or UTC with `assume_utc` (Kubernetes' own)."""
     if not text or len(text) > 64:
         return None
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t if t.tzinfo is not None else None
+    if t.tzinfo is None:
+        return t.replace(tzinfo=UTC) if assume_utc else None
+    return t

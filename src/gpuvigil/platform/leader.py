@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from gpuvigil.core.findings import utcnow
+from gpuvigil.core.wire import decode_time
 from gpuvigil.platform.clusters.base import ClusterError, Conflict
 
 log = logging.getLogger("gpuvigil.leader")
@@ -35,13 +36,7 @@ def _micro(t: datetime) -> str:
 
 
 def _parse(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    return decode_time(text, assume_utc=True)
 
 
 class LeaderElector:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpuvigil.core.wire import decode_time
 from gpuvigil.platform.clusters.base import ClusterError, Conflict, Forbidden, Unavailable
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 
@@ -41,13 +42,7 @@ def api_call(call: Callable[[], T]) -> T:
 
 
 def when(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    return decode_time(text, assume_utc=True)
 
 
 def json_object(text: str | None) -> dict[str, Any] | None:
