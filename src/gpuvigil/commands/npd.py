@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -18,8 +17,8 @@ import typer
 
 from gpuvigil import config as gconfig
 from gpuvigil.commands import options
-from gpuvigil.core import codes
-from gpuvigil.core.findings import NodeReport, Status
+from gpuvigil.core import codes, freshness
+from gpuvigil.core.findings import NodeReport, Status, utcnow
 
 NPD_DEFAULT_MAX_OUTPUT = 80  # node-problem-detector's default max_output_length
 HELP = (
@@ -97,7 +96,7 @@ def register(app: typer.Typer) -> None:
         max_age: Annotated[
             float,
             typer.Option("--max-age", help="Seconds after which --from-state-file is unknown."),
-        ] = 180.0,
+        ] = freshness.STATE_FILE_MAX_AGE_S,
     ) -> None:
         if family is not None and family not in codes.FAMILIES:
             typer.echo(f"unknown family {family!r}"[:max_length])
@@ -120,9 +119,10 @@ def fresh_report(path: Path, *, max_age_s: float) -> NodeReport | None:
     from gpuvigil.node.sinks.state_file import read_report
 
     report = read_report(path)
-    if report is None or time.time() - report.generated_at.timestamp() > max_age_s:
+    if report is None:
         return None
-    return report
+    age = freshness.judge(report.generated_at, now=utcnow(), max_age_s=max_age_s)
+    return report if age.fresh else None
 
 
 def run_once(

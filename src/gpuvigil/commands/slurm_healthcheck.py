@@ -12,6 +12,7 @@ import typer
 from gpuvigil import config as gconfig
 from gpuvigil.commands import options
 from gpuvigil.commands.npd import fresh_report, run_once
+from gpuvigil.core import freshness
 from gpuvigil.node.sinks.state_file import DEFAULT_PATH
 
 HELP = (
@@ -45,7 +46,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--max-age", help="Seconds: an older report is ignored and checks run here."
             ),
-        ] = 120.0,
+        ] = freshness.STATE_FILE_MAX_AGE_S,
         drain: Annotated[
             bool,
             typer.Option(

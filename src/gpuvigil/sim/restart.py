@@ -10,10 +10,10 @@ controller drains) exits with a code the job's retry policy does not count again
 
 from __future__ import annotations
 
+from gpuvigil.core import exit_codes
 from gpuvigil.sim.faults import Cause
 from gpuvigil.sim.fleet import FaultInstance
 from gpuvigil.sim.scenarios import SimConfig
-from gpuvigil.training import exit_codes
 from gpuvigil.training.config import WatchdogConfig
 
 # Exit codes a retry policy treats as "the node's fault" (e.g. a Kubernetes Job's

@@ -3,15 +3,16 @@
 Read these in order: `run` (the loop API), `process_group` (restarts that work every time,
 health gate), `checkpoint` + `manifest` (async, atomic, verified DCP checkpoints), `watchdog`
 (hangs), `straggler` (slow ranks). Only this package imports torch, and only the modules
-that need it: `config`, `manifest`, `straggler`, `watchdog`, `health_gate`, `sampler` and
-`exit_codes` are torch-free (the simulator and unit tests import them without torch).
+that need it: `config`, `manifest`, `straggler`, `watchdog`, `health_gate`, and `sampler`
+are torch-free (the simulator and unit tests import them without torch). `exit_codes` is
+`gpuvigil.core.exit_codes`, re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpuvigil.training import exit_codes
+from gpuvigil.core import exit_codes
 from gpuvigil.training.config import TrainingConfig
 from gpuvigil.training.sampler import ResumableSampler
 

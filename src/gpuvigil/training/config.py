@@ -18,6 +18,7 @@ from pydantic import Field
 
 from gpuvigil.core import config as core_config
 from gpuvigil.core.config import StrictModel
+from gpuvigil.core.freshness import STATE_FILE_MAX_AGE_S
 from gpuvigil.core.wire import STATE_FILE
 
 DEFAULT_NODE_STATE_FILE = STATE_FILE  # the agent's state-file sink
@@ -102,10 +103,12 @@ class HealthGateConfig(StrictModel):
         "default path on tmpfs, so a stale file never survives a reboot.",
     )
     max_age_s: float = Field(
-        600.0,
+        STATE_FILE_MAX_AGE_S,
         gt=0,
-        description="A report older than this means the agent is not running: treated like "
-        "a missing file (fail closed unless on_missing=allow).",
+        description="A report older than this (or dated in the future) means the agent is "
+        "not running: treated like a missing file (fail closed unless on_missing=allow). "
+        "Default: core.freshness.STATE_FILE_MAX_AGE_S, shared with slurm-healthcheck and "
+        "npd-plugin.",
     )
     on_missing: Literal["refuse", "allow"] = Field(
         "refuse",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from gpuvigil.core import exit_codes, freshness
 from gpuvigil.core.findings import NodeReport, Status
-from gpuvigil.training import exit_codes
 from gpuvigil.training.config import HealthGateConfig
 
 
@@ -52,12 +52,12 @@ def decide(
 ) -> Verdict:
     """Pure: may this rank run, given the agent's report (or why there is none)?"""
     if report is not None:
-        age_s = (now - report.generated_at).total_seconds()
-        if age_s > config.max_age_s:
+        age = freshness.judge(report.generated_at, now=now, max_age_s=config.max_age_s)
+        if not age.fresh:
             report, problem = (
                 None,
                 (
-                    f"state file is stale: written {age_s:.0f}s ago "
+                    f"state file is {age.freshness}: {age.describe()} "
                     f"(max_age_s={config.max_age_s:g}); is the gpuvigil agent running?"
                 ),
             )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuvigil.training import exit_codes
+from gpuvigil.core import exit_codes
 from gpuvigil.training.config import WatchdogConfig
 
 log = logging.getLogger("gpuvigil.training.watchdog")

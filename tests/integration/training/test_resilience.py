@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from gpuvigil.core import exit_codes
 from gpuvigil.core.findings import Action, Finding, NodeReport, Status
-from gpuvigil.training import exit_codes, manifest
+from gpuvigil.training import manifest
 
 from .conftest import Job, free_port, kill_worker, listening, params_equal, wait_for
 

@@ -269,6 +269,13 @@ CASES = [
         [],
     ),
     (
+        "a healthy summary dated a day ahead is not fresh: it blocks new work",
+        view(at=T0 + 86400 * S),
+        Fleet(),
+        State.SUSPECT,
+        ["block"],
+    ),
+    (
         "unreadable summary blocks new work",
         view(health=None, health_error="unreadable"),
         Fleet(),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gpuvigil.core import exit_codes
 from gpuvigil.core.findings import Action, Finding, NodeReport, Status
-from gpuvigil.training import exit_codes, health_gate
+from gpuvigil.training import health_gate
 from gpuvigil.training.config import HealthGateConfig
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -62,6 +63,11 @@ def test_missing_file_fails_closed_by_default() -> None:
 def test_stale_report_counts_as_missing() -> None:
     v = decide(report(age_s=3600))
     assert v.exit_code == exit_codes.NODE_STATE_UNKNOWN and "stale" in v.message
+
+
+def test_report_from_the_future_counts_as_missing() -> None:
+    v = decide(report(age_s=-86400))
+    assert v.exit_code == exit_codes.NODE_STATE_UNKNOWN and "future" in v.message
 
 
 def test_read_never_raises(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvigil.training import exit_codes
+from gpuvigil.core import exit_codes
 from gpuvigil.training.config import WatchdogConfig
 from gpuvigil.training.watchdog import HANG_KEY, HangRecord, Watchdog, derive_timeout
 

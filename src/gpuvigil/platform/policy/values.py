@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
+from gpuvigil.core import freshness
 from gpuvigil.core.codes import COULD_NOT_RUN
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import Action, Status
@@ -136,9 +137,9 @@ def assess(
     cause); they are kept in `Assessment.tolerated` so the reason can say so."""
     if node.health is None:
         return Assessment(False, f"health summary {node.health_error or 'absent'}")
-    age = node.heartbeat_age_s(now)
-    if age is None or age > config.heartbeat_stale_s:
-        return Assessment(False, f"health summary stale ({age or 0:.0f} s old)")
+    age = freshness.judge(node.heartbeat_at, now=now, max_age_s=config.heartbeat_stale_s)
+    if not age.fresh:
+        return Assessment(False, f"health summary {age.freshness} ({age.describe()})")
     bad = {Status.FAILED, Status.WARNING} if config.block_on_warning else {Status.FAILED}
     problems = [f for f in node.health.findings if f.status in bad]
     held = [f for f in problems if f.code in COULD_NOT_RUN and f.check in tolerated]

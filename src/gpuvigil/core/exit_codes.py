@@ -1,0 +1,122 @@
+"""The one table of a training worker's exit codes: the code, what it means, who is charged.
+
+Training exits with these codes (`gpuvigil.training`), attribution charges a failure by
+them (`gpuvigil.observe.attribution`), the simulator ends its jobs with them, and the shipped
+Kubernetes Job `podFailurePolicy` (`deploy/kubernetes/examples/`) spares the ones whose
+`retry` is `IGNORE`. docs/training.md lists the same table; a test keeps the two in step.
+
+gpuvigil's own codes lie outside 0-2 (Python's), 64-78 (sysexits) and 126-165 (the shell's
+and 128+signal), so a job log or torchrun's per-worker failure summary names the cause.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Charged(StrEnum):
+    """Who a failure with this exit code is charged to (the attribution cause)."""
+
+    NONE = "none"  # success
+    USER = "user_code"  # the job's own program
+    NODE = "hardware"  # the machine it ran on: its agent reports it unhealthy, or cannot tell
+    HANG = "hang"  # no step completed in time: a peer, the network or the program
+    DRAIN = "drain"  # the platform took the node away and the job left cleanly
+    STORAGE = "storage"  # checkpoints could not be written
+    UNKNOWN = "unknown"  # killed by a signal: only other evidence can say by whom
+
+
+class Retry(StrEnum):
+    """What a retry policy does with it (a Job's podFailurePolicy action)."""
+
+    COUNT = "Count"  # uses up one of the job's retries
+    IGNORE = "Ignore"  # not the job's fault: retried without counting
+    FAIL = "FailJob"  # retrying cannot help
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    code: int
+    name: str
+    meaning: str
+    charged: Charged
+    retry: Retry
+
+
+SUCCESS = 0
+HANG = 86
+NODE_UNHEALTHY = 87
+NODE_STATE_UNKNOWN = 88
+DRAINED = 89
+CHECKPOINT_FAILED = 90
+
+TABLE: dict[int, ExitCode] = {
+    e.code: e
+    for e in (
+        ExitCode(SUCCESS, "SUCCESS", "the job finished", Charged.NONE, Retry.COUNT),
+        ExitCode(
+            HANG,
+            "HANG",
+            "hang watchdog: no step completed within the timeout",
+            Charged.HANG,
+            # Counted: a program that deadlocks itself must not retry forever.
+            Retry.COUNT,
+        ),
+        ExitCode(
+            NODE_UNHEALTHY,
+            "NODE_UNHEALTHY",
+            "health gate: this node is marked unhealthy by the gpuvigil agent",
+            Charged.NODE,
+            Retry.IGNORE,
+        ),
+        ExitCode(
+            NODE_STATE_UNKNOWN,
+            "NODE_STATE_UNKNOWN",
+            "health gate: this node's gpuvigil state is missing, stale or unreadable",
+            Charged.NODE,
+            Retry.IGNORE,
+        ),
+        ExitCode(
+            DRAINED,
+            "DRAINED",
+            "drained: stopped on SIGTERM after saving a checkpoint",
+            Charged.DRAIN,
+            Retry.IGNORE,
+        ),
+        ExitCode(
+            CHECKPOINT_FAILED,
+            "CHECKPOINT_FAILED",
+            "checkpoints failed to save too many times in a row",
+            Charged.STORAGE,
+            Retry.COUNT,
+        ),
+    )
+}
+
+SIGNAL_BASE = 128  # a shell reports death by signal N as 128 + N
+
+
+def lookup(code: int) -> ExitCode:
+    """Any exit status: the table's entry, a death by signal, or the program's own error."""
+    known = TABLE.get(code)
+    if known is not None:
+        return known
+    if code < 0 or code > SIGNAL_BASE:  # Popen gives -N, a shell 128 + N
+        num = -code if code < 0 else code - SIGNAL_BASE
+        try:
+            sig = signal.Signals(num).name
+        except ValueError:
+            sig = f"signal {num}"
+        return ExitCode(code, sig, f"killed by {sig}", Charged.UNKNOWN, Retry.COUNT)
+    return ExitCode(code, "ERROR", "the program exited with an error", Charged.USER, Retry.COUNT)
+
+
+def charged(code: int) -> Charged:
+    return lookup(code).charged
+
+
+def spared(retry: Retry = Retry.IGNORE) -> tuple[int, ...]:
+    """The codes a retry policy treats this way, sorted (for podFailurePolicy rules)."""
+    return tuple(sorted(c for c, e in TABLE.items() if c != SUCCESS and e.retry is retry))
