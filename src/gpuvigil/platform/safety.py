@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -275,7 +275,9 @@ class Breaker:
 
 
 class Gate:
-    """One pass's safety accounting: budget per pool and rate tokens, from stored records."""
+    """One pass's safety accounting: budget per pool and rate tokens, from stored records
+    and the budget ledger's slots (`reserved`: node -> pool, `platform.budget`); a node
+    counts once whether its record, its slot or both hold the budget."""
 
     def __init__(
         self,
@@ -284,11 +286,13 @@ class Gate:
         *,
         now: datetime,
         breaker: BreakerStatus | None = None,
+        reserved: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
         self.breaker = breaker or BreakerStatus()
         self.size: Counter[str] = Counter()
         self.in_use: Counter[str] = Counter()
+        slots = dict(reserved or {})
         recent = 0
         for v in nodes:
             pool = pool_of(v, config)
@@ -296,13 +300,20 @@ class Gate:
             rec = v.record
             if rec is not None and rec.in_budget:
                 self.in_use[pool] += 1
+                slots.pop(v.name, None)
             last = rec.last_action_at if rec is not None else None
             if last is not None and (now - last).total_seconds() < config.rate_window_s:
                 recent += 1
+        for pool in slots.values():  # slots whose record does not show it (yet)
+            self.in_use[pool] += 1
         self.tokens = max(0, config.max_actions - recent)
+        # once per pass: every node of a pool asks for the same limit
+        self._limits = {p: pool_limit(p, n, config) for p, n in self.size.items()}
 
     def limit(self, pool: str) -> int:
-        return pool_limit(pool, self.size[pool], self.config)
+        if pool not in self._limits:
+            self._limits[pool] = pool_limit(pool, self.size[pool], self.config)
+        return self._limits[pool]
 
     def fleet_for(self, node: NodeView) -> Fleet:
         pool, br = pool_of(node, self.config), self.breaker

@@ -37,6 +37,7 @@ def write_config(tmp_path: Path, selector: str, **extra: Any) -> Path:
         "  interval_s: 0.5",
         "  metrics_port: 0",
         f"  leader_election: {str(extra.pop('leader', False)).lower()}",
+        f"  lease: {extra.pop('lease', '{}')}",
         "  policy: {drain_timeout_s: 3600}",
         "  safety: {max_disrupted: 5, max_disrupted_percent: 100}",
         "  kubernetes:",
@@ -138,8 +139,7 @@ def test_two_replicas_one_leader_and_takeover(kube, agent, tmp_path) -> None:  #
         f"fleet={tag}",
         leader=True,
         lease_namespace=ns,
-        lease_duration_s=3,
-        lease_renew_s=1,
+        lease="{duration_s: 3, renew_deadline_s: 2, retry_s: 0.5}",
     )
     a, _ = start(kube, cfg, tmp_path, "a")
     b, _ = start(kube, cfg, tmp_path, "b")

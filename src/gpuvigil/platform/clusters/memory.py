@@ -5,7 +5,10 @@ the semantics that matter of the real adapters: gpuvigil's blocks are distinct f
 everyone else's (a cordon, a foreign taint), evictions can be refused by a disruption budget
 until the deadline, the node's agent answers a remediation request once per id after a
 delay, a reboot changes the boot id, stores are optimistic (`Conflict` on a stale version),
-and every call is counted (`calls`) so API calls per decision can be measured.
+and every call is counted (`calls`) so API calls per decision can be measured. Writes ask
+`fence` first, and `lease_store()` is an in-memory Lease (compare-and-swap on a version)
+that several controllers over one `MemoryCluster` share: the split-brain tests and the
+simulator's `split-brain` scenario elect over it.
 
 The "world" side (tests, simulator) uses `add_node`, `set_findings`, `cordon`, `fail_next`,
 `advance` and friends; the controller uses only the `Cluster` methods. Preflight runs by
@@ -15,9 +18,12 @@ anywhere else only after `revalidate`, `preflight_s` later.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary, HealthSummary, decode_health
@@ -26,11 +32,14 @@ from gpuvigil.platform.clusters.base import (
     ClusterError,
     Conflict,
     DrainStatus,
+    Fence,
     Forbidden,
+    LeaseObject,
     NodeView,
     Preflight,
     Record,
     Unavailable,
+    unfenced,
 )
 from gpuvigil.platform.state import State, decode_record
 
@@ -84,10 +93,44 @@ class MemNode:
     actions: list[tuple[str, str]] = field(default_factory=list)  # (op, detail) done to it
 
 
+class MemoryLease:
+    """An in-memory `LeaseStore`: the version changes on every write; calls are counted
+    (and can be made to fail) through the cluster, as `lease_get` / `lease_write`."""
+
+    def __init__(self, cluster: MemoryCluster) -> None:
+        self.cluster = cluster
+        self.obj: LeaseObject | None = None
+        self._rv = 0
+
+    def get(self) -> LeaseObject | None:
+        self.cluster._call("lease_get")
+        return self.obj
+
+    def _write(self, spec: Mapping[str, Any], annotations: Mapping[str, str]) -> LeaseObject:
+        self._rv += 1
+        self.obj = LeaseObject(dict(spec), dict(annotations), str(self._rv))
+        return self.obj
+
+    def create(self, spec: Mapping[str, Any], annotations: Mapping[str, str]) -> LeaseObject:
+        self.cluster._call("lease_write")
+        if self.obj is not None:
+            raise Conflict("the lease exists")
+        return self._write(spec, annotations)
+
+    def replace(
+        self, spec: Mapping[str, Any], annotations: Mapping[str, str], *, version: str
+    ) -> LeaseObject:
+        self.cluster._call("lease_write")
+        if self.obj is None or self.obj.version != version:
+            raise Conflict(f"the lease changed since version {version}")
+        return self._write(spec, annotations)
+
+
 class MemoryCluster:
     """The `Cluster` interface over dicts; see the module docstring."""
 
     name = "memory"
+    fence: Fence = staticmethod(unfenced)
 
     def __init__(
         self,
@@ -107,6 +150,7 @@ class MemoryCluster:
         self.replace_adds_node = replace_adds_node
         self.replaced: list[str] = []
         self._failures: list[list[object]] = []  # [op, node|None, error class, times]
+        self.lease = MemoryLease(self)
 
     # ---- the world side -------------------------------------------------------------
 
@@ -213,7 +257,7 @@ class MemoryCluster:
             f_op, f_node, error, times = entry
             if times and f_op in (op, "*") and (not f_node or f_node == name):
                 entry[3] = int(times) - 1  # type: ignore[call-overload]
-                self._failures = [e for e in self._failures if e[3]]
+                self._failures[:] = [e for e in self._failures if e[3]]  # shared by replicas
                 raise error(f"injected {error.__name__} on {op}")  # type: ignore[operator]
         if name is None:
             return None
@@ -221,6 +265,21 @@ class MemoryCluster:
         if node is None:
             raise Forbidden(f"node {name} not found")
         return node
+
+    def _write(self, op: str, name: str) -> MemNode:
+        """A write: the fence first (a fenced controller sends nothing), then the call."""
+        self.fence()
+        node = self._call(op, name)
+        assert node is not None
+        return node
+
+    def lease_store(self) -> MemoryLease:
+        return self.lease
+
+    def replica(self) -> MemoryCluster:
+        """Another controller's handle on this same cluster: shares every node, the
+        clock, the call counts and the Lease, and has its own `fence`."""
+        return copy.copy(self)
 
     def _view(self, node: MemNode) -> NodeView:
         if node.health_raw is not None:
@@ -260,24 +319,21 @@ class MemoryCluster:
         return self._view(node)
 
     def block(self, name: str, *, reason: str) -> None:
-        node = self._call("block", name)
-        assert node is not None
+        node = self._write("block", name)
         if "unhealthy" not in node.our_taints:
             node.our_taints.add("unhealthy")
             node.version += 1
             node.actions.append(("block", reason))
 
     def unblock(self, name: str) -> None:
-        node = self._call("unblock", name)
-        assert node is not None
+        node = self._write("unblock", name)
         if node.our_taints:
             node.our_taints.clear()  # ours only: other_blocks are never touched
             node.version += 1
             node.actions.append(("unblock", ""))
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        node = self._call("drain", name)
-        assert node is not None
+        node = self._write("drain", name)
         past = self.clock.now() >= deadline
         kept, blocked, forced = [], 0, 0
         for pod in node.pods:
@@ -295,8 +351,7 @@ class MemoryCluster:
         return DrainStatus(remaining=len(kept), blocked=blocked, forced=forced)
 
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
-        node = self._call("request", name)
-        assert node is not None
+        node = self._write("request", name)
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"the agent cannot {action.value}")
         if request_id in node.answered or (node.request and node.request[0] == request_id):
@@ -308,14 +363,12 @@ class MemoryCluster:
         node.actions.append(("request", f"{action.value} {request_id}"))
 
     def mark_released(self, name: str, *, at: datetime) -> None:
-        node = self._call("released", name)
-        assert node is not None
+        node = self._write("released", name)
         node.released_at = at
         node.version += 1
 
     def revalidate(self, name: str, *, since: datetime) -> int:
-        node = self._call("revalidate", name)
-        assert node is not None
+        node = self._write("revalidate", name)
         if node.preflight_asked is not None and node.preflight_asked >= since:
             return 0  # the fresh run for this validation is under way
         node.preflight_asked = self.clock.now()
@@ -323,24 +376,26 @@ class MemoryCluster:
         return 1
 
     def replace(self, name: str, *, reason: str) -> None:
-        node = self._call("replace", name)
-        assert node is not None
+        node = self._write("replace", name)
         del self.nodes[name]
         self.replaced.append(name)
         if self.replace_adds_node:  # like Karpenter / a node group: a fresh machine arrives
             self.add_node(name, pool=node.pool, labels=node.labels, unvalidated=True)
 
-    def store(self, name: str, record: Record, *, version: str = "") -> None:
-        node = self._call("store", name)
-        assert node is not None
+    def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
+        node = self._write("store", name)
         if version and version != str(node.version):
             raise Conflict(f"node {name} changed (have {version}, now {node.version})")
         text = record.encode()
-        if text != node.record_raw:
-            node.record_raw = text
+        changed = text != node.record_raw
+        node.record_raw = text
+        if block and "unhealthy" not in node.our_taints:
+            node.our_taints.add("unhealthy")
+            node.actions.append(("block", record.tag()))
+            changed = True
+        if changed:
             node.version += 1
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
-        node = self._call("event", name)
-        assert node is not None
+        node = self._write("event", name)
         node.events.append((self.clock.now(), reason, message))
