@@ -52,7 +52,7 @@ from gpuvigil.platform.clusters.base import (
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
 from gpuvigil.platform.leader import LeaderElector, LeaseSettings
 from gpuvigil.platform.metrics import ControllerMetrics
-from gpuvigil.platform.policy import Decision, Fleet, PolicyConfig, decide
+from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.safety import Breaker, Gate, SafetyConfig, excluded, pool_of
 
 log = logging.getLogger("gpuvigil.controller")
@@ -111,6 +111,7 @@ class Controller:
         events: EventWriter | None = None,
         identity: str = "controller",
         elector: LeaderElector | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.cluster = cluster
         self.config = config or ControllerConfig()
@@ -127,7 +128,9 @@ class Controller:
         if elector is not None:
             cluster.fence = elector.fence
             grace = 2 * self.config.lease.duration_s  # past any write of a deposed leader
-            self.ledger = Ledger(elector, orphan_grace_s=grace)
+            # durations on the controller's own clock when it was given one (virtual time)
+            mono = monotonic or (time.monotonic if clock is utcnow else lambda: clock().timestamp())
+            self.ledger = Ledger(elector, orphan_grace_s=grace, monotonic=mono)
         self._memo: dict[str, _Memo] = {}
         self._fenced = threading.Event()  # set when a write hit the fence mid-pass
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
@@ -269,7 +272,14 @@ class Controller:
             return [] if self._fenced.is_set() else disruptive
         safety = self.config.safety
         admit = {n.name: pool_of(n, safety) for n, _, _ in disruptive}
-        left = {n.name for n, d, _ in applied if d.store and not d.record.in_budget}
+        # records that left the budget; and replaced machines: gone (a node still there is
+        # in the budget by its record and adopted again next pass)
+        left = {
+            n.name
+            for n, d, _ in applied
+            if (d.store and not d.record.in_budget)
+            or any(op.kind is OpKind.REPLACE for op in d.ops)
+        }
         in_budget = {
             n.name: pool_of(n, safety)
             for n in nodes

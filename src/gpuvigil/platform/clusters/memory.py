@@ -151,6 +151,7 @@ class MemoryCluster:
         self.replaced: list[str] = []
         self._failures: list[list[object]] = []  # [op, node|None, error class, times]
         self.lease = MemoryLease(self)
+        self._views: dict[str, tuple[tuple[object, ...], NodeView]] = {}
 
     # ---- the world side -------------------------------------------------------------
 
@@ -282,6 +283,17 @@ class MemoryCluster:
         return copy.copy(self)
 
     def _view(self, node: MemNode) -> NodeView:
+        """Built again only when something it shows changed (the simulator lists the same
+        nodes pass after pass)."""
+        key = (node.version, node.heartbeat_at, len(node.pods), node.record_raw, node.health_raw)
+        hit = self._views.get(node.name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        view = self._build_view(node)
+        self._views[node.name] = (key, view)
+        return view
+
+    def _build_view(self, node: MemNode) -> NodeView:
         if node.health_raw is not None:
             health = decode_health(node.health_raw)
             health_error = None if health else ("absent" if not node.health_raw else "unreadable")
