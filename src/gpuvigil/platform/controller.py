@@ -7,9 +7,9 @@ correctness (the breaker's hysteresis, which events were already said, and a mem
 decisions whose inputs have not changed), so a killed controller resumes exactly where the
 records on the nodes say it was.
 
-A pass decides again only for nodes whose inputs changed: a node whose view (the adapter's
-`NodeView`, resourceVersion included) and `Fleet` are as last time keeps its decision while
-that decision was a no-op and the policy gives the same answer `recheck_s` later.
+A pass decides again only for nodes whose inputs changed (`platform.memo`): a node whose
+view (the adapter's `NodeView`, resourceVersion included) and `Fleet` are as last time keeps
+its no-op decision while the policy, asked ahead, gives the same answer.
 
 Every write passes the leader elector's fence (`platform.leader`): a replica that is not
 the leader, or whose leadership may have lapsed, sends nothing and stops the pass. The
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -51,6 +51,7 @@ from gpuvigil.platform.clusters.base import (
 )
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
 from gpuvigil.platform.leader import LeaderElector, LeaseSettings
+from gpuvigil.platform.memo import DecisionMemo
 from gpuvigil.platform.metrics import ControllerMetrics
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.safety import Breaker, Gate, SafetyConfig, excluded, pool_of
@@ -89,14 +90,6 @@ class PassResult:
     fenced: bool = False  # the pass stopped: this replica may not act
 
 
-@dataclass(frozen=True)
-class _Memo:
-    view: NodeView
-    fleet: Fleet
-    decision: Decision
-    until: datetime  # the policy gives the same no-op up to here for these inputs
-
-
 Work = tuple[NodeView, Decision, Fleet]
 
 
@@ -131,7 +124,7 @@ class Controller:
             # durations on the controller's own clock when it was given one (virtual time)
             mono = monotonic or (time.monotonic if clock is utcnow else lambda: clock().timestamp())
             self.ledger = Ledger(elector, orphan_grace_s=grace, monotonic=mono)
-        self._memo: dict[str, _Memo] = {}
+        self._memo = DecisionMemo(recheck_s=self.config.recheck_s)
         self._fenced = threading.Event()  # set when a write hit the fence mid-pass
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
@@ -175,9 +168,7 @@ class Controller:
                 self.voice.say(node.name, f"held: {d.held}", now)
             if d.store or d.ops:
                 work.append((node, d, fleet))
-        if len(self._memo) > len(nodes):
-            present = {n.name for n in nodes}
-            self._memo = {k: v for k, v in self._memo.items() if k in present}
+        self._memo.forget_absent({n.name for n in nodes})
         # Everything but new disruptions first (a node leaving the budget frees its slot
         # in this pass), then one compare-and-swap of the budget ledger, then the
         # disruptions it admitted.
@@ -195,23 +186,16 @@ class Controller:
         return result
 
     def _decide(self, node: NodeView, fleet: Fleet, now: datetime, result: PassResult) -> Decision:
-        """The policy's decision, or the memo's when its inputs are unchanged."""
-        memo = self._memo.get(node.name)
-        same = memo is not None and memo.fleet == fleet and (memo.view is node or memo.view == node)
-        if memo is not None and same and now < memo.until:
-            return memo.decision
+        """The policy's decision, or the memo's when the node's inputs are unchanged."""
+        d = self._memo.get(node, fleet, now)
+        if d is not None:
+            return d
         policy = self.config.policy
         d = decide(node, fleet=fleet, now=now, config=policy)
         result.decided += 1
-        if d.store or d.ops:
-            self._memo.pop(node.name, None)
-            return d
-        until = now
-        if same:  # unchanged since the last pass: is the answer the same a while from now?
-            later = now + timedelta(seconds=self.config.recheck_s)
-            if decide(node, fleet=fleet, now=later, config=policy) == d:
-                until = later
-        self._memo[node.name] = _Memo(node, fleet, d, until)
+        self._memo.put(
+            node, fleet, now, d, lambda v, t: decide(v, fleet=fleet, now=t, config=policy)
+        )
         return d
 
     def _apply_all(self, work: list[Work], now: datetime, result: PassResult) -> list[Work]:
@@ -300,7 +284,11 @@ class Controller:
                 return []
             except ClusterError as e:  # no slot without the ledger: hold this pass's
                 self.voice.api_error(e)
-                log.info("budget ledger: %s; new disruptions wait for the next pass", e)
+                log.warning(
+                    "the budget ledger (the leader Lease) cannot be written: %s; no new "
+                    "disruption until it can",
+                    e,
+                )
         out: list[Work] = []
         for node, d, fleet in disruptive:
             if node.name in admitted:

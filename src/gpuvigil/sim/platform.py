@@ -52,8 +52,14 @@ class FleetList(list[NodeView]):
 class SimCluster(MemoryCluster):
     """The controller's in-memory cluster, listing and advancing only active nodes."""
 
-    def __init__(self, *, total: int, reset_s: float, reboot_s: float, preflight_s: float):
-        super().__init__(reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s)
+    def __init__(
+        self, *, total: int, reset_s: float, reboot_s: float, preflight_s: float, beat_s: float
+    ):
+        # agents publish every `beat_s` (inside the policy's staleness): a node whose agent
+        # has nothing new stays the same view, and the controller reuses its decision
+        super().__init__(
+            reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s, heartbeat_s=beat_s
+        )
         self.total = total
         self.active: set[str] = set()
 
@@ -124,8 +130,9 @@ class Platform:
         cfg = cfg.model_copy(update={"safety": safety.model_copy(update=updates)})
         self.config = cfg
         self.cluster = SimCluster(
-            total=total, reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s
-        )
+            total=total, reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
+            beat_s=0.8 * cfg.policy.heartbeat_stale_s,
+        )  # fmt: skip
         self.controller = Controller(
             self.cluster,
             config=cfg,

@@ -141,6 +141,11 @@ def kube_cluster(kube: Any) -> Iterator[Callable[..., Any]]:
 
     def make(**kw: Any) -> KubernetesCluster:
         kw.setdefault("eviction_grace_s", 0)
+        # each test's own Lease (its budget ledger): tests share one API server
+        kw.setdefault("lease_namespace", kube.namespace("lease"))
+        # A LIST each pass: these tests change a node and reconcile at once, and a watch's
+        # picture lags by milliseconds (test_watch.py tests the watch itself)
+        kw.setdefault("watch", False)
         c = KubernetesCluster(KubernetesSettings(**kw), api_client=kube.api_client())
         made.append(c)
         return c

@@ -30,7 +30,8 @@ from gpuvigil.platform.state import State, decode_record
 pytestmark = pytest.mark.realparts
 
 
-def write_config(tmp_path: Path, selector: str, **extra: Any) -> Path:
+def write_config(tmp_path: Path, selector: str, *, kube: Any, **extra: Any) -> Path:
+    extra.setdefault("lease_namespace", kube.namespace("lease"))  # each test its own Lease
     lines = [
         "controller:",
         "  cluster: kubernetes",
@@ -103,7 +104,7 @@ spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{tag}"}}}}}}
         "pdb",
     )
     agent.publish(node, FATAL)
-    cfg = write_config(tmp_path, f"fleet={tag}")
+    cfg = write_config(tmp_path, f"fleet={tag}", kube=kube)
     proc, _ = start(kube, cfg, tmp_path, "a")
     try:
         wait_for(
@@ -137,6 +138,7 @@ def test_two_replicas_one_leader_and_takeover(kube, agent, tmp_path) -> None:  #
     cfg = write_config(
         tmp_path,
         f"fleet={tag}",
+        kube=kube,
         leader=True,
         lease_namespace=ns,
         lease="{duration_s: 3, renew_deadline_s: 2, retry_s: 0.5}",
@@ -182,7 +184,7 @@ def test_nodes_and_release(kube, agent, tmp_path, run_cli) -> None:  # type: ign
     tag = uuid.uuid4().hex[:6]
     node = kube.create_node(f"gpu-{tag}", labels={"fleet": tag})
     agent.publish(node, finding_investigate())
-    cfg = write_config(tmp_path, f"fleet={tag}")
+    cfg = write_config(tmp_path, f"fleet={tag}", kube=kube)
     dry = run_cli("controller", "--config", str(cfg), "--once", "--dry-run", env=kube.env())
     assert dry.returncode == 0, dry.stderr
     assert f"{node}\tQUARANTINED" in dry.stdout and record(kube, node) is None  # never acted

@@ -9,6 +9,7 @@ sends none of what it queued. Used by `clusters.kubernetes.KubernetesCluster.rec
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
@@ -56,6 +57,9 @@ class EventRecorder:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._send, name="events", daemon=True)
                 self._thread.start()
+                # a one-shot command (`gpuvigil release`) exits right after queueing: send
+                # what is queued first (and never leave the thread inside a TLS read)
+                atexit.register(self.flush)
 
     def _send(self) -> None:
         while True:

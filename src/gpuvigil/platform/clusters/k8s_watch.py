@@ -18,6 +18,7 @@ node on every pass (5,000 nodes were 4.3 MB every 10 s).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import threading
@@ -161,6 +162,7 @@ class NodeWatch:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
             self._thread.start()
+            atexit.register(self.stop)  # never leave the thread inside a TLS read at exit
 
     def _run(self) -> None:
         backoff = 1.0

@@ -141,12 +141,16 @@ class MemoryCluster:
         preflight_s: float = 60.0,
         auto_preflight: bool = True,
         replace_adds_node: bool = True,
+        heartbeat_s: float = 0.0,
     ) -> None:
         self.clock = clock or VirtualClock()
         self.nodes: dict[str, MemNode] = {}
         self.calls: Counter[str] = Counter()
         self.reset_s, self.reboot_s, self.preflight_s = reset_s, reboot_s, preflight_s
         self.auto_preflight = auto_preflight
+        # A live agent publishes every `heartbeat_s` (0: at every `advance`), as the real
+        # one does every interval: between beats its node does not change.
+        self.heartbeat_s = heartbeat_s
         self.replace_adds_node = replace_adds_node
         self.replaced: list[str] = []
         self._failures: list[list[object]] = []  # [op, node|None, error class, times]
@@ -226,7 +230,7 @@ class MemoryCluster:
                 node.result = AgentResult(rid, succeeded=True, at=now, detail=action.value)
                 node.version += 1
             if node.agent_alive:
-                node.heartbeat_at = now
+                node.heartbeat_at = self._beat(node.heartbeat_at, now)
             rec = decode_record(node.record_raw)
             if rec is None or rec.state is not State.VALIDATING or rec.since is None:
                 continue
@@ -244,10 +248,22 @@ class MemoryCluster:
                 node.preflight = Preflight(passed=not node.faults, at=now)
                 node.version += 1
 
+    def _beat(self, last: datetime | None, now: datetime) -> datetime:
+        """The time of the agent's latest publish at `now`."""
+        if not self.heartbeat_s or last is None:
+            return now
+        beats = int((now - last).total_seconds() // self.heartbeat_s)
+        return last + timedelta(seconds=beats * self.heartbeat_s)
+
     def summary(self, node: MemNode) -> HealthSummary:
         worst = Status.worst(f.status for f in node.faults)
-        return HealthSummary(
-            generated_at=node.heartbeat_at or self.clock.now(), status=worst, findings=node.faults
+        # the findings are FindingSummary already: no need to validate them again
+        return HealthSummary.model_construct(
+            v=1,
+            generated_at=node.heartbeat_at or self.clock.now(),
+            status=worst,
+            findings=list(node.faults),
+            truncated=0,
         )
 
     # ---- the Cluster interface ------------------------------------------------------
