@@ -15,7 +15,6 @@ declare -A want=(
   [rsync]=rsync
   [chromium]=chromium
   [kubectl]=kubernetes-client
-  [faketime]=faketime  # one controller's clock skewed in the split-brain tests
 )
 missing=()
 for bin in "${!want[@]}"; do

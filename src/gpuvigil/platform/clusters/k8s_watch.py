@@ -30,7 +30,7 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuvigil.platform.clusters.base import ClusterError, Unavailable
+from gpuvigil.platform.clusters.base import Unavailable
 from gpuvigil.platform.clusters.k8s_api import api_call, map_error
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 
@@ -165,26 +165,21 @@ class NodeWatch:
             atexit.register(self.stop)  # never leave the thread inside a TLS read at exit
 
     def _run(self) -> None:
+        """client-go's reflector: watch from the last resourceVersion seen, again and
+        again; list again only when the server says that version is gone (410)."""
         backoff = 1.0
         while not self._stop.is_set():
             try:
-                if self._watch():  # True: 410 Gone, list again
+                if self._watch():
                     self.relists += 1
                     self._list()
                 backoff = 1.0
-            except ClusterError as e:
-                log.info("node watch: %s; again in %.0f s", e, backoff)
+            except Exception as e:  # noqa: BLE001  (any break: watch again from _rv)
+                if self._stop.is_set():
+                    return
+                log.info("node watch: %s: %s; again in %.0f s", type(e).__name__, e, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
-            except Exception as e:  # noqa: BLE001  (a broken stream: list and watch again)
-                log.info("node watch broke (%s: %s); listing again", type(e).__name__, e)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-                try:
-                    self.relists += 1
-                    self._list()
-                except ClusterError as le:
-                    log.info("node list failed: %s", le)
 
     def _watch(self) -> bool:
         """Follow one watch stream to its end. Returns True when the cache must be rebuilt
@@ -248,7 +243,7 @@ class NodeWatch:
 def _lines(resp: Any) -> Iterator[str]:
     """Newline-delimited JSON from a streaming response (one watch event per line)."""
     buf = bytearray()
-    for chunk in resp.stream(65536, decode_content=False):
+    for chunk in resp.stream(None, decode_content=False):
         buf += chunk
         start = 0
         while (i := buf.find(b"\n", start)) >= 0:
