@@ -20,7 +20,7 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import exec as ex
-from gpuvigil.node.probes import nvidia_smi_text
+from gpuvigil.node.probes import nvidia_smi_errors, nvidia_smi_text
 from gpuvigil.node.readings import (
     CLOCK_GPU_IDLE,
     CLOCK_HW_POWER_BRAKE,
@@ -36,10 +36,6 @@ from gpuvigil.node.rules import gpu as gpu_rules
 
 ARGV = ("nvidia-smi", "-q", "-x")
 _NUM = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
-_LOST_LINE = re.compile(
-    r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
-    r"[0-9A-Fa-f]{2}\.[0-7]):\s*(.*)"
-)
 _LOST_TEXT = ("gpu is lost", "unknown error", "gpu requires reset")
 _REASONS = {
     "gpu_idle": CLOCK_GPU_IDLE,
@@ -219,15 +215,8 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     errors: list[ReadError] = []
-    lost = [
-        GpuReading(
-            index=-1,
-            pci_bus_id=_normal_bus(m.group(1)),
-            lost=True,
-            errors=(ReadError("handle", "Unknown", m.group(2).strip()[:200]),),
-        )
-        for m in _LOST_LINE.finditer(text)
-    ]
+    said = nvidia_smi_errors.scan(text)
+    lost = list(said.lost)
     marks = (text.find("<?xml"), text.find("<nvidia_smi_log"))
     start = min((i for i in marks if i >= 0), default=-1)
     root = None
@@ -236,6 +225,17 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
             root = nvidia_smi_text.to_xml(text)  # `nvidia-smi -q` text, pasted
         except Exception as e:  # noqa: BLE001 - never raise on input
             errors.append(ReadError("text", "Unparsable", f"{type(e).__name__}: {e}"))
+    elif start < 0 and said.driver is not None:
+        errors.append(said.driver)  # the driver is unusable: DRIVER_UNAVAILABLE
+    elif start < 0 and said.no_devices:
+        # The driver runs and sees no GPU: a count of zero, judged against the expected one.
+        return GpuInventory(source="nvidia-smi", observed_at=observed_at, count=0)
+    elif start < 0 and lost:
+        errors.append(
+            ReadError(
+                "gpu", "Incomplete", "nvidia-smi stopped at the lost GPU: the others are unknown"
+            )
+        )
     elif start < 0:
         errors.append(ReadError("xml", "Unparsable", "no nvidia_smi_log document in the output"))
     else:
@@ -283,23 +283,20 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     )
 
 
-def _normal_bus(bus: str) -> str:
-    """NVML form: 8-digit domain, upper case ("0000:3b:00.0" -> "00000000:3B:00.0")."""
-    domain, rest = bus.split(":", 1)
-    return f"{int(domain, 16):08X}:{rest.upper()}"
-
-
 # --- Running it ----------------------------------------------------------------------------
 def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None, Finding | None]:
     """Run `nvidia-smi -q -x` fail-closed: (inventory, None) or (None, failure finding)."""
     result = ex.run(ARGV, timeout_s=timeout_s, env=ctx.env)
     failure = ex.failure_finding(result, check="gpu", what="nvidia-smi")
+    both = result.stdout + b"\n" + result.stderr  # nvidia-smi prints its errors on stdout
     if failure is not None:
-        # nvidia-smi exits non-zero when one GPU is lost but still prints the others.
-        if result.error is None and b"<nvidia_smi_log" in result.stdout:
-            return parse_xml(result.stdout + b"\n" + result.stderr), None
+        # nvidia-smi exits non-zero when one GPU is lost but still prints the others, and
+        # when it has something definite to say (lost GPU, no driver, no devices).
+        said = nvidia_smi_errors.scan(both.decode("utf-8", errors="replace"))
+        if result.error is None and (b"<nvidia_smi_log" in result.stdout or said.lost):
+            return parse_xml(both), None
         return None, failure
-    inv = parse_xml(result.stdout + b"\n" + result.stderr)
+    inv = parse_xml(both)
     if not inv.gpus and inv.errors:
         return None, ex.unparsable_finding(result, check="gpu", problem=inv.errors[0].message)
     return inv, None
