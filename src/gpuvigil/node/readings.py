@@ -317,6 +317,9 @@ class FabricReading:
     sysfs_present: bool = True  # False: /sys/class/infiniband does not exist at all
     problems: tuple[str, ...] = ()
     fi_info: FiInfo | None = None
+    # Where the adapters were read: "sysfs", or a tool's output ("ibstat", "ibstatus",
+    # "ibv_devinfo", "ibdev2netdev", "fi_info": that one lists EFA devices only).
+    source: str = "sysfs"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from gpuvigil.node.rules import gpu as gpu_rules
 ARGV = ("nvidia-smi", "-q", "-x")
 _NUM = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
 _LOST_TEXT = ("gpu is lost", "unknown error", "gpu requires reset")
-_REASONS = {
+# nvidia-smi clock-reason names -> NVML bits (XML, `-q` text and CSV alike).
+REASON_BITS = {
     "gpu_idle": CLOCK_GPU_IDLE,
     "sw_power_cap": CLOCK_SW_POWER_CAP,
     "hw_slowdown": CLOCK_HW_SLOWDOWN,
@@ -109,7 +110,7 @@ def _clock_reasons(gpu: ET.Element) -> int | None:
     if block is None:
         return None
     mask, seen = 0, False
-    for name, bit in _REASONS.items():
+    for name, bit in REASON_BITS.items():
         state = _yes(block, prefix + name)
         seen = seen or state is not None
         if state:

@@ -76,7 +76,7 @@ def test_dcgm4_per_gpu_rows_and_a_named_warning() -> None:
 def test_deployment_error_is_pinned_to_the_gpu_it_names() -> None:
     # The detail text of https://github.com/NVIDIA/NVSentinel/pull/772 ("Persistence mode
     # for GPU 0 is disabled..."), in the table's Error cell.
-    report, found = judged("diag_v3_deployment_error_gpu1.txt")
+    _, found = judged("diag_v3_deployment_error_gpu1.txt")
     assert codes(found) == [("DCGM_DIAG_FAIL", "FAILED", "gpu:1")]
     json_doc = (
         '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": '
