@@ -179,7 +179,7 @@ def test_analyze_bad_sysfs_tarball_fails_closed(run_cli, tmp_path: Path) -> None
 
 def test_analyze_without_inputs_exits_2(run_cli) -> None:
     p = run_cli("analyze")
-    assert p.returncode == 2 and "at least one input" in p.stderr
+    assert p.returncode == 2 and "at least one PATH" in p.stderr
 
 
 # `gpuvigil demo` is the fleet simulator's now: tests/unit/sim/test_cli.py covers it.

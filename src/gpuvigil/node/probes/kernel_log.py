@@ -135,7 +135,7 @@ def read_kernel_log(
             failures.append(SourceFailure(source, e.finding))
             continue
         log = _reading(
-            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
+            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=zone_of(cfg)
         )
         fallback = tuple((f.source, f.finding.message) for f in failures)
         return replace(log, fallback_from=fallback), failures
@@ -156,7 +156,7 @@ def analyze_capture(
     no boot id; the driver loads it records still clear reset-class events."""
     cfg = cfg or KernelLogConfig()
     return kernel_log_capture.analyze_stream(
-        io.BytesIO(data), cfg=cfg, gpus=gpus, now=now, year=year, tz=_zone(cfg)
+        io.BytesIO(data), cfg=cfg, gpus=gpus, now=now, year=year, tz=zone_of(cfg)
     )
 
 
@@ -209,7 +209,7 @@ def _reading(
     )
 
 
-def _zone(cfg: KernelLogConfig) -> tzinfo:
+def zone_of(cfg: KernelLogConfig) -> tzinfo:
     """The zone of stamps printed without an offset: configured, else this node's."""
     if cfg.timezone:
         return ZoneInfo(cfg.timezone)

@@ -93,7 +93,8 @@ def read_capture(
         lines_read=stats.lines,
         faults=tuple(faults.faults),
     )
-    return Capture(log, max(times) if times else None, stats, _unreadable(log, stats))
+    found = bool(log.events or log.faults or log.driver_loaded_at)
+    return Capture(log, max(times) if times else None, stats, unreadable(found=found, stats=stats))
 
 
 def judge(
@@ -138,8 +139,9 @@ def analyze_stream(
     return judge(capture, cfg=cfg, gpus=gpus, now=now)
 
 
-def _unreadable(log: KernelLog, stats: LineStats) -> str | None:
-    found = bool(log.events or log.faults or log.driver_loaded_at)
+def unreadable(*, found: bool, stats: LineStats) -> str | None:
+    """Why a stream in which `found` (anything a kernel log holds) is not a readable kernel
+    log, or None when it is one."""
     if stats.bytes_read == 0 or not bytes(stats.sample).strip():
         return "the kernel log is empty"
     if stats.control_bytes > MAX_BINARY_SHARE * stats.bytes_read and not found:
