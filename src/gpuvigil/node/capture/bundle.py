@@ -11,12 +11,15 @@ links in a folder or archive are not followed: they are listed as skipped.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 MAX_DEPTH = 2  # archives inside archives inside the bundle, no deeper
+_SERIAL = itertools.count()  # unique names for scratch folders
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,11 @@ def expand(paths: list[str], *, workdir: Path, limits: Limits) -> list[Entry]:
 
 
 def _is_tar(path: Path) -> bool:
+    """A tar archive with at least one member (blocks of zeros read as an empty tar)."""
     try:
-        return tarfile.is_tarfile(path)
-    except (OSError, EOFError, tarfile.TarError, ValueError):
+        with tarfile.open(path, mode="r:*") as tar:
+            return tar.next() is not None
+    except (OSError, EOFError, tarfile.TarError, ValueError, zlib.error):
         return False
 
 
@@ -118,7 +123,7 @@ def _walk(
 
     for here, dirs, names in os.walk(top, followlinks=False):
         d = Path(here)
-        root = _sysfs_root(d, roots / f"s{len(out)}")
+        root = _sysfs_root(d, roots / f"s{next(_SERIAL)}")
         if root is not None:
             out.append(Entry(name(d), sysfs_root=root))
             dirs.clear()
@@ -137,7 +142,7 @@ def _walk(
                 out.append(Entry(name(d), problem=f"more than {limits.max_files} files: stopped"))
                 return out
             if depth < MAX_DEPTH and _is_tar(f):  # an archive in the bundle (a sysfs.tar.gz)
-                nested = roots / f"nested{len(out)}"
+                nested = roots / f"nested{next(_SERIAL)}"
                 out += _unpack(f, name(f), nested, limits, depth=depth + 1)
             else:
                 out.append(Entry(name(f), f))

@@ -250,6 +250,7 @@ def _could_not_tell(
         check=check,
         status=Status.FAILED,
         code=code,
+        component=f"input:{path}",  # one per input: never merged with another's
         message=f"could not read {path}: {why}",
         evidence={"input": path},
     )
@@ -268,6 +269,7 @@ def _unrecognised(path: str, head: bytes) -> Finding:
         check="analyze",
         status=Status.FAILED,
         code="CHECK_ERROR",
+        component=f"input:{path}",
         message=message,
         evidence={"input": path, "first_line": first[:200]},
     )
