@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuvigil.core.findings import utcnow
+from gpuvigil.node.probes import nvidia_smi_errors
+from gpuvigil.node.probes.nvidia_smi_errors import MAX_GPUS
 from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
 
 SOURCE = "dcgmi discovery"
 _FOUND = re.compile(r"^\s*(\d+)\s+(GPUs?|NvSwitch(?:es)?|ConnectX|CPUs?)\b.*found", re.I)
 _ROW = re.compile(r"^\s*\|\s*([^|]*?)\s*\|\s*(.*?)\s*\|\s*$")
+_ONE = re.compile(r"^\s*\|\s*([^|]*?)\s*\|\s*$")  # the one-column NvSwitch table
 _LAST_KNOWN = re.compile(r"\s*\(last known\)\s*$", re.I)
 _NULL = "<<<NULL>>>"
 
@@ -38,17 +41,28 @@ def parse_discovery(text: str | bytes, *, observed_at: datetime | None = None) -
     count: int | None = None
     table: str | None = None
     gpus: list[_Gpu] = []
+    others: dict[str, list[int]] = {}  # NvSwitch/ConnectX/CPU tables: [said, listed]
+    closed = True  # the GPU block read last ended with its border line
     for line in text.splitlines():
+        if line.strip().startswith("+-") and table is not None and table.startswith("gpu"):
+            closed = True
+            continue
         found = _FOUND.match(line)
         if found:
             table = found.group(2).lower()
             if table.startswith("gpu"):
                 count = int(found.group(1))
+            else:
+                others[table] = [int(found.group(1)), 0]
             continue
-        row = _ROW.match(line)
-        if row is None or table is None or not table.startswith("gpu"):
+        row = _ROW.match(line) or _ONE.match(line)
+        if row is None or table is None:
             continue
-        gid, info = row.group(1), row.group(2)
+        if not table.startswith("gpu"):
+            others[table][1] += row.group(1).strip().isdigit()
+            continue
+        gid, info = row.group(1), row.group(2) if row.re is _ROW else ""
+        closed = False
         if gid.isdigit():
             gpus.append(_Gpu(int(gid)))
         if gpus and ":" in info:
@@ -66,10 +80,18 @@ def parse_discovery(text: str | bytes, *, observed_at: datetime | None = None) -
                 f"dcgmi says {count} GPU(s) were found but lists {len(gpus)}",
             )
         )
+    if gpus and not closed:
+        errors.append(ReadError("discovery", "Incomplete", "the GPU table is cut short"))
+    for name, (said, listed) in others.items():
+        if listed < said:  # the output was cut short after the GPUs
+            errors.append(
+                ReadError("discovery", "Incomplete", f"{said} {name} found, {listed} listed")
+            )
+    readings = nvidia_smi_errors.capped([_reading(g) for g in gpus[: MAX_GPUS + 1]], errors)
     return GpuInventory(
         source=SOURCE,
         observed_at=observed_at or utcnow(),
-        gpus=tuple(_reading(g) for g in gpus),
+        gpus=tuple(readings),
         count=count,
         errors=tuple(errors),
     )

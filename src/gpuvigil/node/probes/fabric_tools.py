@@ -39,6 +39,9 @@ _PHYS = {
     "phytest": "PhyTest",
 }
 _KEY = re.compile(r"^\s*([A-Za-z_][\w ]*?)\s*:\s*(.*?)\s*$")
+MAX_ADAPTERS = 256  # more than any node has: the rest is not one node's output
+MAX_PORTS = 16
+MAX_PROBLEMS = 20
 _RANK = re.compile(r"^\s*\[(\d+),(\d+)\]<std(?:out|err)>:\s?")
 
 
@@ -73,6 +76,12 @@ def _kind(name: str, link_layers: set[str | None]) -> str:
 def _reading(
     adapters: list[FabricAdapter], problems: list[str], source: str, taken_at: datetime | None
 ) -> FabricReading:
+    """The reading, bounded: a hostile output cannot make thousands of findings."""
+    if len(adapters) > MAX_ADAPTERS:
+        problems.append(f"{source}: {len(adapters)} adapters listed: more than one node has")
+        adapters = adapters[:MAX_ADAPTERS]
+    if len(problems) > MAX_PROBLEMS:
+        problems = [*problems[:MAX_PROBLEMS], f"... and {len(problems) - MAX_PROBLEMS} more"]
     return FabricReading(
         taken_at=taken_at or utcnow(),
         adapters=tuple(adapters),
@@ -85,7 +94,7 @@ def _adapter(name: str, ports: list[FabricPort], **kw: object) -> FabricAdapter:
     return FabricAdapter(
         name=name,
         kind=_kind(name, {p.link_layer for p in ports}),
-        ports=tuple(ports),
+        ports=tuple(ports[:MAX_PORTS]),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -241,18 +250,29 @@ def parse_ibdev2netdev(text: str, *, taken_at: datetime | None = None) -> Fabric
 def fi_info_ranks(text: str) -> dict[str | None, tuple[str, ...]]:
     """Unique EFA devices per mpirun rank (None: plain `fi_info` output). `rdmap79s0-rdm`
     and `rdmap79s0-dgrm` are one device; so are its `efa` and `efa-direct` fabrics."""
-    ranks: dict[str | None, dict[str, None]] = {}
+    return {rank: devs for rank, (devs, _) in _fi_blocks(text).items()}
+
+
+def _fi_blocks(text: str) -> dict[str | None, tuple[tuple[str, ...], int]]:
+    """Per rank: the devices, and how many `provider:` blocks lack their last line
+    (`protocol:`): a block cut short may carry a cut device name."""
+    ranks: dict[str | None, tuple[dict[str, None], list[int]]] = {}
     for raw in text.splitlines():
         rank, line = None, raw
         rm = _RANK.match(raw)
         if rm:
             rank, line = rm.group(2), raw[rm.end() :]
-        dm = re.match(r"^\s*domain:\s*(\S+)", line)
-        if dm:
-            ranks.setdefault(rank, {}).setdefault(dm.group(1).split("-", 1)[0], None)
-        elif re.match(r"^\s*provider:", line):
-            ranks.setdefault(rank, {})
-    return {rank: tuple(devs) for rank, devs in ranks.items()}
+        key = re.match(r"^\s*(provider|domain|protocol):\s*(\S*)", line)
+        if key is None:
+            continue
+        devs, unclosed = ranks.setdefault(rank, ({}, [0]))
+        if key.group(1) == "provider":
+            unclosed[0] += 1
+        elif key.group(1) == "protocol":
+            unclosed[0] = max(0, unclosed[0] - 1)
+        elif key.group(2):
+            devs.setdefault(key.group(2).split("-", 1)[0], None)
+    return {rank: (tuple(devs), unclosed[0]) for rank, (devs, unclosed) in ranks.items()}
 
 
 def parse_fi_info(text: str) -> tuple[str, ...]:
@@ -266,7 +286,7 @@ def parse_fi_info(text: str) -> tuple[str, ...]:
 
 def fi_info_reading(text: str, *, taken_at: datetime | None = None) -> list[FabricReading]:
     """One reading per node (per mpirun rank), each with only its fi_info part."""
-    ranks = fi_info_ranks(text)
+    ranks = _fi_blocks(text)
     if not ranks:
         missing = "fi_getinfo: -61" in text or "No data available" in text
         fi = FiInfo(ran=missing, domains=(), error=None if missing else "no 'domain:' lines")
@@ -285,9 +305,12 @@ def fi_info_reading(text: str, *, taken_at: datetime | None = None) -> list[Fabr
             taken_at=taken_at or utcnow(),
             adapters=(),
             fi_info=FiInfo(ran=True, domains=devs),
+            problems=("fi_info: the output is cut short (a block without its protocol:)",)
+            if unclosed
+            else (),
             source="fi_info" if rank is None else f"fi_info (mpirun rank {rank})",
         )
-        for rank, devs in sorted(ranks.items(), key=lambda kv: int(kv[0] or 0))
+        for rank, (devs, unclosed) in sorted(ranks.items(), key=lambda kv: int(kv[0] or 0))
     ]
 
 

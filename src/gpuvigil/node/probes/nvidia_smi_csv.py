@@ -98,12 +98,12 @@ def parse_csv(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     for row_no, cells in enumerate(csv.reader(lines[start + 1 :], skipinitialspace=True)):
         if nvidia_smi_errors.LOST_LINE.search(",".join(cells)):
             continue  # read by nvidia_smi_errors
+        if len(gpus) > nvidia_smi_errors.MAX_GPUS:
+            break
         if len(cells) != len(names):
-            errors.append(
-                ReadError(
-                    "csv", "Incomplete", f"row {row_no + 1} has {len(cells)} of {len(names)} cells"
-                )
-            )
+            if len(errors) < 10:
+                why = f"row {row_no + 1} has {len(cells)} of {len(names)} cells"
+                errors.append(ReadError("csv", "Incomplete", why))
             continue
         values = dict(zip(names, (c.strip() for c in cells), strict=True))
         count = _int(values.get("count"))
@@ -113,6 +113,7 @@ def parse_csv(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
         gpus.append(_reading(values, default_index=len(gpus)))
     known = {g.pci_bus_id for g in gpus}
     gpus += [g for g in said.lost if g.pci_bus_id not in known]
+    gpus = nvidia_smi_errors.capped(gpus, errors)
     attached = max(counts) if counts else None
     if attached is not None and len(gpus) < attached:
         errors.append(

@@ -35,6 +35,17 @@ _DRIVER = (
     ("couldn't find libnvidia-ml.so", "LibraryNotFound"),
 )
 _NO_DEVICES = re.compile(r"^\s*No devices were found\s*$", re.I | re.M)
+# More GPUs than any one node has: not one node's output (or hostile); keep the first.
+MAX_GPUS = 256
+
+
+def capped(gpus: list[GpuReading], errors: list[ReadError]) -> list[GpuReading]:
+    """The first MAX_GPUS readings; past that, a ReadError says the rest were dropped."""
+    if len(gpus) > MAX_GPUS:
+        errors.append(
+            ReadError("gpu", "Incomplete", f"{len(gpus)} GPUs listed: more than one node has")
+        )
+    return gpus[:MAX_GPUS]
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,8 @@ def parse_nvlink_status(text: str | bytes, *, observed_at: datetime | None = Non
         elif _ALL_INACTIVE in line.lower():
             index, name, uuid, links, _ = blocks[-1]
             blocks[-1] = (index, name, uuid, links, True)
-    gpus = []
-    for index, name, uuid, read, all_inactive in blocks:
+    gpus: list[GpuReading] = []
+    for index, name, uuid, read, all_inactive in blocks[: nvidia_smi_errors.MAX_GPUS + 1]:
         product = catalog.lookup(name)
         links = read
         if all_inactive and product is not None and product.nvlinks:
@@ -65,6 +65,7 @@ def parse_nvlink_status(text: str | bytes, *, observed_at: datetime | None = Non
                 nvlinks=tuple(links),
             )
         )
+    gpus = nvidia_smi_errors.capped(gpus, errors)
     said = nvidia_smi_errors.scan(text)
     if other:
         errors.append(
