@@ -123,20 +123,7 @@ def _recovery_action(gpu: ET.Element) -> str | None:
     Reset", ...), else the older `gpu_reset_status` Yes/No pair."""
     text = _text(gpu, "gpu_recovery_action")
     if text:
-        low = text.lower()
-        for needle, action in (
-            ("none", "NONE"),
-            ("drain and reset", "DRAIN_AND_RESET"),
-            ("p2p", "DRAIN_P2P"),
-            ("imex", "RECOVER_IMEX_DOMAIN"),
-            ("bus", "BUS_RESET"),
-            ("system", "SYSTEM_REBOOT"),
-            ("reboot", "NODE_REBOOT"),
-            ("reset", "GPU_RESET"),
-        ):
-            if needle in low:
-                return action
-        return f"UNKNOWN_{text.upper().replace(' ', '_')}"
+        return recovery_action_of(text)
     drain = _yes(gpu, "gpu_reset_status/drain_and_reset_recommended")
     reset = _yes(gpu, "gpu_reset_status/reset_required")
     if drain:
@@ -144,6 +131,25 @@ def _recovery_action(gpu: ET.Element) -> str | None:
     if reset:
         return "GPU_RESET"
     return "NONE" if drain is False or reset is False else None
+
+
+def recovery_action_of(text: str) -> str:
+    """nvidia-smi's recovery action words ("None", "Reset", "Reboot", "Drain P2P", "Drain
+    and Reset", ...) -> NVML's names (GpuReading.recovery_action)."""
+    low = text.lower()
+    for needle, action in (
+        ("none", "NONE"),
+        ("drain and reset", "DRAIN_AND_RESET"),
+        ("p2p", "DRAIN_P2P"),
+        ("imex", "RECOVER_IMEX_DOMAIN"),
+        ("bus", "BUS_RESET"),
+        ("system", "SYSTEM_REBOOT"),
+        ("reboot", "NODE_REBOOT"),
+        ("reset", "GPU_RESET"),
+    ):
+        if needle in low:
+            return action
+    return f"UNKNOWN_{text.upper().replace(' ', '_')}"
 
 
 def _threshold(temp: ET.Element | None, name: str) -> float | None:

@@ -21,7 +21,7 @@ from typing import Any
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.probes import nvidia_smi_errors
-from gpuvigil.node.probes.nvidia_smi import REASON_BITS
+from gpuvigil.node.probes.nvidia_smi import REASON_BITS, recovery_action_of
 from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
 
 SOURCE = "nvidia-smi --query-gpu"
@@ -53,6 +53,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "pcie.link.gen.max": ("pcie_gen_max", "int"),
     "pcie.link.width.current": ("pcie_width", "int"),
     "pcie.link.width.max": ("pcie_width_max", "int"),
+    "gpu_recovery_action": ("recovery_action", "recovery"),
 }
 _REASON_PREFIXES = ("clocks_throttle_reasons.", "clocks_event_reasons.")
 _UNKNOWN = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown]"}
@@ -164,6 +165,8 @@ def _convert(raw: str, kind: str) -> Any:
         return raw.strip()
     if kind == "bus":
         return raw.strip().upper()
+    if kind == "recovery":
+        return recovery_action_of(raw)
     if kind == "bool":
         if low in {"yes", "enabled", "active", "1"}:
             return True

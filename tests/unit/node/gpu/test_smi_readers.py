@@ -235,3 +235,17 @@ def test_no_devices_found_is_judged_against_the_expected_count() -> None:
         unknown, codes = judge(parse(text))
         assert codes == [("CHECK_ERROR", "node")] and exit_code(unknown) == 2
         assert re.search(r"--expect-gpus", unknown[0].message)
+
+
+def test_health_says_healthy_while_the_driver_asks_for_a_reset() -> None:
+    # https://github.com/NVIDIA/DCGM/issues/263: `dcgmi health -c -j` answers Healthy (with
+    # its "Health monitor systems set successfully." preamble) while
+    # `nvidia-smi --query-gpu=index,gpu_recovery_action` says GPU 1 needs a Reset.
+    from gpuvigil.node.probes.dcgm_parse import parse_health
+    from gpuvigil.node.rules import dcgm as dcgm_rules
+
+    health = parse_health((DATA.parent / "dcgm" / "health_v3_healthy_preamble.json").read_text())
+    assert health.complete and health.overall == "Pass"
+    assert dcgm_rules.health(health, now=utcnow()) == []
+    inv = parse_csv((DATA / "query_gpu_recovery_action.csv").read_text())
+    assert judge(inv, expect=8)[1] == [("GPU_RECOVERY_REQUIRED", "gpu:1")]
