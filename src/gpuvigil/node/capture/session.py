@@ -195,14 +195,16 @@ def _stream_log(run: _Run, inp: Input) -> list[Finding]:
 
 
 def _sysfs(run: _Run, entry: Entry) -> None:
+    """The fabric check over the captured tree, and the PCIe check when the capture holds
+    the PCI devices (a copy of /sys/class/infiniband alone is a fabric capture)."""
     load_checks()
-    ctx = CheckContext(
-        config=run.opts.node, root=entry.sysfs_root or Path("/nonexistent"), env={"PATH": ""}
-    )
-    for name in ("fabric", "pcie"):
+    root = entry.sysfs_root or Path("/nonexistent")
+    ctx = CheckContext(config=run.opts.node, root=root, env={"PATH": ""})
+    names = ["fabric"] + (["pcie"] if (root / "sys" / "bus" / "pci" / "devices").is_dir() else [])
+    for name in names:
         findings, ran = run_check(REGISTRY[name], ctx)
         run.results.append(([_tagged(f, entry.path) for f in findings], ran))
-    worst = Status.worst(r.status for _, r in run.results[-2:])
+    worst = Status.worst(r.status for _, r in run.results[-len(names) :])
     run.inputs.append(InputResult(entry.path, "sysfs", "detected", worst))
 
 

@@ -228,3 +228,16 @@ def test_a_forced_kernel_log_is_never_silently_healthy(tmp_path: Path, data: byt
     assert report.status is status
     if status is Status.FAILED:
         assert report.exit_code() == 2
+
+
+def test_a_copy_of_sys_class_infiniband_is_a_sysfs_capture(corpus: Path) -> None:
+    # corpus network/sysfs_class_infiniband_h100_gpud (leptonai/gpud testdata, MANIFEST):
+    # 8 IB ports ACTIVE at 400 and a bond at 200; mlx5_1's link_downed is saturated (255).
+    tree = corpus / "network" / "sysfs_class_infiniband_h100_gpud"
+    report, inputs = analyze(
+        [(str(tree), None)], opts=opts(ib=FabricExpectation(kind="ib", count=8))
+    )
+    assert [(i.kind, i.status) for i in inputs] == [("sysfs", Status.WARNING)]
+    assert codes(report) == {("FABRIC_ERRORS", "nic:mlx5_1")}
+    assert [r.check for r in report.checks] == ["fabric"]  # no PCI devices in this capture
+    assert report.exit_code() == 0
