@@ -119,12 +119,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Judge a node's captured outputs with the rules of `gpuvigil check`.
 
-        Reads nvidia-smi (-q -x, -q, --query-gpu CSV, nvlink -s), dcgmi (diag, health,
-        discovery -l), kernel logs, ibstat, ibstatus, ibv_devinfo, ibdev2netdev, fi_info
-        and captured sysfs trees; says what it took each file for.
+        Reads nvidia-smi (-q -x, -q, CSV, nvlink -s), dcgmi (diag, health, discovery),
+        kernel logs, ibstat, ibstatus, ibv_devinfo, ibdev2netdev, fi_info and sysfs
+        trees, and says what it took each file for (others are named, not judged).
 
-        Exit status: 1 a problem found (wins over the rest), 2 could not tell (an input
-        unreadable, not recognised, or cut at a cap), 0 healthy and every input read.
+        Exit: 1 a problem found (wins), 2 could not tell (an input unreadable, not
+        recognised or cut at a cap), 0 healthy with every input read.
 
         Example: gpuvigil analyze bundle.tar.gz --instance-type p5.48xlarge
         """

@@ -103,13 +103,12 @@ def register(app: typer.Typer) -> None:
 
         Mentions such as "caused by previous Xid 149" are not events.
 
-        Reads plain, gzip-compressed and UTF-16 logs, bare-CR line ends and lines of any
-        length, in bounded memory; terminal escape sequences in the log are shown, not
-        played.
+        Reads plain, gzip and UTF-16 logs, bare-CR line ends, lines of any length,
+        in bounded memory; escape sequences in the log are shown, not played.
 
-        Exit status: 1 when an event's own verdict is FAILED; otherwise 2 when the input
-        could not be read (missing, closed standard input, no data before --read-timeout,
-        over --max-bytes, empty, binary, not a kernel log); 0 when it was read.
+        Exit: 1 when an event's own verdict is FAILED; else 2 when the input could
+        not be read or told (missing, stdin closed, no data before --read-timeout,
+        over --max-bytes, empty, binary, not a kernel log); else 0.
 
         Examples:
 
