@@ -43,8 +43,11 @@ SMP = "application/strategic-merge-patch+json"
 class KubernetesConfig(StrictModel):
     enabled: bool = Field(False, description="Publish to this node's Node object.")
     kubeconfig: Path | None = Field(
-        None, description="None: the pod's service account (in-cluster), else $KUBECONFIG."
+        None,
+        description="None: the pod's service account (in-cluster), else $KUBECONFIG, else "
+        "~/.kube/config.",
     )
+    context: str | None = Field(None, description="Context of the kubeconfig (None: its current).")
     heartbeat_interval_s: float = Field(
         60.0,
         gt=0,
@@ -120,22 +123,13 @@ class KubernetesSink:
         on_release: Callable[[datetime], None] | None = None,
     ) -> None:
         from kubernetes import client
-        from kubernetes import config as kconfig
+
+        from gpuvigil.node.sinks.kube_client import KubeConfigError, connect
 
         try:
-            if config.kubeconfig is not None:
-                api_client = kconfig.new_client_from_config(config_file=str(config.kubeconfig))
-            else:
-                try:
-                    kconfig.load_incluster_config()
-                    api_client = client.ApiClient()
-                except kconfig.ConfigException:
-                    api_client = kconfig.new_client_from_config()
-        except (kconfig.ConfigException, OSError) as e:
-            raise ValueError(
-                f"kubernetes sink: no usable credentials ({e}); run in a pod "
-                "with a service account, or pass --kubeconfig"
-            ) from e
+            api_client = connect(kubeconfig=config.kubeconfig, context=config.context)
+        except KubeConfigError as e:
+            raise ValueError(f"kubernetes sink: {e}") from e
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
         self.remediator = Remediator(config.remediation, env=env)

@@ -44,6 +44,7 @@ from gpuvigil.platform.clusters.base import (
     DrainStatus,
     Forbidden,
     NodeView,
+    NotFound,
     Preflight,
     Record,
     Unavailable,
@@ -300,9 +301,8 @@ class KubernetesCluster:
                     )
                 )
                 deleted += 1
-            except Forbidden as e:
-                if "404" not in str(e):
-                    raise  # 404: gone already, which is what we wanted
+            except NotFound:
+                pass  # gone already, which is what we wanted
         return deleted
 
     def replace(self, name: str, *, reason: str) -> None:
@@ -322,9 +322,8 @@ class KubernetesCluster:
         self.calls["delete_node"] += 1
         try:
             api_call(lambda: self.core.delete_node(name, _request_timeout=self.timeout))
-        except Forbidden as e:
-            if "404" not in str(e):
-                raise  # 404: already gone, which is what we wanted
+        except NotFound:
+            pass  # already gone, which is what we wanted
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         now = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
