@@ -102,6 +102,8 @@ def register(app: typer.Typer) -> None:
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         adapter = open_or_exit(cfg)
+        if not cfg.dry_run and hasattr(adapter, "signer"):
+            _publish_key(adapter)
         registry = CollectorRegistry()
         metrics = pmetrics.build(registry)
         events = EventWriter(cfg.events_path) if cfg.events_path else None
@@ -135,11 +137,25 @@ def register(app: typer.Typer) -> None:
             events.close()
 
 
+def _publish_key(adapter: Any) -> None:
+    """Have the signing key (and the agents' copy of its public half) before the first
+    request; a failure here is retried at the first request, and said now."""
+    from gpuvigil.platform.clusters.base import ClusterError
+
+    try:
+        adapter.signer()
+    except ClusterError as e:
+        logging.getLogger("gpuvigil.controller").warning(
+            "signing key not available yet (%s): remediation requests wait for it", e
+        )
+
+
 def _leader(
     cfg: Any, adapter: Any, identity: str, metrics: Any, stop: threading.Event
 ) -> tuple[Any, threading.Thread | None]:
-    """Kubernetes with leader election: a Lease thread; otherwise always the leader."""
-    if cfg.cluster != "kubernetes" or not cfg.leader_election:
+    """Kubernetes with leader election: a Lease thread; otherwise always the leader. A dry
+    run writes nothing, not even the Lease: every dry-run replica observes and logs."""
+    if cfg.cluster != "kubernetes" or not cfg.leader_election or cfg.dry_run:
         return (lambda: True), None
     from gpuvigil.platform.leader import LeaderElector
 
