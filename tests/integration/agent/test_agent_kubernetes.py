@@ -125,7 +125,7 @@ def deployed(kube):
     rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
                               capture_output=True, text=True, timeout=60)
     assert rendered.returncode == 0, rendered.stderr
-    ns = kube.kubectl("apply", "-f", str(REPO / "deploy/kubernetes/namespace.yaml"))
+    ns = kube.kubectl("apply", "-f", str(REPO / "deploy/kubernetes/namespace/namespace.yaml"))
     assert ns.returncode == 0, ns.stderr
     dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
     assert dry.returncode == 0, dry.stderr
