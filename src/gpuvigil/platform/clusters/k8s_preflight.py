@@ -114,6 +114,11 @@ def result_of(pod: dict[str, Any], *, node: str) -> Preflight | None:
         term = (cs.get("state") or {}).get("terminated") or {}
         break
     at = when(term.get("finishedAt")) or when(status.get("startTime")) or utcnow()
+    # The kubelet's times have whole seconds; the run belongs to the validation it was
+    # started for (the controller wrote that on the pod), so it is never older than it.
+    started_for = when((meta.get("annotations") or {}).get(SINCE_ANNOTATION))
+    if started_for is not None and started_for > at:
+        at = started_for
     message = str(term.get("message") or "")
     parsed = json_object(message.strip().splitlines()[-1] if message.strip() else None)
     if parsed and isinstance(parsed.get("summary"), str):
