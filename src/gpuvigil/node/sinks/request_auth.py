@@ -87,23 +87,26 @@ class Trust:
                 return why
         return why
 
-    def _reject(self, kind: str, text: str, why: str) -> None:
+    def _reject(self, kind: str, text: str, why: str, sig: str | None) -> None:
+        """Counted and logged once per message: a request stays on the Node after it was
+        answered (and then ages past the limit), and is read again on every publish."""
+        key = (kind, f"{text}\0{sig or ''}")
+        if key in self._said:
+            return
+        if len(self._said) > 1000:
+            self._said.clear()
+        self._said.add(key)
         if self._on_reject:
             reason = "unknown key" if why.startswith("signed with unknown key") else why
             self._on_reject(kind, reason.split(":", maxsplit=1)[0])
-        if (kind, text) not in self._said:  # once per message, not on every publish
-            if len(self._said) > 1000:
-                self._said.clear()
-            self._said.add((kind, text))
-            log.warning("ignoring %s on node %s: %s: %.200s", kind, self.node, why, text)
+        log.warning("ignoring %s on node %s: %s: %.200s", kind, self.node, why, text)
 
     def admit_request(self, annotations: dict[str, str]) -> dict[str, Any] | None:
         text = annotations.get(wire.REQUEST_ANNOTATION)
         if not text:
             return None
-        why = self._verify(
-            "remediation-request", text, annotations.get(sig_annotation(wire.REQUEST_ANNOTATION))
-        )
+        sig = annotations.get(sig_annotation(wire.REQUEST_ANNOTATION))
+        why = self._verify("remediation-request", text, sig)
         req = _decode(text)
         if not why and req is None:
             why = "unreadable"
@@ -117,7 +120,7 @@ class Trust:
             elif (now - at).total_seconds() > self.config.request_max_age_s:
                 why = "too old"
         if why:
-            self._reject("remediation-request", text, why)
+            self._reject("remediation-request", text, why, sig)
             return None
         return req
 
@@ -128,7 +131,7 @@ class Trust:
         sig = annotations.get(sig_annotation(wire.RELEASED_ANNOTATION))
         why = self._verify("released-at", text, sig)
         if why:
-            self._reject("released-at", text, why)
+            self._reject("released-at", text, why, sig)
             return None
         return wire.decode_time(text)
 
