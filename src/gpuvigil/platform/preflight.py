@@ -48,7 +48,7 @@ class PreflightConfig(StrictModel):
     # the agent on the same node follows the kernel log all the time).
     skip_checks: list[str] = Field(default_factory=list)
     active: ActiveConfig = Field(default_factory=ActiveConfig)
-    node_name: str | None = None  # for --publish; default: $NODE_NAME, else the hostname
+    node_name: str | None = None  # in the report; default: $NODE_NAME, else the hostname
 
 
 @dataclass
