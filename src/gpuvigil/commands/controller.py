@@ -102,8 +102,8 @@ def register(app: typer.Typer) -> None:
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         adapter = open_or_exit(cfg)
-        if not cfg.dry_run and hasattr(adapter, "signer"):
-            _publish_key(adapter)
+        if not cfg.dry_run and hasattr(adapter, "signer"):  # in the background: start at once
+            threading.Thread(target=_publish_key, args=(adapter,), daemon=True).start()
         registry = CollectorRegistry()
         metrics = pmetrics.build(registry)
         events = EventWriter(cfg.events_path) if cfg.events_path else None
