@@ -34,8 +34,9 @@ def test_image_builds_and_runs_check():
     version = re.search(r'^version = "(.*)"', (REPO / "pyproject.toml").read_text(), re.M)
     tag = f"ghcr.io/gpuvigil/gpuvigil:{version.group(1)}"
     assert shipped_images() == {tag}  # the manifests name exactly what `make image` makes
-    p = subprocess.run(["scripts/build-image.sh", "--test"], cwd=REPO, capture_output=True,
-                       text=True, timeout=1700)
+    p = subprocess.run(
+        ["scripts/build-image.sh", "--test"], cwd=REPO, capture_output=True, text=True, timeout=1700
+    )
     assert f"built {tag}" in p.stderr, p.stderr[-3000:]
     report = json.loads(p.stdout)
     failed = {(f["check"], f["code"]) for f in report["findings"] if f["status"] == "FAILED"}

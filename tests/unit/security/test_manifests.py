@@ -35,7 +35,8 @@ def test_admission_policy_shape():
         assert v["expression"].count("(") == v["expression"].count(")")
     text = " ".join(v["expression"] for v in spec["validations"])
     assert "authentication.kubernetes.io/node-name" in " ".join(
-        v["expression"] for v in spec["variables"])
+        v["expression"] for v in spec["variables"]
+    )
     assert "object.metadata.name" in text and "object.spec == oldObject.spec" in text
     assert binding["kind"] == "ValidatingAdmissionPolicyBinding"
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
@@ -48,12 +49,16 @@ def test_admission_policy_shape():
 def test_least_privilege_rbac():
     (agent_role, _) = docs(DEPLOY / "kubernetes/agent/rbac.yaml")
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in agent_role["rules"]}
-    assert rules == {(("nodes",), ("get",)), (("nodes/status",), ("patch",)),
-                     (("events",), ("create",))}
+    assert rules == {
+        (("nodes",), ("get",)),
+        (("nodes/status",), ("patch",)),
+        (("events",), ("create",)),
+    }
     (sa,) = docs(DEPLOY / "kubernetes/preflight/rbac.yaml")
     assert sa["kind"] == "ServiceAccount" and sa["automountServiceAccountToken"] is False
     overlay = yaml.safe_load(
-        (DEPLOY / "kubernetes/overlays/node-identity/kustomization.yaml").read_text())
+        (DEPLOY / "kubernetes/overlays/node-identity/kustomization.yaml").read_text()
+    )
     assert "../../agent" in overlay["resources"]
 
 
