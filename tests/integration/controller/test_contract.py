@@ -62,7 +62,8 @@ class KubeWorld:
         from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
         from gpuvigil.platform.clusters.settings import KubernetesSettings
 
-        self.kube, self.agent = kube, Agent(kube.core())
+        self.kube, self.agent = kube, Agent(kube.core(), kube)
+        kube.ensure_namespace("gpuvigil")  # where the controller keeps its signing key
         tag = uuid.uuid4().hex[:6]
         self.nodes = [kube.create_node(f"k-{tag}-{i}", labels={"fleet": tag}) for i in range(2)]
         settings = KubernetesSettings(

@@ -46,7 +46,6 @@ def config(tmp_path: Path, *, tag: str, lease_ns: str) -> Path:
     node_selector: fleet={tag}
     lease_namespace: {lease_ns}
     eviction_grace_s: 0
-    preflight_selector: ""
 """
     )
     return path
@@ -59,7 +58,8 @@ class SlowAgent(threading.Thread):
 
     def __init__(self, kube: Any, nodes: list[str]) -> None:
         super().__init__(daemon=True)
-        self.agent, self.nodes = Agent(kube.core()), nodes
+        kube.ensure_preflight_template()  # the controller's preflight runs come from it
+        self.agent, self.nodes = Agent(kube.core(), kube), nodes
         self.seen: dict[str, float] = {}
         self.stop, self.rebreak = threading.Event(), threading.Event()
         self.rebreak.set()

@@ -47,6 +47,7 @@ __all__ = [
     "LeaseObject",
     "LeaseStore",
     "NodeView",
+    "NotFound",
     "Preflight",
     "Record",
     "State",
@@ -77,6 +78,10 @@ class Forbidden(ClusterError):
     """Terminal for this operation: no permission, the node no longer exists, bad request."""
 
     kind = "forbidden"
+
+
+class NotFound(Forbidden):
+    """The object does not exist (HTTP 404): terminal, and for a delete, already done."""
 
 
 class Fenced(ClusterError):

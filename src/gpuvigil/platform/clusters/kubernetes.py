@@ -9,11 +9,12 @@ Called by the controller (`gpuvigil controller --cluster kubernetes`), `gpuvigil
   policy/v1 first and policy/v1beta1 on 404/400 (servers < 1.22 serve only v1beta1; >= 1.25
   only v1); each pod gets the `DisruptionTarget` condition so a Job's podFailurePolicy can
   retry it without counting a failure; past the deadline what is left is deleted;
-- reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), answered
-  in `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
+- reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), signed
+  with the controller's key (`k8s_keys`, `core.signing`) and answered in
+  `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
   one) or a configured hook command run through `node.probes.exec.run`;
-- revalidate: delete the node's preflight pod (`preflight_selector` in
-  `preflight_namespace`); its DaemonSet starts a fresh one, which runs preflight again;
+- revalidate: create this validation's preflight pod (`k8s_preflight`: a pod that runs to
+  completion and frees its GPUs; its exit, written by the node's kubelet, is the result);
 - state: the JSON record in the `gpuvigil.io/state` annotation, written with the
   resourceVersion read (a 409 is `Conflict`); with the block taint in the same PATCH when
   the decision blocks (one write per node in a fault storm, not two);
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -41,6 +43,7 @@ from kubernetes import client
 from gpuvigil.core import wire
 from gpuvigil.core.codes import FAMILIES
 from gpuvigil.core.findings import Action, utcnow
+from gpuvigil.core.signing import Signer, sig_annotation
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.platform.clusters.base import (
     AgentResult,
@@ -49,6 +52,7 @@ from gpuvigil.platform.clusters.base import (
     Fence,
     Forbidden,
     NodeView,
+    NotFound,
     Preflight,
     Record,
     Unavailable,
@@ -63,6 +67,8 @@ from gpuvigil.platform.clusters.k8s_api import (
     when,
 )
 from gpuvigil.platform.clusters.k8s_events import EventRecorder
+from gpuvigil.platform.clusters.k8s_keys import load_signer
+from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.state import STATE_ANNOTATION, State, decode_record
@@ -88,12 +94,18 @@ class KubernetesCluster:
         self.timeout = self.settings.request_timeout_s
         self.calls: Counter[str] = Counter()
         self.watch = NodeWatch(self.core, self.settings, self.calls)
-        self._views: dict[str, tuple[str, int, NodeView]] = {}  # name -> (rv, running, view)
+        # name -> (resourceVersion, running pods, preflight result, view)
+        self._views: dict[str, tuple[str, int, Preflight | None, NodeView]] = {}
+        self._lock = threading.Lock()
         self.drainer = Drainer(
             self.core, self.settings, self.calls, self._pages, write=self._write,
             fence=lambda: self.fence(),  # noqa: PLW0108  (the controller sets it later)
         )  # fmt: skip
+        self.preflight = PreflightPods(
+            self.core, self.settings, self.calls, self._pages, write=self._write
+        )
         self.events = EventRecorder(self.core, self.settings, write=self._write)
+        self._signer: Signer | None = None
 
     def _write(self, op: str, call: Callable[[float], T]) -> T:
         """Every write: the fence first (raises Fenced, sending nothing), then the call
@@ -101,6 +113,18 @@ class KubernetesCluster:
         left = self.fence()
         self.calls[op] += 1
         return api_call(lambda: call(min(self.timeout, max(0.1, left))))
+
+    def signer(self) -> Signer:
+        """The key agents trust (`k8s_keys`): loaded, or created and published, once."""
+        with self._lock:
+            if self._signer is None:
+                self.fence()  # it may create the key: a write like any other
+                self._signer = load_signer(self.core, self.settings)
+            return self._signer
+
+    def _signed(self, annotation: str, purpose: str, node: str, text: str) -> dict[str, str]:
+        sig = self.signer().sign(purpose, node, text)
+        return {annotation: text, sig_annotation(annotation): sig}
 
     # ---- reading --------------------------------------------------------------------
 
@@ -137,17 +161,18 @@ class KubernetesCluster:
     def list_nodes(self) -> list[NodeView]:
         nodes = self.watch.nodes()
         running = self._counts(nodes)
+        runs = self.preflight.results()
         views: list[NodeView] = []
         cache = self._views
         for raw in nodes:
             name = raw["metadata"]["name"]
             rv = str(raw["metadata"].get("resourceVersion") or "")
-            n = running[name]
+            n, pf = running[name], runs.get(name)
             hit = cache.get(name)
-            if hit is None or hit[0] != rv or hit[1] != n:
-                hit = (rv, n, self._view(raw, n))
+            if hit is None or hit[0] != rv or hit[1] != n or hit[2] != pf:
+                hit = (rv, n, pf, self._view(raw, n, pf))
                 cache[name] = hit
-            views.append(hit[2])
+            views.append(hit[3])
         if len(cache) > len(nodes):
             present = {n["metadata"]["name"] for n in nodes}
             self._views = {k: v for k, v in cache.items() if k in present}
@@ -183,9 +208,9 @@ class KubernetesCluster:
     def get_node(self, name: str) -> NodeView:
         raw = self._raw("get_node", self.core.read_node, name)
         self.watch.remember(raw)
-        return self._view(raw, self._running(name)[name])
+        return self._view(raw, self._running(name)[name], self.preflight.results().get(name))
 
-    def _view(self, raw: dict[str, Any], running: int) -> NodeView:
+    def _view(self, raw: dict[str, Any], running: int, preflight: Preflight | None) -> NodeView:
         meta, spec, status = raw["metadata"], raw.get("spec", {}), raw.get("status", {})
         ann = meta.get("annotations") or {}
         labels = meta.get("labels") or {}
@@ -208,8 +233,6 @@ class KubernetesCluster:
         keys = {t.get("key") for t in taints}
         rec_text = ann.get(STATE_ANNOTATION)
         record = decode_record(rec_text)
-        pf = json_object(ann.get(wire.PREFLIGHT_ANNOTATION))
-        pf_at = when(pf.get("at")) if pf else None
         res = json_object(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
@@ -224,9 +247,7 @@ class KubernetesCluster:
             blocked_by_others=tuple(others),
             unvalidated=wire.UNVALIDATED_TAINT in keys,
             running=running,
-            preflight=Preflight(pf.get("result") == "pass", pf_at, str(pf.get("summary", "")))
-            if pf and pf_at
-            else None,
+            preflight=preflight,
             agent_result=AgentResult(
                 str(res.get("id", "")),
                 res.get("result") == "succeeded",
@@ -298,48 +319,18 @@ class KubernetesCluster:
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"the agent cannot {action.value}")
         body = {"id": request_id, "action": action.value, "gpus": gpus, "at": utcnow().isoformat()}
-        ann = {wire.REQUEST_ANNOTATION: json.dumps(body, separators=(",", ":"))}
+        text = json.dumps(body, separators=(",", ":"))
+        ann = self._signed(wire.REQUEST_ANNOTATION, "remediation-request", name, text)
         self._patch_node("request", name, {"metadata": {"annotations": ann}})
 
     def mark_released(self, name: str, *, at: datetime) -> None:
-        ann = {wire.RELEASED_ANNOTATION: at.isoformat()}
+        ann = self._signed(wire.RELEASED_ANNOTATION, "released-at", name, at.isoformat())
         self._patch_node("released", name, {"metadata": {"annotations": ann}})
 
     def revalidate(self, name: str, *, since: datetime) -> int:
-        """Delete the node's preflight pods created before `since`; the DaemonSet starts a
-        fresh one, which runs preflight and writes a result newer than `since`. Terminating
-        pods and pods created since (the fresh run) are left alone, so a repeat is harmless.
-        Graceful deletion: the kubelet stops the old pod; GPUs are freed before the new one
-        can claim them."""
-        sel = self.settings.preflight_selector
-        if not sel:
-            return 0
-        ns = self.settings.preflight_namespace
-        cutoff = since.replace(microsecond=0)  # creationTimestamp has whole seconds
-        pods = self._pages(
-            "list_preflight_pods",
-            lambda **kw: self.core.list_namespaced_pod(ns, **kw),
-            label_selector=sel,
-            field_selector=f"spec.nodeName={name}",
-        )
-        deleted = 0
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            created = when(meta.get("creationTimestamp"))
-            if meta.get("deletionTimestamp") or (created is not None and created >= cutoff):
-                continue
-            try:
-                self._write(
-                    "delete_preflight_pod",
-                    lambda t, m=meta: self.core.delete_namespaced_pod(
-                        m["name"], ns, _request_timeout=t
-                    ),
-                )
-                deleted += 1
-            except Forbidden as e:
-                if "404" not in str(e):
-                    raise  # 404: gone already, which is what we wanted
-        return deleted
+        """Start this validation's preflight pod (once: its name is derived from `since`);
+        the node's older runs are deleted. See `k8s_preflight`."""
+        return self.preflight.start(name, since=since)
 
     def replace(self, name: str, *, reason: str) -> None:
         mode = self.settings.replace
@@ -359,9 +350,8 @@ class KubernetesCluster:
             return
         try:
             self._write("delete_node", lambda t: self.core.delete_node(name, _request_timeout=t))
-        except Forbidden as e:
-            if "404" not in str(e):
-                raise  # 404: already gone, which is what we wanted
+        except NotFound:
+            pass  # already gone, which is what we wanted
         self.watch.forget(name)
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
