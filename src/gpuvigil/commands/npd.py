@@ -23,7 +23,7 @@ from gpuvigil.core.findings import NodeReport, Status, utcnow
 NPD_DEFAULT_MAX_OUTPUT = 80  # node-problem-detector's default max_output_length
 HELP = (
     "Run the named checks once as a node-problem-detector custom plugin: exit 0 OK, 1 a "
-    "problem, 2 unknown (a check could not run: timeout, missing tool, stale result); one "
+    "problem, 2 unknown (a check could not run: timeout, missing tool, stale result).\n\nOne "
     "line on stdout, at most --max-length bytes (NPD cuts at max_output_length, 80 by "
     "default), naming the worst finding. --family keeps only findings of one condition "
     "family, so each NPD condition can own one. --from-state-file reads the gpuvigil agent's "
