@@ -1,4 +1,8 @@
-"""`gpuvigil demo`: every scenario and the storm with a progress bar, the table, the report."""
+"""`gpuvigil demo`: every scenario and the storm with a progress bar, the table, the report.
+
+The HTML report shows the runs' figures (`Results.figures`, the table's numbers) and then
+layer 4's report of the `full` run's events, each part saying which measure it shows.
+"""
 
 from __future__ import annotations
 
@@ -9,30 +13,15 @@ from gpuvigil.sim.record import EventRecorder
 
 
 def run(*, nodes: int, days: float, seed: int, report: Path, events: Path | None) -> Path:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from gpuvigil.observe import terminal
     from gpuvigil.observe.html import render_html
 
-    console = Console(stderr=True)
     full = EventRecorder(write_to=events)
-    columns = (TextColumn("[bold]{task.description:<18}"), BarColumn(),
-               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(name: str, fraction: float) -> None:
-            if name not in tasks:
-                for done in tasks.values():  # runs go one after the other
-                    bar.update(done, completed=1.0)
-                tasks[name] = bar.add_task(name, total=1.0)
-            bar.update(tasks[name], completed=min(1.0, fraction))
-
+    with terminal.progress() as progress:
         results = cli.run_all(nodes=nodes, days=days, seed=seed, progress=progress,
                               recorders={"full": full})  # fmt: skip
-        for task in tasks.values():
-            bar.update(task, completed=1.0)
     cli.print_results(results)
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(render_html(full.report), encoding="utf-8")
+    runs = {name: r.figures() for name, r in results.items()}
+    report.write_text(render_html(full.report, runs=runs, main="full"), encoding="utf-8")
     return report

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.events import Event, EventWriter, Kind
+from gpuvigil.observe.figures import LOGGED, MEASURES
 
 if TYPE_CHECKING:
     from gpuvigil.core.findings import Finding
@@ -126,15 +127,10 @@ class EventRecorder(Recorder):
         n = len(self.events)
         stats = ReadStats(lines=n, events=n, sources=[f"gpuvigil simulate ({res.scenario})"])
         self.report = summarize(self.events, start=T0, end=T0 + t, stats=stats)
-        slo = self.report.slo
-        res.slo = {
-            "availability": slo.availability,
-            "job_success_rate": slo.job_success_rate,
-            "goodput": slo.goodput,
-            "false_positive_drains": slo.false_positive_drains,
-            "breaker_trips": slo.breaker_trips,
-            "events": len(self.events),
-        }
+        # Layer 4's figures of this run, under the simulator's names for the same things;
+        # `measure` says in the JSON itself that these are logged, not ground truth.
+        res.slo = {f.key: f.value for f in self.report.figures()}
+        res.slo |= {"events": len(self.events), "measure": MEASURES[LOGGED]}
         res.attribution = dict(self.report.attribution.by_cause)
 
     def summary(self) -> dict[str, Any]:
