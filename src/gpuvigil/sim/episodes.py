@@ -58,6 +58,8 @@ class Episodes:
             nid = self.by_name.get(name)
             if nid is not None:
                 self.platform.set_running(name, running=self.fleet.nodes[nid].job is not None)
+                if self.platform.faults_cleared(name):
+                    self.log_cure(self.fleet.nodes[nid], t)
         wake = self.platform.reconcile()
         self.tally.remediations += wake.steps
         for name in wake.drained:
@@ -155,15 +157,24 @@ class Episodes:
 
     def clear_faults(self: Engine, node: Node, t: float) -> None:
         """The hardware is fixed; MTTR counts when the node is back in service."""
+        self.log_cure(node, t)
         for fi in node.faults:
             fi.repaired_s = t
             if fi.kind.cause is not Cause.TOOLING:
                 node.recovering.append(fi)
-            if fi.detected_by in ("layer1", "active-check", "boot"):
-                v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
-                self.rec.findings(t, node.name, v.findings, cleared=True)
         node.faults.clear()
         self.fleet.mark(node, t)
+
+    def log_cure(self: Engine, node: Node, t: float) -> None:
+        """The agent reports a cured fault's findings cleared at its next sweep after the
+        cure (a reset or reboot that worked), not when the node returns to service: the
+        event log then shows what a real agent's would, and `replay` sees the cure when
+        the controller validated the node."""
+        for fi in node.faults:
+            if fi.detected_by in ("layer1", "active-check", "boot") and not fi.cleared_logged:
+                fi.cleared_logged = True
+                v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+                self.rec.findings(t, node.name, v.findings, cleared=True)
 
     def back_in_service(self: Engine, node: Node, t: float) -> None:
         for fi in node.recovering:

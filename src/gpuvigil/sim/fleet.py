@@ -32,6 +32,7 @@ class FaultInstance:
     repaired_s: float | None = None
     interrupted_job: bool = False
     fixed_by: object = None  # the least ladder step that cures this instance (layer 2)
+    cleared_logged: bool = False  # the agent has reported its findings cleared
 
 
 @dataclass(eq=False)
