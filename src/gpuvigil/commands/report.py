@@ -92,6 +92,9 @@ def register(app: typer.Typer) -> None:
         grace: Annotated[
             str, typer.Option(help="Attribution: evidence window after a failure.")
         ] = "2m",
+        show_all: Annotated[
+            bool, typer.Option("--all", help="List every attribution kept (up to 1,000).")
+        ] = False,
         fail_on_breach: Annotated[
             bool,
             typer.Option(help="Exit 1 when availability or job success misses its target."),
@@ -152,9 +155,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(json.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n")
         else:
-            from gpuvigil.observe.tables import render
+            from gpuvigil.observe import terminal
+            from gpuvigil.observe.tables import ATTRIBUTIONS_SHOWN, render
 
-            render(summary, Console(width=160))
+            render(summary, terminal.console(), limit=0 if show_all else ATTRIBUTIONS_SHOWN)
         if fail_on_breach:
             slo = summary.slo.to_json()
             missed = [k for k in ("availability", "job_success") if slo[k]["met"] is False]

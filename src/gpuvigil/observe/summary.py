@@ -122,6 +122,10 @@ class Summary:
         rows.sort(key=lambda r: (-r["downtime_s"], -r["job_failures"], r["node"]))
         return rows[:n]
 
+    def node_count(self) -> int:
+        """Nodes with downtime or a hardware-attributed failure (what top_nodes ranks)."""
+        return len(set(self.slo.node_downtime_s) | set(self.attribution.by_node))
+
     def top_gpus(self, n: int = TOP) -> list[dict[str, Any]]:
         rows = [
             {"node": node, "gpu": comp, "findings": count}
@@ -142,6 +146,11 @@ class Summary:
             "findings_by_code": dict(self.findings_by_code.most_common(20)),
             "events_by_kind": dict(sorted(self.events_by_kind.items())),
             "availability_series": tl.series() if tl is not None else [],
+            # every figure under its one name, label and unit (as the tables and HTML show it)
+            "figures": {
+                f.key: {"label": f.label, "unit": f.spec.unit, "value": f.value}
+                for f in self.figures()
+            },
         }
 
 

@@ -97,14 +97,19 @@ def overhead(n: int) -> int:
 
 
 def _table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], widths: list[int],
-           *, title: str | None, caption: str | None) -> Table:  # fmt: skip
-    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left",
-              box=box.HEAVY_HEAD)  # fmt: skip
+           *, title: str | None, caption: str | None) -> RenderableType:  # fmt: skip
+    """The table, its title above and caption below as lines of their own (rich would wrap
+    them to the table's width, which can be far narrower than the terminal)."""
+    t = Table(box=box.HEAVY_HEAD)
     for col, w in zip(columns, widths, strict=True):
         t.add_column(col.header, justify=col.justify, width=w, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
         t.add_row(*(text(c) for c in row))
-    return t
+    parts: list[RenderableType] = [Text(title, style="italic")] if title else []
+    parts.append(t)
+    if caption:
+        parts.append(Text(caption, style="dim"))
+    return Group(*parts)
 
 
 def _groups(columns: Sequence[Column], rows: Sequence[Sequence[Cell]],
@@ -204,7 +209,7 @@ def print_table(
 
 
 @contextmanager
-def progress(*, quiet: bool = False) -> Iterator[Callable[[str, float], None]]:
+def progress(*, quiet: bool = False) -> Iterator[Callable[[str, float | None], None]]:
     """Progress bars on stderr for steps that run one after another: call the yielded
     function with a step's name and its fraction done. Silent when `quiet` (`--json`) or
     when stderr is not a terminal (a pipe, a log file, CI)."""
@@ -216,16 +221,18 @@ def progress(*, quiet: bool = False) -> Iterator[Callable[[str, float], None]]:
     with Progress(*columns, console=err, disable=quiet or not err.is_terminal) as bar:
         tasks: dict[str, TaskID] = {}
 
-        def update(name: str, fraction: float) -> None:
+        def update(name: str, fraction: float | None) -> None:
+            """`fraction` None: under way, how far cannot be told (a pulsing bar)."""
             if name not in tasks:
                 for done in tasks.values():
-                    bar.update(done, completed=1.0)
-                tasks[name] = bar.add_task(name, total=1.0)
-            bar.update(tasks[name], completed=min(1.0, max(0.0, fraction)))
+                    bar.update(done, total=1.0, completed=1.0)
+                tasks[name] = bar.add_task(name, total=None if fraction is None else 1.0)
+            if fraction is not None:
+                bar.update(tasks[name], total=1.0, completed=min(1.0, max(0.0, fraction)))
 
         yield update
         for task in tasks.values():
-            bar.update(task, completed=1.0)
+            bar.update(task, total=1.0, completed=1.0)
 
 
 __all__ = ["Cell", "Column", "console", "escape", "plain", "print_table", "progress", "render"]
