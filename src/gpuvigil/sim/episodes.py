@@ -28,7 +28,7 @@ class Episodes:
         for fi in node.faults:
             if fi.detected_by in ("layer1", "active-check", "boot"):
                 out += self.layer1.verdict(
-                    fi.kind.fault, active=fi.detected_by == "active-check"
+                    fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
                 ).findings
         return out
 
@@ -39,7 +39,9 @@ class Episodes:
         for fi in node.faults:
             if fi.detected_by not in ("layer1", "active-check", "boot"):
                 continue
-            v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+            v = self.layer1.verdict(
+                fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
+            )
             findings += v.findings
             if fi.fixed_by is None and fi.kind.fix:
                 fi.fixed_by = sample_fixed_by(fi.kind.fix, self.draws("fix", fi.id))
@@ -103,7 +105,7 @@ class Episodes:
         hidden = [fi for fi in node.faults if fi.kind.effect is Effect.SILENT
                   and fi.detected_s is None]  # fmt: skip
         for fi in hidden:
-            if self.layer1.verdict(fi.kind.fault, active=True).seen:
+            if self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=True).seen:
                 fi.detected_s, fi.detected_by = t, "active-check"
                 self.tally.detect.append(t - fi.onset_s)
                 self.push(t + self.cfg.validate_s, PUBLISH, node, 0)
@@ -173,7 +175,9 @@ class Episodes:
         for fi in node.faults:
             if fi.detected_by in ("layer1", "active-check", "boot") and not fi.cleared_logged:
                 fi.cleared_logged = True
-                v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+                v = self.layer1.verdict(
+                    fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
+                )
                 self.rec.findings(t, node.name, v.findings, cleared=True)
 
     def back_in_service(self: Engine, node: Node, t: float) -> None:

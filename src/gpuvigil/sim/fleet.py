@@ -27,6 +27,7 @@ class FaultInstance:
     kind: FaultKind
     node: int
     onset_s: float
+    gpu: int = 0  # the GPU it strikes (drawn by the fault model; node-wide faults ignore it)
     detected_s: float | None = None
     detected_by: str = ""
     repaired_s: float | None = None

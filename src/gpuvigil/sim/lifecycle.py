@@ -27,7 +27,7 @@ class Lifecycle:
     # --- layer 1 alone (cordon) or layers 1-2 (policy + safety) --------------------------
     def layer_decision(self: Engine, node: Node, fi: FaultInstance, t: float, *,
                        active: bool = False) -> None:  # fmt: skip
-        v = self.layer1.verdict(fi.kind.fault, active=active)
+        v = self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=active)
         if not v.seen:
             return
         if not self.sc.layer2:  # layer 1 alone: the agent cordons (NPD + a cordon hook)
