@@ -35,6 +35,7 @@ from gpuvigil.sim.results import Results, Tally
 from gpuvigil.sim.scenarios import Scenario, SimConfig
 
 FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
+EXPIRE = 13  # after episodes' CONTROL_PASS .. PUBLISH
 
 
 class Engine(lifecycle.Lifecycle, episodes.Episodes):
@@ -110,6 +111,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_ARRIVE: self.on_control_arrive,
             episodes.CONTROL_HUMAN: self.on_control_human,
             episodes.PUBLISH: self.on_publish,
+            EXPIRE: self.on_expire,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0
@@ -189,9 +191,13 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             fi.detected_s, fi.detected_by = t, by
             if fi.kind.persistent and fi.kind.cause is not Cause.TOOLING:
                 self.tally.detect.append(t - fi.onset_s)
-            if by in ("layer1", "active-check") and not self.sc.layer2:
+            if by in ("layer1", "active-check") and (
+                not self.sc.layer2 or not fi.kind.persistent
+            ):  # with layer 2 the publish records a persistent fault's findings
                 v = self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=by == "active-check")
                 self.rec.findings(t, node.name, v.findings)
+                if not fi.kind.persistent:  # an Xid the rules keep for their window
+                    self.push(t + episodes.lifetime_s(v.findings), EXPIRE, (node, v.findings))
         if by == "human":
             self.take_out(node, t, reason="human")
             node.last_step = "REPLACE"  # a person swaps what is broken

@@ -7,6 +7,7 @@ publishes, and again at the time the controller said its next step is due.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action, Finding
@@ -113,6 +114,11 @@ class Episodes:
     def on_publish(self: Engine, t: float, node: Node, _: int) -> None:
         self.publish(node, t)
 
+    def on_expire(self: Engine, t: float, obj: tuple[Node, tuple[Finding, ...]], _: int) -> None:
+        """The agent drops the findings of a transient fault when their window ends."""
+        node, findings = obj
+        self.rec.findings(t, node.name, findings, cleared=True)
+
     def on_control_arrive(self: Engine, t: float, node: Node, _: int) -> None:
         self.platform.at(t)
         self.platform.arrive(node.name)
@@ -190,6 +196,19 @@ class Episodes:
         noise = self.draws("boot", node.id, node.repair_epoch).random()
         if self.sc.layer1 and noise < self.model.boot_noise_probability:
             self.push(t + 30.0, DETECT_EV, self._instance(BOOT_NOISE, node.id, t), 4)
+
+
+def lifetime_s(findings: tuple[Finding, ...], *, default_s: float = 3600.0) -> float:
+    """How long the agent keeps a transient fault's findings: until the window the Xid rules
+    gave them ends (their `expires_at`)."""
+    spans = []
+    for f in findings:
+        end, seen = f.evidence.get("expires_at"), f.evidence.get("last_seen_at")
+        if isinstance(end, str) and isinstance(seen, str):
+            spans.append(
+                (datetime.fromisoformat(end) - datetime.fromisoformat(seen)).total_seconds()
+            )
+    return max(spans, default=default_s)
 
 
 CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH = 9, 10, 11, 12

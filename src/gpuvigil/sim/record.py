@@ -40,8 +40,16 @@ class Recorder:
     def submit(self, t: float, job: Job) -> None: ...
     def job_start(self, t: float, job: Job) -> None: ...
     def job_restart(
-        self, t: float, job: Job, *, reason: str, lost_s: float, node: str | None = None
+        self,
+        t: float,
+        job: Job,
+        *,
+        reason: str,
+        lost_s: float,
+        node: str | None = None,
+        exit_code: int | None = None,
     ) -> None: ...
+    def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None: ...
     def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None: ...
     def finish(self, t: float, res: Results) -> None: ...
 
@@ -108,9 +116,17 @@ class EventRecorder(Recorder):
                    nodes=[f"node-{n:05d}" for n in job.nodes], gpus=job.gpus)  # fmt: skip
 
     def job_restart(self, t: float, job: Job, *, reason: str, lost_s: float,
-                    node: str | None = None) -> None:  # fmt: skip
+                    node: str | None = None, exit_code: int | None = None) -> None:  # fmt: skip
+        extra = ({"node": node} if node else {}) | (
+            {"exit_code": exit_code} if exit_code is not None else {})  # fmt: skip
         self._emit(t, Kind.JOB_RESTART, job=f"job-{job.id}", source="training", reason=reason,
-                   lost_s=lost_s, **({"node": node} if node else {}))  # fmt: skip
+                   lost_s=lost_s, **extra)  # fmt: skip
+
+    def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None:
+        """What layer 3's watchdog writes when it ends a hung step (`training.watchdog`)."""
+        self._emit(t, Kind.HANG, node=node, job=f"job-{job.id}", source="training", rank=0,
+                   step=None, waited_s=timeout_s, timeout_s=timeout_s, where="collective",
+                   in_collective=True, reason="timeout")  # fmt: skip
 
     def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None:
         allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
