@@ -152,8 +152,11 @@ def render_html(
     *,
     runs: Mapping[str, Sequence[Figure]] | None = None,
     main: str = "full",
+    panels: Sequence[tuple[str, Sequence[str], Sequence[Sequence[str]], str]] = (),
 ) -> str:
-    """The report of `s`; with `runs` (the simulator's), their figures first."""
+    """The report of `s`; with `runs` (the simulator's), their figures first. `panels`:
+    more tables (title, header, rows, note) after the attribution, e.g. the simulator's
+    ground truth beside layer 4's attribution."""
     points = s.slo.timeline.series() if s.slo.timeline is not None else []
     series = [(p["t"], p["availability"]) for p in points if p["availability"] is not None]
     causes = [(c, float(s.attribution.by_cause.get(c, 0))) for c in CAUSES]
@@ -204,6 +207,7 @@ def render_html(
         f'<div class="cards">{"".join(cards(s))}</div>',
         f'<div class="grid">{"".join(charts)}</div>',
         attribution,
+        *(_panel(t, _table(h, r), note=n) for t, h, r, n in panels),
         '<div class="grid">',
         _panel("Nodes", _table(["node", "downtime", "job failures"], node_rows, numeric={1, 2})),
         _panel("Failed findings by code", _table(["code", "count"], code_rows, numeric={1})),
