@@ -22,9 +22,9 @@ HELP = (
     'itself. Drains with Reason="gpuvigil: <code> <component>" on a fatal finding (or any '
     "FAILED one with --drain-on failed) and resumes the node only when it drained it itself "
     "and the finding has cleared. Exit: 0 healthy, 1 unhealthy, 2 a check could not run.\n\n"
-    "slurm.conf: HealthCheckProgram=/usr/local/bin/gpuvigil-slurm-healthcheck "
-    "HealthCheckInterval=300 HealthCheckNodeState=ANY (a two-line wrapper script: "
-    "exec gpuvigil slurm-healthcheck)"
+    "slurm.conf: HealthCheckProgram=/usr/local/sbin/gpuvigil-healthcheck "
+    "HealthCheckInterval=300 HealthCheckNodeState=ANY (the two-line wrapper shipped as "
+    "deploy/slurm/gpuvigil-healthcheck; docs/agent.md)"
 )
 
 
