@@ -174,7 +174,9 @@ def register(app: typer.Typer) -> None:
         if expect_gpus is not None:
             overrides["expect_gpus"] = expect_gpus
         try:
-            cfg = config_mod.load(config, overrides={"node": overrides} if overrides else None)
+            cfg = config_mod.load(
+                config, overrides={"node": overrides} if overrides else None, sections=("node",)
+            )
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil analyze: config error: {e}", err=True)
             raise typer.Exit(2) from e

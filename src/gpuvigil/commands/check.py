@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         """
         overrides = {"node": {"expect_gpus": expect_gpus}} if expect_gpus is not None else None
         try:
-            cfg = config_mod.load(config, overrides=overrides)
+            cfg = config_mod.load(config, overrides=overrides, sections=("node",))
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil check: config error: {e}", err=True)
             raise typer.Exit(2) from e

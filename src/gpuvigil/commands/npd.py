@@ -158,7 +158,7 @@ def run_once(
     over: dict[str, object] = {}
     if expect_gpus is not None:
         over["node"] = {"expect_gpus": expect_gpus}
-    cfg = gconfig.load(config, overrides=over)
+    cfg = gconfig.load(config, overrides=over, sections=("node", "agent"))
     root = sysfs_root or cfg.agent.sysfs_root
     ctx = CheckContext(config=cfg.node, root=root, env=dict(os.environ))
     name = (

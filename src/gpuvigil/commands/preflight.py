@@ -157,7 +157,7 @@ def register(app: typer.Typer) -> None:
                 "node_rank": node_rank or 0,
             }
         try:
-            cfg = config_mod.load(config, overrides=overrides)
+            cfg = config_mod.load(config, overrides=overrides, sections=("node", "preflight"))
         except (ConfigError, ValueError) as e:
             typer.echo(f"gpuvigil preflight: {e}", err=True)
             raise typer.Exit(2) from e

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.sim import replay_diff
 
         try:
-            cfg = config_mod.load(policy)
+            cfg = config_mod.load(policy, sections=("node", "controller"))
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil replay: {e}", err=True)
             raise typer.Exit(2) from e

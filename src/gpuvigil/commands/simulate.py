@@ -57,7 +57,11 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.sim import cli
 
         try:
-            user = config_mod.load(policy) if policy is not None else None
+            user = (
+                config_mod.load(policy, sections=("node", "controller"))
+                if policy is not None
+                else None
+            )
             with terminal.progress(quiet=as_json) as progress:
                 results = cli.run_all(
                     scenario=scenario, nodes=nodes, days=days, seed=seed, workload=workload,

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         for f in report.problems:
             typer.echo(f"{f.status.value} {f.code} {f.component}: {f.message}")
         if drain:
-            cfg = gconfig.load(config).agent.sinks.slurm
+            cfg = gconfig.load(config, sections=("agent",)).agent.sinks.slurm
             cfg = cfg.model_copy(update={"drain_on": drain_on})
             try:
                 did = sl.reconcile_drain(sl.SlurmNode(name, config=cfg), report, config=cfg)

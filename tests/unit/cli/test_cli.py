@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -87,3 +88,30 @@ def test_tidy_help_keeps_examples_and_joins_prose() -> None:
     assert cli.tidy_help(text) == "One sentence.\n\n  gpuvigil a\n  gpuvigil b\n\nExit status: 0."
     assert cli.first_sentence("Does this. Then that.") == "Does this."
     assert cli.first_sentence("Run it (e.g. `x`). More") == "Run it (e.g. `x`)."
+
+
+FAULTY = Path(__file__).resolve().parents[3] / "examples" / "faulty-node"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "--json"],
+        ["logscan", str(FAULTY / "dmesg.txt")],
+        ["analyze", "--kmsg", str(FAULTY / "dmesg.txt"), "--json"],
+    ],
+)
+def test_node_commands_import_no_other_layer(args: list[str]) -> None:
+    """A layer-1 command loads only the `node:` section of the config: it imports neither
+    the controller, nor preflight, nor the agent's loop, nor the simulator."""
+    probe = (
+        "import sys\nfrom gpuvigil import cli\n"
+        f"try:\n    cli.main({args!r})\nexcept SystemExit:\n    pass\n"
+        "print('MODULES ' + ' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=cli_env({"COLUMNS": "80"}),
+                         capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    loaded = out.rsplit("MODULES ", 1)[-1].split()
+    other = ("gpuvigil.platform", "gpuvigil.sim", "gpuvigil.training", "gpuvigil.node.agent",
+             "gpuvigil.node.kernel_watch")  # fmt: skip
+    assert loaded and not [m for m in loaded if m.startswith(other)], loaded
