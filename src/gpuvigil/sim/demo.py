@@ -6,21 +6,28 @@ layer 4's report of the `full` run's events, each part saying which measure it s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gpuvigil.sim import cli
 from gpuvigil.sim.record import EventRecorder
 
 
-def run(*, nodes: int, days: float, seed: int, report: Path, events: Path | None) -> Path:
+def run(
+    *, nodes: int, days: float, seed: int, report: Path, events: Path | None,
+    as_json: bool = False,
+) -> Path:  # fmt: skip
     from gpuvigil.observe import terminal
     from gpuvigil.observe.html import render_html
 
     full = EventRecorder(write_to=events)
-    with terminal.progress() as progress:
+    with terminal.progress(quiet=as_json) as progress:
         results = cli.run_all(nodes=nodes, days=days, seed=seed, progress=progress,
                               recorders={"full": full})  # fmt: skip
-    cli.print_results(results)
+    if as_json:
+        print(json.dumps({k: r.to_json() for k, r in results.items()}, indent=2))
+    else:
+        cli.print_results(results)
     report.parent.mkdir(parents=True, exist_ok=True)
     runs = {name: r.figures() for name, r in results.items()}
     html = render_html(full.report, runs=runs, main="full", panels=[truth_panel(full)])

@@ -62,7 +62,7 @@ def demo_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     original = sim_cli.print_results
     sim_cli.print_results = lambda results, **_: original(results, out=console)  # type: ignore[assignment]
     try:
-        demo.run(nodes=96, days=8, seed=1, report=report, events=None)
+        demo.run(nodes=160, days=12, seed=1, report=report, events=None)
     finally:
         sim_cli.print_results = original  # type: ignore[assignment]
     return report, console.export_text()
@@ -73,6 +73,14 @@ def test_every_label_whole_at_1280px(demo_page, chromium, tmp_path: Path) -> Non
     shot = tmp_path / "demo-1280.png"
     assert probe(chromium, page, tmp_path, shot=shot) == []
     assert shot.exists() and shot.stat().st_size > 50_000
+    assert "of node-" in page.read_text()  # the GPU chart has labels to measure
+
+
+def test_a_long_label_widens_its_chart(chromium, tmp_path: Path) -> None:
+    rows = [("pci:0000:00:00.0 of gpu-node-0017.rack-42.cluster.example", 3.0), ("gpu:1", 1.0)]
+    page = tmp_path / "long.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{svg.bar_chart(rows, label='x')}</body></html>")
+    assert probe(chromium, page, tmp_path) == []
 
 
 def test_the_html_shows_the_tables_figures(demo_page) -> None:
