@@ -84,12 +84,27 @@ class PreflightResult:
     def annotation(self, *, now: datetime | None = None) -> dict[str, str]:
         """The `core.wire.PREFLIGHT_ANNOTATION` value the controller reads."""
         problems = sorted({f"{f.component} {f.code}" for f in self.report.problems})
-        summary = "all checks passed" if not problems else "; ".join(problems)[:500]
+        summary = "all checks passed" if not problems else whole_items(problems, limit=500)
         return {
             "result": "pass" if self.passed else "fail",
             "at": (now or self.report.generated_at).isoformat(),
             "summary": summary,
         }
+
+
+def whole_items(items: list[str], *, limit: int) -> str:
+    """`items` joined by "; " within `limit` characters, whole ones only, then how many
+    were left out (a component or code is never cut)."""
+    whole = "; ".join(items)
+    if len(whole) <= limit:
+        return whole
+    out: list[str] = []
+    for item in items:
+        more = f"; (+{len(items) - len(out) - 1} more)"
+        if out and len("; ".join([*out, item])) + len(more) > limit:
+            break
+        out.append(item)
+    return "; ".join(out) + f"; (+{len(items) - len(out)} more)"
 
 
 def internode_expectation(entry: Any) -> float | None:
