@@ -93,8 +93,8 @@ def render(rows: list[dict[str, object]], ages: list[str], *, history: bool) -> 
     console.print(terminal.render(cols, cells, width=console.width))
     if history:
         for r in rows:
-            hist = [[t["at"], plain(str(t["to"])), plain(str(t["reason"]))]
+            hist = [[t["at"], plain(f"-> {t['to']}"), plain(str(t["reason"]))]
                     for t in r["history"]]  # type: ignore[attr-defined]  # fmt: skip
-            cols = (Column("at (UTC)", key=True), Column("to"), Column("reason"))
+            cols = (Column("at (UTC)", key=True), Column("to", wrap=False), Column("reason"))
             console.print(terminal.render(cols, hist, width=console.width,
                                           title=f"history of {r['node']}"))  # fmt: skip
