@@ -24,7 +24,7 @@ from gpuvigil import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check", "Run every node health check here once (GPUs, DCGM, kernel log, "
               "fabric, PCIe)."),
-    "analyze": ("analyze", "Judge captured outputs of a node with the same rules as "
+    "analyze": ("analyze", "Judge a node's captured outputs with the rules of "
                 "`gpuvigil check`."),
     "logscan": ("logscan", "Every NVIDIA Xid (GPU) and SXid (NVSwitch) event in a kernel "
                 "log, in order."),

@@ -12,7 +12,7 @@ from rich.markup import escape
 from gpuvigil.core.findings import NodeReport, Status
 from gpuvigil.node.readings import GpuInventory
 from gpuvigil.observe import terminal
-from gpuvigil.observe.terminal import Column, plain
+from gpuvigil.observe.terminal import Column, plain, printable
 
 _STYLE = {"OK": "green", "WARNING": "yellow", "FAILED": "bold red", "disabled": "dim"}
 
@@ -83,8 +83,8 @@ def render(report: NodeReport, *, console: Console, title: str) -> None:
         rows = []
         for f in sorted(shown, key=lambda f: (-f.status.rank, f.check, f.component, f.code)):
             style = "disabled" if f.code == "CHECK_DISABLED" else f.status.value
-            rows.append([f"[{_STYLE[style]}]{f.status.value}[/]", plain(f.component),
-                         f"[bold]{escape(f.code)}[/]\n{escape(f.message)}",
+            rows.append([f"[{_STYLE[style]}]{f.status.value}[/]", plain(printable(f.component)),
+                         f"[bold]{escape(printable(f.code))}[/]\n{escape(printable(f.message))}",
                          f"{f.action.value}\n[dim]{escape(f.check)}[/]"])  # fmt: skip
         console.print(terminal.render(cols, rows, width=w, title="Findings"))
     flags = no_gpu_flags(report)

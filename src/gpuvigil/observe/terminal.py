@@ -12,6 +12,7 @@ some rows says how many it left out and how to see the rest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,9 +46,21 @@ def text(cell: Cell) -> Text:
     return cell if isinstance(cell, Text) else Text.from_markup(cell)
 
 
+# Control characters but tab and newline: a kernel log or a file name can carry escape
+# sequences (`ESC [ 2 J` clears the screen, `ESC ] 0 ;` retitles the window, C1 `CSI`),
+# which printed raw would act on the reader's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but tab and newline shown as `\\xNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def plain(s: str) -> Text:
-    """A cell shown as written (no markup): messages, reasons, anything from input."""
-    return Text(s)
+    """A cell shown as written (no markup, control characters made visible): messages,
+    reasons, names, anything that came from an input."""
+    return Text(printable(s))
 
 
 def longest_word(s: str) -> int:
@@ -235,4 +248,7 @@ def progress(*, quiet: bool = False) -> Iterator[Callable[[str, float | None], N
             bar.update(task, total=1.0, completed=1.0)
 
 
-__all__ = ["Cell", "Column", "console", "escape", "plain", "print_table", "progress", "render"]
+__all__ = [
+    "Cell", "Column", "console", "escape", "plain", "print_table", "printable", "progress",
+    "render",
+]  # fmt: skip
