@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from gpuvigil.core import exit_codes
 from gpuvigil.training import dcp_storage, manifest, state_codec, tensor_tree
@@ -66,6 +67,18 @@ class Outcome:
     duration_s: float
     stall_s: float
     consecutive_failures: int
+
+
+def _why(e: BaseException) -> str:
+    """One line per failing rank of a DCP CheckpointException, else the exception's line."""
+    failures = getattr(e, "failures", None)
+    if isinstance(e, CheckpointException) and isinstance(failures, dict):
+        parts = []
+        for rank, f in sorted(failures.items()):
+            exc = f[0] if isinstance(f, tuple) else f
+            parts.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+        return "; ".join(parts)
+    return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
 def commit_point(storage: Storage, folder: str, m: manifest.Manifest) -> None:
@@ -150,12 +163,14 @@ class Checkpointer:
         limit = self.config.max_consecutive_failures
         if limit and self.consecutive_failures >= limit:
             assert self.last is not None
-            raise CheckpointFailed(
+            message = (
                 f"gpuvigil checkpoint: {self.consecutive_failures} saves in a row failed (the "
                 f"last, of step {self.last.step}: {self.last.error}); ending the job with exit "
                 f"code {exit_codes.CHECKPOINT_FAILED} (checkpoint.max_consecutive_failures="
                 f"{limit})"
             )
+            log.error(message)
+            raise CheckpointFailed(message)
 
     def close(self) -> None:
         try:
@@ -219,8 +234,8 @@ class Checkpointer:
             try:  # collective even after a local error: DCP raises on every rank if any failed
                 dcp.save(flat, storage_writer=writer, process_group=self.group)
                 digests.update(writer.digests)
-            except Exception as e:  # noqa: BLE001
-                err = err or f"{type(e).__name__}: {e}".splitlines()[0]
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 (a BaseException)
+                err = err or _why(e)
             results = self._gather((err, digests))
             verdict = ""
             if self.rank == 0:
@@ -260,7 +275,12 @@ class Checkpointer:
 
     def _commit(self, step: int, folder: str, results: list[tuple[str, dict[str, Any]]]) -> str:
         """Rank 0: check the writers' reports, write the manifest (the commit), prune."""
-        problems = [f"rank {r}: {e}" for r, (e, _) in enumerate(results) if e]
+        named = (
+            e if e.startswith("rank ") else f"rank {r}: {e}"
+            for r, (e, _) in enumerate(results)
+            if e
+        )
+        problems = list(dict.fromkeys(named))  # DCP's own error already names every rank
         if problems:
             return "; ".join(problems[:3])
         files: dict[str, dict[str, Any]] = {}

@@ -108,7 +108,9 @@ def metadata_from_json(raw: bytes) -> Metadata:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"DCP metadata is not JSON: {e}") from e
+        raise ValueError(
+            f"DCP metadata is not JSON ({e}): a pickled .metadata is never loaded"
+        ) from e
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise ValueError("not gpuvigil DCP metadata (a pickled .metadata is never loaded)")
     try:

@@ -19,6 +19,7 @@ from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.training import lifecycle
 from gpuvigil.training.process_group import Env
 from gpuvigil.training.storage import Storage
+from gpuvigil.training.watchdog import HangRecord
 
 log = logging.getLogger("gpuvigil.training")
 
@@ -118,6 +119,17 @@ class Journal:
             lifecycle.ExitRecord(
                 time.time(), cause, self.env.rank, self.env.node, code, step, detail
             ),
+        )
+
+    def hung(self, record: HangRecord) -> None:
+        """The hang watchdog fired on this rank: its event and its exit record."""
+        self.event(Kind.HANG, record.data())
+        cause = "victim" if record.in_collective or record.reason == "peer" else "hang"
+        self.exit(
+            cause=cause,
+            code=exit_codes.HANG,
+            step=record.step,
+            detail=f"watchdog ({record.reason}) at {record.where}",
         )
 
     def exit_of(self, exc: BaseException, *, step: int) -> None:

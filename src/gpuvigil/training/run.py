@@ -27,7 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from gpuvigil.core import exit_codes
 from gpuvigil.core.events import Kind
@@ -38,6 +42,10 @@ from gpuvigil.training.sampler import ResumableSampler
 from gpuvigil.training.straggler_watch import StragglerWatch
 
 log = logging.getLogger("gpuvigil.training")
+
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# Several parts: each part takes its own keys from the merged state and ignores the others'.
+_FLAT_PARTS = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 
 
 def _listed(x: Any) -> list[Any]:
@@ -61,7 +69,11 @@ class Run:
         self.env, self.config = env, env.config
         self.models, self.optimizers = _listed(model), _listed(optimizer)
         self.schedulers = _listed(scheduler)
-        self._many = isinstance(model, list | tuple)
+        if len(self.models) != len(self.optimizers):
+            raise ValueError(
+                f"Run: {len(self.models)} model parts but {len(self.optimizers)} optimizers "
+                "(one optimizer per part, as torchtitan builds them)"
+            )
         self.sampler = sampler
         # Saved per rank and restored on the same rank (a data-parallel rank's iterator).
         self.extra = extra if extra is not None else {}
@@ -153,9 +165,11 @@ class Run:
                 self.save()
             last = self._ckpt.wait()
             if last is not None and not last.committed and self.config.checkpoint.save_final:
-                raise checkpoint.CheckpointFailed(
+                message = (
                     f"gpuvigil checkpoint: the final save (step {last.step}) failed: {last.error}"
                 )
+                log.error(message)
+                raise checkpoint.CheckpointFailed(message)
         if self._watchdog is not None:  # what follows the loop is not a step: no step timeout
             self._watchdog.stop()
         self._finished = True
@@ -222,11 +236,15 @@ class Run:
 
     # --- checkpoints --------------------------------------------------------------------
     def _tensors(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self._one(self.models), self._one(self.optimizers))
+        """Model and optimizer state of every part, merged (parameter names are unique across
+        a rank's parts), optimizer state flattened by parameter name as torchtitan does."""
+        model_sd: dict[str, Any] = {}
+        optim_sd: dict[str, Any] = {}
+        for m, o in zip(self.models, self.optimizers, strict=True):
+            msd, osd = get_state_dict(m, o, options=_FLAT)
+            model_sd.update(msd)
+            optim_sd.update(osd)
         return {"model": model_sd, "optim": optim_sd}
-
-    def _one(self, xs: list[Any]) -> Any:
-        return xs if self._many else xs[0]
 
     def save(self) -> None:
         """Checkpoint the completed steps now (the loop calls this every N steps)."""
@@ -321,12 +339,15 @@ class Run:
             world_size=env.world_size,
             group=group,
         )
-        set_state_dict(
-            self._one(self.models),
-            self._one(self.optimizers),
-            model_state_dict=loaded.tensors["model"],
-            optim_state_dict=loaded.tensors["optim"],
-        )
+        options = _FLAT if len(self.models) == 1 else _FLAT_PARTS
+        for m, o in zip(self.models, self.optimizers, strict=True):
+            set_state_dict(
+                m,
+                o,
+                model_state_dict=loaded.tensors["model"],
+                optim_state_dict=loaded.tensors["optim"],
+                options=options,
+            )
         mine = loaded.own or loaded.main
         for sched, state in zip(self.schedulers, mine.get("scheduler") or [], strict=False):
             sched.load_state_dict(state)
@@ -352,14 +373,7 @@ class Run:
     # --- records ------------------------------------------------------------------------
     def _hung(self, record: watchdog.HangRecord) -> None:
         self.metrics.hangs.inc()
-        self.journal.event(Kind.HANG, record.data())
-        cause = "victim" if record.in_collective or record.reason == "peer" else "hang"
-        self.journal.exit(
-            cause=cause,
-            code=exit_codes.HANG,
-            step=record.step,
-            detail=f"watchdog ({record.reason}) at {record.where}",
-        )
+        self.journal.hung(record)
         self._write_textfile()
 
     def _dump_dir(self) -> Path:

@@ -90,7 +90,7 @@ def decode(obj: Any) -> Any:
         if tag == "bytes":
             return base64.b64decode(obj["b64"], validate=True)
         if tag == "tensor":
-            dtype = getattr(torch, str(obj["dtype"]).removeprefix("torch."))
+            dtype = getattr(torch, str(obj["dtype"]).removeprefix("torch."), None)
             if not isinstance(dtype, torch.dtype):
                 raise StateError(f"not a dtype: {obj['dtype']}")
             raw = bytearray(base64.b64decode(obj["b64"], validate=True))

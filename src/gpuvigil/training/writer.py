@@ -97,6 +97,10 @@ class WriterProcess:
             [sys.executable, os.path.abspath(__file__), str(child.fileno())],
             pass_fds=(child.fileno(),),
             stdin=subprocess.DEVNULL,
+            # Its own session: torchrun signals each rank's process group, and a drain's
+            # SIGTERM is for the rank, which still needs this process for its last save
+            # (even while it is still starting). It leaves when its rank does.
+            start_new_session=True,
         )
         child.close()
         self._arena_fd: int | None = None
@@ -138,8 +142,7 @@ def main(argv: list[str]) -> int:
     """The writer process: serve write requests until the rank closes the socket."""
     sock = socket.socket(fileno=int(argv[0]))
     parent = os.getppid()
-    # torchrun signals each rank's whole process group: a drain's SIGTERM is for the rank,
-    # which still needs this process to write its last checkpoint. It ends with its rank.
+    # A terminal's Ctrl-C or a stray SIGTERM to the session: this process ends with its rank.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -66,6 +66,9 @@ class Job:
         ckpt: Path | str | None = None,
         elastic: tuple[str, int] | None = None,
         torchrun: bool = False,
+        script: Path = EXAMPLE,
+        final: str | None = "final.pt",
+        extra: tuple[str, ...] | list[str] = (),
     ) -> Job:
         """`elastic=(node, port)`: one agent of a 1-2 node job (c10d rendezvous on the port,
         through `python -m gpuvigil.training.launch`), else a standalone single-node job
@@ -91,15 +94,15 @@ class Job:
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
             str(FAULTY),
-            str(EXAMPLE),
+            str(script),
             "--steps",
             str(steps),
             "--checkpoint-dir",
             str(ckpt or self.ckpt),
             "--checkpoint-every",
             str(every),
-            "--save-final",
-            str(self.final),
+            *(["--save-final", str(self.dir / final)] if final else []),
+            *extra,
         ]
         extra = {
             "GV_FAULTS": faults,
@@ -217,11 +220,28 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def healthy_state(workdir: Path) -> Path:
-    """A fresh healthy report from the node agent: the gate's happy path in every job."""
+def healthy_state(workdir: Path) -> Iterator[Path]:
+    """A healthy report from the node agent, kept fresh as the agent keeps it (the gate
+    refuses a report older than STATE_FILE_MAX_AGE_S, and long jobs restart past it)."""
+    import threading
+
     path = workdir / "node-state.json"
-    path.write_text(NodeReport(node="vm").model_dump_json())
-    return path
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while True:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(NodeReport(node="vm").model_dump_json())
+            os.replace(tmp, path)
+            if stop.wait(20):
+                return
+
+    refresh_once = threading.Thread(target=refresh, daemon=True)
+    refresh_once.start()
+    wait_for(path.exists, timeout=10, what="the node state file")
+    yield path
+    stop.set()
+    refresh_once.join(timeout=5)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ what, and paths that stay inside the checkpoint folder (relative roots included)
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -93,7 +94,9 @@ def test_a_manifest_cannot_name_files_outside_the_checkpoint(tmp_path: Path) -> 
     storage = LocalStorage(str(tmp_path / "ckpt"))
     folder = make_ckpt(storage, 5)
     m = manifest.build(
-        step=5, world_size=1, created_ts=1.0,
+        step=5,
+        world_size=1,
+        created_ts=1.0,
         files={".metadata": {"size": 1, "sha256": None}, "../../etc/passwd": {"size": 1}},
     )
     storage.write_atomic(f"{folder}/{manifest.MANIFEST}", m.to_json())
@@ -136,7 +139,7 @@ def test_each_rank_verifies_its_own_files_and_shares_the_rest() -> None:
     shares = manifest.assign(files, world_size=2)
     assert "__0_0.distcp" in shares[0] and "rank-00000.json" in shares[0]
     assert "__1_0.distcp" in shares[1] and "rank-00001.json" in shares[1]
-    assert sorted(sum(shares, [])) == sorted(files)  # every file, exactly once
+    assert sorted(itertools.chain(*shares)) == sorted(files)  # every file, exactly once
     assert "__2_0.distcp" in shares[1]  # the lighter rank takes the orphan
 
 
@@ -144,7 +147,7 @@ def test_each_rank_verifies_its_own_files_and_shares_the_rest() -> None:
 def test_shares_are_balanced(sizes: list[int], world: int) -> None:
     files = {f"__{i}_0.distcp": {"size": s} for i, s in enumerate(sizes)}
     shares = manifest.assign(files, world_size=world)
-    assert sorted(sum(shares, [])) == sorted(files)
+    assert sorted(itertools.chain(*shares)) == sorted(files)
     own = [[n for n in files if manifest.owner(n, world_size=world) == r] for r in range(world)]
     for r in range(world):
         assert set(own[r]) <= set(shares[r])
