@@ -60,9 +60,17 @@ class Env:
             "store_host": self.store_addr[0],
             "store_port": self.store_addr[1],
             "store_prefix": self.round_key,
-            "checkpoint_dir": self.config.checkpoint.dir,
-            "events_file": str(self.config.events_file) if self.config.events_file else None,
+            "checkpoint_dir": _absolute(self.config.checkpoint.dir),
+            "events_file": _absolute(self.config.events_file),
         }
+
+
+def _absolute(path: Any) -> str | None:
+    """A path as the monitor (another process, maybe another directory) must read it."""
+    if path is None:
+        return None
+    text = str(path)
+    return text if "://" in text else os.path.abspath(text)
 
 
 def _connect(env: dict[str, str], *, rank: int, world_size: int, timeout: timedelta) -> Any:
