@@ -102,3 +102,16 @@ def test_lightning_callback_drains_on_sigterm_and_resumes_at_that_step(job: Any)
     (restart,) = again.event_list("job.restart")
     assert restart["data"]["cause"] == "drain" and restart["data"]["lost_steps"] == 0
     assert again.event_list("job.end")[0]["data"]["steps"] == stop + 20
+
+
+def test_fsdp2_state_reuses_its_staging_buffers_and_reshards_on_resume(job: Any) -> None:
+    """FSDP2 shards parameters and optimizer state as DTensors. Three async saves stage them
+    into one arena (no fresh copies per save), and a 1-rank job resumes the 2-rank
+    checkpoint, resharded by DCP."""
+    script = ROOT / "tests" / "integration" / "training" / "fsdp2_job.py"
+    j: Job = job("fsdp2")
+    assert j.run(script=script, steps=6, every=2) == 0, j.text()[-3000:]
+    assert j.text().count("staging: 1 layout(s) for DTensor state") == 2  # both ranks
+    one: Job = job("fsdp2-1rank")
+    assert one.run(script=script, nproc=1, steps=8, every=2, ckpt=j.ckpt) == 0, one.text()[-3000:]
+    assert "(step 6, saved by 2 ranks, now 1)" in one.text()
