@@ -218,7 +218,10 @@ class Checkpointer:
                 self.storage.makedirs(folder)
             except Exception as e:  # noqa: BLE001 (every failure becomes the save's verdict)
                 err = f"cannot create {folder}: {e}"
-        err = next((e for e in self._gather(err) if e), "")  # also: nobody writes before this
+        try:  # also a barrier: nobody writes before rank 0 cleaned the folder
+            err = next((e for e in self._gather(err) if e), "")
+        except (RuntimeError, ValueError) as e:
+            err = f"lost contact with the other ranks before the save: {e}".splitlines()[0]
         if not err:
             try:
                 digests[rank_file(self.rank)] = write_file(
@@ -236,13 +239,7 @@ class Checkpointer:
                 digests.update(writer.digests)
             except (Exception, CheckpointException) as e:  # noqa: BLE001 (a BaseException)
                 err = err or _why(e)
-            results = self._gather((err, digests))
-            verdict = ""
-            if self.rank == 0:
-                verdict = self._commit(step, folder, results)
-            box = [verdict]
-            dist.broadcast_object_list(box, src=0, group=self.group)
-            err = box[0]
+            err = self._agree(step, folder, err, digests)
         self.consecutive_failures = self.consecutive_failures + 1 if err else 0
         duration = time.monotonic() - t0
         out = Outcome(
@@ -272,6 +269,23 @@ class Checkpointer:
             )
         self._on_outcome(out)
         return out
+
+    def _agree(self, step: int, folder: str, err: str, digests: dict[str, Any]) -> str:
+        """Gather every rank's result, commit on rank 0, share the verdict. A rank that
+        loses contact with the others (a peer died mid-save) reports that as its error;
+        rank 0's verdict stands on rank 0 even when it cannot tell the others."""
+        try:
+            results = self._gather((err, digests))
+        except (RuntimeError, ValueError) as e:
+            return f"lost contact with the other ranks during the save: {e}".splitlines()[0]
+        verdict = self._commit(step, folder, results) if self.rank == 0 else ""
+        box = [verdict]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        except (RuntimeError, ValueError) as e:
+            if self.rank != 0:
+                return f"lost contact with rank 0 before its verdict: {e}".splitlines()[0]
+        return verdict if self.rank == 0 else str(box[0])
 
     def _commit(self, step: int, folder: str, results: list[tuple[str, dict[str, Any]]]) -> str:
         """Rank 0: check the writers' reports, write the manifest (the commit), prune."""

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from gpuvigil.core import exit_codes
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.training import lifecycle
+from gpuvigil.training.checkpoint import Outcome
 from gpuvigil.training.process_group import Env
 from gpuvigil.training.storage import Storage
 from gpuvigil.training.watchdog import HangRecord
@@ -66,6 +67,20 @@ class Journal:
                 data={k: v for k, v in data.items() if v is not None},
             )
         )
+
+    def checkpoint(self, out: Outcome) -> None:
+        """Rank 0: one `checkpoint` event per save, committed or failed."""
+        if self.env.rank != 0:
+            return
+        data: dict[str, Any] = {
+            "step": out.step,
+            "duration_s": round(out.duration_s, 4),
+            "stall_s": round(out.stall_s, 4),
+            "result": "ok" if out.committed else "failed",
+        }
+        if not out.committed:
+            data.update(error=out.error[:500], consecutive_failures=out.consecutive_failures)
+        self.event(Kind.CHECKPOINT, data)
 
     # --- the job's lifecycle (rank 0) -----------------------------------------------------
     def started(self, *, nodes: list[str], resumed_step: int, saved_ts: float | None) -> None:

@@ -27,25 +27,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 from gpuvigil.core import exit_codes
-from gpuvigil.core.events import Kind
-from gpuvigil.training import checkpoint, drain, heartbeat, metrics, rng, watchdog
+from gpuvigil.training import (
+    checkpoint,
+    drain,
+    heartbeat,
+    metrics,
+    resume,
+    run_state,
+    watchdog,
+)
 from gpuvigil.training.journal import Journal
 from gpuvigil.training.process_group import Env
 from gpuvigil.training.sampler import ResumableSampler
 from gpuvigil.training.straggler_watch import StragglerWatch
 
 log = logging.getLogger("gpuvigil.training")
-
-_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-# Several parts: each part takes its own keys from the merged state and ignores the others'.
-_FLAT_PARTS = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 
 
 def _listed(x: Any) -> list[Any]:
@@ -235,34 +233,14 @@ class Run:
         raise drain.Drained(step)
 
     # --- checkpoints --------------------------------------------------------------------
-    def _tensors(self) -> dict[str, Any]:
-        """Model and optimizer state of every part, merged (parameter names are unique across
-        a rank's parts), optimizer state flattened by parameter name as torchtitan does."""
-        model_sd: dict[str, Any] = {}
-        optim_sd: dict[str, Any] = {}
-        for m, o in zip(self.models, self.optimizers, strict=True):
-            msd, osd = get_state_dict(m, o, options=_FLAT)
-            model_sd.update(msd)
-            optim_sd.update(osd)
-        return {"model": model_sd, "optim": optim_sd}
-
     def save(self) -> None:
         """Checkpoint the completed steps now (the loop calls this every N steps)."""
         assert self._ckpt is not None
-        rank_state = {
-            "rng": rng.capture(),
-            "scheduler": [s.state_dict() for s in self.schedulers],
-            "extra": self.extra,
-        }
-        global_state = {
-            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
-            "extra": self.extra_global,
-            "saved_ts": time.time(),
-            "step_times": self._watchdog.step_times[-100:] if self._watchdog else [],
-        }
+        times = self._watchdog.step_times if self._watchdog else []
+        rank_state, job = run_state.rank_state(self), run_state.job_state(self, step_times=times)
         sync = self.config.checkpoint.mode == "sync" and self._watchdog is not None
         with self._watchdog.paused() if sync and self._watchdog else nullcontext():
-            stall = self._ckpt.save(self.step, self._tensors(), rank_state, global_state)
+            stall = self._ckpt.save(self.step, run_state.tensors(self), rank_state, job)
         self.metrics.checkpoint_stall.observe(stall)
         self._last_saved = self.step
 
@@ -274,16 +252,7 @@ class Run:
         m.checkpoint_consecutive_failures.set(out.consecutive_failures)
         if not out.committed:
             m.checkpoint_failures.inc()
-        if self.env.rank == 0:
-            data = {
-                "step": out.step,
-                "duration_s": round(out.duration_s, 4),
-                "stall_s": round(out.stall_s, 4),
-                "result": "ok" if out.committed else "failed",
-            }
-            if not out.committed:
-                data.update(error=out.error[:500], consecutive_failures=out.consecutive_failures)
-            self.journal.event(Kind.CHECKPOINT, data)
+        self.journal.checkpoint(out)
         self._write_textfile()
 
     def _restore(self, nodes: list[str]) -> None:
@@ -311,63 +280,12 @@ class Run:
             saved_ts=job.get("saved_ts") if loaded is not None else None,
         )
 
-    def _ckpt_load(self) -> Any:
-        from gpuvigil.training import resume
-
-        assert self._ckpt is not None
-        env, cfg = self.env, self.config.checkpoint
-        group = env.groups["checkpoint"]
-        choice = resume.choose(
-            self._ckpt.storage,
-            rank=env.rank,
-            world_size=env.world_size,
-            group=group,
-            checksums=cfg.checksums,
-        )
-        for s in choice.skipped:
-            self.metrics.checkpoint_fallbacks.labels(reason=s.reason).inc()
-            if env.rank == 0:
-                log.warning(resume.describe(s))
-        self.metrics.checkpoint_verified_bytes.inc(choice.verified_bytes)
-        if choice.folder is None:
-            return None
-        loaded = resume.load(
-            self._ckpt.storage,
-            choice.folder,
-            self._tensors(),
-            rank=env.rank,
-            world_size=env.world_size,
-            group=group,
-        )
-        options = _FLAT if len(self.models) == 1 else _FLAT_PARTS
-        for m, o in zip(self.models, self.optimizers, strict=True):
-            set_state_dict(
-                m,
-                o,
-                model_state_dict=loaded.tensors["model"],
-                optim_state_dict=loaded.tensors["optim"],
-                options=options,
-            )
-        mine = loaded.own or loaded.main
-        for sched, state in zip(self.schedulers, mine.get("scheduler") or [], strict=False):
-            sched.load_state_dict(state)
-        if self.sampler is not None and loaded.job.get("sampler") is not None:
-            self.sampler.load_state_dict(loaded.job["sampler"])
-        self.extra_global.update(loaded.job.get("extra") or {})
-        if loaded.own is not None:
-            self.extra.update(loaded.own.get("extra") or {})
-            rng.restore(loaded.own["rng"])
-        else:  # resized: per-rank state cannot be mapped onto other ranks
-            rng.reseed(self.config.seed, step=loaded.step, rank=env.rank)
-            log.info(
-                "gpuvigil checkpoint: world size changed (%s -> %d): RNG reseeded per rank; "
-                "per-rank run.extra not restored (run.extra_global is)",
-                loaded.main.get("world_size"),
-                env.world_size,
-            )
-        if self._watchdog is not None:
-            self._watchdog.seed(loaded.job.get("step_times") or [])
-        self.start_step = self.step = self._last_saved = loaded.step
+    def _ckpt_load(self) -> resume.Loaded | None:
+        loaded = run_state.load(self)
+        if loaded is not None:
+            if self._watchdog is not None:
+                self._watchdog.seed(loaded.job.get("step_times") or [])
+            self.start_step = self.step = self._last_saved = loaded.step
         return loaded
 
     # --- records ------------------------------------------------------------------------
