@@ -279,6 +279,7 @@ def verify_worker(ckpt: str, steps: int) -> None:
 
     from gpuvigil import training
 
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = training.TrainingConfig.load(
         overrides={"checkpoint": {"dir": ckpt, "every_steps": 1, "save_final": False}}
     )
