@@ -33,7 +33,7 @@ class StragglerWatch:
         self.clock = WaitClock()
         if not any(self.clock.attach(m) for m in run.models) and run.env.rank == 0:
             log.info(
-                "gpuvigil straggler: the model is not DDP (or has its own comm hook): busy "
+                "gpuvigil straggler: the model is not DDP: busy "
                 "time is the whole step, which cannot tell ranks apart in lockstep training"
             )
         self._sum = 0.0
