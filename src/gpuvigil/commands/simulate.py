@@ -8,7 +8,10 @@ from typing import Annotated
 
 import typer
 
-SCENARIO_HELP = "baseline | node | platform | full | all (default: all, plus the breaker storm)."
+SCENARIO_HELP = (
+    "baseline | node | platform | full | split-brain | api-outage | all "
+    "(default: all, plus the breaker storm)."
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -44,7 +44,7 @@ def run_all(
 ) -> dict[str, Results]:
     """Every requested run, keyed by name: the scenarios, then the storm pair."""
     if scenario != "all" and scenario not in SCENARIOS:
-        raise UsageError(f"unknown scenario {scenario!r} (baseline, node, platform, full, all)")
+        raise UsageError(f"unknown scenario {scenario!r} ({', '.join(SCENARIOS)}, all)")
     if workload not in WORKLOADS:
         raise UsageError(f"unknown workload {workload!r} ({', '.join(WORKLOADS)})")
     if nodes is not None and nodes < 1:

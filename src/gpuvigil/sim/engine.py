@@ -17,6 +17,7 @@ from collections.abc import Callable
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.controller import ControllerConfig
 from gpuvigil.sim import episodes, lifecycle
+from gpuvigil.sim.adversity import ATTACKS
 from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import (
     BOOT_NOISE,
@@ -66,10 +67,11 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self.rng = random.Random(f"{seed}:delays")
         self.fleet = Fleet(nodes, random.Random(f"{seed}:placement"))
         self.by_name = {n.name: n.id for n in self.fleet.nodes}
+        attack = ATTACKS[scenario.attack](days * DAY) if scenario.attack else None
         self.platform = Platform(
             total=nodes, config=controller, reset_s=self.cfg.reset_gpu_s,
             reboot_s=self.cfg.reboot_s, preflight_s=self.cfg.validate_s, breaker=breaker,
-            events=recorder,
+            events=recorder, adversity=attack,
         ) if scenario.layer2 else None  # fmt: skip
         self._pass_at: float | None = None
         self.layer1 = layer1 or Layer1()
@@ -126,6 +128,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
                 next_report = t + self.horizon / 100
         self.finish(self.horizon)
         self.res.events = events
+        if self.platform is not None:
+            self.res.adversity = self.platform.adversity()
         return self.res
 
     def _instance(self, kind: FaultKind, nid: int, onset: float) -> FaultInstance:

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from gpuvigil.core.findings import Action, Finding, NodeReport
 from gpuvigil.core.wire import summarize
 from gpuvigil.platform import policy as policy_mod
+from gpuvigil.platform.clusters.base import unfenced
 from gpuvigil.platform.clusters.memory import EPOCH, MemoryCluster, Pod
-from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.controller import Controller, ControllerConfig, PassResult
 from gpuvigil.platform.safety import PoolLimit, pool_limit
 from gpuvigil.platform.state import NodeView, State
+from gpuvigil.sim.adversity import ApiOutage, Outage, Replicas, SplitBrain
 
 LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
 # Virtual time has microsecond steps: wake a little after a deadline, never on it.
@@ -62,6 +64,8 @@ class SimCluster(MemoryCluster):
         )
         self.total = total
         self.active: set[str] = set()
+        self.controller_calling = False  # api-outage refuses only the controller's calls
+        self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: no publishing
 
     def _only_active(self) -> dict:
         return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
@@ -76,9 +80,14 @@ class SimCluster(MemoryCluster):
 
     def advance(self, seconds: float) -> None:
         full, self.nodes = self.nodes, self._only_active()
+        silent = [n for n in self.nodes.values() if n.agent_alive] if self.agents_silent() else []
+        for n in silent:
+            n.agent_alive = False  # their heartbeats stop while the API server is down
         try:
             super().advance(seconds)
         finally:
+            for n in silent:
+                n.agent_alive = True
             full.update(self.nodes)
             self.nodes = full
 
@@ -116,6 +125,7 @@ class Platform:
         preflight_s: float,
         breaker: bool = True,
         events: object | None = None,
+        adversity: ApiOutage | SplitBrain | None = None,
     ) -> None:
         cfg = config or ControllerConfig()
         safety = cfg.safety
@@ -133,16 +143,30 @@ class Platform:
             total=total, reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
             beat_s=0.8 * cfg.policy.heartbeat_stale_s,
         )  # fmt: skip
-        self.controller = Controller(
-            self.cluster,
-            config=cfg,
-            clock=self.cluster.clock.now,
-            events=events,  # type: ignore[arg-type]
-        )
+
+        def make(cluster: SimCluster, **kw: object) -> Controller:
+            return Controller(cluster, config=cfg, events=events, **kw)  # type: ignore[arg-type]
+
         self.t = 0.0
+        self.outage = self.replicas = None
+        if isinstance(adversity, SplitBrain):
+            self.replicas = Replicas(
+                self.cluster,
+                make=make,
+                settings=cfg.lease,
+                spec=adversity,
+                limit=limit,
+                now=lambda: self.t,
+            )
+            self.controller = self.replicas.ctl["a"]
+        else:
+            self.controller = make(self.cluster, clock=self.cluster.clock.now)
+        if isinstance(adversity, ApiOutage):
+            self.outage = Outage(self.cluster, adversity, lambda: self.t)
         self.passes = 0
         self.held_retry_s = max(cfg.interval_s, 60.0)
-        logging.getLogger("gpuvigil.controller").setLevel(logging.ERROR)
+        for name in ("gpuvigil.controller", "gpuvigil.leader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
     # --- the world side -------------------------------------------------------------------
     def at(self, t: float) -> None:
@@ -157,6 +181,8 @@ class Platform:
             self.cluster.add_node(name)
         summary = summarize(NodeReport(node=name, findings=tuple(findings)))
         self.cluster.set_findings(name, list(summary.findings), fixed_by=fixed_by)
+        if self.replicas is not None:
+            self.replicas.news = True
         self.set_running(name, running=running)
         self.cluster.active.add(name)
 
@@ -179,9 +205,11 @@ class Platform:
         if node is None:
             return
         self.cluster.clear_findings(name)
-        view = self.cluster.get_node(name)
+        person = self.cluster.replica()  # a person's write: no controller's fence
+        person.fence = unfenced
+        view = person.get_node(name)
         rec = policy_mod.release(view.record, now=self.cluster.clock.now(), who="sim")
-        self.cluster.store(name, rec)
+        person.store(name, rec)
 
     def arrive(self, name: str) -> None:
         """A replacement machine has arrived: it takes part again (and validates)."""
@@ -200,9 +228,11 @@ class Platform:
         before = {n: len(self.cluster.nodes[n].evicted) for n in self.cluster.active
                   if n in self.cluster.nodes}  # fmt: skip
         replaced_before = len(self.cluster.replaced)
-        result = self.controller.reconcile()
+        result = self._pass()
         wake = Wake()
         now = self.cluster.clock.now()
+        if not result.listed:  # it acted on nothing: look again soon
+            wake.at = self.t + self.held_retry_s
         for name in self.cluster.replaced[replaced_before:]:
             wake.replaced.append(name)
             self.cluster.active.discard(name)  # the new machine arrives replace_s later
@@ -227,7 +257,34 @@ class Platform:
         closes = self._breaker_closes()
         if closes is not None and (wake.at is None or closes < wake.at):
             wake.at = closes
+        attack = self.replicas or self.outage
+        extra = attack.wake(self.t) if attack is not None else None
+        if extra is not None and (wake.at is None or extra < wake.at):
+            wake.at = max(extra, self.t + SLACK_S)
         return wake
+
+    def _pass(self) -> PassResult:
+        """The controller's pass; under `split-brain` each replica that leads passes (the
+        decisions merged, the later replica's last)."""
+        if self.replicas is not None:
+            results = self.replicas.reconcile()
+            merged = PassResult(at=self.cluster.clock.now())
+            for r in results:
+                merged.decisions.update(r.decisions)
+            return merged
+        self.cluster.controller_calling = True
+        try:
+            result = self.controller.reconcile()
+        finally:
+            self.cluster.controller_calling = False
+        if self.outage is not None:
+            self.outage.passed(result)
+        return result
+
+    def adversity(self) -> dict[str, object]:
+        """What an attack saw (Results.adversity); empty without one."""
+        attack = self.replicas or self.outage
+        return attack.report() if attack is not None else {}
 
     def _breaker_closes(self) -> float | None:
         """An open breaker whose causes are gone closes `breaker_close_after_s` later: pass

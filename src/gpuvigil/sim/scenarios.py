@@ -24,6 +24,7 @@ class Scenario:
     layer3: bool  # training: hang watchdog, warm restart, graceful drain at a checkpoint
     layer4: bool  # observability: the active-check schedule (silent corruption)
     summary: str = ""
+    attack: str = ""  # sim.adversity: "split-brain" or "api-outage" (on top of `full`)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -34,6 +35,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("node", True, False, False, False, "layer 1: node checks + cordon"),
         Scenario("platform", True, True, False, False, "layers 1-2: + policy, safety, remediation"),
         Scenario("full", True, True, True, True, "layers 1-4: + training resilience, observe"),
+        Scenario("split-brain", True, True, True, True,
+                 "full, two controllers 20 s apart; the leader stalls mid-pass every 6 h",
+                 attack="split-brain"),
+        Scenario("api-outage", True, True, True, True,
+                 "full, the API server down 30 min mid-run", attack="api-outage"),
     )
 }  # fmt: skip
 

@@ -86,6 +86,9 @@ class MemNode:
     result: AgentResult | None = None
     preflight: Preflight | None = None
     preflight_asked: datetime | None = None  # when `revalidate` last started a fresh run
+    # ... and for which validation (its `since`, on the controller's clock): like the
+    # Kubernetes adapter's pod name, a key, never compared with this cluster's clock
+    preflight_for: datetime | None = None
     released_at: datetime | None = None  # `mark_released`: what the agent would read
     boot: int = 0
     version: int = 1
@@ -237,7 +240,7 @@ class MemoryCluster:
             # Like Kubernetes: a new node validates as it joins; on any other
             # node preflight runs again only when the controller asked (`revalidate`).
             started = rec.since if "unvalidated" in node.our_taints else None
-            if node.preflight_asked is not None and node.preflight_asked >= rec.since:
+            if node.preflight_for == rec.since and node.preflight_asked is not None:
                 started = node.preflight_asked
             if (
                 self.auto_preflight
@@ -397,9 +400,9 @@ class MemoryCluster:
 
     def revalidate(self, name: str, *, since: datetime) -> int:
         node = self._write("revalidate", name)
-        if node.preflight_asked is not None and node.preflight_asked >= since:
+        if node.preflight_for == since:
             return 0  # the fresh run for this validation is under way
-        node.preflight_asked = self.clock.now()
+        node.preflight_asked, node.preflight_for = self.clock.now(), since
         node.actions.append(("revalidate", ""))
         return 1
 
