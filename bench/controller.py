@@ -175,6 +175,7 @@ def real_bench(nodes: int, faults: int) -> None:
     try:
         api = kube.api_client()
         v1 = client.CoreV1Api(api)
+        kube.ensure_namespace("gpuvigil")  # the leader Lease: the budget ledger lives there
         healthy = HealthSummary(generated_at=utcnow(), status=Status.OK, findings=[])
 
         def create(i: int) -> None:
