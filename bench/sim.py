@@ -50,11 +50,15 @@ def main() -> int:
               f"{cpu / base:>6.2f}  n^{k:.2f}")  # fmt: skip
     if "--target" in sys.argv or "--quick" not in sys.argv:
         cpu, events = one(16384, days=90)
-        print(f"target: full, 16,384 nodes x 90 days: {cpu:.2f} s CPU (goal < 30 s), "
-              f"{events} events, x{cpu / base:.1f} the 256-node run")
+        print(
+            f"target: full, 16,384 nodes x 90 days: {cpu:.2f} s CPU (goal < 30 s), "
+            f"{events} events, x{cpu / base:.1f} the 256-node run"
+        )
     cpu, events = one(2176, scenario="baseline", workload="llama3")
-    print(f"llama3 baseline (2,176 nodes, one 2,048-node job, 54 days): {cpu:.2f} s CPU, "
-          f"{events} events")
+    print(
+        f"llama3 baseline (2,176 nodes, one 2,048-node job, 54 days): {cpu:.2f} s CPU, "
+        f"{events} events"
+    )
     return 0
 
 
