@@ -130,6 +130,8 @@ class EventRecorder(Recorder):
         res.slo = {
             "availability": slo.availability,
             "job_success_rate": slo.job_success_rate,
+            "job_success_by_work": slo.job_success_by_work,
+            "jobs_censored": slo.jobs_censored,
             "goodput": slo.goodput,
             "false_positive_drains": slo.false_positive_drains,
             "breaker_trips": slo.breaker_trips,

@@ -3,12 +3,18 @@
 Definitions (docs/simulator.md "Metrics"):
 - node_availability: 1 - node-time unavailable / node-time; a node is unavailable while it
   carries a hardware fault (seen or not) or is out of service for any reason.
-- job_success_rate: jobs that finished / jobs that ended (finished or gave up).
+- job_success_rate: jobs that finished / jobs that ended (finished or gave up); None when
+  no job ended (jobs still running at the end are `jobs_censored`, not successes).
+- job_success_by_work: the same weighted by each job's work (GPU-hours it needed): a
+  256-node job that gave up weighs 256 one-node jobs.
 - goodput: productive GPU-time / allocated GPU-time (work lost to restarts, hangs and slow
   nodes is allocated but not productive; a job that gave up produced nothing).
 - mttd_s / mttr_s: fault onset -> detected / -> back in service, over node faults.
 - gpu_hours_lost: allocated minus productive GPU-hours.
-- false_drains: nodes taken out of service (cordoned, drained, remediated) with no fault.
+- false_cordons / false_drains: out-of-service episodes of machines with nothing a repair
+  cures (a missing tool, a bad driver image, boot noise), that only blocked new work /
+  that drained or repaired it; false_quarantines: such machines handed to a person;
+  healthy_replaced: such machines replaced.
 """
 
 from __future__ import annotations
@@ -26,15 +32,20 @@ class Results:
     seed: int
     workload: str
     node_availability: float = 1.0
-    job_success_rate: float = 1.0
+    job_success_rate: float | None = None
+    job_success_by_work: float | None = None
     goodput: float = 1.0
     job_interruptions: int = 0
     mttd_s: float = 0.0
     mttr_s: float = 0.0
     gpu_hours_lost: float = 0.0
+    false_cordons: int = 0
     false_drains: int = 0
+    false_quarantines: int = 0
+    healthy_replaced: int = 0
     jobs_finished: int = 0
     jobs_failed: int = 0
+    jobs_censored: int = 0  # started, not ended when the run stopped
     faults: int = 0
     faults_undetected: int = 0
     remediations: int = 0
@@ -69,7 +80,10 @@ class Tally:
         self.allocated_s = 0.0
         self.finished = 0
         self.failed = 0
-        self.false_drains = 0
+        self.finished_work = 0.0  # GPU-seconds of work of the jobs that finished
+        self.failed_work = 0.0  # ... that gave up
+        self.censored = 0
+        self.false: Counter[str] = Counter()  # cordon | drain | quarantine | replace
         self.remediations = 0
         self.faults = 0
 
@@ -86,13 +100,18 @@ class Tally:
         total = res.nodes * res.days * 86400.0
         res.node_availability = max(0.0, 1.0 - unavailable_s / total) if total else 1.0
         ended = self.finished + self.failed
-        res.job_success_rate = self.finished / ended if ended else 1.0
+        res.job_success_rate = self.finished / ended if ended else None
+        work = self.finished_work + self.failed_work
+        res.job_success_by_work = self.finished_work / work if work else None
+        res.jobs_censored = self.censored
         res.goodput = self.productive_s / self.allocated_s if self.allocated_s else 1.0
         res.job_interruptions = sum(self.by_cause.values())
         res.mttd_s = sum(self.detect) / len(self.detect) if self.detect else 0.0
         res.mttr_s = sum(self.repair) / len(self.repair) if self.repair else 0.0
         res.gpu_hours_lost = (self.allocated_s - self.productive_s) * gpus_per_node / 3600.0
-        res.false_drains = self.false_drains
+        res.false_cordons, res.false_drains = self.false["cordon"], self.false["drain"]
+        res.false_quarantines = self.false["quarantine"]
+        res.healthy_replaced = self.false["replace"]
         res.jobs_finished, res.jobs_failed = self.finished, self.failed
         res.faults = self.faults
         res.remediations = self.remediations
@@ -130,7 +149,7 @@ def cells(res: Results) -> list[str]:
     out = []
     for attr, _, f in COLUMNS:
         v = getattr(res, attr)
-        out.append(fmt_duration(v) if f == "dur" else f.format(v))
+        out.append("-" if v is None else fmt_duration(v) if f == "dur" else f.format(v))
     return out
 
 
@@ -138,7 +157,7 @@ def table(results: dict[str, Results], *, title: str = "") -> Any:
     """A rich Table, one row per run, in the order given (the CLI and the demo print it)."""
     from rich.table import Table
 
-    t = Table(title=title or None, caption="false = nodes drained or cordoned with no fault")
+    t = Table(title=title or None, caption="false = healthy machines drained (by the run)")
     for i, (_, header, _) in enumerate(COLUMNS):
         t.add_column(header, justify="left" if i == 0 else "right")
     for name, res in results.items():
