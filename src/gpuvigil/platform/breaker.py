@@ -48,6 +48,7 @@ from gpuvigil.platform.signatures import (
 from gpuvigil.platform.state import NodeView, State
 
 PROBE_MAX_STEP = Action.REBOOT  # a probe tells a change from a fault; it never replaces
+HELD = "circuit breaker"  # every reason the breaker gives a held node starts with this
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,7 @@ class Breaker:
     def hold_for(self, node: NodeView) -> Hold:
         """What the open causes hold on this node."""
         stale = self.stale.get(pool_of(node, self.config))
-        stale_reason = f"circuit breaker: {stale.reason}" if stale else ""
+        stale_reason = f"{HELD}: {stale.reason}" if stale else ""
         if not self.signatures or node.health is None:
             return Hold(stale=stale_reason)
         attrs = self._attrs.get(node.name) or node_attributes(node, self.config)
@@ -332,7 +333,7 @@ class Breaker:
                 s = sig.signature
                 marks.append((s.check, s.code, s.attribute, s.value))
         reason = (
-            f"circuit breaker holds {', '.join(why)} (suspected change: "
+            f"{HELD} holds {', '.join(why)} (suspected change: "
             f"{', '.join(sorted({self.signatures[w].signature.change for w in why}))})"
             if why
             else ""

@@ -118,7 +118,10 @@ def test_drain_requeue_reboot_and_restart_mid_drain(slurm) -> None:  # type: ign
 
 def test_nodes_command_on_slurm(slurm, run_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"controller:\n  cluster: slurm\n  slurm: {{conf: '{slurm.conf}'}}\n")
+    cfg.write_text(
+        f"controller:\n  cluster: slurm\n  slurm: {{conf: '{slurm.conf}'}}\n"
+        "  policy: {fatal_grace_s: 0}\n"  # a fatal finding drains at once here
+    )
     slurm.run("scontrol", "update", "NodeName=gpu1", "State=DRAIN", "Reason=bios update")
     out = run_cli("nodes", "--config", str(cfg), "--json")
     assert out.returncode == 0, out.stderr
@@ -133,7 +136,10 @@ def test_controller_once_on_slurm(slurm, run_cli, tmp_path) -> None:  # type: ig
         publish(slurm, n)
     publish(slurm, "gpu4", FATAL)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"controller:\n  cluster: slurm\n  slurm: {{conf: '{slurm.conf}'}}\n")
+    cfg.write_text(
+        f"controller:\n  cluster: slurm\n  slurm: {{conf: '{slurm.conf}'}}\n"
+        "  policy: {fatal_grace_s: 0}\n"  # a fatal finding drains at once here
+    )
     out = run_cli("controller", "--config", str(cfg), "--once")
     assert out.returncode == 0, out.stderr
     assert "gpu4\tDRAINING" in out.stdout and "gpu1\tHEALTHY" in out.stdout
