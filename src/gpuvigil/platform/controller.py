@@ -306,6 +306,11 @@ class Controller:
             )
         if self.metrics and change.state == "open":
             self.metrics.breaker_trips.inc()
+        sig = self.breaker.signatures.get(change.cause)
+        if change.state == "open" and sig is not None and not self.config.dry_run:
+            # a cluster event people see (`kubectl get events`), on the burst's first node
+            self._cluster_event(sig.burst.nodes[0], "gpuvigilBreakerOpen",
+                                f"circuit breaker: {change.reason}", True)  # fmt: skip
 
     def _api_error(self, e: ClusterError) -> None:
         if self.metrics:

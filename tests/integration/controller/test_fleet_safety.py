@@ -55,6 +55,11 @@ def test_a_bad_kernel_is_named_from_node_info(kube, kube_cluster, agent) -> None
     labels = {"code": "XID_79", "attribute": "kernel-version", "value": "6.8.0-1009-aws"}
     assert reg.get_sample_value("gpuvigil_circuit_breaker_signature_nodes", labels) == 5
     assert all((r := record(kube, n)) is not None and r.state is State.HEALTHY for n in names[:5])
+    events = kube.core().list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={names[0]}"
+    )
+    said = [e.message for e in events.items if e.reason == "gpuvigilBreakerOpen"]
+    assert said and "suspected change kernel-version=6.8.0-1009-aws" in said[0]
 
 
 def test_a_machine_given_back_is_caught_when_it_registers_again(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
