@@ -42,8 +42,8 @@ from gpuvigil.platform.signatures import (
     bursts,
     census,
     expected,
+    log_poisson_tail,
     node_attributes,
-    poisson_tail,
 )
 from gpuvigil.platform.state import NodeView, State
 
@@ -188,7 +188,7 @@ class Breaker:
         for sig, names in marked.items():
             n = max(sizes.get((sig.attribute, sig.value), 0), len(names))
             lam = expected(n, self.config)
-            burst = Burst(sig, tuple(sorted(names)), n, lam, poisson_tail(len(names), lam))
+            burst = Burst(sig, tuple(sorted(names)), n, lam, log_poisson_tail(len(names), lam))
             self.signatures[sig.id] = OpenSignature(burst, now, nodes=len(names))
             why = burst.describe(self.config.breaker_window_s)
             reason = f"restored from the nodes' records: {why}"
@@ -378,4 +378,5 @@ def _detail(burst: Burst) -> dict[str, object]:
         "population": burst.population,
         "expected": round(burst.expected, 6),
         "p": burst.p,
+        "log10_p": round(burst.log_p / math.log(10), 2),
     }

@@ -85,22 +85,27 @@ def census(nodes: Sequence[NodeView], config: SafetyConfig) -> Counter[tuple[str
     return count(node_attributes(v, config) for v in nodes)
 
 
-def poisson_tail(k: int, lam: float) -> float:
-    """P(X >= k) for X ~ Poisson(lam), summed upwards in log space (no cancellation for
-    the tiny tails that matter here)."""
+def log_poisson_tail(k: int, lam: float) -> float:
+    """log P(X >= k) for X ~ Poisson(lam), summed upwards in log space: exact for the tiny
+    tails that matter here (a burst of 300 nodes has P far below the smallest float)."""
     if k <= 0:
-        return 1.0
-    if lam <= 0:
         return 0.0
-    total, i = 0.0, k
-    log_term = -lam + k * math.log(lam) - math.lgamma(k + 1)
+    if lam <= 0:
+        return -math.inf
+    log_lam = math.log(lam)
+    first = -lam + k * log_lam - math.lgamma(k + 1)
+    total, term, i = 1.0, 1.0, k  # the sum relative to the first term
     while True:
-        term = math.exp(log_term)
-        total += term
         i += 1
-        log_term += math.log(lam) - math.log(i)
+        term *= lam / i
+        total += term
         if i > lam and term <= total * 1e-12:
-            return min(1.0, total)
+            return min(0.0, first + math.log(total))
+
+
+def poisson_tail(k: int, lam: float) -> float:
+    """P(X >= k) for X ~ Poisson(lam) (0.0 below the smallest float)."""
+    return math.exp(log_poisson_tail(k, lam))
 
 
 def expected(population: int, config: SafetyConfig) -> float:
@@ -111,7 +116,7 @@ def expected(population: int, config: SafetyConfig) -> float:
 def min_trip(population: int, config: SafetyConfig) -> int:
     """The fewest nodes of a group this size that trip the breaker (for docs and tests)."""
     lam, k = expected(population, config), config.breaker_min_nodes
-    while k <= population and poisson_tail(k, lam) > config.breaker_p_value:
+    while k <= population and log_poisson_tail(k, lam) > math.log(config.breaker_p_value):
         k += 1
     return k
 
@@ -156,8 +161,17 @@ class Burst:
     nodes: tuple[str, ...]
     population: int
     expected: float
-    p: float
+    log_p: float  # log P(this many by chance): ranks explanations without underflow
     also: tuple[str, ...] = ()  # other attributes exactly these nodes share (same P)
+
+    @property
+    def p(self) -> float:
+        return math.exp(self.log_p)
+
+    def p_text(self) -> str:
+        if self.log_p > math.log(1e-300):
+            return f"P={self.p:.1e}"
+        return f"P=1e{self.log_p / math.log(10):.0f}"
 
     def describe(self, window_s: float) -> str:
         s, what = self.signature, self.signature.id.split("@")[0]
@@ -168,7 +182,7 @@ class Burst:
         )
         return (
             f"{what} on {where} within {window_s:.0f} s; independent faults would explain "
-            f"{self.expected:.3g} (P={self.p:.1e}): suspected change {s.change}"
+            f"{self.expected:.3g} ({self.p_text()}): suspected change {s.change}"
             + (f" (or {', '.join(self.also)})" if self.also else "")
         )
 
@@ -218,14 +232,15 @@ def _best(
     """The group with the smallest P that trips (ties: the smaller group, then by name),
     naming the other attributes its nodes share exactly as well (`Burst.also`)."""
     tripped: list[tuple[float, int, str, Burst]] = []
+    limit = math.log(config.breaker_p_value)
     for sig, nodes in groups.items():
         if (sig.key == ANY) is not any_code or len(nodes) < config.breaker_min_nodes:
             continue
         n = max(population.get((sig.attribute, sig.value), 0), len(nodes))
         lam = expected(n, config)
-        p = poisson_tail(len(nodes), lam)
-        if p <= config.breaker_p_value:
-            tripped.append((p, n, sig.id, Burst(sig, tuple(sorted(nodes)), n, lam, p)))
+        log_p = log_poisson_tail(len(nodes), lam)
+        if log_p <= limit:
+            tripped.append((log_p, n, sig.id, Burst(sig, tuple(sorted(nodes)), n, lam, log_p)))
     if not tripped:
         return None
     tripped.sort(key=lambda t: t[:3])
@@ -233,6 +248,6 @@ def _best(
     also = tuple(
         b.signature.change
         for _, _, _, b in tripped[1:]
-        if b.signature.key == best.signature.key and b.nodes == best.nodes and b.p == best.p
+        if b.signature.key == best.signature.key and b.nodes == best.nodes and b.log_p == best.log_p
     )
-    return Burst(best.signature, best.nodes, best.population, best.expected, best.p, also)
+    return Burst(best.signature, best.nodes, best.population, best.expected, best.log_p, also)
