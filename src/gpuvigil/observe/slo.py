@@ -268,7 +268,12 @@ class SloTracker:
         if ev.job is None:
             return
         gpus = ev.data.get("gpus", 0)
-        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus if type(gpus) is int and gpus > 0 else 0)
+        gpus = gpus if type(gpus) is int and gpus > 0 else 0
+        job = self._jobs.get(ev.job)
+        if job is not None:  # a restart's new attempt: the job, its start and losses go on
+            job.gpus = gpus or job.gpus
+            return
+        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus)
         if len(self._jobs) > self.cfg.max_open_jobs:
             del self._jobs[next(iter(self._jobs))]
 

@@ -216,6 +216,7 @@ def test_no_ended_job_is_no_verdict_and_running_jobs_are_censored() -> None:
     evs = [
         E(0, "job.start", job="big", gpus=16),
         E(500, "job.restart", job="big", lost_s=100.0),
+        E(560, "job.start", job="big", gpus=16),  # the next attempt: the same job goes on
     ]
     r = slo.compute(evs, start=0, end=1000)
     assert r.job_success_rate is None and r.job_success_by_work is None
