@@ -17,6 +17,7 @@ from helpers import CANNOT_RUN, FATAL, NONFATAL, T0, finding, view
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuvigil.core.findings import Action
 from gpuvigil.platform.breaker import Breaker
 from gpuvigil.platform.clusters.memory import MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
@@ -334,3 +335,36 @@ def test_breaker_blocks_exactly_what_it_should(kinds, hold) -> None:  # type: ig
             rec = v.record
             assert rec is not None and rec.state is not State.HEALTHY
             assert blocked(c, i) or rec.state is State.REMEDIATING
+
+
+def test_held_nodes_are_probed_and_a_cause_a_reboot_cures_closes() -> None:
+    """Five nodes' GPU query hangs at once (a driver bug a reboot clears): the breaker holds
+    it. An hour later one held node is probed: reset (no cure), reboot (cured); so the
+    signature is a repairable fault, it closes, and the others walk the ladder within
+    budget until every node is back. The breaker does not stay open for weeks."""
+    c = MemoryCluster()
+    hung = finding("CHECK_TIMEOUT", action=Action.NONE, component="gpu:0", check="gpu")
+    for i in range(20):
+        c.add_node(f"n{i}")
+    for i in range(5):
+        c.set_findings(f"n{i}", [hung], fixed_by=Action.REBOOT)
+    safety = SafetyConfig(breaker_probe_after_s=3600, breaker_close_after_s=300)
+    ctl = Controller(c, config=ControllerConfig(safety=safety), clock=c.clock.now)
+    ctl.reconcile()
+    assert ctl.breaker.status.causes == ["gpu/CHECK_TIMEOUT@fleet"]
+    probed = set()
+    for _ in range(6 * 60):  # six hours, a pass a minute
+        c.advance(60)
+        ctl.reconcile()
+        probed |= {s.probe for s in ctl.breaker.signatures.values() if s.probe}
+        recs = [c.get_node(f"n{i}").record for i in range(5)]
+        if not ctl.breaker.status.open and all(r and r.state is State.HEALTHY for r in recs):
+            break
+    assert probed == {"n0"}  # one probe, the first idle node
+    assert not ctl.breaker.status.open
+    for i in range(5):
+        v = c.get_node(f"n{i}")
+        assert not c.nodes[f"n{i}"].faults and v.record is not None
+        assert v.record.state is State.HEALTHY and v.record.step is Action.REBOOT
+    assert not c.replaced and all(a[1].split()[0] != "REPLACE" for n in c.nodes.values()
+                                  for a in n.actions if a[0] == "request")  # fmt: skip
