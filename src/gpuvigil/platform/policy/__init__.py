@@ -140,8 +140,8 @@ class _Ctx:
     def revalidate(self, rec: Record) -> tuple[Op, ...]:
         """Run preflight again for this validation, unless a run for it is under way (the
         record says so) or the cluster has no preflight channel (Slurm: a fresh clean
-        summary ends the validation). The preflight pod ran when the node joined; without
-        a fresh run no pass newer than `since` ever comes (after a reset, a release)."""
+        summary ends the validation). Every validation gets its own run (a new node's
+        first one included): no pass from before `since` counts."""
         if not self.node.preflight_supported or rec.preflight_for == rec.since:
             return ()
         return (Op(OpKind.REVALIDATE),)
@@ -238,11 +238,9 @@ def _healthy(c: _Ctx) -> Decision:
     if node.record is None and c.fleet.returned:  # given back, and the same machine is here
         return c.go(State.QUARANTINED, c.fleet.returned)
     if node.record is None and (node.unvalidated or c.fleet.replaces):
-        # Under the unvalidated taint its preflight pod runs as it joins; otherwise ask.
+        # a new node (a replacement even without the taint): preflight runs before work
         why = f"replaces {c.fleet.replaces}: " if c.fleet.replaces else "new node: "
-        joined = {"preflight_for": c.now} if node.unvalidated else {}
-        return c.go(State.VALIDATING, f"{why}waiting for preflight",
-                    replaces=c.fleet.replaces, **joined)  # fmt: skip
+        return c.go(State.VALIDATING, f"{why}waiting for preflight", replaces=c.fleet.replaces)
     if node.blocked_by_someone_else and not c.cfg.act_on_foreign_blocked:
         who = ", ".join(node.blocked_by_others)
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()  # ours only
