@@ -12,11 +12,9 @@ Two kinds of cause, each judged every pass from what the nodes show:
   first): if the repair cures it, the signature is a repairable fault after all and its
   nodes are released to the normal policy; if not, the next probe waits
   `breaker_probe_interval_s`.
-- **stale** per pool: reports missing or stale on `breaker_stale_percent` of a pool (and
-  `breaker_stale_min_nodes`) at once is the monitoring's failure (an API outage, an agent
-  rollout, a partition). The pool's stale nodes are then neither blocked nor quarantined,
-  and gpuvigil lifts the blocks it set for staleness alone; it closes once fewer than half
-  the trip threshold are stale for `breaker_close_after_s`.
+- **stale** per pool (`platform.stale`): reports missing or stale on many nodes of a pool at
+  once is the monitoring's failure; the pool's stale nodes are then neither blocked nor
+  quarantined, and gpuvigil lifts the blocks it set for staleness alone.
 
 The breaker's memory (when each finding was first seen, open causes, probes) is rebuilt
 from the level after a restart: a restarted controller re-trips on what is still shown.
@@ -31,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuvigil.core import freshness
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.platform.safety import SafetyConfig, episode_start, pool_of
 from gpuvigil.platform.signatures import (
@@ -45,20 +42,11 @@ from gpuvigil.platform.signatures import (
     log_poisson_tail,
     node_attributes,
 )
+from gpuvigil.platform.stale import Change, StaleCause, judge_stale
 from gpuvigil.platform.state import NodeView, State
 
 PROBE_MAX_STEP = Action.REBOOT  # a probe tells a change from a fault; it never replaces
 HELD = "circuit breaker"  # every reason the breaker gives a held node starts with this
-
-
-@dataclass(frozen=True)
-class Change:
-    """A cause opened or closed (the controller turns each into an event and a log line)."""
-
-    state: str  # "open" | "closed"
-    cause: str  # the signature's id, or "stale:<pool>"
-    reason: str
-    detail: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,23 +64,6 @@ class OpenSignature:
     @property
     def signature(self) -> Signature:
         return self.burst.signature
-
-
-@dataclass
-class StaleCause:
-    pool: str
-    opened_at: datetime
-    stale: int
-    size: int
-    threshold: int
-    clear_since: datetime | None = None
-
-    @property
-    def reason(self) -> str:
-        return (
-            f"reports stale or missing on {self.stale} of {self.size} nodes of pool "
-            f"{self.pool} at once: the monitoring is failing, not the machines"
-        )
 
 
 @dataclass(frozen=True)
@@ -121,7 +92,7 @@ class Breaker:
         self.config = config
         self.heartbeat_stale_s = heartbeat_stale_s  # the policy's: older reports are stale
         self.signatures: dict[str, OpenSignature] = {}
-        self.stale: dict[str, StaleCause] = {}
+        self.stale: dict[str, StaleCause] = {}  # pool -> its open stale cause
         self.first_seen: dict[tuple[str, str, str], datetime] = {}
         self.cured: set[str] = set()  # closed by a probe's repair: not restored from marks
         self.status = BreakerStatus()
@@ -134,7 +105,9 @@ class Breaker:
         cfg = self.config
         self._attrs = {v.name: node_attributes(v, cfg) for v in nodes}
         sizes = census(nodes, cfg)
-        changes = self._judge_stale(nodes, sizes, now)
+        changes = judge_stale(self.stale, nodes, sizes, now=now, config=cfg,
+                              heartbeat_stale_s=self.heartbeat_stale_s)  # fmt: skip
+        self.status.trips += sum(c.state == "open" for c in changes)
         changes += self._restore(nodes, sizes, now)
         new = self._new_findings(nodes, now)
         showing = self._showing(nodes)
@@ -276,38 +249,6 @@ class Breaker:
             sig.probe, sig.probe_since = pick.name, now
         return False
 
-    # ---- stale ----------------------------------------------------------------------
-
-    def _judge_stale(
-        self, nodes: Sequence[NodeView], sizes: Counter[tuple[str, str]], now: datetime
-    ) -> list[Change]:
-        cfg, changes = self.config, []
-        stale: Counter[str] = Counter()
-        for v in nodes:
-            if _silent(v, now=now, stale_s=self.heartbeat_stale_s):
-                stale[pool_of(v, cfg)] += 1
-        for pool in sorted(set(stale) | set(self.stale)):
-            size = sizes.get((cfg.pool_label, pool), 0) or stale[pool]
-            trip = max(cfg.breaker_stale_min_nodes,
-                       math.ceil(cfg.breaker_stale_percent * size / 100))  # fmt: skip
-            cause = self.stale.get(pool)
-            if cause is None:
-                if stale[pool] >= trip:
-                    cause = self.stale[pool] = StaleCause(pool, now, stale[pool], size, trip)
-                    self.status.trips += 1
-                    detail = {"pool": pool, "stale": stale[pool], "nodes": size}
-                    changes.append(Change("open", f"stale:{pool}", cause.reason, detail))
-                continue
-            cause.stale, cause.size = stale[pool], size
-            if stale[pool] >= max(1, math.ceil(cause.threshold / 2)):
-                cause.clear_since = None
-                continue
-            cause.clear_since = cause.clear_since or now
-            if (now - cause.clear_since).total_seconds() >= cfg.breaker_close_after_s:
-                del self.stale[pool]
-                changes.append(Change("closed", f"stale:{pool}", f"reports back on pool {pool}"))
-        return changes
-
     # ---- per node -------------------------------------------------------------------
 
     def hold_for(self, node: NodeView) -> Hold:
@@ -355,14 +296,6 @@ def _shows(v: NodeView, sig: Signature, attrs: dict[str, str]) -> bool:
         f.status is Status.FAILED and sig.covers((f.check, f.code), attrs)
         for f in v.health.findings
     )
-
-
-def _silent(v: NodeView, *, now: datetime, stale_s: float) -> bool:
-    """Reports stale or unreadable on a node that had reported (one never deployed is not
-    silent: it never spoke)."""
-    if v.health is None:
-        return v.health_error == "unreadable"
-    return not freshness.judge(v.heartbeat_at, now=now, max_age_s=stale_s).fresh
 
 
 def _detail(burst: Burst) -> dict[str, object]:
