@@ -116,10 +116,14 @@ def test_slurm_without_a_replace_hook_quarantines_at_once(slurm) -> None:  # typ
     slurm.run("scontrol", "update", "NodeName=gpu3", f"Extra={health(ROW_REMAP)}")
     ctl = Controller(c, config=CFG.model_copy(update={"cluster": "slurm"}))
     states = []
-    for _ in range(3):
-        ctl.reconcile()
-        rec = c.get_node("gpu3").record
-        states.append(rec.state if rec else None)
-    assert states[-1] is State.QUARANTINED and State.REMEDIATING not in states
-    assert "no replace hook" in c.get_node("gpu3").record.reason
-    assert "DRAIN" in slurm.node_state("gpu3")  # still blocked, for a person
+    try:
+        for _ in range(3):
+            ctl.reconcile()
+            rec = c.get_node("gpu3").record
+            states.append(rec.state if rec else None)
+        assert states[-1] is State.QUARANTINED and State.REMEDIATING not in states
+        assert "no replace hook" in c.get_node("gpu3").record.reason
+        assert "DRAIN" in slurm.node_state("gpu3")  # still blocked, for a person
+    finally:  # the session's Slurm is shared: leave no record behind for the next test
+        for n in slurm.names:
+            slurm.run("scontrol", "update", f"NodeName={n}", "Comment=", "Extra=", check=False)
