@@ -1,20 +1,11 @@
-"""What a run measured, and the table/JSON the CLI prints (filled by the engine).
+"""What a run measured, and the table the CLI prints (filled by the engine).
 
-Definitions (docs/simulator.md "Metrics"):
-- node_availability: 1 - node-time unavailable / node-time; a node is unavailable while it
-  carries a hardware fault (seen or not) or is out of service for any reason.
-- job_success_rate: jobs that finished / jobs that ended (finished or gave up); None when
-  no job ended (jobs still running at the end are `jobs_censored`, not successes).
-- job_success_by_work: the same weighted by each job's work (GPU-hours it needed): a
-  256-node job that gave up weighs 256 one-node jobs.
-- goodput: productive GPU-time / allocated GPU-time (work lost to restarts, hangs and slow
-  nodes is allocated but not productive; a job that gave up produced nothing).
-- mttd_s / mttr_s: fault onset -> detected / -> back in service, over node faults.
-- gpu_hours_lost: allocated minus productive GPU-hours.
-- false_cordons / false_drains: out-of-service episodes of machines with nothing a repair
-  cures (a missing tool, a bad driver image, boot noise), that only blocked new work /
-  that drained or repaired it; false_quarantines: such machines handed to a person;
-  healthy_replaced: such machines replaced.
+Every number is a field declared with `observe.figures.figure` (its label, unit and
+definition, docs/simulator.md "Metrics"); the terminal table, `--json` and the demo's
+HTML report all read the figures from here, so they show the same numbers with the same
+names. These are the simulator's ground truth: it knows when each fault began and ended.
+`slo` holds what layer 4 computed from the run's own events (`observe.summary`), which
+only sees what was reported; views that show it say so.
 """
 
 from __future__ import annotations
@@ -23,47 +14,112 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpuvigil.observe.figures import (
+    COUNT,
+    GPU_HOURS,
+    RATIO,
+    SECONDS,
+    SETTING,
+    TABLES,
+    Figure,
+    figure,
+    figures_of,
+)
+
 
 @dataclass
 class Results:
     scenario: str
-    nodes: int
-    days: float
-    seed: int
+    nodes: int = field(metadata=SETTING)
+    days: float = field(metadata=SETTING)
+    seed: int = field(metadata=SETTING)
     workload: str
-    node_availability: float = 1.0
-    job_success_rate: float | None = None
-    job_success_by_work: float | None = None
-    goodput: float = 1.0
-    job_interruptions: int = 0
-    mttd_s: float = 0.0
-    mttr_s: float = 0.0
-    gpu_hours_lost: float = 0.0
-    false_cordons: int = 0
-    false_drains: int = 0
-    false_quarantines: int = 0
-    healthy_replaced: int = 0
-    jobs_finished: int = 0
-    jobs_failed: int = 0
-    jobs_censored: int = 0  # started, not ended when the run stopped
-    faults: int = 0
-    faults_undetected: int = 0
-    remediations: int = 0
-    breaker_trips: int = 0
-    events: int = 0
-    fault_interruptions: int = 0  # distinct faults that interrupted a job (the paper's count)
+    node_availability: float = figure(
+        1.0, "availability", RATIO, "1 - node-time unavailable / node-time; a node is "
+        "unavailable while it carries a hardware fault (seen or not) or is out of service",
+        table=1, digits=3,
+    )  # fmt: skip
+    # None when no job ended: jobs still running at the end are censored, not successes.
+    job_success_rate: float | None = figure(
+        None, "job success", RATIO, "jobs that finished / jobs that ended (finished or gave "
+        "up); none when no job ended", table=1, digits=2,
+    )  # fmt: skip
+    job_success_by_work: float | None = figure(
+        None, "job success by work", RATIO, "the same weighted by each job's work (the "
+        "GPU-hours it needed): a 256-node job that gave up weighs 256 one-node jobs",
+        table=1, digits=2,
+    )  # fmt: skip
+    goodput: float = figure(
+        1.0, "goodput", RATIO, "productive GPU-time / allocated GPU-time; work lost to "
+        "restarts, hangs and slow nodes, and all the work of a job that gave up, is lost",
+        table=1,
+    )  # fmt: skip
+    job_interruptions: int = figure(
+        0, "restarts", COUNT, "job restarts for any reason, drains included", table=1
+    )
+    mttd_s: float = figure(
+        0.0, "MTTD", SECONDS, "mean time from a hardware fault's onset to its detection",
+        table=1,
+    )  # fmt: skip
+    mttr_s: float = figure(
+        0.0, "MTTR", SECONDS, "mean time from a hardware fault's onset to the node back in "
+        "service", table=1,
+    )  # fmt: skip
+    gpu_hours_lost: float = figure(
+        0.0, "GPU-h lost", GPU_HOURS, "allocated minus productive GPU-hours", table=1
+    )
+    # Out-of-service episodes of machines with nothing a repair cures (a missing tool, a bad
+    # driver image, boot noise), by how far they went. A person's release is not one.
+    false_cordons: int = figure(
+        0, "false cordons", COUNT, "healthy machines only blocked from new work", table=2
+    )
+    false_drains: int = figure(
+        0, "false drains", COUNT, "healthy machines drained or remediated (cordons not "
+        "counted)", table=1,
+    )  # fmt: skip
+    false_quarantines: int = figure(
+        0, "false quarantines", COUNT, "healthy machines handed to a person", table=2
+    )
+    healthy_replaced: int = figure(
+        0, "healthy replaced", COUNT, "healthy machines replaced", table=2
+    )
+    jobs_finished: int = figure(0, "jobs finished", COUNT)
+    jobs_failed: int = figure(0, "jobs failed", COUNT, "jobs that gave up")
+    jobs_censored: int = figure(
+        0, "jobs censored", COUNT, "jobs started and still running when the run stopped"
+    )
+    faults: int = figure(0, "faults", COUNT, "faults that struck a node in service", table=2)
+    faults_undetected: int = figure(
+        0, "faults undetected", COUNT, "hardware faults still unseen when the run ended"
+    )
+    remediations: int = figure(0, "remediations", COUNT, "remediation steps started", table=2)
+    breaker_trips: int = figure(
+        0, "breaker trips", COUNT, "times a breaker signature opened", table=2
+    )
+    events: int = figure(0, "simulator events", COUNT, "events the engine processed")
+    # distinct faults that interrupted a job (the paper's count)
+    fault_interruptions: int = figure(
+        0, "interrupting faults", COUNT, "distinct faults that interrupted a job", table=2
+    )
     fault_interruptions_by_cause: dict[str, int] = field(default_factory=dict)
     # the same, for the kinds the Llama 3 table lists (what calibration compares with 419)
-    calibrated_interruptions: int = 0
+    calibrated_interruptions: int = figure(
+        0, "calibrated interruptions", COUNT, "interrupting faults of the kinds the Llama 3 "
+        "paper's table lists (its 419)",
+    )  # fmt: skip
     calibrated_by_cause: dict[str, int] = field(default_factory=dict)
     interruptions_by_cause: dict[str, int] = field(default_factory=dict)
     interruptions_by_kind: dict[str, int] = field(default_factory=dict)
     attribution: dict[str, int] = field(default_factory=dict)
-    slo: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = 0.0
+    slo: dict[str, Any] = field(default_factory=dict)  # layer 4's logged figures, by key
+    wall_s: float = figure(0.0, "wall time", SECONDS, "how long the run took to simulate")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def figures(self) -> list[Figure]:
+        """Every figure of the run (ground truth), in declaration order."""
+        return figures_of(self)
 
 
 class Tally:
@@ -124,42 +180,16 @@ class Tally:
         return res
 
 
-COLUMNS = (
-    ("scenario", "scenario", "{}"),
-    ("node_availability", "avail.", "{:.3%}"),
-    ("job_success_rate", "jobs ok", "{:.2%}"),
-    ("goodput", "goodput", "{:.1%}"),
-    ("job_interruptions", "restarts", "{:d}"),
-    ("mttd_s", "MTTD", "dur"),
-    ("mttr_s", "MTTR", "dur"),
-    ("gpu_hours_lost", "GPU-h lost", "{:,.0f}"),
-    ("false_drains", "false", "{:d}"),
-)
+def table(results: dict[str, Results], *, width: int, title: str = "", which: int = 1) -> Any:
+    """The runs side by side, one row each, in the order given: the figures declared for
+    table `which`, laid out to `width` without cutting a name or a number."""
+    from gpuvigil.observe import terminal
 
-
-def fmt_duration(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
-
-
-def cells(res: Results) -> list[str]:
-    out = []
-    for attr, _, f in COLUMNS:
-        v = getattr(res, attr)
-        out.append("-" if v is None else fmt_duration(v) if f == "dur" else f.format(v))
-    return out
-
-
-def table(results: dict[str, Results], *, title: str = "") -> Any:
-    """A rich Table, one row per run, in the order given (the CLI and the demo print it)."""
-    from rich.table import Table
-
-    t = Table(title=title or None, caption="false = healthy machines drained (by the run)")
-    for i, (_, header, _) in enumerate(COLUMNS):
-        t.add_column(header, justify="left" if i == 0 else "right")
-    for name, res in results.items():
-        t.add_row(name, *cells(res)[1:])
-    return t
+    figs = {name: [f for f in r.figures() if f.spec.table == which] for name, r in results.items()}
+    first = next(iter(figs.values()), [])
+    columns = [terminal.Column("run", key=True)]
+    columns += [terminal.Column(f.label, justify="right", wrap=False) for f in first]
+    rows = [[terminal.plain(name)] + [f.text for f in fs] for name, fs in figs.items()]
+    legend = "; ".join(f"{f.label}: {f.spec.about}" for f in first if f.key == "false_drains")
+    return terminal.render(columns, rows, width=width, title=title or TABLES[which] or None,
+                           caption=legend or None)  # fmt: skip
