@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Action
+from gpuvigil.platform.breaker import Breaker, Change
 from gpuvigil.platform.clusters.base import Cluster, ClusterError, NodeView
 from gpuvigil.platform.metrics import ControllerMetrics
 from gpuvigil.platform.policy import Decision, OpKind
-from gpuvigil.platform.safety import Breaker, Gate
+from gpuvigil.platform.safety import Gate
 from gpuvigil.platform.state import Record, State
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Announcer:
         self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
         self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
         self._announced: set[str] = set()  # nodes whose state this process has put on record
+        self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
 
     def transition(self, node: NodeView, old: Record, d: Decision, now: datetime) -> None:
         new = d.record
@@ -102,22 +104,42 @@ class Announcer:
         except ClusterError as e:  # an event is not worth failing a transition for
             self.api_error(e)
 
-    def breaker_changed(self, breaker: Breaker, changed: str, now: datetime) -> None:
-        st = breaker.status
-        reason = st.reason if changed == "open" else breaker.closed_reason
-        log.warning("circuit breaker %s: %s", changed, reason)
+    def breaker_changed(self, breaker: Breaker, change: Change, now: datetime) -> None:
+        """A cause opened or closed: a warning, a `breaker` event naming the suspected
+        change, and the trip counter."""
+        log.warning("circuit breaker %s (%s): %s", change.state, change.cause, change.reason)
         if self.events is not None:
-            causes = st.causes if changed == "open" else breaker.closed_causes
+            data = {"state": change.state, "reason": change.reason, "causes": [change.cause]}
             self.events.write(
                 Event(
                     ts=now.timestamp(),
                     kind=Kind.BREAKER.value,
                     source="controller",
-                    data={"state": changed, "reason": reason, "causes": causes},
+                    data={**data, **change.detail},
                 )
             )
-        if self.metrics and changed == "open":
+        if self.metrics and change.state == "open":
             self.metrics.breaker_trips.inc()
+        sig = breaker.signatures.get(change.cause)
+        if change.state == "open" and sig is not None and not self.dry_run:
+            # a cluster event people see (`kubectl get events`), on the burst's first node
+            self.cluster_event(sig.burst.nodes[0], "gpuvigilBreakerOpen",
+                               f"circuit breaker: {change.reason}", True)  # fmt: skip
+
+    def export_signatures(self, m: ControllerMetrics, breaker: Breaker, pool_label: str) -> None:
+        """One series per open cause, labelled with what it concentrates on (the alert
+        names the suspected change from these labels)."""
+        now: dict[tuple[str, str, str], int] = {}
+        for sig in breaker.signatures.values():
+            s = sig.signature
+            now[(s.code if s.check != "*" else "*", s.attribute, s.value)] = sig.nodes
+        for cause in breaker.stale.values():
+            now[("STALE", pool_label, cause.pool)] = cause.stale
+        for labels in self._signatures - set(now):
+            m.breaker_signature.remove(*labels)
+        for labels, nodes in now.items():
+            m.breaker_signature.labels(*labels).set(nodes)
+        self._signatures = set(now)
 
     def api_error(self, e: ClusterError) -> None:
         if self.metrics:
@@ -167,6 +189,7 @@ class Announcer:
         m.nodes_total.set(len(nodes))
         m.nodes_in_service.set(in_service)
         m.breaker_open.set(1 if breaker.status.open else 0)
+        self.export_signatures(m, breaker, gate.config.pool_label)
         m.held.set(held)
         for pool in gate.size:
             m.budget_in_use.labels(pool).set(gate.in_use[pool])
@@ -189,8 +212,16 @@ def remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:
         out.append(("DRAIN", "succeeded"))
     if old.state in (State.REMEDIATING, State.VALIDATING) and new.failures > old.failures:
         out.append(((old.step or Action.NONE).value, "failed"))
-    if old.state is State.REMEDIATING and new.state is State.VALIDATING and old.step:
+    # a replacement counts only once the new machine validates
+    step_done = old.state is State.REMEDIATING and new.state is State.VALIDATING
+    if step_done and old.step and old.step is not Action.REPLACE:
         out.append((old.step.value, "succeeded"))
+    if (
+        old.state is State.VALIDATING
+        and new.state is State.HEALTHY
+        and (old.step is Action.REPLACE or old.replaces)
+    ):
+        out.append((Action.REPLACE.value, "succeeded"))
     if new.state is State.REMEDIATING and new.request_id != old.request_id and new.step:
         out.append((new.step.value, "started"))
     return out

@@ -8,6 +8,7 @@ lease stops here with `Fenced` and sends nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from gpuvigil.core.events import Kind
@@ -27,24 +28,32 @@ def apply(
     policy: PolicyConfig,
     voice: Announcer,
     dry_run: bool,
+    given_back: Callable[[NodeView, datetime], None] | None = None,
 ) -> Decision | None:
     """Apply `d` to `node`; on a Conflict (the node changed since it was read, e.g. a
     heartbeat) re-read it and apply a fresh decision instead. Returns the decision applied,
     or None when it was left to the next pass. ClusterErrors (Fenced among them) propagate."""
     try:
-        _apply(cluster, node, d, now=now, voice=voice, dry_run=dry_run)
+        _apply(cluster, node, d, now=now, voice=voice, dry_run=dry_run, given_back=given_back)
         return d
     except Conflict:
         fresh = cluster.get_node(node.name)
         again = decide(fresh, fleet=fleet, now=now, config=policy)
         if again.disruptive and not d.disruptive:
             return None  # its budget was not counted in this pass: the next pass decides
-        _apply(cluster, fresh, again, now=now, voice=voice, dry_run=dry_run)
+        _apply(cluster, fresh, again, now=now, voice=voice, dry_run=dry_run, given_back=given_back)
         return again
 
 
 def _apply(
-    cluster: Cluster, node: NodeView, d: Decision, *, now: datetime, voice: Announcer, dry_run: bool
+    cluster: Cluster,
+    node: NodeView,
+    d: Decision,
+    *,
+    now: datetime,
+    voice: Announcer,
+    dry_run: bool,
+    given_back: Callable[[NodeView, datetime], None] | None,
 ) -> None:
     old = node.record or Record()
     if dry_run:
@@ -81,6 +90,8 @@ def _apply(
             # At most once: remember it first (a replacement is not idempotent when it is
             # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
             cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
+            if given_back is not None:  # a replacement counts once a new machine joins
+                given_back(node, now)
             cluster.replace(node.name, reason=rec.reason)
         elif op.kind is OpKind.REVALIDATE:
             # At least once: revalidate deletes only preflight pods older than `since`,

@@ -40,6 +40,7 @@ from gpuvigil.core.events import EventWriter
 from gpuvigil.core.findings import utcnow
 from gpuvigil.platform.announce import Announcer
 from gpuvigil.platform.apply import apply
+from gpuvigil.platform.breaker import Breaker
 from gpuvigil.platform.budget import Ledger
 from gpuvigil.platform.clusters.base import (
     Cluster,
@@ -54,7 +55,8 @@ from gpuvigil.platform.leader import LeaderElector, LeaseSettings
 from gpuvigil.platform.memo import DecisionMemo
 from gpuvigil.platform.metrics import ControllerMetrics
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
-from gpuvigil.platform.safety import Breaker, Gate, SafetyConfig, excluded, pool_of
+from gpuvigil.platform.replacements import Replacements
+from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
 
 log = logging.getLogger("gpuvigil.controller")
 
@@ -111,7 +113,9 @@ class Controller:
         self.clock = clock
         self.metrics = metrics
         self.identity = identity
-        self.breaker = Breaker(self.config.safety)
+        policy, safety = self.config.policy, self.config.safety
+        self.breaker = Breaker(safety, heartbeat_stale_s=policy.heartbeat_stale_s)
+        self.replacements = Replacements(timeout_s=policy.replace_timeout_s)
         self.voice = Announcer(cluster, dry_run=self.config.dry_run, metrics=metrics, events=events)
         store = getattr(cluster, "lease_store", None)
         if elector is None and store is not None:  # a lone controller: never fenced
@@ -145,11 +149,17 @@ class Controller:
             result.listed, result.fenced = False, isinstance(e, Fenced)
             return result
         self.voice.observed(nodes, now)
-        changed = self.breaker.update(nodes, now=now)
-        if changed:
-            self.voice.breaker_changed(self.breaker, changed, now)
+        for change in self.breaker.update(nodes, now=now):
+            self.voice.breaker_changed(self.breaker, change, now)
         result.breaker_open = self.breaker.status.open
-        gate = Gate(self.config.safety, nodes, now=now, breaker=self.breaker.status, reserved=slots)
+        safety = self.config.safety
+        for gone in self.replacements.observe(nodes, now=now, pool_of=lambda v: pool_of(v, safety)):
+            log.warning("node %s was given back for replacement at %s and no new machine "
+                        "joined pool %s since", gone.node, gone.at, gone.pool)  # fmt: skip
+        gate = Gate(
+            safety, nodes, now=now, breaker=self.breaker, replacements=self.replacements,
+            reserved=slots,
+        )  # fmt: skip
         held = 0
         work: list[Work] = []
         for node in nodes:
@@ -185,6 +195,10 @@ class Controller:
         self.last_pass_at = time.time()
         return result
 
+    def _given_back(self, node: NodeView, now: datetime) -> None:
+        """A machine goes back for replacement: the ledger waits for a new one to join."""
+        self.replacements.given_back(node, pool=pool_of(node, self.config.safety), now=now)
+
     def _decide(self, node: NodeView, fleet: Fleet, now: datetime, result: PassResult) -> Decision:
         """The policy's decision, or the memo's when the node's inputs are unchanged."""
         d = self._memo.get(node, fleet, now)
@@ -210,7 +224,7 @@ class Controller:
             try:
                 applied = apply(
                     self.cluster, node, d, fleet=fleet, now=now, policy=self.config.policy,
-                    voice=self.voice, dry_run=self.config.dry_run,
+                    voice=self.voice, dry_run=self.config.dry_run, given_back=self._given_back,
                 )  # fmt: skip
             except Fenced as e:
                 self._fenced.set()

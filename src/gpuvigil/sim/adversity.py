@@ -110,10 +110,10 @@ class Replicas:
         make: Callable[..., Controller],
         settings: LeaseSettings,
         spec: SplitBrain,
-        limit: int,
+        limits: dict[str, int],
         now: Callable[[], float],
     ) -> None:
-        self.spec, self.now, self.limit = spec, now, limit
+        self.spec, self.now, self.limits = spec, now, limits
         self.cluster = cluster
         self.counts: Counter[str] = Counter()
         self.worst_over = 0
@@ -214,14 +214,14 @@ class Replicas:
         return result
 
     def _audit(self) -> None:
-        in_budget = sum(
-            1
-            for name in self.cluster.active
-            if (n := self.cluster.nodes.get(name)) is not None
-            and (v := self.cluster._view(n)).record is not None
-            and v.record.in_budget
-        )
-        self.worst_over = max(self.worst_over, in_budget - self.limit)
+        """Nodes in the budget by their records, per pool, against the pool's limit."""
+        in_budget: Counter[str] = Counter()
+        for name in self.cluster.active:
+            node = self.cluster.nodes.get(name)
+            if node is not None and (rec := self.cluster._view(node).record) is not None:
+                in_budget[node.pool] += rec.in_budget
+        for pool, n in in_budget.items():
+            self.worst_over = max(self.worst_over, n - self.limits.get(pool, 0))
 
     def wake(self, t: float) -> float | None:
         if self.stalled is not None:  # the standby looks every retry_s; then the resume
@@ -232,7 +232,7 @@ class Replicas:
     def report(self) -> dict[str, Any]:
         return {
             "skew_s": self.spec.skew_s,
-            "budget_limit": self.limit,
+            "budget_limits": dict(sorted(self.limits.items())),
             "most_over_budget": max(0, self.worst_over),
             **dict(sorted(self.counts.items())),
         }

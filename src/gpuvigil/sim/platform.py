@@ -9,26 +9,30 @@ the simulated fleet. The controller runs when something changes and at the polic
 deadline (grace, request due, preflight), not every `interval_s`: cost grows with events.
 
 Only nodes in an episode are listed (a HEALTHY node with nothing to report gets no
-decision but "healthy"); the list's len() is the fleet size, so the breaker's share of
-unhealthy nodes is taken over the whole fleet, and the budget is fixed to the limit the
-safety rules give for the whole pool.
+decision but "healthy"); the list's len() is the fleet size and its `census` counts every
+node's attributes (pool, zone, rack, driver, kernel, image), so the budget per pool and the
+breaker's test see the whole fleet. During a silence every node is listed, its report
+frozen at the silence's start.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from gpuvigil.core.findings import Action, Finding, NodeReport
 from gpuvigil.core.wire import summarize
 from gpuvigil.platform import policy as policy_mod
+from gpuvigil.platform.breaker import HELD
 from gpuvigil.platform.clusters.base import unfenced
 from gpuvigil.platform.clusters.memory import EPOCH, MemoryCluster, Pod
 from gpuvigil.platform.controller import Controller, ControllerConfig, PassResult
-from gpuvigil.platform.safety import PoolLimit, pool_limit
+from gpuvigil.platform.safety import pool_limit
+from gpuvigil.platform.signatures import attributes_of, count
 from gpuvigil.platform.state import NodeView, State
 from gpuvigil.sim.adversity import ApiOutage, Outage, Replicas, SplitBrain
 
@@ -38,11 +42,15 @@ SLACK_S = 0.01
 
 
 class FleetList(list[NodeView]):
-    """The listed (active) nodes; len() answers the size of the whole fleet."""
+    """The listed (active) nodes; len() answers the size of the whole fleet, `census` its
+    attributes (`platform.signatures.census` reads it)."""
 
-    def __init__(self, views: Iterable[NodeView], total: int) -> None:
+    def __init__(
+        self, views: Iterable[NodeView], total: int, census: Counter[tuple[str, str]]
+    ) -> None:
         super().__init__(views)
         self.total = total
+        self.census = census
 
     def __len__(self) -> int:
         return max(self.total, super().__len__())
@@ -64,8 +72,9 @@ class SimCluster(MemoryCluster):
         )
         self.total = total
         self.active: set[str] = set()
+        self.census: Counter[tuple[str, str]] = Counter()
         self.controller_calling = False  # api-outage refuses only the controller's calls
-        self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: no publishing
+        self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: nothing lands
 
     def _only_active(self) -> dict:
         return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
@@ -76,18 +85,16 @@ class SimCluster(MemoryCluster):
             views = super().list_nodes()
         finally:
             self.nodes = full
-        return FleetList(views, self.total)
+        return FleetList(views, self.total, self.census)
 
     def advance(self, seconds: float) -> None:
-        full, self.nodes = self.nodes, self._only_active()
-        silent = [n for n in self.nodes.values() if n.agent_alive] if self.agents_silent() else []
-        for n in silent:
-            n.agent_alive = False  # their heartbeats stop while the API server is down
+        # a silent agent neither publishes nor answers requests; while the API server is
+        # down (api-outage) nothing a node does reaches it
+        full, down = self.nodes, self.agents_silent()
+        self.nodes = {n: v for n, v in self._only_active().items() if v.agent_alive and not down}
         try:
             super().advance(seconds)
         finally:
-            for n in silent:
-                n.agent_alive = True
             full.update(self.nodes)
             self.nodes = full
 
@@ -118,7 +125,7 @@ class Platform:
     def __init__(
         self,
         *,
-        total: int,
+        machines: list[tuple[str, dict[str, str], dict[str, str]]],
         config: ControllerConfig | None,
         reset_s: float,
         reboot_s: float,
@@ -128,21 +135,18 @@ class Platform:
         adversity: ApiOutage | SplitBrain | None = None,
     ) -> None:
         cfg = config or ControllerConfig()
-        safety = cfg.safety
-        # the pool's limit over the whole fleet, as the safety rules compute it
-        limit = pool_limit("default", total, safety)
-        updates: dict[str, object] = {
-            "pools": {"default": PoolLimit(max_disrupted=limit, max_disrupted_percent=100)}
-        }
-        if not breaker:
-            updates |= {"breaker_unhealthy_percent": 100.0, "breaker_same_check_nodes": 10**9,
-                        "breaker_min_nodes": 10**9}  # fmt: skip
-        cfg = cfg.model_copy(update={"safety": safety.model_copy(update=updates)})
+        if not breaker:  # the control run: no cause ever trips
+            off = {"breaker_min_nodes": 10**9, "breaker_stale_min_nodes": 10**9}
+            cfg = cfg.model_copy(update={"safety": cfg.safety.model_copy(update=off)})
         self.config = cfg
         self.cluster = SimCluster(
-            total=total, reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
+            total=len(machines), reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
             beat_s=0.8 * cfg.policy.heartbeat_stale_s,
         )  # fmt: skip
+        # name -> (labels, facts): the same dicts the engine's nodes carry
+        self.machines = {name: (labels, facts) for name, labels, facts in machines}
+        self.recount()
+        self.silent_since: datetime | None = None
 
         def make(cluster: SimCluster, **kw: object) -> Controller:
             return Controller(cluster, config=cfg, events=events, **kw)  # type: ignore[arg-type]
@@ -151,13 +155,9 @@ class Platform:
         self.outage = self.replicas = None
         if isinstance(adversity, SplitBrain):
             self.replicas = Replicas(
-                self.cluster,
-                make=make,
-                settings=cfg.lease,
-                spec=adversity,
-                limit=limit,
-                now=lambda: self.t,
-            )
+                self.cluster, make=make, settings=cfg.lease, spec=adversity,
+                limits=self.limits(), now=lambda: self.t,
+            )  # fmt: skip
             self.controller = self.replicas.ctl["a"]
         else:
             self.controller = make(self.cluster, clock=self.cluster.clock.now)
@@ -168,7 +168,57 @@ class Platform:
         for name in ("gpuvigil.controller", "gpuvigil.leader"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
+    def limits(self) -> dict[str, int]:
+        """Each pool's disruption budget, as the safety rules compute it for its size."""
+        safety = self.config.safety
+        sizes = Counter(labels.get(safety.pool_label, "default") for labels, _ in
+                        self.machines.values())  # fmt: skip
+        return {pool: pool_limit(pool, n, safety) for pool, n in sizes.items()}
+
     # --- the world side -------------------------------------------------------------------
+    def recount(self) -> None:
+        """The fleet's attribute census (after a storm changed a driver or an image)."""
+        safety = self.config.safety
+        self.cluster.census = count(
+            attributes_of(labels, facts, pool=labels.get(safety.pool_label, "default"),
+                          config=safety)
+            for labels, facts in self.machines.values()
+        )  # fmt: skip
+        for name, node in self.cluster.nodes.items():
+            if name in self.machines:
+                node.attributes = dict(self.machines[name][1])
+                node.version += 1
+
+    def _add(self, name: str) -> None:
+        labels, facts = self.machines.get(name, ({}, {}))
+        pool = labels.get(self.config.safety.pool_label, "default")
+        self.cluster.add_node(name, pool=pool, labels=labels, attributes=facts)
+
+    def _hush(self, name: str) -> None:
+        """During a silence the controller keeps seeing the report from before it."""
+        node = self.cluster.nodes.get(name)
+        if node is not None and self.silent_since is not None:
+            node.heartbeat_at = self.silent_since
+            node.agent_alive = False
+
+    def silence(self, names: Iterable[str]) -> None:
+        """Every agent stops reporting: each node is listed with its last report."""
+        self.silent_since = self.cluster.clock.now()
+        for name in names:
+            if name not in self.cluster.nodes:
+                self._add(name)
+            self._hush(name)
+            self.cluster.active.add(name)
+
+    def speak(self) -> None:
+        """The reports are back: every agent publishes again."""
+        self.silent_since = None
+        now = self.cluster.clock.now()
+        for node in self.cluster.nodes.values():
+            node.agent_alive = True
+            node.heartbeat_at = now
+            node.version += 1
+
     def at(self, t: float) -> None:
         if t > self.t:
             self.cluster.advance(t - self.t)
@@ -178,17 +228,19 @@ class Platform:
                 running: bool) -> None:  # fmt: skip
         """The node's agent publishes these problems (they clear when `fixed_by` runs)."""
         if name not in self.cluster.nodes:
-            self.cluster.add_node(name)
+            self._add(name)
         summary = summarize(NodeReport(node=name, findings=tuple(findings)))
         self.cluster.set_findings(name, list(summary.findings), fixed_by=fixed_by)
         if self.replicas is not None:
             self.replicas.news = True
+        self._hush(name)
         self.set_running(name, running=running)
         self.cluster.active.add(name)
 
     def clear(self, name: str) -> None:
         if name in self.cluster.nodes:
             self.cluster.clear_findings(name)
+            self._hush(name)
 
     def set_running(self, name: str, *, running: bool) -> None:
         node = self.cluster.nodes.get(name)
@@ -220,6 +272,7 @@ class Platform:
             # record (a real cluster's replacement is a new Node), so drop it here.
             node.record_raw = None
             node.heartbeat_at = self.cluster.clock.now()
+            self._hush(name)
             self.cluster.active.add(name)
 
     # --- one pass -------------------------------------------------------------------------
@@ -233,6 +286,8 @@ class Platform:
         now = self.cluster.clock.now()
         if not result.listed:  # it acted on nothing: look again soon
             wake.at = self.t + self.held_retry_s
+        # a breaker probe stays listed until the breaker has seen how its repair ended
+        probes = {s.probe for s in self.controller.breaker.signatures.values() if s.probe}
         for name in self.cluster.replaced[replaced_before:]:
             wake.replaced.append(name)
             self.cluster.active.discard(name)  # the new machine arrives replace_s later
@@ -252,7 +307,8 @@ class Platform:
                 nxt = max(nxt, self.t + SLACK_S)
             if nxt is not None and (wake.at is None or nxt < wake.at):
                 wake.at = nxt
-            if d.state is State.HEALTHY and not node.faults and not node.our_taints:
+            quiet = d.state is State.HEALTHY and not node.faults and not node.our_taints
+            if quiet and name not in probes:
                 self.cluster.active.discard(name)
         closes = self._breaker_closes()
         if closes is not None and (wake.at is None or closes < wake.at):
@@ -287,22 +343,31 @@ class Platform:
         return attack.report() if attack is not None else {}
 
     def _breaker_closes(self) -> float | None:
-        """An open breaker whose causes are gone closes `breaker_close_after_s` later: pass
-        then, so it closes on time even when nothing else happens."""
-        st = self.controller.breaker.status
-        if not st.open or st.clear_since is None:
+        """A cause that is gone closes `breaker_close_after_s` later; an open signature
+        starts probing `breaker_probe_after_s` after it opened: pass then, so both happen
+        on time even when nothing else happens."""
+        br, safety = self.controller.breaker, self.config.safety
+        times = [c.clear_since for c in (*br.signatures.values(), *br.stale.values())
+                 if c.clear_since is not None]  # fmt: skip
+        due = [seconds(t - EPOCH) + safety.breaker_close_after_s for t in times]
+        for sig in br.signatures.values():
+            if not sig.probe:
+                since = sig.last_probe_end or sig.opened_at
+                wait = safety.breaker_probe_interval_s if sig.last_probe_end else \
+                    safety.breaker_probe_after_s  # fmt: skip
+                due.append(seconds(since - EPOCH) + wait)
+        if not due:
             return None
-        at = seconds(st.clear_since - EPOCH) + self.config.safety.breaker_close_after_s
-        return max(at + SLACK_S, self.t + SLACK_S)
+        return max(min(due) + SLACK_S, self.t + SLACK_S)
 
     def _next(self, name: str, d: policy_mod.Decision, now: object) -> float | None:
         """When this node's state can next change without news from the world."""
         rec, cfg, node = d.record, self.config.policy, self.cluster.nodes[name]
         since = (rec.since - EPOCH).total_seconds() if rec.since else self.t
-        if d.held:
+        if d.held and not d.held.startswith(HELD):  # the breaker's holds change with news
             return self.t + self.held_retry_s
         if d.state is State.SUSPECT:
-            for limit in (cfg.suspect_grace_s, cfg.suspect_max_s):
+            for limit in sorted((cfg.fatal_grace_s, cfg.suspect_grace_s, cfg.suspect_max_s)):
                 if since + limit > self.t:
                     return since + limit + SLACK_S
             return self.t + self.held_retry_s

@@ -40,8 +40,12 @@ def config(tmp_path: Path, *, tag: str, lease_ns: str) -> Path:
   metrics_port: 0
   leader_election: true
   lease: {LEASE}
-  policy: {{drain_timeout_s: 3600, cooldown_s: 0, escalation_window_s: 0}}
-  safety: {{max_disrupted: {BUDGET}, max_disrupted_percent: 100, breaker_unhealthy_percent: 100}}
+  policy: {{drain_timeout_s: 3600, cooldown_s: 0, escalation_window_s: 0, fatal_grace_s: 0}}
+  safety:
+    max_disrupted: {BUDGET}
+    max_disrupted_percent: 100
+    breaker_min_nodes: 1000000000  # the breaker stays out: every node is faulty on purpose
+    breaker_stale_min_nodes: 1000000000
   kubernetes:
     node_selector: fleet={tag}
     lease_namespace: {lease_ns}

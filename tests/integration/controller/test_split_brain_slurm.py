@@ -63,8 +63,12 @@ def config(tmp_path: Path, slurm: Any, *, bin_dir: Path, lease: Path) -> Path:
   metrics_port: 0
   leader_election: true
   lease: {{duration_s: 6, renew_deadline_s: 4, retry_s: 0.5}}
-  policy: {{reset_timeout_s: 10, reboot_timeout_s: 10, replace_timeout_s: 10}}
-  safety: {{max_disrupted: {BUDGET}, max_disrupted_percent: 100, breaker_unhealthy_percent: 100}}
+  policy: {{reset_timeout_s: 10, reboot_timeout_s: 10, replace_timeout_s: 10, fatal_grace_s: 0}}
+  safety:
+    max_disrupted: {BUDGET}
+    max_disrupted_percent: 100
+    breaker_min_nodes: 1000000000  # the breaker stays out: every node is faulty on purpose
+    breaker_stale_min_nodes: 1000000000
   slurm:
     conf: '{slurm.conf}'
     bin_dir: '{bin_dir}'

@@ -13,12 +13,18 @@ from gpuvigil.platform.budget import BUDGET_ANNOTATION, decode
 from gpuvigil.platform.clusters.memory import MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
 from gpuvigil.platform.leader import LeaderElector
+from gpuvigil.platform.policy import PolicyConfig
 from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import State
 
 # the breaker stays out of it: these small fleets are all faulty on purpose
-NO_BREAKER = {"max_disrupted_percent": 100, "breaker_unhealthy_percent": 100}
-BUDGET_2 = ControllerConfig(safety=SafetyConfig(max_disrupted=2, **NO_BREAKER))
+NO_BREAKER = {
+    "max_disrupted_percent": 100,
+    "breaker_min_nodes": 10**9,
+    "breaker_stale_min_nodes": 10**9,
+}
+AT_ONCE = PolicyConfig(fatal_grace_s=0)  # a fatal finding drains at once
+BUDGET_2 = ControllerConfig(policy=AT_ONCE, safety=SafetyConfig(max_disrupted=2, **NO_BREAKER))
 
 
 def fleet(n: int = 6, faulty: int = 6) -> MemoryCluster:
@@ -61,7 +67,7 @@ def test_two_replicas_on_stale_lists_never_exceed_the_budget() -> None:
 
 def test_slots_are_given_back_after_the_record_leaves_and_reused_in_the_same_pass() -> None:
     c = fleet(n=4, faulty=3)
-    one = ControllerConfig(safety=SafetyConfig(max_disrupted=1, **NO_BREAKER))
+    one = ControllerConfig(policy=AT_ONCE, safety=SafetyConfig(max_disrupted=1, **NO_BREAKER))
     ctl = Controller(c, config=one, clock=c.clock.now)
     ctl.reconcile()
     (first,) = in_budget(c)
@@ -143,7 +149,7 @@ def test_unchanged_nodes_reuse_their_decision() -> None:
     assert r.decided == 0 and len(r.decisions) == 50
     c.set_findings("n7", [FATAL])
     r = ctl.reconcile()
-    assert r.decided == 1 and r.decisions["n7"].state is State.DRAINING
+    assert r.decided == 1 and r.decisions["n7"].state is not State.HEALTHY
     c.clock.advance(ControllerConfig().recheck_s + 1)
     assert ctl.reconcile().decided == 50  # the look-ahead ran out: decided again
 
@@ -153,11 +159,9 @@ def test_a_memo_never_hides_a_deadline() -> None:
     within one pass of its grace ending, memo or not."""
     from helpers import NONFATAL
 
-    from gpuvigil.platform.policy import PolicyConfig
-
     c = fleet(n=2, faulty=0)
     c.set_findings("n1", [NONFATAL])
-    cfg = ControllerConfig(policy=PolicyConfig(heartbeat_stale_s=86400))
+    cfg = ControllerConfig(policy=PolicyConfig(heartbeat_stale_s=86400, fatal_grace_s=0))
     ctl = Controller(c, config=cfg, clock=c.clock.now)
     grace = ctl.config.policy.suspect_grace_s
     ctl.reconcile()
