@@ -23,14 +23,12 @@ from rich.console import Console
 from gpuvigil import config as config_mod
 from gpuvigil.commands import report_view
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
-from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.config import NodeConfig
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes import kernel_log, nvidia_smi
 from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
-from gpuvigil.node.readings import GpuInventory
-from gpuvigil.node.rules import dcgm as dcgm_rules
-from gpuvigil.node.rules import gpu as gpu_rules
+from gpuvigil.node.readings import ExpectedGpus, GpuInventory
 from gpuvigil.node.sweep import load_checks
 
 
@@ -57,10 +55,8 @@ def analyze_nvidia_smi(
     if data is None:
         return failed, None
     inv = nvidia_smi.parse_xml(data)
-    findings = gpu_rules.judge_inventory(
-        inv, cfg=node.gpu, catalog=gpu_catalog.load(), now=inv.observed_at, expect=expect
-    )
-    return findings, inv
+    expected = ExpectedGpus(expect, "config" if expect is not None else "none")
+    return judge([inv, expected], config=node, now=inv.observed_at, check="gpu"), inv
 
 
 def analyze_dcgm(path: Path, *, kind: str, level: int | None) -> list[Finding]:
@@ -68,9 +64,8 @@ def analyze_dcgm(path: Path, *, kind: str, level: int | None) -> list[Finding]:
     data, failed = _read(path, check)
     if data is None:
         return failed
-    if kind == "health":
-        return dcgm_rules.health(parse_health(data), now=utcnow(), check=check)
-    return dcgm_rules.diag(parse_diag(data, level=level), now=utcnow(), check=check)
+    report = parse_health(data) if kind == "health" else parse_diag(data, level=level)
+    return judge([report], config=NodeConfig(), now=utcnow(), check=check)
 
 
 def analyze_kmsg(path: Path, *, node: NodeConfig, inv: GpuInventory | None) -> list[Finding]:
@@ -79,8 +74,7 @@ def analyze_kmsg(path: Path, *, node: NodeConfig, inv: GpuInventory | None) -> l
     data, failed = _read(path, kernel_log.CHECK)
     if data is None:
         return failed
-    gpus = inv.gpu_map() if inv is not None else None
-    return kernel_log.analyze_capture(data, cfg=node.kernel_log, gpus=gpus)
+    return kernel_log.analyze_capture(data, node=node, inventory=inv)
 
 
 def analyze_sysfs(root: Path, *, node: NodeConfig) -> list[tuple[list[Finding], CheckRun]]:

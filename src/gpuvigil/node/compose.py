@@ -182,6 +182,7 @@ def _build_sinks(
                 env=env,
                 on_remediation=remediated,
                 on_release=kernel.release if kernel else None,
+                on_reset=agent.after_reset,
             )
         )
         where["kubernetes"] = f"node/{node}"

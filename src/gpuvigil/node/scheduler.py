@@ -27,6 +27,7 @@ from gpuvigil.core.findings import Action, CheckRun, Finding, Status
 from gpuvigil.node.checks import CheckContext, CheckSpec, missing_needs, run_check
 
 OnResult = Callable[[list[Finding], CheckRun], None]
+RERUN_POLL_S = 0.2
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Slot:
     findings: list[Finding] = field(default_factory=list)
     run: CheckRun | None = None
     completed_at: float | None = None  # monotonic time of the latest result
+    rerun: bool = False  # asked to run again as soon as the current run ends
 
     @property
     def name(self) -> str:
@@ -76,7 +78,11 @@ class Scheduler:
                 slot.next_due = now + self.first_delay_s[slot.name]
                 continue
             if now >= slot.next_due:
+                if slot.rerun and slot.worker is not None and slot.worker.is_alive():
+                    slot.next_due = now + RERUN_POLL_S  # after the run under way ends
+                    continue
                 slot.next_due = now + slot.spec.interval_s
+                slot.rerun = False
                 self._launch(slot, now)
         return min((s.next_due for s in self.slots), default=now + 1.0)
 
@@ -123,6 +129,23 @@ class Scheduler:
         if self._on_result is not None:
             self._on_result(list(findings), run)
         self.changed.set()
+
+    def run_soon(self, names: Iterable[str]) -> None:
+        """Run these checks at the next tick (their readings changed: a GPU reset)."""
+        wanted = set(names)
+        for slot in self.slots:
+            if slot.name in wanted:
+                slot.next_due = min(slot.next_due, 1e-9)  # due; 0.0 would mean "first run"
+                slot.rerun = True
+        self.changed.set()
+
+    def ran_since(self, name: str, started_after: datetime) -> bool:
+        """True once a run of `name` that started after `started_after` has a result."""
+        with self._lock:
+            slot = next((s for s in self.slots if s.name == name), None)
+            if slot is None:
+                return True  # not scheduled here: nothing to wait for
+            return slot.run is not None and slot.run.started_at >= started_after
 
     # --- reading --------------------------------------------------------------------------
     def first_sweep_done(self, groups: tuple[str, ...] = ("fast", "slow")) -> bool:

@@ -1,28 +1,35 @@
 """Probe + check `fabric`: EFA / InfiniBand / RoCE adapters from sysfs, and `fi_info -p efa`.
 
 Reads `<root>/sys/class/infiniband/*` into a FabricReading (unreadable or garbled files
-become `problems`, never exceptions), runs `fi_info` through the fail-closed runner when
-the node has or expects EFA, and hands both to the pure rules in `node/rules/fabric.py`.
-The previous reading is kept in `ctx.extras` so error counters are judged as rates.
-Called by the check registry (`gpuvigil check`, the agent, preflight).
+become `problems`, never exceptions) and runs `fi_info` through the fail-closed runner
+when the node has or expects EFA. The reading and the node's instance type go to the
+node's facts and the pipeline's `fabric` rule, which judges error counters as rates
+against the previous reading. Called by the check registry (`gpuvigil check`, the agent,
+preflight) and `gpuvigil analyze --sysfs`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
 
-from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.core.findings import Finding, utcnow
+from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.config import FabricConfig
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.node.probes import instance
-from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, FiInfo, NetDev
-from gpuvigil.node.rules import fabric as rules
+from gpuvigil.node.readings import (
+    FabricAdapter,
+    FabricPort,
+    FabricReading,
+    FiInfo,
+    NetDev,
+)
 
+CHECK = "fabric"
 IB_CLASS = "sys/class/infiniband"
-PREVIOUS_KEY = "fabric.previous"
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 _STATE = re.compile(r"^\s*(?:\d+\s*:\s*)?([A-Za-z_]+)\s*$")
 _DOMAIN = re.compile(r"^\s*domain:\s*(\S+)", re.MULTILINE)
@@ -219,52 +226,29 @@ def run_fi_info(ctx: CheckContext, cfg: FabricConfig) -> tuple[FiInfo, Finding |
         return FiInfo(ran=False, error="missing"), None
     if result.error is None and result.returncode == 61:
         return FiInfo(ran=True, domains=()), None
-    failure = execp.failure_finding(result, check=rules.CHECK, what="fi_info")
+    failure = execp.failure_finding(result, check=CHECK, what="fi_info")
     if failure is not None:
         return FiInfo(ran=False, error=result.error or f"exit {result.returncode}"), failure
     domains = parse_fi_info(result.text)
     if not domains:
         return FiInfo(ran=False, error="no domains"), execp.unparsable_finding(
-            result, check=rules.CHECK, problem="exit 0 but no 'domain:' lines"
+            result, check=CHECK, problem="exit 0 but no 'domain:' lines"
         )
     return FiInfo(ran=True, domains=domains), None
 
 
 @check("fabric", group="fast", interval_s=30.0, timeout_s=30.0)
-def fabric_check(ctx: CheckContext) -> list[Finding]:
+def fabric_check(ctx: CheckContext) -> Readout:
     """RDMA adapters (EFA/InfiniBand/RoCE): count, port state, rate, error-counter rates."""
     cfg: FabricConfig = ctx.config.fabric
-    name, entry = instance.lookup(ctx)
-    expected = rules.expectation(cfg, entry)
+    node = instance.node_instance(ctx)
     reading = read_fabric(ctx.root)
     findings: list[Finding] = []
-    configured = getattr(ctx.config, "instance_type", None)
-    if configured and entry is None and cfg.expect_adapters is None:
-        # Asked to judge against a type we do not know (a typo, a new type): failing
-        # closed beats silently not counting. A DMI name we do not know is not an error:
-        # it is any generic server's model name.
-        findings.append(
-            Finding(
-                check=rules.CHECK,
-                status=Status.FAILED,
-                code="CHECK_ERROR",
-                message=f"instance type {name!r} is not in the catalog: add it under "
-                "node.fabric.instances or set node.fabric.expect_adapters",
-                evidence={"instance_type": name},
-            )
-        )
-    if expected.kind == "efa" or any(a.kind == "efa" for a in reading.adapters):
+    spec = node.entry[1].fabric if node.entry else None
+    expects_efa = (cfg.kind or (spec.kind if spec else None)) == "efa"
+    if expects_efa or any(a.kind == "efa" for a in reading.adapters):
         fi, failure = run_fi_info(ctx, cfg)
-        reading = FabricReading(
-            taken_at=reading.taken_at,
-            adapters=reading.adapters,
-            sysfs_present=reading.sysfs_present,
-            problems=reading.problems,
-            fi_info=fi,
-        )
+        reading = dataclasses.replace(reading, fi_info=fi)
         if failure is not None:
             findings.append(failure)
-    previous = ctx.extras.get(PREVIOUS_KEY)
-    findings += rules.judge(reading, expected=expected, config=cfg, previous=previous)
-    ctx.extras[PREVIOUS_KEY] = reading
-    return findings
+    return Readout((reading, node), tuple(findings))

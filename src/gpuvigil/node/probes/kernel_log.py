@@ -2,32 +2,27 @@
 
 Reads the current boot's kernel log once - a non-blocking read of /dev/kmsg, `dmesg`, or
 `journalctl -k` (in the order `node.kernel_log.sources` gives), or one configured file -
-into a `KernelLog` reading, then hands it to the pure rules (`node.rules.xid`). A source
-that is missing, hangs, crashes or prints garbage is skipped for the next one with a
-SOURCE_FALLBACK warning that says which source broke and how; when every source fails the
-check fails closed with each source's own finding.
+into a `KernelLog` reading, which the pipeline's `xid` rule judges with the node's other
+facts (the GPU inventory for the GPU map, NVML's own Xid events, the remediator's GPU
+resets, a person's release). A source that is missing, hangs, crashes or prints garbage
+is skipped for the next one with a SOURCE_FALLBACK warning that says which source broke
+and how; when every source fails the check fails closed with each source's own finding.
 
-Called by `gpuvigil check`, the agent's fast loop and preflight (through the registry).
-The agent's streaming follower of /dev/kmsg uses the parser beside this module
-(`kernel_log_parser.parse_kmsg_record`), re-exported here.
-
-Seams in `CheckContext.extras` (set by whoever knows them; all optional):
-`gpu_map` (normalized bus id -> GpuRef, from the GPU readings), `nvml_xid_events`
-(XidEvents with source "nvml"), `gpu_resets` (bus id -> datetime of the last reset),
-`released_at` (when a person last released the node).
+Called by `gpuvigil check`, the agent when its stream is off, and preflight (through the
+registry); `analyze_capture` by `gpuvigil analyze`. The agent's streaming follower of
+/dev/kmsg uses the parser beside this module (`kernel_log_parser.parse_kmsg_record`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.catalog.xid import load_catalog
-from gpuvigil.node.checks import CheckContext, check
-from gpuvigil.node.config import KernelLogConfig
+from gpuvigil.node.checks import CheckContext, Readout, check
+from gpuvigil.node.config import KernelLogConfig, NodeConfig
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes.kernel_log_parser import (
     driver_load_stamp,
     event_lines,
@@ -45,8 +40,7 @@ from gpuvigil.node.probes.kernel_log_sources import (
     boot_info,
     read_source,
 )
-from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
-from gpuvigil.node.rules import xid as xid_rules
+from gpuvigil.node.readings import GpuInventory, KernelLog, XidEvent
 
 __all__ = [
     "analyze_capture",
@@ -66,11 +60,6 @@ class SourceFailure:
     finding: Finding
 
 
-# The agent's kernel-log stream (node.kernel_watch) imported this name before the sources
-# moved to kernel_log_sources; kept so that import keeps working.
-_boot = boot_info
-
-
 @check(
     CHECK,
     group="fast",
@@ -79,22 +68,13 @@ _boot = boot_info
     timeout_s=60,
     description="Xid/SXid events in the kernel log (/dev/kmsg, dmesg, journalctl or a file)",
 )
-def kernel_log_check(ctx: CheckContext) -> list[Finding]:
+def kernel_log_check(ctx: CheckContext) -> Readout:
     cfg = _config(ctx)
     now = utcnow()
     log, failures = read_kernel_log(ctx, cfg=cfg, now=now)
     if log is None:
-        return [f.finding for f in failures]
-    findings = xid_rules.evaluate_log(
-        log,
-        catalog=load_catalog(cfg),
-        now=now,
-        gpus=ctx.extras.get("gpu_map"),
-        extra_events=tuple(ctx.extras.get("nvml_xid_events", ())),
-        resets=ctx.extras.get("gpu_resets"),
-        released_at=ctx.extras.get("released_at"),
-        check=CHECK,
-    )
+        return Readout(findings=tuple(f.finding for f in failures))
+    findings: list[Finding] = []
     if failures:
         findings.append(_fallback_finding(log, failures))
     if log.gaps:
@@ -108,7 +88,7 @@ def kernel_log_check(ctx: CheckContext) -> list[Finding]:
                 evidence={"gaps": log.gaps, "source": log.source},
             )
         )
-    return findings
+    return Readout((log,), tuple(findings))
 
 
 def _config(ctx: CheckContext) -> KernelLogConfig:
@@ -142,24 +122,37 @@ def analyze_capture(
     data: bytes,
     *,
     cfg: KernelLogConfig | None = None,
-    gpus: Mapping[str, GpuRef] | None = None,
+    inventory: GpuInventory | None = None,
+    node: NodeConfig | None = None,
     now: datetime | None = None,
     year: int | None = None,
 ) -> list[Finding]:
-    """Findings for a captured kernel log (`gpuvigil analyze --kmsg F`, support bundles).
+    """Findings for a captured kernel log (`gpuvigil analyze`, support bundles), judged
+    by the pipeline's `xid` rule with the GPUs of `inventory` when one was captured.
 
     Judged as of `now`, by default the capture's own end (its last time stamp), so a
     post-mortem of an old capture shows what was active when it was taken rather than
     what has expired since. A capture has no boot id; the driver loads it records still
     clear reset-class events.
     """
-    cfg = cfg or KernelLogConfig()
+    node = node or NodeConfig()
+    if cfg is not None:
+        node = node.model_copy(update={"kernel_log": cfg})
+    log, end = capture_reading(data, cfg=node.kernel_log, now=now, year=year)
+    readings: list[object] = [log] if inventory is None else [log, inventory]
+    return judge(readings, config=node, now=end, check=CHECK)
+
+
+def capture_reading(
+    data: bytes, *, cfg: KernelLogConfig, now: datetime | None = None, year: int | None = None
+) -> tuple[KernelLog, datetime]:
+    """A captured kernel log as a KernelLog reading, and the moment to judge it at (`now`,
+    else the capture's last time stamp, else the present)."""
     tz = _zone(cfg)
     log = _reading(
         data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=tz, year=year
     )
-    end = now or _capture_end(data, log, tz=tz, year=year) or utcnow()
-    return xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
+    return log, now or _capture_end(data, log, tz=tz, year=year) or utcnow()
 
 
 def _capture_end(data: bytes, log: KernelLog, *, tz: tzinfo, year: int | None) -> datetime | None:

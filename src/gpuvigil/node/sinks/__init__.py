@@ -46,6 +46,7 @@ class SinkWorker:
         self._stop = False
         self.last_success: float | None = None  # monotonic
         self.last_error: str | None = None
+        self.published: NodeReport | None = None  # the latest report this sink took
         self.thread = threading.Thread(target=self._loop, name=f"sink:{sink.name}", daemon=True)
 
     def start(self) -> None:
@@ -90,5 +91,6 @@ class SinkWorker:
                 continue
             delay = self.backoff_initial_s
             self.last_success, self.last_error = time.monotonic(), None
+            self.published = report
             if self._on_success:
                 self._on_success(self.sink.name)

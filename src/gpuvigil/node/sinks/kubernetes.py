@@ -33,7 +33,7 @@ from pydantic import Field
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator, decode
+from gpuvigil.node.sinks.remediation import OnReset, RemediationConfig, Remediator, decode
 
 log = logging.getLogger("gpuvigil.agent.kubernetes")
 COMPONENT = "gpuvigil-agent"
@@ -118,6 +118,7 @@ class KubernetesSink:
         env: dict[str, str] | None = None,
         on_remediation: Callable[[str, str], None] | None = None,
         on_release: Callable[[datetime], None] | None = None,
+        on_reset: OnReset | None = None,
     ) -> None:
         from kubernetes import client
         from kubernetes import config as kconfig
@@ -138,7 +139,7 @@ class KubernetesSink:
             ) from e
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
-        self.remediator = Remediator(config.remediation, env=env)
+        self.remediator = Remediator(config.remediation, env=env, on_reset=on_reset)
         self._on_remediation = on_remediation  # (action, result) when a request finishes
         self._on_release = on_release  # a person released the node (RELEASED_ANNOTATION)
         self._last_written: list[tuple[Any, ...]] | None = None
