@@ -112,6 +112,15 @@ class AgentConfig(StrictModel):
         "nothing changed (changes are published at once). Sinks that write remote state "
         "throttle further with their own heartbeat_interval_s.",
     )
+    sink_failure_grace_s: float = Field(
+        300.0,
+        gt=0,
+        description="/healthz fails (503) once a sink has failed every attempt for this "
+        "long: a node name that does not exist, credentials that were revoked or a state "
+        "file that cannot be written are then a restart the supervisor shows "
+        "(CrashLoopBackOff), not a silently stale verdict. Long enough to ride out an API "
+        "server restart.",
+    )
     watchdog_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -301,6 +310,14 @@ class Agent:
             ok = ok and now - self.started < self.first_publish_timeout_s + fresh_limit
         else:
             ok = ok and pub_age < fresh_limit
+        mono = time.monotonic()
+        failing = {
+            w.sink.name: round(mono - w.failing_since, 1)
+            for w in self.workers
+            if w.failing_since is not None
+        }
+        stuck = {n: s for n, s in failing.items() if s >= self.config.sink_failure_grace_s}
+        ok = ok and not stuck
         status = self.latest.status.value if self.latest else None
         return ok, {
             "ok": ok,
@@ -309,6 +326,8 @@ class Agent:
             "node": self.node,
             "status": status,
             "sinks": {w.sink.name: w.last_error or "ok" for w in self.workers},
+            "sinks_failing_s": failing,
+            "sink_failure_grace_s": self.config.sink_failure_grace_s,
         }
 
     def _shutdown(self) -> None:

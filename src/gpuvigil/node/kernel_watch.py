@@ -111,6 +111,7 @@ class KernelWatch:
                 ctx.facts.put(GpuResets(kept))
         source = None
         if config.enabled:
+            log_cfg = getattr(node_cfg, "kernel_log", None)
             source = ks.open_source(
                 mode=config.source,
                 kmsg_path=config.kmsg_path,
@@ -118,6 +119,8 @@ class KernelWatch:
                 poll_timeout_s=config.poll_timeout_s,
                 env=env,
                 health=self.health,
+                max_bytes=getattr(log_cfg, "max_bytes", ks.DEFAULT_MAX_BYTES),
+                missing_grace_s=max(5.0, 4 * config.poll_interval_s),
             )
         self.stream = ks.KmsgStream(
             source,
@@ -156,7 +159,9 @@ class KernelWatch:
             if lost > 0:
                 self.metrics.kmsg_gaps.inc(lost)
                 self._gaps_counted = self.health.gaps
-        self.ready.set()
+        source = self.stream.source
+        if not (boot and source is not None and source.backlog_left):
+            self.ready.set()  # the records since boot are all in (not just a batch of them)
         if new or boot:
             self.changed.set()
 
@@ -233,6 +238,20 @@ class KernelWatch:
                 )
             if h.error is not None:
                 out.append(h.error)
+            rewound = [why for t, why in h.rewinds if now - t <= self.config.gap_hold_s]
+            if rewound:
+                out.append(
+                    Finding(
+                        check=CHECK,
+                        status=Status.WARNING,
+                        code="KMSG_GAP",
+                        component="source:file",
+                        message=f"the kernel log file was {rewound[-1]} and is read again from "
+                        f"its start: lines written meanwhile may be missing "
+                        f"({len(rewound)}x in the last {self.config.gap_hold_s:g} s)",
+                        evidence={"why": rewound[-1], "times": len(rewound)},
+                    )
+                )
             recent = [n for t, n in h.gap_events if now - t <= self.config.gap_hold_s]
             if recent:
                 out.append(

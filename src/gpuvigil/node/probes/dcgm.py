@@ -58,8 +58,9 @@ def _run(
         return Readout(findings=tuple(absent))
     result = ex.run(argv, timeout_s=timeout_s, env=ctx.env)
     failure = ex.failure_finding(result, check=name, what="dcgmi")
-    # dcgmi exits non-zero when a test fails; its output is then the verdict we want.
-    if failure is not None and (result.error is not None or not result.stdout.strip()):
+    # dcgmi exits non-zero when a test fails; its output is then the verdict we want,
+    # unless it died on a signal or its output was cut (then it is no verdict at all).
+    if failure is not None and (not result.exited or not result.stdout.strip()):
         return Readout(findings=(failure,))
     report = parse(result.stdout)
     if failure is not None and report.overall in (None, "Pass"):

@@ -294,8 +294,9 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
     result = ex.run(ARGV, timeout_s=timeout_s, env=ctx.env)
     failure = ex.failure_finding(result, check="gpu", what="nvidia-smi")
     if failure is not None:
-        # nvidia-smi exits non-zero when one GPU is lost but still prints the others.
-        if result.error is None and b"<nvidia_smi_log" in result.stdout:
+        # nvidia-smi exits non-zero when one GPU is lost but still prints the others; a
+        # run killed by a signal or cut at the output bound is no reading at all.
+        if result.exited and b"<nvidia_smi_log" in result.stdout:
             return parse_xml(result.stdout + b"\n" + result.stderr), None
         return None, failure
     inv = parse_xml(result.stdout + b"\n" + result.stderr)
