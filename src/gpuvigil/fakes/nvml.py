@@ -201,6 +201,22 @@ def _node() -> FakeNode:
         return node
 
 
+_present_of: tuple[FakeNode, list[FakeGpu]] | None = None
+
+
+def _present(node: FakeNode) -> list[FakeGpu]:
+    """The GPUs on the bus. Kept per scenario load: every NVML call asks, and a real
+    driver answers in C what this Python would otherwise rebuild ~1,000 times a sweep (an
+    installed node, which tests change in place, is read afresh)."""
+    global _present_of
+    if _installed is not None:
+        return [g for g in node.gpus if g.present]
+    cached = _present_of
+    if cached is None or cached[0] is not node:
+        cached = _present_of = (node, [g for g in node.gpus if g.present])
+    return cached[1]
+
+
 @dataclass(frozen=True)
 class _Handle:
     index: int
@@ -212,7 +228,7 @@ def _gpu(handle: _Handle, fn: str) -> FakeGpu:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
     while True:
         node = _node()
-        gpus = [g for g in node.gpus if g.present]
+        gpus = _present(node)
         if not isinstance(handle, _Handle) or handle.index >= len(gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         gpu = gpus[handle.index]

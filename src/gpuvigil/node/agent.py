@@ -331,6 +331,7 @@ class Agent:
         }
 
     def _shutdown(self) -> None:
+        self.scheduler.close()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.kernel is not None:

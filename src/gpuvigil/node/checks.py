@@ -148,32 +148,20 @@ def run_check(spec: CheckSpec, ctx: CheckContext) -> tuple[list[Finding], CheckR
     return findings, run
 
 
-def _call_with_deadline(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = spec.fn(ctx)
-        except Exception as e:  # noqa: BLE001 - any failure of a check is a finding
-            box["error"] = e
-            box["tb"] = traceback.format_exc(limit=5)
-
-    # A daemon thread can be abandoned: probes that block in C (NVML) run in a worker
-    # process of their own, so an abandoned thread here only ever waits on a subprocess
-    # that the runner's own timeout will kill.
-    t = threading.Thread(target=target, name=f"check:{spec.name}", daemon=True)
-    t.start()
-    t.join(spec.timeout_s)
-    if t.is_alive():
-        return [_failed(spec, "CHECK_TIMEOUT", f"check did not finish within {spec.timeout_s:g} s")]
-    if "error" in box:
-        e = box["error"]
+def call(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
+    """The check's own code, here and now, its outcome as findings; never raises. No
+    deadline: `run_check` puts a thread around it, the agent's scheduler its own threads."""
+    try:
+        value = spec.fn(ctx)
+    except Exception as e:  # noqa: BLE001 - any failure of a check is a finding
         return [
             _failed(
-                spec, "CHECK_ERROR", f"check raised {type(e).__name__}: {e}", traceback=box["tb"]
+                spec,
+                "CHECK_ERROR",
+                f"check raised {type(e).__name__}: {e}",
+                traceback=traceback.format_exc(limit=5),
             )
         ]
-    value = box.get("value")
     if isinstance(value, Readout):
         return _judged(spec, ctx, value)
     if not isinstance(value, list):
@@ -183,9 +171,29 @@ def _call_with_deadline(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
     return value
 
 
+def timed_out(spec: CheckSpec) -> Finding:
+    return _failed(spec, "CHECK_TIMEOUT", f"check did not finish within {spec.timeout_s:g} s")
+
+
+def _call_with_deadline(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
+    box: dict[str, list[Finding]] = {}
+
+    def target() -> None:
+        box["value"] = call(spec, ctx)
+
+    # A daemon thread can be abandoned: probes that block in C (NVML) run in a worker
+    # process of their own, so an abandoned thread here only ever waits on a subprocess
+    # that the runner's own timeout will kill.
+    t = threading.Thread(target=target, name=f"check:{spec.name}", daemon=True)
+    t.start()
+    t.join(spec.timeout_s)
+    if t.is_alive() or "value" not in box:
+        return [timed_out(spec)]
+    return box["value"]
+
+
 def _judged(spec: CheckSpec, ctx: CheckContext, readout: Readout) -> list[Finding]:
-    """The rules' findings over the probe's readings, then the probe's own. Run after
-    the deadline thread: rules are pure and never block."""
+    """The rules' findings over the probe's readings, then the probe's own."""
     for reading in readout.readings:
         ctx.facts.put(reading)
     judged = judge(

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.probes.file_watch import FileWatch
 
 STREAM_CHECK = "kernel_log"  # the stream stands in for the one-shot check of that name
 _KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;")
@@ -47,6 +48,8 @@ BATCH_BYTES = 1 << 20  # at most this much read per call: memory stays flat unde
 BATCH_RECORDS = 10_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # node.kernel_log.max_bytes
 FINGERPRINT = 64  # bytes before the read position, checked for an in-place rewrite
+FINGERPRINT_EVERY = 10  # ... on every poll that finds data, and every 10th idle one
+KMSG_BEAT_S = 5.0  # /dev/kmsg wakes on records; between them, a liveness beat this often
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,17 @@ class Source:
 class DevKmsg(Source):
     name = "kmsg"
 
-    def __init__(self, path: Path | None, *, health: StreamHealth, fd: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        health: StreamHealth,
+        fd: int | None = None,
+        beat_s: float | None = None,
+    ) -> None:
+        # `beat_s`: the longest idle wait (records wake the reader at once); None: the
+        # caller's poll interval.
+        self.beat_s = beat_s
         # `fd`: an already open record source (tests use a SOCK_SEQPACKET socket, which
         # keeps record boundaries the way /dev/kmsg does).
         self.fd = (
@@ -105,7 +118,8 @@ class DevKmsg(Source):
     def read(self, *, first: bool, wait_s: float) -> list[Record]:
         out: list[Record] = []
         if not first:
-            ready, _, _ = select.select([self.fd], [], [], wait_s)
+            # Records wake the select at once; without them only the liveness beat does.
+            ready, _, _ = select.select([self.fd], [], [], max(wait_s, self.beat_s or 0.0))
             if not ready:
                 return out
         size, self.backlog_left = 0, False
@@ -164,6 +178,7 @@ class FollowFile(Source):
         self.missing_since: float | None = None
         self.fh = open(path, "rb")  # noqa: SIM115 - held open for the agent's life
         self._start(tail=True)
+        self.watch = FileWatch(path)
 
     def _start(self, *, tail: bool) -> None:
         """Read from the start, or (`tail`) from the newest `max_bytes` on a line start."""
@@ -180,11 +195,14 @@ class FollowFile(Source):
         self.fh.close()
         self.fh = open(self.path, "rb")  # noqa: SIM115
         self._start(tail=True)
+        self.watch.rewatch()
         self.health.rewinds.append((time.monotonic(), why))
 
-    def _moved_under_us(self) -> str | None:
-        """Why the file must be read again from its start, if it must: deleted (after a
-        grace, for rotation), replaced, truncated, or rewritten in place."""
+    def _moved_under_us(self) -> tuple[str | None, int]:
+        """Why the file must be read again from its start, if it must (deleted after a
+        grace for rotation, replaced, truncated, or rewritten in place), and its size.
+        One stat(2) per poll; the bytes before our position are compared (one pread) when
+        the file grew, and every `FINGERPRINT_EVERY` polls when it did not."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -192,21 +210,23 @@ class FollowFile(Source):
             self.missing_since = self.missing_since or now
             if now - self.missing_since >= self.missing_grace_s:
                 raise PollFailed(self._deleted(now - self.missing_since)) from None
-            return None
+            return None, -1
         except OSError:
-            return None
+            return None, -1
         if self.missing_since is not None:
             self.missing_since = None
-            return "replaced"  # deleted, then created again
+            return "replaced", st.st_size  # deleted, then created again
         if (st.st_ino, st.st_dev) != (self.ino, self.dev):
-            return "replaced"
+            return "replaced", st.st_size
         pos = self.fh.tell()
         if st.st_size < pos:
-            return "truncated"
+            return "truncated", st.st_size
+        self._idle = 0 if st.st_size > pos else self._idle + 1
         seen = self._seen
-        if seen and os.pread(self.fh.fileno(), len(seen), pos - len(seen)) != seen:
-            return "rewritten"
-        return None
+        check = st.st_size > pos or self._idle % FINGERPRINT_EVERY == 0
+        if seen and check and os.pread(self.fh.fileno(), len(seen), pos - len(seen)) != seen:
+            return "rewritten", st.st_size
+        return None, st.st_size
 
     def _deleted(self, for_s: float) -> Finding:
         return Finding(
@@ -220,9 +240,14 @@ class FollowFile(Source):
         )
 
     def read(self, *, first: bool, wait_s: float) -> list[Record]:
-        why = self._moved_under_us()
+        why, size = self._moved_under_us()
         if why is not None:
             self._reopen(why)
+        elif not first and 0 <= size <= self.fh.tell():
+            # Nothing new: with inotify sleep until the file changes (or a liveness beat),
+            # else poll again after `wait_s`.
+            self.watch.wait(max(wait_s, KMSG_BEAT_S) if self.watch.active else wait_s)
+            return []
         self._skip_if_outrun()
         data = self.fh.read(BATCH_BYTES)
         if not data:
@@ -241,6 +266,7 @@ class FollowFile(Source):
         return [_text_record(ln.decode("utf-8", errors="replace"), "file") for ln in lines if ln]
 
     _seen = b""  # the last bytes read: still there before our position unless rewritten
+    _idle = 0  # polls in a row that found nothing new
 
     def _skip_if_outrun(self) -> None:
         """A writer more than `max_bytes` ahead: skip to its newest `max_bytes`, counting
@@ -256,6 +282,7 @@ class FollowFile(Source):
         self.health.gap_events.append((time.monotonic(), lost))
 
     def close(self) -> None:
+        self.watch.close()
         self.fh.close()
 
 
@@ -355,7 +382,7 @@ def open_source(
     for name in order:
         if name == "kmsg":
             try:
-                return DevKmsg(kmsg_path, health=health)
+                return DevKmsg(kmsg_path, health=health, beat_s=KMSG_BEAT_S)
             except OSError as e:
                 health.fallback_from.append((str(kmsg_path), e.strerror or str(e)))
         elif ex.resolve("journalctl" if name == "journal" else "dmesg", env.get("PATH")):

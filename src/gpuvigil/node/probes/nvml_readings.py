@@ -139,9 +139,16 @@ def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
     )
 
 
+_LINK_FIELDS = ("state", "replay", "recovery", "crc_flit", "crc_data")
+
+
 def _link(entry: dict[str, Any], r: _Reader) -> NvLinkReading:
-    sub = _Reader(entry)
     link = entry.get("link") if isinstance(entry.get("link"), int) else -1
+    values = [entry.get(k) for k in _LINK_FIELDS]
+    if all(type(v) is int for v in values):  # the common case: every counter answered
+        state, replay, recovery, crc_flit, crc_data = values
+        return NvLinkReading(link, bool(state), replay, recovery, crc_flit, crc_data)
+    sub = _Reader(entry)
     state = sub.flag("state")
     reading = NvLinkReading(
         link=link,

@@ -43,19 +43,24 @@ def parse_width(text: str | None) -> int | None:
     return int(t) if re.fullmatch(r"[0-9]{1,6}", t) else None
 
 
-def _read(path: Path, problems: list[str]) -> str | None:
+def _read(path: Path | str, problems: list[str]) -> str | None:
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError as e:
         problems.append(f"{path}: unreadable ({e.strerror or e})")
         return None
+    return data.decode("utf-8", errors="replace").strip()
 
 
 def read_link(dev: Path, *, role: str, name: str) -> PcieLink:
     problems: list[str] = []
     values = {}
     for f in ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width"):
-        values[f] = _read(dev / f, problems)
+        values[f] = _read(f"{dev}/{f}", problems)
     speed, ok_s = parse_speed(values["current_link_speed"])
     max_speed, ok_m = parse_speed(values["max_link_speed"])
     width, max_width = (
