@@ -3,18 +3,10 @@
 Used by the tests (a fake `nvidia-smi` binary that prints this), the simulator and the
 example bundle. Lost GPUs are left out of the XML and reported the way nvidia-smi does,
 as "Unable to determine the device handle" lines (`lost_lines`).
-
-`python -m gpuvigil.fakes.nvidia_smi ARGS` is a fake `nvidia-smi` over the scenario file
-named by `GPUVIGIL_FAKE_NVML_SCENARIO`: `-q -x` prints the XML, `--gpu-reset [-i N]`
-resets GPU N (every GPU without `-i`) the way `fakes.faults.reset_gpu` says, so the
-agent's real remediator can reset the fake GPUs a test or the lab runs on.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
 from xml.sax.saxutils import escape
 
 from gpuvigil.fakes.gpu import (
@@ -24,7 +16,6 @@ from gpuvigil.fakes.gpu import (
     CLOCK_HW_THERMAL,
     CLOCK_SW_POWER_CAP,
     CLOCK_SW_THERMAL,
-    SCENARIO_ENV,
     FakeGpu,
     FakeNode,
 )
@@ -189,40 +180,3 @@ def lost_lines(node: FakeNode) -> str:
         for g in node.gpus
         if g.present and g.lost
     )
-
-
-def main(argv: list[str]) -> int:
-    """A fake `nvidia-smi` (see the module docstring); exit 2 on what it does not fake."""
-    from gpuvigil.fakes import faults
-
-    path = os.environ.get(SCENARIO_ENV)
-    if not path:
-        print(f"fake nvidia-smi: {SCENARIO_ENV} is not set", file=sys.stderr)
-        return 9  # what nvidia-smi exits with when it cannot talk to the driver
-    node = FakeNode.load(Path(path))
-    if argv[:2] == ["-q", "-x"]:
-        sys.stdout.write(lost_lines(node) + render_xml(node))
-        return 0
-    if argv[:1] == ["--gpu-reset"]:
-        rest = argv[1:]
-        indices = [g.index for g in node.gpus if g.present]
-        if rest[:1] == ["-i"] and len(rest) > 1 and rest[1].isdigit():
-            indices = [int(rest[1])]
-        elif rest:
-            print(f"fake nvidia-smi: cannot parse {rest}", file=sys.stderr)
-            return 2
-        for i in indices:
-            if not any(g.index == i and g.present for g in node.gpus):
-                print(f"No devices were found matching {i}", file=sys.stderr)
-                return 6
-            faults.reset_gpu(node, i)
-        node.save(Path(path))
-        for i in indices:
-            print(f"GPU {node.gpu(i).pci_bus_id} was successfully reset.")
-        return 0
-    print(f"fake nvidia-smi: {' '.join(argv) or '(no arguments)'} is not faked", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -57,7 +57,7 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     fake_bin(
         "nvidia-smi",
         f'#!/bin/sh\necho "$@" >> {resets}\n'
-        f'exec {sys.executable} -m gpuvigil.fakes.nvidia_smi "$@"\n',
+        f'exec {sys.executable} -m fake_gpu_reset "$@"\n',
     )
     k8s = {"heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.5,
            "remediation": {"boot_id_path": str(tmp_path / "boot_id")}}  # fmt: skip
