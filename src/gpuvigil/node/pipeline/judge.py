@@ -29,9 +29,15 @@ RULE_MODULES = (
 )
 
 
+_loaded = False
+
+
 def load_rules() -> dict[str, RuleSpec]:
-    for name in RULE_MODULES:
-        importlib.import_module(name)
+    global _loaded
+    if not _loaded:  # judge() runs on every check and publish: import once
+        for name in RULE_MODULES:
+            importlib.import_module(name)
+        _loaded = True
     return RULES
 
 

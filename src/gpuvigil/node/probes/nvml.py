@@ -46,7 +46,10 @@ def gpu_check(ctx: CheckContext) -> Readout:
     expected = expected_gpus(ctx)
     client = client_for(cfg.nvml_module, ctx.env)
     inv, answer = client.snapshot(
-        timeout_s=cfg.nvml_timeout_s, max_links=cfg.nvlink_max_links, budget_s=cfg.nvml_budget_s
+        timeout_s=cfg.nvml_timeout_s,
+        max_links=cfg.nvlink_max_links,
+        budget_s=cfg.nvml_budget_s,
+        events=True,
     )
     if answer.failure == "init" and answer.init_error is not None:
         return _without_nvml(ctx, answer.init_error, expected=expected)
@@ -56,12 +59,10 @@ def gpu_check(ctx: CheckContext) -> Readout:
         # A GPU cut short by the failure is not "missing": judge count only on a full answer.
         expected = ExpectedGpus(None, f"not judged: {answer.failure}")
     readings: list[object] = [inv, expected, GpuSource(module=cfg.nvml_module)]
-    # NVML's Xid events need every GPU registered; a hung GPU would hang that too (the
-    # kernel log, the primary source, still reports its Xids).
+    # NVML's Xid events came with the answer, unless a GPU hung (registering for them would
+    # hang on it too; the kernel log, the primary source, still reports its Xids).
     if not answer.failure and not answer.hung:
-        events, failure = _drain_xid_events(client, ctx, timeout_s=cfg.nvml_timeout_s)
-        if failure is not None:
-            findings.append(failure)
+        events = _kept_xid_events(ctx, xid_events_from_answer(answer, at=utcnow()))
         if events is not None:
             readings.append(events)
     return Readout(tuple(readings), tuple(findings))
@@ -95,23 +96,14 @@ def xid_events_from_answer(answer: Answer, *, at: datetime) -> list[XidEvent]:
     return out
 
 
-def _drain_xid_events(
-    client: NvmlClient, ctx: CheckContext, *, timeout_s: float
-) -> tuple[NvmlXidEvents | None, Finding | None]:
-    """Xid events NVML queued since the last sweep (the first call registers), added to
-    the ones kept so far: (the new NvmlXidEvents fact or None when nothing new, a failure).
-
-    A worker kept warm (the agent) sees every Xid from its start; a one-shot `check`
-    only registers, and relies on the kernel log for earlier events.
-    """
-    answer = client.request({"op": "events", "timeout_ms": 0}, timeout_s=timeout_s)
-    if answer.failure:
-        return None, _worker_failure(answer, GpuInventory("nvml", utcnow()), timeout_s=timeout_s)
-    events = xid_events_from_answer(answer, at=utcnow())
+def _kept_xid_events(ctx: CheckContext, events: list[XidEvent]) -> NvmlXidEvents | None:
+    """The events NVML queued since the last sweep added to the ones kept so far (None when
+    there are none new). A worker kept warm (the agent) sees every Xid from its start; a
+    one-shot `check` only registers, and relies on the kernel log for earlier events."""
     if not events:
-        return None, None
+        return None
     kept = ctx.facts.get(NvmlXidEvents) or NvmlXidEvents()
-    return NvmlXidEvents((*kept.events, *events)[-MAX_KEPT_EVENTS:]), None
+    return NvmlXidEvents((*kept.events, *events)[-MAX_KEPT_EVENTS:])
 
 
 def expected_gpus(ctx: CheckContext) -> ExpectedGpus:

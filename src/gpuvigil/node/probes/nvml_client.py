@@ -193,7 +193,12 @@ class NvmlClient:
         return self._stderr.read().decode("utf-8", errors="replace").strip()
 
     def snapshot(
-        self, *, timeout_s: float, max_links: int = 36, budget_s: float | None = None
+        self,
+        *,
+        timeout_s: float,
+        max_links: int = 36,
+        budget_s: float | None = None,
+        events: bool = False,
     ) -> tuple[GpuInventory, Answer]:
         """Every GPU, each under its own deadline `timeout_s`.
 
@@ -202,6 +207,8 @@ class NvmlClient:
         GPU, so one hung GPU hides nothing about the others. `budget_s` bounds the whole
         snapshot; GPUs it leaves unread are Timeouts too. A hang before the device count
         (nvmlInit, nvmlDeviceGetCount) is the answer's own failure: no GPU can be named.
+        `events`: NVML's pending Xid events come in the same answer (an `events` line),
+        asked only of the first worker: registering them touches every GPU, a hung one too.
         """
         observed_at = utcnow()
         end = time.monotonic() + (budget_s if budget_s is not None else 4 * timeout_s)
@@ -209,8 +216,9 @@ class NvmlClient:
         hung: list[int] = []
         start, count = 0, None
         while True:
+            req = {"op": "snapshot", "max_links": max_links, "start": start}
             answer = self.request(
-                {"op": "snapshot", "max_links": max_links, "start": start},
+                req | {"events": events and start == 0},
                 timeout_s=min(timeout_s, max(0.05, end - time.monotonic())),
                 per_line=True,
             )
