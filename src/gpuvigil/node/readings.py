@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -235,6 +235,27 @@ class XidEvent:
         return replace(self, **changes)
 
 
+DriverFaultKind = Literal["fallen_off_bus", "init_failed", "nvlink_training"]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverFault:
+    """A GPU failure the NVIDIA driver logged without an Xid: the GPU fell off the bus
+    (at probe time, or said over several `NVRM:` lines), the driver could not initialise
+    it (`RmInitAdapter failed`, a failed probe), or an NVLink did not train.
+
+    `bus_id` is normalized (see `normalize_bus_id`), None when the line names no GPU.
+    Producer: `node.probes.kernel_faults`; consumer: `node.rules.driver_faults`.
+    """
+
+    kind: DriverFaultKind
+    bus_id: str | None
+    line: str
+    timestamp: str | None = None
+    time: datetime | None = None
+    uptime_s: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class KernelLog:
     """What one read of the kernel log found, and how trustworthy the read was.
@@ -254,6 +275,7 @@ class KernelLog:
     gaps: int = 0
     lines_read: int = 0
     fallback_from: tuple[tuple[str, str], ...] = ()
+    faults: tuple[DriverFault, ...] = ()  # since the last boot the log shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +370,20 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class KnownGpus:
+    """GPUs known by PCI bus id where no GpuInventory of this moment stands for them: the
+    GPU readings of a support bundle (`gpuvigil analyze`), which name the GPUs of the
+    kernel log captured beside them. The `xid` and `driver_faults` rules read both."""
+
+    by_bus: Mapping[str, GpuRef] = field(default_factory=dict)
+
+
+def gpus_by_bus(inv: GpuInventory | None, known: KnownGpus | None) -> dict[str, GpuRef]:
+    """Normalized bus id -> GPU: this moment's inventory over the GPUs a capture named."""
+    return {**(known.by_bus if known else {}), **(inv.gpu_map() if inv else {})}
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInstance:
     """This node's instance type: as configured or read from DMI, and its catalog entry."""
 
@@ -369,6 +405,19 @@ class NetDev:
     name: str
     operstate: str | None  # "up", "down", "lowerlayerdown", ... (None: unreadable)
     carrier: int | None  # 1 link up, 0 down (None: unreadable, or the interface is down)
+
+
+@dataclass(frozen=True)
+class FabricExpectation:
+    """What this node's fabric should have; any field None is not judged. The `fabric`
+    rule derives it from the config and the instance type, unless one is given as a fact
+    (`gpuvigil analyze --expect-ib N / --expect-efa N`)."""
+
+    kind: str | None = None
+    count: int | None = None
+    rate_gbps: float | None = None
+    instance_type: str | None = None
+    source: str = "none"  # "config" | "catalog:<type>" | "none" | the flag that set it
 
 
 @dataclass(frozen=True)
@@ -419,6 +468,9 @@ class FabricReading:
     sysfs_present: bool = True  # False: /sys/class/infiniband does not exist at all
     problems: tuple[str, ...] = ()
     fi_info: FiInfo | None = None
+    # Where the adapters were read: "sysfs", or a tool's output ("ibstat", "ibstatus",
+    # "ibv_devinfo", "ibdev2netdev", "fi_info": that one lists EFA devices only).
+    source: str = "sysfs"
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,12 @@ def test_facts_keep_the_latest_and_the_one_before() -> None:
 
 def test_every_rule_declares_typed_readings_and_a_known_family() -> None:
     rules = load_rules()
-    assert {"gpu", "gpu_memory", "gpu_thermal", "gpu_links", "xid", "dcgm", "fabric",
-            "pcie"} <= set(rules)  # fmt: skip
+    assert {"gpu", "gpu_memory", "gpu_thermal", "gpu_links", "xid", "driver_faults", "dcgm",
+            "fabric", "pcie"} <= set(rules)  # fmt: skip
     for spec in rules.values():
         assert spec.reads in READING_TYPES, spec.name
         assert set(spec.uses) <= READING_TYPES, spec.name
-        assert spec.family in codes.FAMILIES, spec.name
+        assert spec.families and set(spec.families) <= set(codes.FAMILIES), spec.name
         assert spec.description, f"rule {spec.name} has no docstring"
 
 
@@ -106,7 +106,7 @@ def test_each_gpu_rule_feeds_only_its_declared_family(fault: Fault) -> None:
         inputs = registry.Inputs(spec, now=NOW, config=cfg, check="gpu", latest={},
                                  previous={})  # fmt: skip
         for f in spec.fn(inv, inputs):
-            assert f.family in (spec.family, codes.HEALTH_CHECK), (spec.name, f.code)
+            assert f.family in (*spec.families, codes.HEALTH_CHECK), (spec.name, f.code)
 
 
 # --- the same readings, the same verdict, on every path ----------------------------------
@@ -154,7 +154,8 @@ def test_the_same_xid_gets_the_same_verdict_on_every_path(tmp_path: Path) -> Non
         watch.stop()
 
     # 3. `gpuvigil analyze` of the capture, with the captured GPU readings
-    assert _verdict(kernel_log.analyze_capture(log.read_bytes(), inventory=_inventory())) == want
+    captured = kernel_log.analyze_capture(log.read_bytes(), gpus=_inventory().gpu_map())
+    assert _verdict(captured) == want
 
     # 4. the simulator's layer 1 (the same Xid on the fake node's GPU 3)
     sim = hardware._xids(make_node(8, model="H100"), [(3, 48, False)], hardware.sim_node_config())

@@ -23,6 +23,7 @@ from gpuvigil.node.pipeline.registry import RULES, Inputs, RuleSpec
 RULE_MODULES = (
     "gpuvigil.node.rules.gpu",
     "gpuvigil.node.rules.xid",
+    "gpuvigil.node.rules.driver_faults",
     "gpuvigil.node.rules.dcgm",
     "gpuvigil.node.rules.fabric",
     "gpuvigil.node.rules.pcie",

@@ -25,7 +25,7 @@ class RuleSpec:
     name: str
     reads: type
     uses: tuple[type, ...]
-    family: str
+    families: tuple[str, ...]  # the condition families its findings feed
     fn: RuleFn
     description: str = ""
 
@@ -34,13 +34,15 @@ RULES: dict[str, RuleSpec] = {}
 
 
 def rule(
-    name: str, *, reads: type, uses: tuple[type, ...] = (), family: str
+    name: str, *, reads: type, uses: tuple[type, ...] = (), family: str | tuple[str, ...]
 ) -> Callable[[RuleFn], RuleFn]:
+    families = (family,) if isinstance(family, str) else tuple(family)
+
     def register(fn: RuleFn) -> RuleFn:
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
-        RULES[name] = RuleSpec(name, reads, tuple(uses), family, fn, doc[0] if doc else "")
+        RULES[name] = RuleSpec(name, reads, tuple(uses), families, fn, doc[0] if doc else "")
         return fn
 
     return register

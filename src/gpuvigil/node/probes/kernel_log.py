@@ -9,38 +9,41 @@ is skipped for the next one with a SOURCE_FALLBACK warning that says which sourc
 and how; when every source fails the check fails closed with each source's own finding.
 
 Called by `gpuvigil check`, the agent when its stream is off, and preflight (through the
-registry); `analyze_capture` by `gpuvigil analyze`. The agent's streaming follower of
-/dev/kmsg uses the parser beside this module (`kernel_log_parser.parse_kmsg_record`).
+registry); `analyze_capture` (a capture in memory, through `kernel_log_capture`) by tests
+and tools. The agent's streaming follower of /dev/kmsg uses the parser beside this module
+(`kernel_log_parser.parse_kmsg_record`).
 """
 
 from __future__ import annotations
 
+import io
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.checks import CheckContext, Readout, check
-from gpuvigil.node.config import KernelLogConfig, NodeConfig
-from gpuvigil.node.pipeline.judge import judge
+from gpuvigil.node.config import KernelLogConfig
+from gpuvigil.node.probes import kernel_faults, kernel_log_capture
 from gpuvigil.node.probes.kernel_log_parser import (
     driver_load_stamp,
     event_lines,
+    fix_year,
     kmsg_records,
     parse_kmsg_record,
     parse_line,
-    parse_stamp,
     scan_bytes,
     with_wall_time,
 )
 from gpuvigil.node.probes.kernel_log_sources import (
     CHECK,
-    KMSG_RECORD,
     SourceBroken,
     boot_info,
     read_source,
 )
-from gpuvigil.node.readings import GpuInventory, KernelLog, XidEvent
+from gpuvigil.node.probes.log_lines import find_lines
+from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
 
 __all__ = [
     "analyze_capture",
@@ -111,7 +114,7 @@ def read_kernel_log(
             failures.append(SourceFailure(source, e.finding))
             continue
         log = _reading(
-            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
+            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=zone_of(cfg)
         )
         fallback = tuple((f.source, f.finding.message) for f in failures)
         return replace(log, fallback_from=fallback), failures
@@ -122,47 +125,18 @@ def analyze_capture(
     data: bytes,
     *,
     cfg: KernelLogConfig | None = None,
-    inventory: GpuInventory | None = None,
-    node: NodeConfig | None = None,
+    gpus: Mapping[str, GpuRef] | None = None,
     now: datetime | None = None,
     year: int | None = None,
 ) -> list[Finding]:
-    """Findings for a captured kernel log (`gpuvigil analyze`, support bundles), judged
-    by the pipeline's `xid` rule with the GPUs of `inventory` when one was captured.
-
-    Judged as of `now`, by default the capture's own end (its last time stamp), so a
-    post-mortem of an old capture shows what was active when it was taken rather than
-    what has expired since. A capture has no boot id; the driver loads it records still
-    clear reset-class events.
-    """
-    node = node or NodeConfig()
-    if cfg is not None:
-        node = node.model_copy(update={"kernel_log": cfg})
-    log, end = capture_reading(data, cfg=node.kernel_log, now=now, year=year)
-    readings: list[object] = [log] if inventory is None else [log, inventory]
-    return judge(readings, config=node, now=end, check=CHECK)
-
-
-def capture_reading(
-    data: bytes, *, cfg: KernelLogConfig, now: datetime | None = None, year: int | None = None
-) -> tuple[KernelLog, datetime]:
-    """A captured kernel log as a KernelLog reading, and the moment to judge it at (`now`,
-    else the capture's last time stamp, else the present)."""
-    tz = _zone(cfg)
-    log = _reading(
-        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=tz, year=year
+    """Findings for a captured kernel log held in memory (`kernel_log_capture` reads the
+    same from a stream): judged as of the capture's end unless `now` is given, so a
+    post-mortem of an old capture shows what was active when it was taken. A capture has
+    no boot id; the driver loads it records still clear reset-class events."""
+    cfg = cfg or KernelLogConfig()
+    return kernel_log_capture.analyze_stream(
+        io.BytesIO(data), cfg=cfg, gpus=gpus, now=now, year=year, tz=zone_of(cfg)
     )
-    return log, now or _capture_end(data, log, tz=tz, year=year) or utcnow()
-
-
-def _capture_end(data: bytes, log: KernelLog, *, tz: tzinfo, year: int | None) -> datetime | None:
-    times = [ev.time for ev in log.events if ev.time is not None]
-    tail = data.rstrip().rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
-    head = tail.split(";", 1)[-1] if KMSG_RECORD.match(tail.encode()) else tail
-    last = parse_stamp(head, tz=tz, year=year)
-    if last.time is not None:
-        times.append(last.time)
-    return max(times) if times else None
 
 
 # --- the reading --------------------------------------------------------------------------
@@ -190,7 +164,7 @@ def _reading(
     else:
         year = year or now.year
         events = scan_bytes(data, source=source, year=year, tz=tz)  # type: ignore[arg-type]
-        events = [_fix_year(ev, now) for ev in events]
+        events = [fix_year(ev, now) for ev in events]
     events = with_wall_time(events, booted_at if live else None)
     if live and boot_id:
         events = [ev.with_(boot_id=boot_id) for ev in events]
@@ -204,29 +178,21 @@ def _reading(
         ),
         gaps=gaps,
         lines_read=data.count(b"\n"),
+        faults=tuple(
+            kernel_faults.scan_faults(
+                [raw.decode("utf-8", "replace") for raw in find_lines(data, kernel_faults.NEEDLES)],
+                tz=tz,
+                year=year or now.year,
+            )
+        ),
     )
 
 
-def _zone(cfg: KernelLogConfig) -> tzinfo:
+def zone_of(cfg: KernelLogConfig) -> tzinfo:
     """The zone of stamps printed without an offset: configured, else this node's."""
     if cfg.timezone:
         return ZoneInfo(cfg.timezone)
     return datetime.now().astimezone().tzinfo or UTC
-
-
-def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
-    """Syslog stamps have no year: one that lands in the future is from last year."""
-    if (
-        ev.time is not None
-        and ev.time > now + timedelta(days=1)
-        and ev.timestamp
-        and (ev.timestamp[:1].isalpha())
-    ):
-        try:
-            return ev.with_(time=ev.time.replace(year=ev.time.year - 1))
-        except ValueError:  # Feb 29
-            return ev
-    return ev
 
 
 def _driver_loaded_at(

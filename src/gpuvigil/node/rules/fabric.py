@@ -9,7 +9,6 @@ the instance type (`NodeInstance`).
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 from typing import Any
 
 from gpuvigil.core import codes
@@ -17,7 +16,13 @@ from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.instances import InstanceType
 from gpuvigil.node.config import FabricConfig
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, NodeInstance
+from gpuvigil.node.readings import (
+    FabricAdapter,
+    FabricExpectation,
+    FabricPort,
+    FabricReading,
+    NodeInstance,
+)
 
 CHECK = "fabric"
 # Widths of the IB PortCounters (IBTA): a counter at its maximum has saturated and can no
@@ -37,17 +42,6 @@ COUNTER_MAX = {
     "VL15_dropped": 0xFFFF,
 }
 MIN_INTERVAL_S = 1.0  # two readings closer than this give no meaningful rate
-
-
-@dataclass(frozen=True)
-class FabricExpectation:
-    """What this node should have; any field None is not judged."""
-
-    kind: str | None = None
-    count: int | None = None
-    rate_gbps: float | None = None
-    instance_type: str | None = None
-    source: str = "none"  # "config" | "catalog:<type>" | "none"
 
 
 def expectation(
@@ -88,7 +82,12 @@ def compute_adapters(
     return out
 
 
-@rule("fabric", reads=FabricReading, uses=(NodeInstance,), family=codes.NETWORK_FABRIC)
+@rule(
+    "fabric",
+    reads=FabricReading,
+    uses=(NodeInstance, FabricExpectation),
+    family=codes.NETWORK_FABRIC,
+)
 def fabric_rule(reading: FabricReading, on: Inputs) -> list[Finding]:
     """RDMA adapters (EFA/InfiniBand/RoCE): count, port state, rate, error-counter rates."""
     cfg: FabricConfig = on.config.fabric
@@ -109,7 +108,7 @@ def fabric_rule(reading: FabricReading, on: Inputs) -> list[Finding]:
                 observed_at=reading.taken_at,
             )
         )
-    expected = expectation(cfg, node.entry)
+    expected = on.get(FabricExpectation) or expectation(cfg, node.entry)
     return out + judge(reading, expected=expected, config=cfg, previous=on.previous())
 
 
@@ -156,7 +155,8 @@ def judge(
 
     adapters = compute_adapters(reading, expected, config.adapters)
     units = _count_units(adapters, expected.kind)
-    if expected.count is not None and units < expected.count:
+    lists_adapters = not reading.source.startswith("fi_info")  # fi_info counts EFA only
+    if lists_adapters and expected.count is not None and units < expected.count:
         add(
             Status.FAILED,
             "FABRIC_COUNT_LOW",
@@ -165,6 +165,7 @@ def judge(
             Action.REBOOT,
             found=units,
             found_adapters=[a.name for a in adapters],
+            source=reading.source,
             expected=_ev(expected),
         )
     fi = reading.fi_info
@@ -208,6 +209,8 @@ def judge(
             _judge_counters(a, p, old=old_ports.get(p.number), dt_s=dt_s, config=config, add=add)
         if a.kind == "efa":
             _judge_efa_netdev(a, add)
+        elif a.ports and all(p.state is None for p in a.ports):
+            _judge_efa_netdev(a, add)  # a tool that knows only the interface (ibdev2netdev)
     return out
 
 
@@ -228,9 +231,10 @@ def _judge_port(a: FabricAdapter, p: FabricPort, expected: FabricExpectation, ad
         "rate_gbps": p.rate_gbps,
         "link_layer": p.link_layer,
     }
-    if p.state is None or p.phys_state is None:
-        return  # unreadable: already a CHECK_ERROR above
-    if p.state != "ACTIVE" or p.phys_state != "LinkUp":
+    if p.state is None and p.phys_state is None:
+        return  # unreadable (a CHECK_ERROR above), or a tool that does not print it
+    # Either one known and wrong is enough (`ibv_devinfo` prints no physical state).
+    if p.state not in ("ACTIVE", None) or p.phys_state not in ("LinkUp", None):
         add(
             Status.FAILED,
             "FABRIC_PORT_DOWN",
@@ -254,7 +258,8 @@ def _judge_port(a: FabricAdapter, p: FabricPort, expected: FabricExpectation, ad
 
 
 def _judge_efa_netdev(a: FabricAdapter, add: Any) -> None:
-    # The EFA driver reports ACTIVE/LinkUp unconditionally: the interface tells the truth.
+    # The EFA driver reports ACTIVE/LinkUp unconditionally: the interface tells the truth
+    # (and it is all `ibdev2netdev` knows of a RoCE port).
     for nd in a.netdevs:
         if nd.operstate is None:
             continue  # unreadable: the probe recorded a problem
@@ -263,8 +268,10 @@ def _judge_efa_netdev(a: FabricAdapter, add: Any) -> None:
                 Status.FAILED,
                 "FABRIC_PORT_DOWN",
                 f"nic:{a.name}",
-                f"{a.name}'s interface {nd.name} is {nd.operstate} (carrier {nd.carrier}); "
-                "the EFA driver's own ACTIVE/LinkUp is not trusted",
+                f"{a.name}'s interface {nd.name} is {nd.operstate} (carrier {nd.carrier})"
+                + (
+                    "; the EFA driver's own ACTIVE/LinkUp is not trusted" if a.kind == "efa" else ""
+                ),
                 Action.REBOOT,
                 netdev=nd.name,
                 operstate=nd.operstate,

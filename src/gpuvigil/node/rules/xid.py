@@ -33,9 +33,11 @@ from gpuvigil.node.readings import (
     GpuRef,
     GpuResets,
     KernelLog,
+    KnownGpus,
     NvmlXidEvents,
     Release,
     XidEvent,
+    gpus_by_bus,
 )
 from gpuvigil.node.rules.xid_reconcile import MATCH_S, Seen, reconcile
 
@@ -150,20 +152,19 @@ def catalog_of(config: Any) -> XidCatalog:
 @rule(
     "xid",
     reads=KernelLog,
-    uses=(GpuInventory, NvmlXidEvents, GpuResets, Release),
+    uses=(GpuInventory, KnownGpus, NvmlXidEvents, GpuResets, Release),
     family=codes.GPU_XID,
 )
 def xid_rule(log: KernelLog, on: Inputs) -> list[Finding]:
     """Xid/SXid events of this boot (and those kept from earlier ones), reconciled with
     NVML's, cleared by what each calls for: a GPU reset, a reboot, a person's release."""
-    inv = on.get(GpuInventory)
     nvml = on.get(NvmlXidEvents)
     release = on.get(Release)
     return evaluate_log(
         log,
         catalog=catalog_of(on.config),
         now=on.now,
-        gpus=inv.gpu_map() if inv is not None else None,
+        gpus=gpus_by_bus(on.get(GpuInventory), on.get(KnownGpus)),
         extra_events=nvml.events if nvml is not None else (),
         resets=on.get(GpuResets),
         released_at=release.at if release is not None else None,

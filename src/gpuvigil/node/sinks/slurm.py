@@ -24,6 +24,7 @@ from pydantic import Field
 
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
+from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, NodeReport, Status
 from gpuvigil.node.probes import exec as ex
 
@@ -180,5 +181,4 @@ def _read_marker(path: Path) -> str | None:
 
 
 def _write_marker(path: Path, reason: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(reason + "\n")
+    write_atomic(path, (reason + "\n").encode())

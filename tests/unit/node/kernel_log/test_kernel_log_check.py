@@ -284,7 +284,7 @@ def test_analyze_capture_judges_as_of_the_capture_end():
     later = datetime(2025, 1, 21, 4, 0, tzinfo=UTC)  # Xid 13's hour has passed
     assert [f.code for f in kernel_log.analyze_capture(cap, now=later)] == ["XID_48"]
     inv = hopper(2, "00000000:1B:00.0")
-    assert kernel_log.analyze_capture(cap, inventory=inv)[0].component == "gpu:2"
+    assert kernel_log.analyze_capture(cap, gpus=inv.gpu_map())[0].component == "gpu:2"
 
 
 def test_analyze_capture_of_the_corpus(corpus):
