@@ -23,7 +23,6 @@ import pytest
 from agent_helpers import wait_until
 
 from gpuvigil.core import wire
-from gpuvigil.core.findings import utcnow
 from gpuvigil.fakes import faults
 from gpuvigil.fakes.faults import Fault
 
@@ -44,12 +43,14 @@ def annotations(kube: Any, node: str) -> dict[str, str]:
 def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     start_agent, kube, tmp_path: Path, fake_bin
 ) -> None:
+    from gpuvigil.platform.clusters.k8s_preflight import label_value
     from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
     from gpuvigil.platform.clusters.settings import KubernetesSettings
     from gpuvigil.platform.controller import Controller, ControllerConfig
     from gpuvigil.platform.safety import SafetyConfig
     from gpuvigil.platform.state import State, decode_record
 
+    kube.ensure_preflight_template()  # the controller's preflight runs come from it
     tag = uuid.uuid4().hex[:6]
     node = kube.create_node(f"gpu-reset-{tag}", labels={"fleet": tag})
     resets = tmp_path / "nvidia-smi.calls"
@@ -59,8 +60,13 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
         f'#!/bin/sh\necho "$@" >> {resets}\n'
         f'exec {sys.executable} -m fake_gpu_reset "$@"\n',
     )
+    # The controller signs its requests; the agent trusts its public key (docs/security.md).
+    signer, pub = agent_helpers.controller_key(tmp_path)
+    key = tmp_path / "controller.key"
+    key.write_bytes(signer.private_pem())
     k8s = {"heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.5,
-           "remediation": {"boot_id_path": str(tmp_path / "boot_id")}}  # fmt: skip
+           "remediation": {"boot_id_path": str(tmp_path / "boot_id")},
+           "trust": {"controller_public_key_file": str(pub)}}  # fmt: skip
     argv = ["--interval", "1", "--node-name", node, "--sink", "kubernetes", "--sink",
             "state-file", "--sink", "http", "--kubeconfig", str(kube.kubeconfig)]  # fmt: skip
     a = start_agent({"agent": {"sinks": {"kubernetes": k8s}}}, *argv, wait_ready=False)
@@ -79,10 +85,9 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
         "Xid 48 and the ECC error in the agent's report",
     )
 
-    cluster = KubernetesCluster(
-        KubernetesSettings(node_selector=f"fleet={tag}", eviction_grace_s=0),
-        api_client=kube.api_client(),
-    )
+    settings = KubernetesSettings(node_selector=f"fleet={tag}", eviction_grace_s=0,
+                                  signing_key_file=str(key))  # fmt: skip
+    cluster = KubernetesCluster(settings, api_client=kube.api_client())
     ctl = Controller(
         cluster,
         config=ControllerConfig(safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100)),
@@ -98,11 +103,11 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
         if rec is not None and rec.state is State.HEALTHY and State.VALIDATING in states:
             break
         if rec is not None and rec.state is State.VALIDATING:
-            # No kubelet runs the preflight pod here: its pass is written as the pod would.
-            pf = {"result": "pass", "at": utcnow().isoformat(), "summary": "ok"}
-            kube.core().patch_node(
-                node, {"metadata": {"annotations": {wire.PREFLIGHT_ANNOTATION: json.dumps(pf)}}}
-            )
+            # No kubelet runs the controller's preflight pod here: it passes as one would.
+            verdict = {"result": "pass", "summary": "ok"}
+            kube.run_pods("gpuvigil", node=node, exit_code=0, message=json.dumps(verdict),
+                          selector="app.kubernetes.io/name=gpuvigil-preflight,"
+                                   f"gpuvigil.io/node={label_value(node)}")  # fmt: skip
         time.sleep(0.5)
 
     result = json.loads(annotations(kube, node).get(wire.RESULT_ANNOTATION) or "null")
