@@ -9,6 +9,7 @@ hands it the latest of each, never an untyped dict.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -305,6 +306,7 @@ _BUS_ID = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # a node has a few dozen bus ids; logs repeat them
 def normalize_bus_id(text: str) -> str | None:
     """`PCI:0000:3b:00`, `00000000:3B:00.0`, `3b:00` -> `0000:3b:00.0`; None if not a bus id.
 

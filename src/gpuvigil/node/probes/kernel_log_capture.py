@@ -20,8 +20,7 @@ from datetime import datetime, tzinfo
 from typing import BinaryIO
 
 from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.config import KernelLogConfig, NodeConfig
-from gpuvigil.node.pipeline.judge import judge as pipeline_judge
+from gpuvigil.node.config import KernelLogConfig
 from gpuvigil.node.probes import kernel_faults
 from gpuvigil.node.probes.kernel_log_parser import (
     driver_load_stamp,
@@ -106,6 +105,10 @@ def judge(
     """The pipeline's kernel-log rules (`xid`, `driver_faults`) as of `now` (default: the
     capture's end), plus "could not tell" for a capture that was not a readable kernel log
     or was cut. `gpus`: the GPUs the bundle's GPU readings named, by bus id."""
+    # Imported here: `logscan` reads captures through this module and never judges them.
+    from gpuvigil.node.config import NodeConfig
+    from gpuvigil.node.pipeline.judge import judge as pipeline_judge
+
     end = now or capture.end or utcnow()
     readings: list[object] = [capture.log]
     if gpus:
