@@ -32,7 +32,15 @@ from gpuvigil.node.metrics import AgentMetrics
 from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes import kmsg_stream as ks
 from gpuvigil.node.probes.kernel_log_sources import boot_info
-from gpuvigil.node.readings import GpuInventory, GpuRef, GpuReset, GpuResets, Release
+from gpuvigil.node.readings import (
+    GpuInventory,
+    GpuRef,
+    GpuReset,
+    GpuResets,
+    KnownGpus,
+    Release,
+    gpus_by_bus,
+)
 from gpuvigil.node.scheduler import stale_finding
 
 CHECK = ks.STREAM_CHECK  # "kernel_log": the stream replaces the one-shot check in the agent
@@ -139,8 +147,8 @@ class KernelWatch:
         self.stream.stop()
 
     def _gpu_map(self) -> dict[str, GpuRef]:
-        inv = self.ctx.facts.get(GpuInventory)
-        return inv.gpu_map() if inv is not None else {}
+        facts = self.ctx.facts
+        return gpus_by_bus(facts.get(GpuInventory), facts.get(KnownGpus))
 
     def _on_records(self, records: list[ks.Record], boot: bool) -> None:
         new = self.feed.add(records)

@@ -121,15 +121,24 @@ class GpuInventory:
         """PCI bus id (upper case, domain kept) -> GPU: for mapping kernel-log Xids."""
         return {g.pci_bus_id.upper(): g for g in self.gpus if g.pci_bus_id}
 
-    def gpu_map(self) -> dict[str, GpuRef]:
+    def gpu_map(self, known: Mapping[str, GpuRef] | None = None) -> dict[str, GpuRef]:
         """Normalized bus id -> GpuRef, the Xid rules' view of these GPUs (lower-case
-        family, as the Xid catalog names them)."""
+        family, as the Xid catalog names them).
+
+        A GPU that stopped answering has no bus id in this snapshot; `known` (the map of the
+        previous sweep) keeps the one it had, so the Xid 79 the kernel logs for it stays on
+        `gpu:<index>` and the GPU is not counted again as `pci:<bus id>`."""
         refs = {}
         for g in self.gpus:
             bus = normalize_bus_id(g.pci_bus_id) if g.pci_bus_id else None
             if bus is not None and g.index >= 0:
                 family = g.architecture.lower() if g.architecture else None
                 refs[bus] = GpuRef(index=g.index, bus_id=bus, family=family, uuid=g.uuid)
+        silent = {g.index for g in self.gpus if g.pci_bus_id is None}
+        taken = {r.index for r in refs.values()}
+        for bus, ref in (known or {}).items():
+            if ref.index in silent and ref.index not in taken and bus not in refs:
+                refs[bus] = ref
         return refs
 
 
@@ -373,16 +382,21 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class KnownGpus:
-    """GPUs known by PCI bus id where no GpuInventory of this moment stands for them: the
-    GPU readings of a support bundle (`gpuvigil analyze`), which name the GPUs of the
-    kernel log captured beside them. The `xid` and `driver_faults` rules read both."""
+    """GPUs known by PCI bus id beyond what this moment's inventory says: the `gpu` check's
+    map carried from sweep to sweep (a GPU that stopped answering keeps the bus id an
+    earlier sweep read, `GpuInventory.gpu_map(known=)`), or the GPU readings of a support
+    bundle (`gpuvigil analyze`), which name the GPUs of the kernel log captured beside
+    them. The `xid` and `driver_faults` rules read it with the inventory."""
 
     by_bus: Mapping[str, GpuRef] = field(default_factory=dict)
 
 
 def gpus_by_bus(inv: GpuInventory | None, known: KnownGpus | None) -> dict[str, GpuRef]:
-    """Normalized bus id -> GPU: this moment's inventory over the GPUs a capture named."""
-    return {**(known.by_bus if known else {}), **(inv.gpu_map() if inv else {})}
+    """Normalized bus id -> GPU: this moment's inventory, the known GPUs it is silent about."""
+    before = known.by_bus if known is not None else None
+    if inv is None:
+        return dict(before or {})
+    return inv.gpu_map(known=before)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ class Lifecycle:
     # --- layer 1 alone (cordon) or layers 1-2 (policy + safety) --------------------------
     def layer_decision(self: Engine, node: Node, fi: FaultInstance, t: float, *,
                        active: bool = False) -> None:  # fmt: skip
-        v = self.layer1.verdict(fi.kind.fault, active=active)
+        v = self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=active)
         if not v.seen:
             return
         if not self.sc.layer2:  # layer 1 alone: the agent cordons (NPD + a cordon hook)
@@ -223,6 +223,9 @@ class Lifecycle:
             return
         if fi.kind.persistent and fi.repaired_s is not None and fi.repaired_s <= t:
             return
+        if fi.kind.effect is Effect.HANG and self.sc.layer3:  # the watchdog ends the step
+            timeout = restart.hang_timeout_s(self.cfg, layer3=True)
+            self.rec.hang(t, job, node=f"node-{fi.node:05d}", timeout_s=timeout)
         self.interrupt(job, t, fi, reason=fi.kind.name)
 
     def interrupt(self: Engine, job: Job, t: float, fi: FaultInstance | None, *, reason: str,
@@ -246,7 +249,9 @@ class Lifecycle:
         if not reason.startswith("drain") and restart.counts_against_job(fi, layer3=self.sc.layer3):
             job.failures_in_row += 1  # a drain is the platform's doing, not the job's
         blamed = f"node-{fi.node:05d}" if fi is not None else None
-        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t), node=blamed)
+        code = restart.exit_code(fi, layer3=self.sc.layer3, graceful=graceful)
+        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t), node=blamed,
+                             exit_code=code)  # fmt: skip
         if job.failures_in_row >= self.workload.max_failures_in_row:
             job.state = JobState.FAILED
             self.tally.failed += 1

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.events import Event, EventWriter, Kind
+from gpuvigil.observe.figures import LOGGED, MEASURES
 
 if TYPE_CHECKING:
     from gpuvigil.core.findings import Finding
@@ -39,8 +40,16 @@ class Recorder:
     def submit(self, t: float, job: Job) -> None: ...
     def job_start(self, t: float, job: Job) -> None: ...
     def job_restart(
-        self, t: float, job: Job, *, reason: str, lost_s: float, node: str | None = None
+        self,
+        t: float,
+        job: Job,
+        *,
+        reason: str,
+        lost_s: float,
+        node: str | None = None,
+        exit_code: int | None = None,
     ) -> None: ...
+    def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None: ...
     def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None: ...
     def finish(self, t: float, res: Results) -> None: ...
 
@@ -107,9 +116,17 @@ class EventRecorder(Recorder):
                    nodes=[f"node-{n:05d}" for n in job.nodes], gpus=job.gpus)  # fmt: skip
 
     def job_restart(self, t: float, job: Job, *, reason: str, lost_s: float,
-                    node: str | None = None) -> None:  # fmt: skip
+                    node: str | None = None, exit_code: int | None = None) -> None:  # fmt: skip
+        extra = ({"node": node} if node else {}) | (
+            {"exit_code": exit_code} if exit_code is not None else {})  # fmt: skip
         self._emit(t, Kind.JOB_RESTART, job=f"job-{job.id}", source="training", reason=reason,
-                   lost_s=lost_s, **({"node": node} if node else {}))  # fmt: skip
+                   lost_s=lost_s, **extra)  # fmt: skip
+
+    def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None:
+        """What layer 3's watchdog writes when it ends a hung step (`training.watchdog`)."""
+        self._emit(t, Kind.HANG, node=node, job=f"job-{job.id}", source="training", rank=0,
+                   step=None, waited_s=timeout_s, timeout_s=timeout_s, where="collective",
+                   in_collective=True, reason="timeout")  # fmt: skip
 
     def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None:
         allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
@@ -126,15 +143,10 @@ class EventRecorder(Recorder):
         n = len(self.events)
         stats = ReadStats(lines=n, events=n, sources=[f"gpuvigil simulate ({res.scenario})"])
         self.report = summarize(self.events, start=T0, end=T0 + t, stats=stats)
-        slo = self.report.slo
-        res.slo = {
-            "availability": slo.availability,
-            "job_success_rate": slo.job_success_rate,
-            "goodput": slo.goodput,
-            "false_positive_drains": slo.false_positive_drains,
-            "breaker_trips": slo.breaker_trips,
-            "events": len(self.events),
-        }
+        # Layer 4's figures of this run, under the simulator's names for the same things;
+        # `measure` says in the JSON itself that these are logged, not ground truth.
+        res.slo = {f.key: f.value for f in self.report.figures()}
+        res.slo |= {"events": len(self.events), "measure": MEASURES[LOGGED]}
         res.attribution = dict(self.report.attribution.by_cause)
 
     def summary(self) -> dict[str, Any]:

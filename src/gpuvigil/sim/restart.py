@@ -11,7 +11,7 @@ controller drains) exits with a code the job's retry policy does not count again
 from __future__ import annotations
 
 from gpuvigil.core import exit_codes
-from gpuvigil.sim.faults import Cause
+from gpuvigil.sim.faults import Cause, Effect
 from gpuvigil.sim.fleet import FaultInstance
 from gpuvigil.sim.scenarios import SimConfig
 from gpuvigil.training.config import WatchdogConfig
@@ -43,3 +43,19 @@ def counts_against_job(fi: FaultInstance | None, *, layer3: bool) -> bool:
         return True
     hardware = fi.kind.persistent and fi.kind.cause is not Cause.TOOLING
     return not hardware  # a node fault exits with a node exit code: not the job's failure
+
+
+def exit_code(fi: FaultInstance | None, *, layer3: bool, graceful: bool) -> int | None:
+    """The exit code a restart's workers end with, where the code that ends them sets one:
+    layer 3's graceful drain exits DRAINED and its hang watchdog exits HANG; a program that
+    crashed on a software fault exits with its own error (1). None where they were killed
+    (a dead host, a collective timeout's abort, a drain without layer 3): only other
+    evidence can say why (`core.exit_codes`)."""
+    if graceful and layer3:
+        return exit_codes.DRAINED
+    if fi is None:
+        return None
+    if fi.kind.effect is Effect.HANG:
+        return exit_codes.HANG if layer3 else None
+    software = not fi.kind.persistent and fi.kind.effect is Effect.CRASH
+    return 1 if software else None

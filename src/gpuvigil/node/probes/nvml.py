@@ -14,6 +14,7 @@ Called through the registry by `gpuvigil check`, the agent, preflight and the be
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding, Status, utcnow
@@ -25,6 +26,7 @@ from gpuvigil.node.readings import (
     ExpectedGpus,
     GpuInventory,
     GpuSource,
+    KnownGpus,
     NvmlXidEvents,
     ReadError,
     XidEvent,
@@ -58,11 +60,17 @@ def gpu_check(ctx: CheckContext) -> Readout:
         findings.append(_worker_failure(answer, inv, timeout_s=cfg.nvml_timeout_s))
         # A GPU cut short by the failure is not "missing": judge count only on a full answer.
         expected = ExpectedGpus(None, f"not judged: {answer.failure}")
-    readings: list[object] = [inv, expected, GpuSource(module=cfg.nvml_module)]
+    # The GPU map carried from sweep to sweep: a GPU that stopped answering keeps the bus
+    # id an earlier sweep read, so its Xids stay on gpu:<index>.
+    before = ctx.facts.get(KnownGpus)
+    known = KnownGpus(inv.gpu_map(known=before.by_bus if before else None))
+    readings: list[object] = [inv, expected, GpuSource(module=cfg.nvml_module), known]
     # NVML's Xid events came with the answer, unless a GPU hung (registering for them would
     # hang on it too; the kernel log, the primary source, still reports its Xids).
     if not answer.failure and not answer.hung:
-        events = _kept_xid_events(ctx, xid_events_from_answer(answer, at=utcnow()))
+        buses = {r.index: r.bus_id for r in known.by_bus.values()}
+        new = xid_events_from_answer(answer, at=utcnow(), buses=buses)
+        events = _kept_xid_events(ctx, new)
         if events is not None:
             readings.append(events)
     return Readout(tuple(readings), tuple(findings))
@@ -71,8 +79,11 @@ def gpu_check(ctx: CheckContext) -> Readout:
 MAX_KEPT_EVENTS = 1000
 
 
-def xid_events_from_answer(answer: Answer, *, at: datetime) -> list[XidEvent]:
-    """The worker's events answer -> XidEvents with source "nvml" (pure)."""
+def xid_events_from_answer(
+    answer: Answer, *, at: datetime, buses: Mapping[int, str] | None = None
+) -> list[XidEvent]:
+    """The worker's events answer -> XidEvents with source "nvml" (pure). `buses` (GPU
+    index -> bus id, from the GPU map) names the bus of a GPU NVML can no longer read."""
     out = []
     for line in answer.lines:
         for ev in line.get("events", ()) if isinstance(line, dict) else ():
@@ -80,6 +91,8 @@ def xid_events_from_answer(answer: Answer, *, at: datetime) -> list[XidEvent]:
                 continue
             pci = ev.get("pci") if isinstance(ev.get("pci"), str) else ""
             gpu = ev.get("gpu") if isinstance(ev.get("gpu"), int) else None
+            if not pci and gpu is not None:
+                pci = (buses or {}).get(gpu, "")
             text = f"NVML Xid {ev['xid']} on GPU {gpu} ({pci or 'unknown bus'})"
             out.append(
                 XidEvent(
