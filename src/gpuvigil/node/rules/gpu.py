@@ -100,13 +100,15 @@ def reachability(gpu: GpuReading, *, now: datetime, check: str) -> list[Finding]
     ):
         if errs:
             fields = ", ".join(sorted({e.field for e in errs}))
+            # A hung GPU's reading says which deadline it missed: say that, not "Timeout".
+            why = errs[0].message if code == "CHECK_TIMEOUT" and errs[0].message else errs[0].error
             out.append(
                 Finding(
                     check=check,
                     status=Status.FAILED,
                     code=code,
                     component=gpu.component,
-                    message=f"could not read {fields}: {errs[0].error}",
+                    message=f"could not read {fields}: {why}",
                     evidence={**ev, "errors": [_err(e) for e in errs]},
                     observed_at=now,
                 )

@@ -138,6 +138,8 @@ def test_a_hung_gpu_hides_nothing_on_a_later_gpu(scenario, make_ctx) -> None:
     inv = ctx.facts.get(GpuInventory)
     assert inv is not None and [g.index for g in inv.gpus] == list(range(8))
     assert [e.error for e in inv.gpus[2].errors] == ["Timeout"]
+    hung = next(f for f in findings if f.component == "gpu:2")
+    assert "GPU 2 did not answer within 1.5 s" in hung.message, hung.message
     assert inv.gpus[6].ecc_volatile_uncorrected == 0  # read after the hang, by a new worker
 
 
