@@ -47,6 +47,7 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
     from gpuvigil.platform.clusters.settings import KubernetesSettings
     from gpuvigil.platform.controller import Controller, ControllerConfig
+    from gpuvigil.platform.policy.values import PolicyConfig
     from gpuvigil.platform.safety import SafetyConfig
     from gpuvigil.platform.state import State, decode_record
 
@@ -90,7 +91,11 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     cluster = KubernetesCluster(settings, api_client=kube.api_client())
     ctl = Controller(
         cluster,
-        config=ControllerConfig(safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100)),
+        config=ControllerConfig(
+            # drain at once: this test is about the reset record, not the breaker's wait
+            policy=PolicyConfig(fatal_grace_s=0),
+            safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
+        ),
     )
     states: list[State] = []
     end = time.monotonic() + 120
