@@ -228,6 +228,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"gpuvigil agent: {e}", err=True)
             raise typer.Exit(2) from e
         from gpuvigil.node.compose import build_agent, install_stop_signals
+        from gpuvigil.node.probes.exec import become_subreaper
+
+        become_subreaper()  # the tools' setsid escapees come back to us (probes.exec)
 
         try:
             agent_obj, where = build_agent(cfg.agent, node_config=cfg.node)

@@ -97,17 +97,49 @@ def test_a_setsid_grandchild_dies_at_the_deadline(tmp_path: Path) -> None:
     assert _wait_gone(gc), f"setsid grandchild {gc} survived the deadline"
 
 
+def _in_a_fresh_process(code: str) -> str:
+    """Run `code` in a new Python (this checkout's gpuvigil): the subreaper setting is
+    for the life of a process, and this test session must not become one."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(ex.__file__).parents[3])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=env, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
 def test_a_daemon_left_behind_after_a_clean_exit_is_killed(tmp_path: Path) -> None:
     """The tool daemonises a helper with setsid and exits 0: the helper, re-parented to
-    the runner (a child subreaper), is found by its run mark and killed."""
+    the agent's process (a child subreaper), is found by its run mark and killed."""
     pidfile = tmp_path / "daemon.pid"
     # A real daemon lets go of its stdio (else the run waits for the pipe's end).
     detached = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' </dev/null >/dev/null 2>&1"
     script = f"{detached} & sleep 0.3; exit 0"
-    r = ex.run(["sh", "-c", script], timeout_s=10)
-    assert r.ok
+    out = _in_a_fresh_process(
+        "from gpuvigil.node.probes import exec as ex\n"
+        "assert ex.become_subreaper()\n"
+        f"print(ex.run(['sh', '-c', {script!r}], timeout_s=10).ok)\n"
+    )
+    assert out == "True"
     daemon = int(pidfile.read_text())
     assert _wait_gone(daemon), f"daemonised helper {daemon} outlived its tool"
+
+
+def test_running_a_tool_does_not_make_the_caller_a_subreaper() -> None:
+    """Only the agent opts in: a controller or a test session that started daemons of its
+    own (slurmd's slurmstepd detaches) must not adopt their orphans (a Slurm job then
+    never left COMPLETING on requeue, seen in the Slurm controller test)."""
+    out = _in_a_fresh_process(
+        "import ctypes\n"
+        "from gpuvigil.node.probes import exec as ex\n"
+        "assert ex.run(['true']).ok\n"
+        "v = ctypes.c_int(-1)\n"
+        "ctypes.CDLL(None).prctl(37, ctypes.byref(v), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER\n"
+        "print(v.value)\n"
+    )
+    assert out == "0"
 
 
 def test_other_children_of_the_runner_are_never_touched(tmp_path: Path) -> None:

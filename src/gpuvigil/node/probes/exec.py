@@ -9,10 +9,16 @@ killed by a signal failed whatever it printed first.
 The whole process tree dies at the deadline (and after a normal exit, anything the tool
 left behind): the child runs in its own process group, every descendant found under it
 is killed, and so is any process that left the group with `setsid`. For the last, the
-runner makes its process a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a daemonised
-grandchild whose parent exited is re-parented to us instead of to init, and it marks each
-run's environment (`GPUVIGIL_RUN`), so such an orphan is recognised among our children,
-killed and reaped. A cgroup would do the same, but a DaemonSet rarely may create one.
+agent's process is a child subreaper (`PR_SET_CHILD_SUBREAPER`, `become_subreaper()`), so
+a daemonised grandchild whose parent exited is re-parented to it instead of to init, and
+each run's environment is marked (`GPUVIGIL_RUN`), so such an orphan is recognised among
+its children, killed and reaped. A cgroup would do the same, but a DaemonSet rarely may
+create one.
+
+Only the agent opts in: a subreaper also adopts the orphans of every daemon it ever
+started, and they would live on as its children. A controller, a test session or a
+program that imports gpuvigil as a library (any of which may have started daemons that
+detach, as slurmd does with each slurmstepd) keeps init as their reaper.
 """
 
 from __future__ import annotations
@@ -128,7 +134,6 @@ def run(
         return ExecResult(
             argv, None, b"", b"", 0.0, error="missing", detail=f"{argv[:1]} not found"
         )
-    become_subreaper()
     mark = uuid.uuid4().hex
     try:
         proc = subprocess.Popen(
@@ -208,7 +213,8 @@ _subreaper: bool | None = None
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants (Linux 3.4+), once: a
     tool's grandchild that escapes with `setsid` is then re-parented to us, where
-    `_kill_tree` finds it. False where the kernel or libc does not offer it."""
+    `_kill_tree` finds it. False where the kernel or libc does not offer it. Called by
+    the agent's process only (see the module's note)."""
     global _subreaper
     with _subreaper_lock:
         if _subreaper is None:
