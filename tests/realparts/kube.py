@@ -23,6 +23,19 @@ KUBE_BIN = Path(
     os.environ.get("GPUVIGIL_KUBE_BIN", str(Path.home() / ".cache/gpuvigil/k8s-1.20.2"))
 )
 TOKEN = "gpuvigil-test-admin-token"
+# Admins whose writes the API server's audit log records (request bodies included), for
+# tests that must know who wrote what, when, by the server's clock (split brain). Everyone
+# else is not audited: the log stays small.
+AUDITED = tuple(f"gpuvigil-audited-{i}" for i in range(4))
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Request
+  users: [{}]
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+""".format(", ".join(f'"{u}"' for u in AUDITED))
 
 
 def available() -> tuple[bool, str]:
@@ -43,6 +56,7 @@ class KubeCluster:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = workdir / "kubeconfig"
+        self.audit_log = workdir / "audit.log"
         self._extra: dict[str, Proc] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -68,7 +82,11 @@ class KubeCluster:
         subprocess.run(
             ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True
         )
-        (d / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+        (d / "tokens.csv").write_text(
+            f'{TOKEN},admin,admin,"system:masters"\n'
+            + "".join(f'{u}-token,{u},{u},"system:masters"\n' for u in AUDITED)
+        )
+        (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
         (d / "certs").mkdir(exist_ok=True)
         self.procs.append(
             Proc(
@@ -91,6 +109,9 @@ class KubeCluster:
                     "--service-cluster-ip-range", "10.96.0.0/24",
                     "--disable-admission-plugins", "ServiceAccount",
                     "--enable-priority-and-fairness=false",
+                    "--audit-policy-file", str(d / "audit-policy.yaml"),
+                    "--audit-log-path", str(self.audit_log),
+                    "--audit-log-maxbackup", "0",
                     # As on every real cluster (kubeadm, EKS, GKE): node agents such as
                     # node-problem-detector and gpuvigil's DaemonSet run privileged.
                     "--allow-privileged=true",
@@ -119,8 +140,9 @@ class KubeCluster:
             p.stop()
         self._extra.clear()
 
-    def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(
+    def _write_kubeconfig(self, path: Path | None = None, token: str = TOKEN) -> Path:
+        path = path or self.kubeconfig
+        path.write_text(
             f"""apiVersion: v1
 kind: Config
 clusters:
@@ -128,13 +150,30 @@ clusters:
   cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
 users:
 - name: admin
-  user: {{token: "{TOKEN}"}}
+  user: {{token: "{token}"}}
 contexts:
 - name: test
   context: {{cluster: test, user: admin}}
 current-context: test
 """
         )
+        return path
+
+    def audited_kubeconfig(self, user: str) -> Path:
+        """A kubeconfig for one of `AUDITED`: its writes are in `audit_events()`."""
+        assert user in AUDITED, user
+        return self._write_kubeconfig(self.dir / f"kubeconfig-{user}", f"{user}-token")
+
+    def audit_events(self, users: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The audit log's completed requests by these users, in the order written."""
+        import json
+
+        out = []
+        for line in self.audit_log.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("stage") == "ResponseComplete" and ev["user"]["username"] in users:
+                out.append(ev)
+        return out
 
     def start_scheduler(self) -> None:
         """A real kube-scheduler: it honours NoSchedule taints and nvidia.com/gpu capacity."""
