@@ -73,7 +73,8 @@ def slo_rows(s: Summary) -> list[list[terminal.Cell]]:
         [f["job_success_rate"].label, f["job_success_rate"].text, pct(js["target"], 2),
          _met(js["met"]), _burn(js["budget_burned"]),
          plain(f"{js['succeeded']} ok, {js['failed']} failed, {js['cancelled']} cancelled, "
-               f"{js['restarts']} restarts")],
+               f"{js['censored']} still running (no verdict); by work "
+               f"{f['job_success_by_work'].text}; {js['restarts']} restarts")],
         [f["goodput"].label, f["goodput"].text, "-", "-", "-",
          plain(f"{g['productive_gpu_s'] / 3600:,.1f} productive of "
                f"{g['allocated_gpu_s'] / 3600:,.1f} GPU-h")],
@@ -87,6 +88,7 @@ def slo_rows(s: Summary) -> list[list[terminal.Cell]]:
     rows.append([
         f["false_positive_drains"].label, pct(fp, 1), "-", "-", "-",
         plain(f"{dr['false_positive']} of {dr['total']} drains returned without repair; "
+              f"{dr['human_releases']} ended by a person's release (never false positives); "
               f"{dr['cordons']} cordons without drain; {dr['absorbed_incidents']} incidents "
               f"cleared in service; {j['breaker_trips']} breaker trips"),
     ])  # fmt: skip

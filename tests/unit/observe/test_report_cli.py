@@ -85,6 +85,23 @@ def test_tables_and_html(run_cli, tmp_path: Path) -> None:
     assert html.read_text().startswith("<!DOCTYPE html>")
 
 
+def test_the_table_tells_the_honest_numbers(run_cli, tmp_path: Path) -> None:
+    """A one-node job that finished and an eight-node job that gave up: half the jobs
+    succeeded but a ninth of the work; a job still running is censored, not a success."""
+    p = tmp_path / "jobs.jsonl"
+    with EventWriter(p) as w:
+        for job, gpus, result in (("small", 8, "succeeded"), ("big", 64, "failed")):
+            w.write(Event(ts=0, kind="job.start", source="t", job=job, data={"gpus": gpus}))
+            w.write(Event(ts=3600, kind="job.end", source="t", job=job,
+                          data={"result": result, "allocated_gpu_s": gpus * 3600.0}))  # fmt: skip
+        w.write(Event(ts=10, kind="job.start", source="t", job="long", data={"gpus": 8}))
+    proc = run_cli("report", str(p), "--window", "all", env={"COLUMNS": "200"})
+    assert proc.returncode in (0, 1), proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "1 ok, 1 failed, 0 cancelled, 1 still running (no verdict); by work 11.11%" in text
+    assert "50.00%" in text
+
+
 def test_no_usable_events_exits_2(run_cli, tmp_path: Path) -> None:
     p = tmp_path / "garbage"
     p.write_text("garbage\n")

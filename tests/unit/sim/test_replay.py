@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuvigil.core.events import Event, EventWriter, Kind
+from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.sim import replay
 
 T = datetime(2026, 3, 1, tzinfo=UTC).timestamp()
@@ -130,3 +131,16 @@ def test_replay_inputs_never_raise_on_garbage(tmp_path_factory, data: bytes):
     replay.is_event_log(path)
     list(replay.changes_from_events([path]))
     list(replay.changes_from_kernel_logs([path], config=NodeConfig()))
+
+
+def test_the_fleet_size_scales_the_breaker() -> None:
+    """Three nodes lose a GPU at once. In a fleet of three that is beyond chance and the
+    breaker trips; in a 1,000-node fleet (nodes the log names without a problem) three is
+    what independent faults explain, so the controller repairs them."""
+    finding = Finding(check="kernel_log", code="XID_79", status=Status.FAILED,
+                      component="gpu:2", action=Action.REBOOT, fatal=True)  # fmt: skip
+    changes = [(T + i, f"n{i}", [finding]) for i in range(3)]
+    small = replay.replay(changes, fleet=3).counts()
+    large = replay.replay(changes, fleet=1000).counts()
+    assert small.get("breaker trips", 0) >= 1 and "REBOOT" not in small
+    assert "breaker trips" not in large and large.get("REBOOT", 0) >= 1

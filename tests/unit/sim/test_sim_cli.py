@@ -74,3 +74,24 @@ def test_demo_table_json_and_html_show_the_same_figures(run_cli, tmp_path):
             text = show(row[key], specs[key])
             assert cells[specs[key].label] == text, (name, key)
             assert text in html_cells, (name, key, html_cells)
+
+
+def test_the_html_splits_many_runs_into_parts():
+    """Ten runs side by side do not fit 1280 px (the Chromium test measures it; five do):
+    every figure's table comes in parts of at most five runs, each run in one part, and
+    the comparison comes as the terminal's two tables."""
+    import re
+
+    from gpuvigil.observe.html import runs_section
+    from gpuvigil.sim.results import Results
+
+    names = [f"run-{i}" for i in range(10)]
+    page = runs_section({n: Results(n, 1, 1.0, 1, "mixed").figures() for n in names},
+                        main="run-0")  # fmt: skip
+    heads = [re.findall(r"<th[^>]*>([^<]*)</th>", h)
+             for h in re.findall(r"<thead>(.*?)</thead>", page.replace('<span class="k">', "")
+                                 .replace("</span>", ""))]  # fmt: skip
+    parts = [h[1:-1] for h in heads if h[0] == "figure"]
+    assert len(parts) == 2 and all(len(p) <= 5 for p in parts)
+    assert [n for p in parts for n in p] == names
+    assert [h[0] for h in heads].count("run") == 2
