@@ -64,6 +64,10 @@ OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
 
 
+def pool_label(labels: dict[str, str]) -> str:
+    return labels.get("gpuvigil.io/pool", "default")
+
+
 class KubernetesCluster:
     name = "kubernetes"
     max_concurrency = 16  # the controller may apply decisions to this many nodes at once
@@ -76,6 +80,7 @@ class KubernetesCluster:
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = self.settings.request_timeout_s
         self._seen: dict[str, tuple[list[dict[str, Any]], str]] = {}
+        self._pools: dict[str, str] = {}  # node -> pool, as last read (a drain's grace period)
         self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.drainer = Drainer(self.core, self.settings, self.calls, self._pages)
@@ -172,7 +177,7 @@ class KubernetesCluster:
         res = json_object(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
-            pool=labels.get("gpuvigil.io/pool", "default"),
+            pool=pool_label(labels),
             labels=labels,
             health=health,
             health_error=None if health else ("unreadable" if health_text else "absent"),
@@ -220,6 +225,7 @@ class KubernetesCluster:
                     list(raw.get("spec", {}).get("taints") or []),
                     meta.get("resourceVersion", ""),
                 )
+                self._pools[meta["name"]] = pool_label(meta.get("labels") or {})
 
     def _set_taints(self, name: str, change: Callable[[list[dict[str, Any]]], list[Any]]) -> None:
         """Read-modify-write of the taint list with the resourceVersion (no lost updates)."""
@@ -349,4 +355,9 @@ class KubernetesCluster:
         return LeaseStore(self.api_client, self.settings)
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        return self.drainer.drain(name, deadline=deadline, reason=reason)
+        with self._lock:
+            pool = self._pools.get(name)
+        if pool is None:
+            pool = self.get_node(name).pool
+        grace = self.settings.eviction_grace_for(pool)
+        return self.drainer.drain(name, deadline=deadline, reason=reason, grace_s=grace)
