@@ -120,3 +120,25 @@ def charged(code: int) -> Charged:
 def spared(retry: Retry = Retry.IGNORE) -> tuple[int, ...]:
     """The codes a retry policy treats this way, sorted (for podFailurePolicy rules)."""
     return tuple(sorted(c for c, e in TABLE.items() if c != SUCCESS and e.retry is retry))
+
+
+def pod_failure_policy(*, container: str | None = None) -> dict[str, object]:
+    """A Kubernetes Job's `podFailurePolicy` from this table: a pod the platform disrupted
+    (the `DisruptionTarget` condition gpuvigil's drain sets) and the codes whose `retry` is
+    IGNORE are retried without using up `backoffLimit`; FAIL codes end the job. The shipped
+    example (`deploy/kubernetes/examples/training-job.yaml`) holds exactly this."""
+
+    def on_codes(codes: tuple[int, ...]) -> dict[str, object]:
+        req: dict[str, object] = {"operator": "In", "values": list(codes)}
+        if container is not None:
+            req = {"containerName": container, **req}
+        return req
+
+    rules: list[dict[str, object]] = [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    ]
+    if spared(Retry.IGNORE):
+        rules.append({"action": "Ignore", "onExitCodes": on_codes(spared(Retry.IGNORE))})
+    if spared(Retry.FAIL):
+        rules.append({"action": "FailJob", "onExitCodes": on_codes(spared(Retry.FAIL))})
+    return {"rules": rules}
