@@ -1,0 +1,137 @@
+"""Processes the lab starts: each in its own session with its log file, stopped by PID
+(its whole process group), never by name. Readiness is polled with a deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A process with its log file; `stop()` signals its whole process group."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        user: str | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._logf = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            user=user,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def send(self, sig: int) -> None:
+        """Signal the process itself (as a container runtime signals PID 1)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.popen.pid, sig)
+
+    def kill_all(self) -> None:
+        """SIGKILL the process and everything it started, as a runtime kills a container's
+        cgroup: its group and every descendant, also those in sessions of their own
+        (torchrun starts its workers so)."""
+        for pid in [*descendants(self.popen.pid), self.popen.pid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
+        """`sig`, then SIGKILL of the whole tree after `timeout` seconds."""
+        if self.alive():
+            self.send(sig)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_all()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+        if not self._logf.closed:
+            self._logf.close()
+        return self.popen.returncode
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (from /proc), children before their own children."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields follow the last ")".
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> object:
+    """Poll `predicate` until it returns something true; TimeoutError names `what`."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = predicate()
+            if got:
+                return got
+        except Exception as e:  # noqa: BLE001 - a server not up yet raises; keep polling
+            last_exc = e
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}: {last_exc!r}")
