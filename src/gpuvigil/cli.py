@@ -15,6 +15,7 @@ from gpuvigil.commands import (
     check,
     controller,
     demo,
+    lab,
     logscan,
     nodes,
     npd,
@@ -31,7 +32,7 @@ app = typer.Typer(
     help=(
         "Keeps GPU fleets fit for gang training: fail-closed node checks (check, analyze, "
         "logscan, agent, preflight), safe remediation (controller, nodes, release), and the "
-        "numbers that prove it (report, simulate, demo)."
+        "numbers that prove it (report, simulate, demo, lab)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -53,6 +54,7 @@ for module in (
     simulate,
     replay,
     demo,
+    lab,
 ):
     module.register(app)
 

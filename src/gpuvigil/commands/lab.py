@@ -1,0 +1,111 @@
+"""`gpuvigil lab --fault KIND`: one fault through the whole platform on real parts, on this
+machine; prints the timeline (or `--json`)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+HELP = """Inject one fault into the whole platform running on this machine, on real parts,
+and show what every part did about it, second by second.
+
+The lab starts etcd and a real kube-apiserver, kube-scheduler and kube-controller-manager
+(built once by `make kube`), registers GPU nodes (--nodes, default 3) each with its own
+`gpuvigil agent` over fake GPUs and its own kernel log, runs `gpuvigil controller` for real
+and a 2-node torchrun job (examples/train_resilient.py on gloo) whose ranks are pods, with
+a small kubelet that runs the pods and carries out GPU resets and reboots. It injects the
+fault, follows it until the node is back in service (or quarantined, or replaced) and the
+job has finished, and prints the timeline, the ladder steps, every node's final state, the
+job's restarts and lost steps, and what `gpuvigil report` says about the run.
+
+Faults: xid48 (a GPU reset cures it), xid79 (needs a reboot), row-remap-failure (needs a new
+GPU), rank-hang (a rank stops making progress), agent-stop (the node's agent dies).
+
+Exit status: 0 the run settled as expected for the fault, 1 it did not (timed out, or the
+job failed), 2 the lab could not run (a part is missing: the message names the fix).
+
+Try it: gpuvigil lab --fault xid48
+"""
+HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
+
+
+def render(result: dict[str, Any]) -> str:
+    """The timeline and the outcome as text a person reads top to bottom."""
+    lines = [f"gpuvigil lab: fault {result['fault']} on {result['node']}", ""]
+    for e in result["timeline"]:
+        node = e["node"] or "-"
+        lines.append(f"{e['t_s']:>8.1f}s  {e['event']:<18} {node:<10} {e['detail']}")
+    job = result["job"]
+    lines += [
+        "",
+        f"remediation steps: {', '.join(result['remediation_steps']) or 'none'}",
+        "final state: " + ", ".join(f"{n} {s}" for n, s in result["final_state"].items()),
+        f"job: {'finished' if job['finished'] else job['state']}, {job['restarts']} "
+        f"restart(s), lost steps {job['lost_steps']}, exit codes {job['exit_codes']}",
+    ]
+    att = (result.get("report") or {}).get("attribution") or {}
+    for a in att.get("failures") or []:
+        lines.append(f"report: {a['event']} -> {a['cause']} ({a['confidence']}): {a['summary']}")
+    lines.append(f"took {result['duration_s']} s; files in {result['workdir']}")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("lab", help=HELP)
+    def lab(
+        *,
+        fault: Annotated[
+            str,
+            typer.Option("--fault", help="xid48, xid79, row-remap-failure, rank-hang, agent-stop."),
+        ],
+        on: Annotated[
+            str | None,
+            typer.Option("--on", help="The node to break (default: a node running the job)."),
+        ] = None,
+        nodes: Annotated[int, typer.Option("--nodes", help="GPU nodes (3 to 8).")] = 3,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+        config: Annotated[
+            Path | None,
+            typer.Option("--config", help="YAML with a `lab:` section (intervals, job size)."),
+        ] = None,
+        workdir: Annotated[
+            Path | None,
+            typer.Option("--workdir", help="Keep the run's files (logs, events) here."),
+        ] = None,
+    ) -> None:
+        from gpuvigil.core import config as core_config
+        from gpuvigil.lab import control_plane, faults
+        from gpuvigil.lab.config import LabConfig
+        from gpuvigil.lab.run import Lab, LabError, cleanup
+
+        if fault not in faults.KINDS:
+            typer.echo(f"gpuvigil lab: unknown --fault {fault!r}; one of "
+                       f"{', '.join(faults.KINDS)}", err=True)  # fmt: skip
+            raise typer.Exit(2)
+        why = control_plane.missing()
+        if why:
+            typer.echo(f"gpuvigil lab: {why}", err=True)
+            raise typer.Exit(2)
+        try:
+            data = core_config.read_yaml(config).get("lab", {}) if config else {}
+            cfg = core_config.validate(LabConfig, {**data, "nodes": nodes},
+                                       source=str(config or "--nodes"))  # fmt: skip
+        except core_config.ConfigError as e:
+            typer.echo(f"gpuvigil lab: {e}", err=True)
+            raise typer.Exit(2) from e
+        keep = workdir is not None
+        folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
+        try:
+            result = Lab(cfg, fault=fault, on=on, workdir=folder).run().to_json()
+        except LabError as e:
+            typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)
+            raise typer.Exit(2) from e
+        if not keep and result["settled"]:
+            cleanup(folder)
+            result["workdir"] = f"{folder} (removed; keep it with --workdir)"
+        typer.echo(json.dumps(result, indent=2) if as_json else render(result))
+        raise typer.Exit(0 if result["settled"] and result["job"]["finished"] else 1)

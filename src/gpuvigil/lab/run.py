@@ -1,0 +1,394 @@
+"""One lab run: start the parts, run the job, inject the fault, follow it to the end.
+
+`Lab(config, fault=..., on=..., workdir=...).run()` returns a `LabResult` (the timeline,
+the ladder steps taken, every node's final state, the job's outcome and what `gpuvigil
+report --json` computes from the run's event logs). Everything it starts is stopped by PID
+when it returns, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuvigil.core.config import deep_merge
+from gpuvigil.lab import faults
+from gpuvigil.lab.config import LabConfig
+from gpuvigil.lab.control_plane import ControlPlane
+from gpuvigil.lab.follow import Follower
+from gpuvigil.lab.jobs import JOB_LABEL, GangJob, load_example
+from gpuvigil.lab.kubelet import Kubelet
+from gpuvigil.lab.machine import SRC, Machine, python_env
+from gpuvigil.lab.procs import Proc, descendants, free_port
+
+REPO = SRC.parent
+NAMESPACE = "default"
+JOB = "lab-train"
+POOL = "lab"
+HOST = "$(GPUVIGIL_LAB_MACHINE)"  # a pod's path to its machine's folder (kubelet.py)
+
+
+class LabError(RuntimeError):
+    """The lab could not run (a part missing or dead); the message says which."""
+
+
+@dataclass
+class LabResult:
+    fault: str
+    node: str
+    timeline: list[dict[str, Any]]
+    remediation_steps: list[str]
+    final_state: dict[str, str]
+    job: dict[str, Any]
+    report: dict[str, Any]
+    settled: bool
+    duration_s: float
+    workdir: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fault": self.fault,
+            "node": self.node,
+            "timeline": self.timeline,
+            "remediation_steps": self.remediation_steps,
+            "final_state": self.final_state,
+            "job": self.job,
+            "report": self.report,
+            "settled": self.settled,
+            "duration_s": round(self.duration_s, 1),
+            "workdir": self.workdir,
+            "notes": self.notes,
+        }
+
+
+class Lab:
+    def __init__(self, config: LabConfig, *, fault: str, on: str | None, workdir: Path) -> None:
+        if fault not in faults.KINDS:
+            raise LabError(f"unknown fault {fault!r}; one of {', '.join(faults.KINDS)}")
+        self.cfg, self.fault, self.target = config, fault, on
+        self.dir = workdir
+        self.events = workdir / "events"
+        self.names = [f"lab-gpu-{i}" for i in range(1, config.nodes + 1)]
+        if on is not None and on not in self.names:
+            raise LabError(f"--on {on!r}: the lab's nodes are {', '.join(self.names)}")
+        self.cp = ControlPlane(workdir / "cluster")
+        self.machines: dict[str, Machine] = {}
+        self.kubelets: dict[str, Kubelet] = {}
+        self.controller: Proc | None = None
+        self.follow = Follower(self.events)
+        self.job: GangJob | None = None
+        self.api: Any = None
+        self.t_start = time.monotonic()
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.events.mkdir(parents=True, exist_ok=True)
+        self.cp.start()
+        from kubernetes import client, config
+
+        self.api = client.CoreV1Api(config.new_client_from_config(str(self.cp.kubeconfig)))
+        self._apply_manifests(REPO / "deploy/kubernetes/preflight")
+        shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
+        agent_cfg = deep_merge(shipped, self.cfg.agent)
+        for name in self.names:
+            m = Machine(
+                name,
+                self.dir / "machines" / name,
+                kubeconfig=self.cp.kubeconfig,
+                agent_config=agent_cfg,
+                agent_restart_s=self.cfg.agent_restart_s,
+            )
+            m.create()
+            self.machines[name] = m
+            k = Kubelet(m, self.api, pods_dir=self.dir / "pods")
+            k.register(labels={"nvidia.com/gpu.present": "true", "gpuvigil.io/pool": POOL},
+                       taints=[])  # fmt: skip
+            self.kubelets[name] = k
+            m.start_agent()
+        self._start_controller()
+        self._until(self._agents_published, 90, "every agent's first health summary")
+
+    def _apply_manifests(self, folder: Path) -> None:
+        from kubernetes import utils
+
+        kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuvigil"}}
+        self.api.create_namespace(ns)
+        for res in kust.get("resources") or []:
+            utils.create_from_yaml(self.api.api_client, str(folder / res))
+
+    def _start_controller(self) -> None:
+        cfg = deep_merge(
+            {
+                "cluster": "kubernetes",
+                "events_path": str(self.events / "controller.jsonl"),
+                "kubernetes": {"kubeconfig": str(self.cp.kubeconfig)},
+            },
+            self.cfg.controller,
+        )
+        path = self.dir / "controller.yaml"
+        path.write_text(yaml.safe_dump({"controller": cfg}))
+        self.controller = Proc(
+            [sys.executable, "-m", "gpuvigil", "controller", "--config", str(path)],
+            log=self.dir / "logs/controller.log",
+            env=python_env(),
+        )
+
+    def _agents_published(self) -> bool:
+        from gpuvigil.core import wire
+
+        for name in self.names:
+            ann = self.api.read_node(name).metadata.annotations or {}
+            if wire.HEALTH_ANNOTATION not in ann:
+                return False
+        return True
+
+    def start_job(self) -> None:
+        example = load_example(REPO / "deploy/kubernetes/examples/training-job.yaml")
+        example["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = self.cfg.grace_s
+        c = self.cfg
+        self.job = GangJob(
+            name=JOB,
+            namespace=NAMESPACE,
+            example=example,
+            ranks=2,
+            args=[
+                str(REPO / "examples/train_resilient.py"),
+                f"--steps={c.steps}",
+                f"--checkpoint-dir={self.dir / 'checkpoints'}",
+                f"--checkpoint-every={c.checkpoint_every}",
+            ],
+            env={
+                "GPUVIGIL__TRAINING__EVENTS_FILE": str(self.events / "training.jsonl"),
+                # the DaemonSet's hostPath /run/gpuvigil, where the agent's report is
+                "GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE": f"{HOST}/run/report.json",
+                "GPUVIGIL__TRAINING__WATCHDOG__TIMEOUT_S": str(c.watchdog_timeout_s),
+                "GV_FAULTS": f"slow@*:0:*={c.step_ms}",  # the example's pacing hook
+            },
+            port_for=free_port,
+        )
+        self.follow.add("job", None, self.job.start_attempt(self.api))
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        dead = self.cp.dead()
+        if dead:
+            raise LabError(f"{', '.join(dead)} exited; see {self.cp.dir / 'logs'}")
+        if self.controller is not None and not self.controller.alive():
+            raise LabError(f"gpuvigil controller exited:\n{self.controller.log_tail()}")
+        pods = json.loads(self.api.list_pod_for_all_namespaces(_preload_content=False).data)
+        by_node: dict[str, list[dict[str, Any]]] = {n: [] for n in self.kubelets}
+        for pod in pods.get("items") or []:
+            node = pod["spec"].get("nodeName")
+            if node in by_node:
+                by_node[node].append(pod)
+        for name, kubelet in self.kubelets.items():
+            if name in self.follow.gone:
+                continue
+            kubelet.sync(by_node[name])
+            m = kubelet.machine
+            if m.reboot_requested():
+                self.follow.add("reboot", name, "the machine reboots (its processes die)")
+                kubelet.reboot()
+            elif m.tend_agent():
+                self.follow.add("agent_restart", name, "the agent was started again")
+        if self.job is not None:
+            mine = [p for p in pods.get("items") or []
+                    if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == JOB]  # fmt: skip
+            for event, detail in self.job.sync(self.api, mine):
+                self.follow.add(event, None, detail)
+        nodes = json.loads(self.api.list_node(_preload_content=False).data)
+        self.follow.read_nodes(nodes.get("items") or [], self.names)
+        for name in list(self.follow.gone):
+            k = self.kubelets.pop(name, None)
+            if k is not None:  # the machine went back to the provider
+                k.stop()
+                k.machine.stop()
+        self.follow.read_logs()
+
+    def _until(self, pred: Any, timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.tick()
+            if pred():
+                return
+            time.sleep(0.2)
+        raise LabError(f"timed out after {timeout:g} s waiting for {what}")
+
+    # ---- the fault -----------------------------------------------------------------------
+
+    def wait_for_progress(self) -> None:
+        """Until the job has saved its first checkpoint and run half an interval more, so a
+        fault finds work both saved and not yet saved."""
+        job = self.job
+        assert job is not None
+        self._until(lambda: self.follow.last_step >= self.cfg.checkpoint_every, 120,
+                    "the job's first checkpoint")  # fmt: skip
+        half = self.cfg.checkpoint_every * self.cfg.step_ms / 2000
+        self._until(lambda: True, 0.1, "")
+        end = time.monotonic() + half
+        while time.monotonic() < end:
+            self.tick()
+            time.sleep(0.1)
+
+    def pick_target(self) -> str:
+        if self.target is not None:
+            return self.target
+        assert self.job is not None
+        nodes = self.job.attempts[-1].nodes
+        pods = sorted(nodes)
+        return nodes[pods[-1]] if pods else self.names[-1]
+
+    def inject(self) -> str:
+        node = self.target = self.pick_target()
+        m = self.machines[node]
+        self.follow.fault_ts = time.time()
+        if self.fault in faults.GPU_FAULTS:
+            gpu = 3
+            line = faults.GPU_FAULTS[self.fault](m, gpu)
+            detail = f"{faults.KINDS[self.fault].summary}; gpu:{gpu}; kernel log: {line}"
+        elif self.fault == "rank-hang":
+            pids = self._rank_pids(node)
+            if not pids:
+                raise LabError(f"no training rank runs on {node} to hang")
+            for pid in pids:
+                faults.stop_process(pid)
+            detail = f"rank process(es) {pids} stopped (SIGSTOP)"
+        else:
+            m.kill_agent()
+            detail = f"agent pid {m.agent.pid if m.agent else '?'} killed (SIGKILL)"
+        self.follow.add("fault", node, detail, ts=self.follow.fault_ts)
+        return node
+
+    def _rank_pids(self, node: str) -> list[int]:
+        kubelet = self.kubelets[node]
+        out = []
+        for run in kubelet.runs.values():
+            proc = run.procs.get("trainer")
+            if proc is None or run.finished:
+                continue
+            for pid in descendants(proc.pid):
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"train_resilient.py" in cmd and b"gpuvigil.training.launch" not in cmd:
+                    out.append(pid)
+        return out
+
+    def settled(self) -> bool:
+        assert self.job is not None and self.target is not None
+        if self.job.state == "Running":
+            return False
+        node, f = self.target, self.follow
+        if node in f.gone or f.states.get(node) == "QUARANTINED":
+            return True
+        in_service = f.states.get(node, "HEALTHY") == "HEALTHY" and not f.blocked(node)
+        if self.fault == "rank-hang":
+            return in_service
+        return in_service and node in f.left_service
+
+    def follow_to_end(self) -> bool:
+        end = self.t_start + self.cfg.timeout_s
+        while time.monotonic() < end:
+            self.tick()
+            if self.settled():
+                return True
+            time.sleep(0.2)
+        return False
+
+    # ---- the end -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        for k in self.kubelets.values():
+            k.stop()
+        if self.controller is not None:
+            self.controller.stop()
+        for m in self.machines.values():
+            m.stop()
+        self.cp.stop()
+
+    def final_state(self) -> dict[str, str]:
+        from gpuvigil.platform.state import STATE_ANNOTATION, decode_record
+
+        out = {}
+        for name in self.names:
+            if name in self.follow.gone:
+                out[name] = "REMOVED"
+                continue
+            ann = self.api.read_node(name).metadata.annotations or {}
+            rec = decode_record(ann.get(STATE_ANNOTATION))
+            out[name] = rec.state.value if rec is not None else "HEALTHY"
+        return out
+
+    def report(self) -> dict[str, Any]:
+        files = sorted(str(p) for p in self.events.glob("*.jsonl"))
+        if not files:
+            return {}
+        res = subprocess.run(
+            [sys.executable, "-m", "gpuvigil", "report", *files, "--json", "--window", "all"],
+            capture_output=True, text=True, timeout=60, env=python_env(), check=False,
+        )  # fmt: skip
+        try:
+            return dict(json.loads(res.stdout))
+        except ValueError:
+            return {"error": f"gpuvigil report exited {res.returncode}: {res.stderr[-500:]}"}
+
+    def run(self) -> LabResult:
+        settled = False
+        try:
+            self.start()
+            self.start_job()
+            self.wait_for_progress()
+            self.inject()
+            settled = self.follow_to_end()
+            final = self.final_state()
+        finally:
+            self.follow.read_logs()
+            self.stop()
+        job = self.job
+        assert job is not None and self.target is not None
+        f = self.follow
+        return LabResult(
+            fault=self.fault,
+            node=self.target,
+            timeline=f.timeline(),
+            remediation_steps=[s for n, s in f.steps if n == self.target],
+            final_state=final,
+            job={
+                "finished": job.state == "Succeeded",
+                "state": job.state,
+                "restarts": len(job.attempts) - 1,
+                "lost_steps": sum(f.lost_steps) if f.lost_steps else None,
+                "exit_codes": job.exit_codes(),
+                "attempts": [
+                    {
+                        "attempt": a.number,
+                        "nodes": sorted(a.nodes.values()),
+                        "exit_codes": a.exit_codes,
+                        "policy": a.failed,
+                    }
+                    for a in job.attempts
+                ],
+                "backoff_counted": job.counted,
+            },
+            report=self.report(),
+            settled=settled,
+            duration_s=time.monotonic() - self.t_start,
+            workdir=str(self.dir),
+        )
+
+
+def cleanup(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
