@@ -1,5 +1,6 @@
-"""The controller's per-node values: the policy state, the record stored on the node, and
-`NodeView` (what a cluster adapter reads about one node).
+"""The controller's per-node values: the record stored on the node, and `NodeView` (what a
+cluster adapter reads about one node). The policy states are core's (`core.states.State`,
+re-exported here).
 
 Pure data, no I/O: the policy (`platform.policy`) reads these, the cluster adapters
 (`platform.clusters.*`) build and store them, the simulator and `gpuvigil nodes` show them.
@@ -16,11 +17,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.states import State
 from gpuvigil.core.wire import DOMAIN, HealthSummary
 
 STATE_ANNOTATION = f"{DOMAIN}/state"
@@ -29,26 +30,6 @@ HISTORY_LIMIT = 12  # transitions kept on the node (annotation size stays ~2 KB)
 
 # The remediation ladder: each step is tried once per episode, in this order.
 LADDER: tuple[Action, ...] = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
-
-
-class State(StrEnum):
-    """Where a node is in its remediation; see docs/controller.md for the diagram."""
-
-    HEALTHY = "HEALTHY"  # in service (unless someone else blocks it)
-    SUSPECT = "SUSPECT"  # a problem: new work blocked, running work continues
-    DRAINING = "DRAINING"  # running work is being moved off
-    REMEDIATING = "REMEDIATING"  # a ladder step (reset, reboot, replace) is in progress
-    VALIDATING = "VALIDATING"  # preflight must pass before new work lands
-    QUARANTINED = "QUARANTINED"  # needs a human: `gpuvigil release NODE`
-
-    @property
-    def disruptive(self) -> bool:
-        """States that count against the disruption budget."""
-        return self in (State.DRAINING, State.REMEDIATING)
-
-    @property
-    def blocks(self) -> bool:
-        return self is not State.HEALTHY
 
 
 class Transition(BaseModel):
@@ -201,3 +182,4 @@ class NodeView:
     @property
     def failed(self) -> bool:
         return self.health is not None and self.health.status is Status.FAILED
+
