@@ -29,6 +29,7 @@ from pydantic import Field
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Action, utcnow
+from gpuvigil.core.states import REMOVED
 from gpuvigil.platform.clusters.base import (
     Cluster,
     ClusterError,
@@ -195,6 +196,13 @@ class Controller:
                 # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
                 self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
                 self.cluster.replace(node.name, reason=rec.reason)
+                if getattr(self.cluster, "replace_removes_node", False):
+                    # The node object is gone with its record: say so, so that layer 4 stops
+                    # counting a machine that left the fleet (its successor joins anew).
+                    self._event(node.name, Kind.NODE_STATE, now, **{
+                        "from": rec.state.value, "to": REMOVED, "reason": "replaced: node "
+                        "deleted", "dry_run": False})  # fmt: skip
+                    self._announced.discard(node.name)  # a successor of that name is new
             elif op.kind is OpKind.REVALIDATE:
                 # At least once: revalidate deletes only preflight pods older than `since`,
                 # so a repeat after a crash here never kills the fresh run.

@@ -89,6 +89,8 @@ class Cluster(Protocol):
     name: str  # "kubernetes" | "slurm" | "memory"
     # Optional: `max_concurrency` (int, default 1): how many nodes the controller may act on
     # at once. The memory cluster keeps 1 so that runs stay deterministic.
+    # Optional: `replace_removes_node` (bool, default False): `replace` deletes the node
+    # object (k8s delete-node), so the controller reports it REMOVED (`core.states`).
 
     def list_nodes(self) -> list[NodeView]:
         """Every node with its health summary, stored record, blocks and running work."""

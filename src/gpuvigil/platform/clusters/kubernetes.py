@@ -311,6 +311,11 @@ class KubernetesCluster:
                     raise  # 404: gone already, which is what we wanted
         return deleted
 
+    @property
+    def replace_removes_node(self) -> bool:
+        """A replacement deletes the Node (its successor joins under a name of its own)."""
+        return self.settings.replace == "delete-node"
+
     def replace(self, name: str, *, reason: str) -> None:
         mode = self.settings.replace
         if mode == "none":
