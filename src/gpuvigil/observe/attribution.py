@@ -23,6 +23,7 @@ from gpuvigil.core import codes, exit_codes
 from gpuvigil.core.events import Event, Kind
 from gpuvigil.core.exit_codes import Charged
 from gpuvigil.core.findings import Action
+from gpuvigil.core.states import State
 from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
 
 HARDWARE, NETWORK, STORAGE, HANG, USER, UNKNOWN = (
@@ -42,8 +43,9 @@ HW_HEALTH_CODES = frozenset(
     {"GPU_LOST", "GPU_COUNT_LOW", "DCGM_HEALTH_FAIL", "DCGM_DIAG_FAIL", "GPU_SDC", "GPU_SLOW"}
 )
 SEVERE_ACTIONS = frozenset({"RESET_GPU", "REBOOT", "REPLACE", "INVESTIGATE"})
-# Node states that do not take work away from a job (returning, validating, planned).
-NOT_A_DRAIN = (None, "HEALTHY", "VALIDATING", "MAINTENANCE")
+# A node moved to one of these around a failure had a problem the controller saw (blocked
+# or drained); a node returning through VALIDATING had not (`core.states`).
+TROUBLED = frozenset(s.value for s in State if s.blocks and s is not State.VALIDATING)
 # What an exit code the table charges to someone other than the program says, when no
 # event explains the failure better (`core.exit_codes.Charged` -> attribution cause).
 CHARGED_CAUSE = {
@@ -160,10 +162,12 @@ def to_evidence(ev: Event) -> Evidence | None:
         return Evidence(ev.ts, HANG, f"hang at step {d.get('step')} ({d.get('where', '?')})", node)
     if ev.kind == Kind.CHECKPOINT and d.get("result") not in (None, "ok", "succeeded"):
         return Evidence(ev.ts, STORAGE, f"checkpoint {d.get('result')} at step {d.get('step')}")
+    to = d.get("to")
     if (
         ev.kind == Kind.NODE_STATE
-        and d.get("to") not in NOT_A_DRAIN
-        and d.get("dry_run") is not True
+        and isinstance(to, str)
+        and to in TROUBLED
+        and not d.get("dry_run")
     ):
         why = str(d.get("reason") or "no reason")
         # A drain for a check that could not run is tool breakage, not hardware evidence.

@@ -49,8 +49,8 @@ CASES = [
      0.7, "exit code 1, no hardware evidence"),
     ("app-xid-is-user-code", [_xid(990, code="XID_13")], FAILED, "user_code", 0.8,
      "exit code 1, no hardware evidence; Xid 13 on gpu:3 of node-17"),
-    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINED", reason="preflight")],
-     KILLED, "hardware", 0.5, "node-18 -> DRAINED (preflight)"),
+    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINING", reason="preflight")],
+     KILLED, "hardware", 0.5, "node-18 -> DRAINING (preflight)"),
     ("drain-for-tool-breakage", [_xid(980, code="CHECK_TIMEOUT"),
                                  E(985, "node.state", node="node-17", to="DRAINING",
                                    reason="CHECK_TIMEOUT on node")],
@@ -141,3 +141,9 @@ def test_application_xids_come_from_the_catalog() -> None:
     assert {13, 31, 45} <= app
     assert 79 not in app and 48 not in app and 43 not in app  # 43: IGNORE, not the app's
     assert all(cat.rule("xid", c).outcome.action.value == "RESTART_APP" for c in app)
+
+
+def test_a_state_the_controller_does_not_have_is_no_evidence() -> None:
+    evs = [START, E(990, "node.state", node="node-18", to="DRAINED"), KILLED]
+    got = at.attribute(evs).attributions[0]
+    assert (got.cause, got.evidence) == ("unknown", ())
