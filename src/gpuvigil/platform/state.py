@@ -182,4 +182,3 @@ class NodeView:
     @property
     def failed(self) -> bool:
         return self.health is not None and self.health.status is Status.FAILED
-
