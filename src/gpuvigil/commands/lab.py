@@ -36,9 +36,27 @@ HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
 def render(result: dict[str, Any]) -> str:
     """The timeline and the outcome as text a person reads top to bottom."""
     lines = [f"gpuvigil lab: fault {result['fault']} on {result['node']}", ""]
-    for e in result["timeline"]:
+    quiet = 0  # routine checkpoints after the first one since the last other event
+    for i, e in enumerate(result["timeline"]):
+        routine = (
+            e["event"] == "checkpoint"
+            and i
+            and result["timeline"][i - 1]["event"]
+            in (
+                "checkpoint",
+                "job_resumed",
+            )
+        )
+        if routine:
+            quiet += 1
+            continue
+        if quiet:
+            lines.append(f"{'':>10}  ... {quiet} more checkpoint(s)")
+            quiet = 0
         node = e["node"] or "-"
         lines.append(f"{e['t_s']:>8.1f}s  {e['event']:<18} {node:<10} {e['detail']}")
+    if quiet:
+        lines.append(f"{'':>10}  ... {quiet} more checkpoint(s)")
     job = result["job"]
     lines += [
         "",
@@ -76,6 +94,9 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--workdir", help="Keep the run's files (logs, events) here."),
         ] = None,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")
+        ] = False,
     ) -> None:
         from gpuvigil.core import config as core_config
         from gpuvigil.lab import control_plane, faults
@@ -100,7 +121,9 @@ def register(app: typer.Typer) -> None:
         keep = workdir is not None
         folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
         try:
-            result = Lab(cfg, fault=fault, on=on, workdir=folder).run().to_json()
+            say = None if quiet else (lambda msg: typer.echo(msg, err=True))
+            lab_run = Lab(cfg, fault=fault, on=on, workdir=folder, progress=say)
+            result = lab_run.run().to_json()
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)
             raise typer.Exit(2) from e

@@ -69,6 +69,7 @@ class Follower:
     gone: set[str] = field(default_factory=set)
     lost_steps: list[int] = field(default_factory=list)  # from training's job.restart
     last_step: int = 0  # the latest completed step training reported
+    resumed_after: float | None = None  # a new attempt started then; its first save says so
     _tails: dict[Path, _Tail] = field(default_factory=dict)
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> last API view
 
@@ -106,6 +107,9 @@ class Follower:
             self.add("remediation", node, f"{action} {result}", ts)
         elif kind == Kind.CHECKPOINT:
             self.last_step = max(self.last_step, int(d.get("step") or 0))
+            if self.resumed_after is not None and ts >= self.resumed_after:
+                self.resumed_after = None
+                self.add("job_resumed", node, f"the restarted job saved step {d.get('step')}", ts)
             self.add("checkpoint", node, f"step {d.get('step')} saved ({d.get('result')}, "
                      f"{d.get('duration_s')} s)", ts)  # fmt: skip
         elif kind == Kind.HANG:

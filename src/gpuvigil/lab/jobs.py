@@ -145,6 +145,10 @@ class GangJob:
         keep = [e for e in trainer.get("env") or [] if e["name"] == "NODE_NAME"]
         trainer["env"] = keep + [{"name": k, "value": v} for k, v in self.env.items()]
         trainer.pop("volumeMounts", None)  # the machine's folders stand in for the mounts
+        for part in ("limits", "requests"):  # quantities as the API's typed client wants
+            res = (trainer.get("resources") or {}).get(part) or {}
+            for key in res:
+                res[key] = str(res[key])
         spec.pop("volumes", None)
         # One rank per node, as GPU requests of a whole node make the scheduler do.
         spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
@@ -229,8 +233,13 @@ def _release(api: Any, pod: dict[str, Any]) -> None:
     meta = pod["metadata"]
     left = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
     try:
-        api.patch_namespaced_pod(meta["name"], meta["namespace"],
-                                 {"metadata": {"finalizers": left}})  # fmt: skip
+        # A merge patch replaces the list (a strategic merge would keep what it omits).
+        api.patch_namespaced_pod(
+            meta["name"],
+            meta["namespace"],
+            {"metadata": {"finalizers": left}},
+            _content_type="application/merge-patch+json",
+        )
     except Exception as e:
         if "404" not in str(e):
             raise

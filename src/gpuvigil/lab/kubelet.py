@@ -122,6 +122,9 @@ class Kubelet:
                 run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"])
             if run.finished:
                 continue
+            for proc in run.procs.values():
+                if proc is not None:
+                    proc.remember()
             if meta.get("deletionTimestamp"):
                 self._terminate(run, grace=meta.get("deletionGracePeriodSeconds"))
             else:

@@ -42,6 +42,8 @@ def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    # The lab's API server has a self-signed certificate: one warning per request is noise.
+    env["PYTHONWARNINGS"] = "ignore:Unverified HTTPS request"
     env.update(extra or {})
     return env
 
@@ -55,19 +57,22 @@ class Machine:
         kubeconfig: Path,
         agent_config: dict[str, Any],
         agent_restart_s: float = 2.0,
+        env: dict[str, str] | None = None,
+        events_dir: Path | None = None,
     ) -> None:
         self.name = name
         self.dir = folder
         self.kubeconfig = kubeconfig
         self.agent_config = agent_config
         self.agent_restart_s = agent_restart_s
+        self.env = dict(env or {})  # settings every gpuvigil process on the machine gets
         self.root = folder / "root"
         self.scenario = folder / "nvml.json"
         self.kmsg = folder / "kern.log"
         self.bin = folder / "bin"
         self.state_file = folder / "run" / "report.json"
         self.reboot_marker = folder / "reboot-requested"
-        self.events_file = folder.parent / "events" / f"agent-{name}.jsonl"
+        self.events_file = (events_dir or folder / "events") / f"agent-{name}.jsonl"
         self.boot_id = ""
         self.booted_mono = time.monotonic()
         self.boots = 0
@@ -103,6 +108,7 @@ class Machine:
             "GPUVIGIL__NODE__GPU__NVML_MODULE": "gpuvigil.fakes.nvml",
             "GPUVIGIL__NODE__EXPECT_GPUS": str(GPUS),
             "KUBECONFIG": str(self.kubeconfig),
+            **self.env,
         }
 
     def fake_node(self) -> FakeNode:

@@ -45,6 +45,7 @@ class Proc:
             start_new_session=True,
             user=user,
         )
+        self._seen: set[tuple[int, int]] = set()  # (pid, start time) of its descendants
 
     @property
     def pid(self) -> int:
@@ -67,18 +68,32 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.popen.pid, sig)
 
+    def remember(self) -> None:
+        """Note every process below this one now: a child whose parent dies is adopted by
+        init, and would escape `kill_all` unless it was seen before (the lab calls this
+        on every pass, as a cgroup would hold them all)."""
+        for pid in descendants(self.popen.pid):
+            started = _start_time(pid)
+            if started is not None:
+                self._seen.add((pid, started))
+
     def kill_all(self) -> None:
         """SIGKILL the process and everything it started, as a runtime kills a container's
         cgroup: its group and every descendant, also those in sessions of their own
-        (torchrun starts its workers so)."""
-        for pid in [*descendants(self.popen.pid), self.popen.pid]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        (torchrun starts its workers so) and those orphaned since `remember` saw them."""
+        self.remember()
+        for pid, started in sorted(self._seen):
+            if _start_time(pid) == started:  # the same process, not a reused pid
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
         """`sig`, then SIGKILL of the whole tree after `timeout` seconds."""
+        self.remember()
         if self.alive():
             self.send(sig)
             try:
@@ -91,6 +106,16 @@ class Proc:
         if not self._logf.closed:
             self._logf.close()
         return self.popen.returncode
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 def descendants(pid: int) -> list[int]:

@@ -71,7 +71,15 @@ class LabResult:
 
 
 class Lab:
-    def __init__(self, config: LabConfig, *, fault: str, on: str | None, workdir: Path) -> None:
+    def __init__(
+        self,
+        config: LabConfig,
+        *,
+        fault: str,
+        on: str | None,
+        workdir: Path,
+        progress: Any = None,
+    ) -> None:
         if fault not in faults.KINDS:
             raise LabError(f"unknown fault {fault!r}; one of {', '.join(faults.KINDS)}")
         self.cfg, self.fault, self.target = config, fault, on
@@ -88,11 +96,20 @@ class Lab:
         self.job: GangJob | None = None
         self.api: Any = None
         self.t_start = time.monotonic()
+        self._progress = progress  # (message) -> None: what the lab is doing, for people
+
+    def say(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress(f"[{time.monotonic() - self.t_start:6.1f}s] {message}")
 
     # ---- start ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # self-signed
         self.events.mkdir(parents=True, exist_ok=True)
+        self.say("starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager")
         self.cp.start()
         from kubernetes import client, config
 
@@ -100,6 +117,7 @@ class Lab:
         self._apply_manifests(REPO / "deploy/kubernetes/preflight")
         shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
         agent_cfg = deep_merge(shipped, self.cfg.agent)
+        self.say(f"registering {len(self.names)} GPU nodes, starting their agents")
         for name in self.names:
             m = Machine(
                 name,
@@ -107,6 +125,8 @@ class Lab:
                 kubeconfig=self.cp.kubeconfig,
                 agent_config=agent_cfg,
                 agent_restart_s=self.cfg.agent_restart_s,
+                env=self.cfg.preflight_env,
+                events_dir=self.events,
             )
             m.create()
             self.machines[name] = m
@@ -117,15 +137,23 @@ class Lab:
             m.start_agent()
         self._start_controller()
         self._until(self._agents_published, 90, "every agent's first health summary")
+        self.say("every agent has published; the controller runs")
 
     def _apply_manifests(self, folder: Path) -> None:
-        from kubernetes import utils
+        """The shipped manifests of `folder` (its kustomization's resources), as written:
+        raw objects through the dynamic client, so the API server alone validates them."""
+        from kubernetes.dynamic import DynamicClient
 
+        dyn = DynamicClient(self.api.api_client)
         kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
         ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuvigil"}}
         self.api.create_namespace(ns)
         for res in kust.get("resources") or []:
-            utils.create_from_yaml(self.api.api_client, str(folder / res))
+            for doc in yaml.safe_load_all((folder / res).read_text()):
+                if doc:
+                    kind = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                    namespace = doc["metadata"].get("namespace")
+                    kind.create(body=doc, namespace=namespace)
 
     def _start_controller(self) -> None:
         cfg = deep_merge(
@@ -155,7 +183,11 @@ class Lab:
 
     def start_job(self) -> None:
         example = load_example(REPO / "deploy/kubernetes/examples/training-job.yaml")
-        example["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = self.cfg.grace_s
+        pod = example["spec"]["template"]["spec"]
+        pod["terminationGracePeriodSeconds"] = self.cfg.grace_s
+        if not self.cfg.gpu_requests:
+            for c in pod["containers"]:
+                c.pop("resources", None)
         c = self.cfg
         self.job = GangJob(
             name=JOB,
@@ -178,6 +210,7 @@ class Lab:
             port_for=free_port,
         )
         self.follow.add("job", None, self.job.start_attempt(self.api))
+        self.say("training job started (2 ranks)")
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -208,6 +241,8 @@ class Lab:
                     if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == JOB]  # fmt: skip
             for event, detail in self.job.sync(self.api, mine):
                 self.follow.add(event, None, detail)
+                if event == "job.attempt":
+                    self.follow.resumed_after = time.time()
         nodes = json.loads(self.api.list_node(_preload_content=False).data)
         self.follow.read_nodes(nodes.get("items") or [], self.names)
         for name in list(self.follow.gone):
@@ -233,7 +268,7 @@ class Lab:
         fault finds work both saved and not yet saved."""
         job = self.job
         assert job is not None
-        self._until(lambda: self.follow.last_step >= self.cfg.checkpoint_every, 120,
+        self._until(lambda: self.follow.last_step >= self.cfg.checkpoint_every, 240,
                     "the job's first checkpoint")  # fmt: skip
         half = self.cfg.checkpoint_every * self.cfg.step_ms / 2000
         self._until(lambda: True, 0.1, "")
@@ -243,12 +278,18 @@ class Lab:
             time.sleep(0.1)
 
     def pick_target(self) -> str:
+        """A node running the job. For rank-hang, one whose rank is not 0: rank 0 hosts the
+        job's store, and a frozen store host is another fault (`--on` that node shows it)."""
         if self.target is not None:
             return self.target
         assert self.job is not None
-        nodes = self.job.attempts[-1].nodes
-        pods = sorted(nodes)
-        return nodes[pods[-1]] if pods else self.names[-1]
+        nodes = sorted(set(self.job.attempts[-1].nodes.values()))
+        if self.fault == "rank-hang":
+            for node in nodes:
+                ranks = {_env(pid).get("RANK") for pid in self._rank_pids(node)}
+                if ranks and "0" not in ranks:
+                    return node
+        return nodes[-1] if nodes else self.names[-1]
 
     def inject(self) -> str:
         node = self.target = self.pick_target()
@@ -269,6 +310,7 @@ class Lab:
             m.kill_agent()
             detail = f"agent pid {m.agent.pid if m.agent else '?'} killed (SIGKILL)"
         self.follow.add("fault", node, detail, ts=self.follow.fault_ts)
+        self.say(f"fault {self.fault} injected on {node}; following it")
         return node
 
     def _rank_pids(self, node: str) -> list[int]:
@@ -388,6 +430,15 @@ class Lab:
             duration_s=time.monotonic() - self.t_start,
             workdir=str(self.dir),
         )
+
+
+def _env(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
 def cleanup(workdir: Path) -> None:

@@ -190,3 +190,33 @@ def test_the_lab_command_says_what_is_missing(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "gpuvigil", "lab", "--fault", "meteor"],
                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "xid48" in bad.stderr
+
+
+def test_a_container_kill_reaches_children_orphaned_before_it(tmp_path: Path) -> None:
+    """torchrun's workers run in sessions of their own: when torchrun dies first they are
+    init's, and only what `remember` saw before still finds them (as a cgroup would)."""
+    import signal
+    import time
+
+    from gpuvigil.lab.procs import Proc
+
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(60)'], start_new_session=True); time.sleep(60)"
+    )
+    p = Proc([sys.executable, "-c", code], log=tmp_path / "p.log")
+    deadline = time.monotonic() + 30
+    while not p._seen and time.monotonic() < deadline:
+        p.remember()
+        time.sleep(0.1)
+    ((child, _),) = p._seen
+    os.kill(p.pid, signal.SIGKILL)
+    p.popen.wait(5)
+    p.kill_all()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or state == "Z"
