@@ -196,19 +196,22 @@ class GangJob:
                 _release(api, pod)
         if cur.failed and not cur.stopping:
             cur.stopping = True
-            for name in cur.pods:
-                if name not in cur.exit_codes and name in by_name:
-                    _delete(api, self.namespace, name)
             actions = set(cur.failed.values())
             if "FailJob" in actions:
                 self.state = "Failed"
                 out.append(("job.failed", "a pod matched a FailJob rule"))
-                return out
-            if "Ignore" not in actions:
+            elif "Ignore" not in actions:
                 self.counted += 1
             out.append(("job.gang_stopped", f"attempt {cur.number}: "
                         f"{'not counted (Ignore)' if 'Ignore' in actions else 'counted'}; "
                         f"{self.counted}/{self.backoff_limit} of backoffLimit used"))  # fmt: skip
+        if cur.stopping:
+            for name in cur.pods:  # the whole gang goes, finished pods too (as JobSet does)
+                pod = by_name.get(name)
+                if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                    _delete(api, self.namespace, name)
+        if self.state == "Failed":
+            return out
         alive = [n for n in cur.pods if n in by_name]
         if cur.stopping and not alive:
             if self.counted > self.backoff_limit:

@@ -116,12 +116,13 @@ class Kubelet:
             uid = meta["uid"]
             seen.add(uid)
             run = self.runs.get(uid)
-            if run is None:
-                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                    continue  # finished before this kubelet knew it (e.g. a reboot)
-                run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"])
-            if run.finished:
+            done = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            if (run is None and done) or (run is not None and run.finished):
+                if meta.get("deletionTimestamp"):  # nothing runs: confirm the deletion
+                    self._delete(PodRun(meta["namespace"], meta["name"], pod["spec"]))
                 continue
+            if run is None:
+                run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"])
             for proc in run.procs.values():
                 if proc is not None:
                     proc.remember()
@@ -142,9 +143,11 @@ class Kubelet:
             if c["name"] not in run.procs:
                 run.procs[c["name"]] = self._start(run, c)
                 return
-            code = proc.returncode() if proc is not None else 0
-            if code is None:
+            if proc is not None and proc.alive():
                 return
+            code = _code(proc)
+            if proc is not None:
+                proc.kill_all()
             run.exits[c["name"]] = code
             del run.procs[c["name"]]
             if code != 0:
@@ -158,8 +161,9 @@ class Kubelet:
             if name not in run.procs and name not in run.exits:
                 run.procs[name] = self._start(run, c)
             proc = run.procs.get(name)
-            code = proc.returncode() if proc is not None else None
-            if code is not None:
+            code = _code(proc) if proc is not None and not proc.alive() else None
+            if code is not None and proc is not None:
+                proc.kill_all()  # the container ends with its first process: all of it goes
                 run.exits[name] = code
                 del run.procs[name]
                 if always:
