@@ -8,9 +8,10 @@ controller: it creates one pod per rank from the shipped example
 the kube-scheduler places them. When a rank's pod fails, the rest of the gang is stopped
 (deleted: SIGTERM, so they save and leave), and once all are gone the next attempt starts on
 whichever nodes the scheduler finds. Each failed pod is matched against the policy by
-`match_policy`, Kubernetes' own algorithm; an attempt is charged to `backoffLimit` unless
-one of its failed pods matched an Ignore rule (it caused the gang's failure; its peers only
-followed it). A finalizer keeps every pod until its final status has been read.
+`core.exit_codes.policy_action`, Kubernetes' own algorithm; an attempt is charged to
+`backoffLimit` unless one of its failed pods matched an Ignore rule (it caused the gang's
+failure; its peers only followed it). A finalizer keeps every pod until its final status
+has been read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gpuvigil.core.exit_codes import policy_action
 
 FINALIZER = "gpuvigil.io/lab-job"
 JOB_LABEL = "gpuvigil.io/lab-job"
@@ -33,51 +36,6 @@ def load_example(path: Path) -> dict[str, Any]:
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise ValueError(f"{path}: not a Kubernetes Job")
     return job
-
-
-def match_policy(policy: dict[str, Any] | None, pod_status: dict[str, Any]) -> str:
-    """The action a Job's podFailurePolicy takes on one failed pod: "Ignore", "Count" or
-    "FailJob". Kubernetes' algorithm (pkg/controller/job/pod_failure_policy.go,
-    `matchPodFailurePolicy`): rules in order, the first that matches decides; onExitCodes
-    looks at terminated containers (app, then init) with a non-zero code, restricted to
-    `containerName` when given; onPodConditions matches a condition of that type whose
-    status is the pattern's (default True); no match (or no policy) counts."""
-    if not policy:
-        return "Count"
-    for rule in policy.get("rules") or []:
-        action = rule.get("action")
-        if action not in ("Ignore", "Count", "FailJob"):
-            continue  # unknown actions are skipped, as the API asks clients to
-        if rule.get("onExitCodes") is not None:
-            req = rule["onExitCodes"]
-            if _exit_code_matches(pod_status, req):
-                return str(action)
-        elif rule.get("onPodConditions") is not None:
-            for cond in pod_status.get("conditions") or []:
-                for pattern in rule["onPodConditions"]:
-                    want = pattern.get("status", "True")
-                    if cond.get("type") == pattern.get("type") and cond.get("status") == want:
-                        return str(action)
-    return "Count"
-
-
-def _exit_code_matches(pod_status: dict[str, Any], req: dict[str, Any]) -> bool:
-    values = set(req.get("values") or [])
-    for key in ("containerStatuses", "initContainerStatuses"):
-        for cs in pod_status.get(key) or []:
-            term = (cs.get("state") or {}).get("terminated")
-            if term is None:
-                continue
-            if req.get("containerName") not in (None, cs.get("name")):
-                continue
-            code = term.get("exitCode", 0)
-            if code == 0:
-                continue
-            if (req.get("operator") == "In" and code in values) or (
-                req.get("operator") == "NotIn" and code not in values
-            ):
-                return True
-    return False
 
 
 def exit_codes_of(pod: dict[str, Any]) -> list[int]:
@@ -186,7 +144,7 @@ class GangJob:
             if phase in ("Succeeded", "Failed") and name not in cur.exit_codes:
                 cur.exit_codes[name] = exit_codes_of(pod)
                 if phase == "Failed" and not cur.stopping:
-                    action = match_policy(self.policy, pod.get("status") or {})
+                    action = policy_action(self.policy, pod.get("status") or {})
                     cur.failed[name] = action
                     out.append(("job.pod_failed", f"{name} on {node}: exit "
                                 f"{cur.exit_codes[name]}, podFailurePolicy {action}"))  # fmt: skip

@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from gpuvigil.core import exit_codes
+from gpuvigil.core.exit_codes import policy_action as match_policy
 from gpuvigil.fakes.gpu import FakeNode
 from gpuvigil.lab import faults
 from gpuvigil.lab.follow import Follower
-from gpuvigil.lab.jobs import load_example, match_policy
+from gpuvigil.lab.jobs import load_example
 from gpuvigil.lab.kubelet import _expand
 from gpuvigil.lab.machine import Machine
 from gpuvigil.node.probes.kernel_log_parser import parse_line
