@@ -195,8 +195,10 @@ class Lab:
             example=example,
             ranks=2,
             args=[
-                str(REPO / "examples/train_resilient.py"),
+                "-m",
+                "gpuvigil.lab.workload",
                 f"--steps={c.steps}",
+                f"--step-ms={c.step_ms}",
                 f"--checkpoint-dir={self.dir / 'checkpoints'}",
                 f"--checkpoint-every={c.checkpoint_every}",
             ],
@@ -205,7 +207,6 @@ class Lab:
                 # the DaemonSet's hostPath /run/gpuvigil, where the agent's report is
                 "GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE": f"{HOST}/run/report.json",
                 "GPUVIGIL__TRAINING__WATCHDOG__TIMEOUT_S": str(c.watchdog_timeout_s),
-                "GV_FAULTS": f"slow@*:0:*={c.step_ms}",  # the example's pacing hook
             },
             port_for=free_port,
         )
@@ -325,7 +326,7 @@ class Lab:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"train_resilient.py" in cmd and b"gpuvigil.training.launch" not in cmd:
+                if b"gpuvigil.lab.workload" in cmd and b"gpuvigil.training.launch" not in cmd:
                     out.append(pid)
         return out
 
