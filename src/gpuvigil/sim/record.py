@@ -39,9 +39,18 @@ class Recorder:
     def submit(self, t: float, job: Job) -> None: ...
     def job_start(self, t: float, job: Job) -> None: ...
     def job_restart(
-        self, t: float, job: Job, *, reason: str, lost_s: float, node: str | None = None
+        self,
+        t: float,
+        job: Job,
+        *,
+        reason: str,
+        lost_s: float,
+        node: str | None = None,
+        exit_code: int | None = None,
     ) -> None: ...
-    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None: ...
+    def job_end(
+        self, t: float, job: Job, *, ok: bool, productive_s: float, exit_code: int = 0
+    ) -> None: ...
     def finish(self, t: float, res: Results) -> None: ...
 
     def summary(self) -> dict[str, Any]:
@@ -107,14 +116,18 @@ class EventRecorder(Recorder):
                    nodes=[f"node-{n:05d}" for n in job.nodes], gpus=job.gpus)  # fmt: skip
 
     def job_restart(self, t: float, job: Job, *, reason: str, lost_s: float,
-                    node: str | None = None) -> None:  # fmt: skip
+                    node: str | None = None, exit_code: int | None = None) -> None:  # fmt: skip
+        extra = {"node": node} if node else {}
+        if exit_code is not None:
+            extra["exit_code"] = exit_code
         self._emit(t, Kind.JOB_RESTART, job=f"job-{job.id}", source="training", reason=reason,
-                   lost_s=lost_s, **({"node": node} if node else {}))  # fmt: skip
+                   lost_s=lost_s, **extra)  # fmt: skip
 
-    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None:
+    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float,
+                exit_code: int = 0) -> None:  # fmt: skip
         allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
         self._emit(t, Kind.JOB_END, job=f"job-{job.id}", source="training",
-                   result="succeeded" if ok else "failed", exit_code=0 if ok else 1,
+                   result="succeeded" if ok else "failed", exit_code=exit_code,
                    productive_gpu_s=productive_s * job.gpus, allocated_gpu_s=allocated)  # fmt: skip
 
     def finish(self, t: float, res: Results) -> None:
