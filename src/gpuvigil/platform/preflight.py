@@ -9,7 +9,6 @@ the `gpuvigil.io/unvalidated` taint only on a "pass" it reads back (`core.wire`)
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gpuvigil.core import naming
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, utcnow
 from gpuvigil.node import sweep
@@ -143,7 +143,7 @@ def run_preflight(
         )
         findings += outcome.findings
         durations.update(outcome.durations_s)
-    name = node_name or pf.node_name or socket.gethostname()
+    name = naming.node_name(node_name or pf.node_name)
     report = NodeReport(
         node=name, generated_at=utcnow(), findings=tuple(findings), checks=tuple(runs)
     )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpuvigil.core import naming
 from gpuvigil.core.findings import utcnow
 from gpuvigil.training import health_gate
 from gpuvigil.training.config import TrainingConfig
@@ -51,9 +51,7 @@ class Env:
 
 def node_name() -> str:
     """The node as the platform names it: the k8s node (downward API) or the host name."""
-    return (
-        os.environ.get("GPUVIGIL_NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname()
-    )
+    return naming.node_name()
 
 
 def _connect(env: dict[str, str], *, rank: int, world_size: int, timeout: timedelta) -> Any:
