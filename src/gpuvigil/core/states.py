@@ -48,3 +48,27 @@ class State(StrEnum):
 REMOVED = "REMOVED"
 
 NAMES = frozenset({*(s.value for s in State), REMOVED})  # every state name an event may carry
+
+# How gpuvigil marks a block as its own where a scheduler keeps only a reason string (a
+# Slurm drain): `gpuvigil:<state>:<step>:<code>`. The controller writes it, the agent's
+# standalone Slurm drain writes it too, and only a reason that parses as one is gpuvigil's.
+TAG_PREFIX = "gpuvigil:"
+
+
+def tag(state: State, step: str | None, code: str) -> str:
+    return f"{TAG_PREFIX}{state.value}:{step or '-'}:{code or '-'}"
+
+
+def parse_tag(text: str | None) -> tuple[State, str | None, str] | None:
+    """`gpuvigil:<state>:<step>:<code>` -> (state, step, code); None when not ours or garbage."""
+    if not text or not text.startswith(TAG_PREFIX):
+        return None
+    parts = text[len(TAG_PREFIX) :].split(":")
+    if len(parts) < 3:
+        return None
+    try:
+        state = State(parts[0])
+    except ValueError:
+        return None
+    code = ":".join(parts[2:])
+    return state, None if parts[1] == "-" else parts[1], "" if code == "-" else code

@@ -20,12 +20,13 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuvigil.core import states
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.states import State
 from gpuvigil.core.wire import DOMAIN, HealthSummary
 
 STATE_ANNOTATION = f"{DOMAIN}/state"
-TAG_PREFIX = "gpuvigil:"  # Slurm drain reasons written by gpuvigil start with this
+TAG_PREFIX = states.TAG_PREFIX  # Slurm drain reasons written by gpuvigil start with this
 HISTORY_LIMIT = 12  # transitions kept on the node (annotation size stays ~2 KB)
 
 # The remediation ladder: each step is tried once per episode, in this order.
@@ -75,8 +76,7 @@ class Record(BaseModel):
 
     def tag(self) -> str:
         """Short form for Slurm drain reasons and logs: `gpuvigil:<state>:<step>:<code>`."""
-        step = self.step.value if self.step is not None else "-"
-        return f"{TAG_PREFIX}{self.state.value}:{step}:{self.code or '-'}"
+        return states.tag(self.state, self.step.value if self.step else None, self.code)
 
     def encode(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
@@ -107,19 +107,16 @@ def decode_record(text: str | None) -> Record | None:
 
 
 def parse_tag(text: str | None) -> tuple[State, Action | None, str] | None:
-    """`gpuvigil:<state>:<step>:<code>` -> (state, step, code); None when not ours or garbage."""
-    if not text or not text.startswith(TAG_PREFIX):
+    """`gpuvigil:<state>:<step>:<code>` (`core.states.tag`) -> (state, step, code); None
+    when not ours or garbage."""
+    got = states.parse_tag(text)
+    if got is None:
         return None
-    parts = text[len(TAG_PREFIX) :].split(":")
-    if len(parts) < 3:
-        return None
+    state, step, code = got
     try:
-        state = State(parts[0])
-        step = None if parts[1] == "-" else Action(parts[1])
+        return state, None if step is None else Action(step), code
     except ValueError:
         return None
-    code = ":".join(parts[2:])
-    return state, step, "" if code == "-" else code
 
 
 @dataclass(frozen=True)
