@@ -59,7 +59,7 @@ def test_the_table_is_there() -> None:
 
 @pytest.mark.parametrize("row", rows(), ids=lambda r: f"row{r[0]}")
 def test_each_assumption_names_its_code_or_none(row: tuple[str, str, str, str]) -> None:
-    number, assumption, behaviour, code = row
+    number, _assumption, behaviour, code = row
     refs = re.findall(r"`(gpuvigil(?:\.\w+)+:\w+)`", code)
     if behaviour.lower().startswith("none"):
         assert code == "-" and not refs, f"row {number}: the world's assumption cites code"
