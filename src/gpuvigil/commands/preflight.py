@@ -106,8 +106,8 @@ def register(app: typer.Typer) -> None:
         node_name: Annotated[
             str | None,
             typer.Option(
-                "--node-name", help="Node name for --publish (default $NODE_NAME, else the "
-                "short host name)."
+                "--node-name",
+                help="Node name for --publish (default $NODE_NAME, else the short host name).",
             ),
         ] = None,
         kubeconfig: Annotated[
