@@ -65,6 +65,12 @@ def render(result: dict[str, Any]) -> str:
         f"job: {'finished' if job['finished'] else job['state']}, {job['restarts']} "
         f"restart(s), lost steps {job['lost_steps']}, exit codes {job['exit_codes']}",
     ]
+    fig = result.get("figures") or {}
+    names = {"blocked_s": "blocked", "job_resumed_s": "job resumed",
+             "back_in_service_s": "back in service"}  # fmt: skip
+    shown = [f"{label} {fig[k]:.1f}s" for k, label in names.items() if fig.get(k) is not None]
+    if shown:
+        lines.append("from the fault: " + ", ".join(shown))
     att = (result.get("report") or {}).get("attribution") or {}
     for a in att.get("failures") or []:
         lines.append(f"report: {a['event']} -> {a['cause']} ({a['confidence']}): {a['summary']}")

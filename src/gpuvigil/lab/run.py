@@ -52,7 +52,7 @@ class LabResult:
     settled: bool
     duration_s: float
     workdir: str
-    notes: list[str] = field(default_factory=list)
+    figures: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,10 +63,10 @@ class LabResult:
             "final_state": self.final_state,
             "job": self.job,
             "report": self.report,
+            "figures": self.figures,
             "settled": self.settled,
             "duration_s": round(self.duration_s, 1),
             "workdir": self.workdir,
-            "notes": self.notes,
         }
 
 
@@ -427,10 +427,37 @@ class Lab:
                 "backoff_counted": job.counted,
             },
             report=self.report(),
+            figures=figures(f.timeline(), self.target),
             settled=settled,
             duration_s=time.monotonic() - self.t_start,
             workdir=str(self.dir),
         )
+
+
+def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, float | None]:
+    """Seconds from the fault to: the node blocked, the job running again (the restarted job
+    restored its checkpoint, or its first save), the node back in service (or removed)."""
+
+    def first(pred: Any) -> float | None:
+        return next((e["t_s"] for e in timeline if e["t_s"] >= 0 and pred(e)), None)
+
+    resumed = first(lambda e: e["event"] == "job.restart") or first(
+        lambda e: e["event"] == "job_resumed"
+    )
+    back = first(
+        lambda e: (
+            e["node"] == node
+            and (
+                (e["event"] == "state" and e["detail"].split(":")[0].endswith("-> HEALTHY"))
+                or e["event"] == "node_removed"
+            )
+        )
+    )
+    return {
+        "blocked_s": first(lambda e: e["node"] == node and e["event"] == "block"),
+        "job_resumed_s": resumed,
+        "back_in_service_s": back,
+    }
 
 
 def _env(pid: int) -> dict[str, str]:

@@ -221,3 +221,19 @@ def test_a_container_kill_reaches_children_orphaned_before_it(tmp_path: Path) ->
             break
         time.sleep(0.05)
     assert not Path(f"/proc/{child}").exists() or state == "Z"
+
+
+def test_figures_from_the_timeline() -> None:
+    from gpuvigil.lab.run import figures
+
+    t = [
+        {"t_s": -3.0, "event": "block", "node": "n2", "detail": ""},
+        {"t_s": 0.0, "event": "fault", "node": "n2", "detail": ""},
+        {"t_s": 1.0, "event": "block", "node": "n2", "detail": "taint added"},
+        {"t_s": 30.0, "event": "job_resumed", "node": "n1", "detail": ""},
+        {"t_s": 20.0, "event": "job.restart", "node": "n1", "detail": ""},
+        {"t_s": 40.0, "event": "state", "node": "n2", "detail": "VALIDATING -> HEALTHY: validated"},
+    ]
+    assert figures(t, "n2") == {"blocked_s": 1.0, "job_resumed_s": 20.0, "back_in_service_s": 40.0}
+    assert figures(t[:2], "n2") == {"blocked_s": None, "job_resumed_s": None,
+                                    "back_in_service_s": None}  # fmt: skip
