@@ -1,0 +1,68 @@
+"""The lab's figures: seconds from a fault to the node blocked, to the job running again and
+to the node back in service, one `gpuvigil lab` run per fault kind.
+
+Each figure is printed next to its floor, what the configured intervals alone allow (the
+baseline, from the same run's settings): blocked >= one agent check + one controller pass;
+back in service >= the ladder's own waits. The ratio says how much of the time is the
+platform's work and how much the machine's (process starts on a loaded 2-core machine).
+
+    PYTHONPATH=src python bench/lab.py                 # every fault
+    PYTHONPATH=src python bench/lab.py xid48 xid79     # some
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gpuvigil.lab.config import LabConfig
+from gpuvigil.lab.faults import KINDS
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def run(fault: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    with tempfile.TemporaryDirectory(prefix="gpuvigil-bench-lab-") as tmp:
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuvigil", "lab", "--fault", fault, "--json", "--quiet",
+             "--workdir", f"{tmp}/lab"],
+            capture_output=True, text=True, env=env, timeout=900, check=False,
+        )  # fmt: skip
+    return json.loads(r.stdout) if r.stdout.strip() else {"error": r.stderr[-500:]}
+
+
+def main() -> int:
+    cfg = LabConfig()
+    agent = cfg.agent["agent"]["fast_interval_s"]
+    ctl = cfg.controller["interval_s"]
+    floor_blocked = agent + ctl
+    faults = sys.argv[1:] or list(KINDS)
+    load = os.getloadavg()[0]
+    print(f"load average at start: {load:.1f}; floor for 'blocked' {floor_blocked:.1f} s "
+          f"(agent check {agent:g} s + controller pass {ctl:g} s)")  # fmt: skip
+    print(f"{'fault':<18} {'blocked':>8} {'x floor':>8} {'resumed':>8} {'in service':>11} "
+          f"{'run':>6} {'steps':<22} settled")  # fmt: skip
+    for fault in faults:
+        r = run(fault)
+        if "error" in r:
+            print(f"{fault:<18} failed: {r['error']}")
+            continue
+        f = r["figures"]
+
+        def s(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
+
+        ratio = "-" if f["blocked_s"] is None else f"{f['blocked_s'] / floor_blocked:.1f}"
+        print(f"{fault:<18} {s(f['blocked_s']):>8} {ratio:>8} {s(f['job_resumed_s']):>8} "
+              f"{s(f['back_in_service_s']):>11} {r['duration_s']:>6.0f} "
+              f"{','.join(r['remediation_steps']) or '-':<22} {r['settled']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
