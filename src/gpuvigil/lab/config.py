@@ -54,7 +54,7 @@ def _preflight_env() -> dict[str, str]:
 
 class LabConfig(StrictModel):
     nodes: int = Field(3, ge=3, le=8)  # the job takes 2; the rest is where it moves to
-    steps: int = Field(240, ge=10)  # the job's length in optimizer steps
+    steps: int = Field(200, ge=10)  # the job's length in optimizer steps
     step_ms: int = Field(100, ge=0)  # the compute a step stands for (a sleep per step)
     checkpoint_every: int = Field(20, ge=1)  # steps between checkpoints
     grace_s: int = Field(10, ge=1)  # the job pods' terminationGracePeriodSeconds

@@ -125,7 +125,7 @@ class Kubelet:
                 run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"])
             for proc in run.procs.values():
                 if proc is not None:
-                    proc.remember()
+                    proc.remember(every_s=1.0)
             if meta.get("deletionTimestamp"):
                 self._terminate(run, grace=meta.get("deletionGracePeriodSeconds"))
             else:

@@ -46,6 +46,7 @@ class Proc:
             user=user,
         )
         self._seen: set[tuple[int, int]] = set()  # (pid, start time) of its descendants
+        self._remembered_at = 0.0
 
     @property
     def pid(self) -> int:
@@ -68,10 +69,15 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.popen.pid, sig)
 
-    def remember(self) -> None:
+    def remember(self, *, every_s: float = 0.0) -> None:
         """Note every process below this one now: a child whose parent dies is adopted by
         init, and would escape `kill_all` unless it was seen before (the lab calls this
-        on every pass, as a cgroup would hold them all)."""
+        on its passes, as a cgroup would hold them all). `every_s`: at most this often (a
+        scan reads every process's /proc entry)."""
+        now = time.monotonic()
+        if every_s and now - self._remembered_at < every_s:
+            return
+        self._remembered_at = now
         for pid in descendants(self.popen.pid):
             started = _start_time(pid)
             if started is not None:

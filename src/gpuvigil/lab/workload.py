@@ -3,7 +3,7 @@ step that takes `--step-ms` (the compute a real step stands for), so a fault fin
 mid-run. Run by the lab's pods under `python -m gpuvigil.training.launch`:
 
     python -m gpuvigil.training.launch --nnodes 2 --nproc-per-node 1 ... \
-        -m gpuvigil.lab.workload --steps 240 --step-ms 100 --checkpoint-dir D --checkpoint-every 20
+        -m gpuvigil.lab.workload --steps 200 --step-ms 100 --checkpoint-dir D --checkpoint-every 20
 
 Everything that matters to the lab is the library's: the health gate, the process group
 that survives restarts, checkpoints, the hang watchdog, the drain on SIGTERM and the
@@ -26,7 +26,7 @@ from gpuvigil import training
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", type=int, default=240, help="total optimizer steps")
+    p.add_argument("--steps", type=int, default=200, help="total optimizer steps")
     p.add_argument("--step-ms", type=float, default=100.0, help="what a step costs, in ms")
     p.add_argument("--checkpoint-dir", required=True, help="checkpoint folder")
     p.add_argument("--checkpoint-every", type=int, default=20, help="save every K steps")
