@@ -151,7 +151,7 @@ class Kubelet:
             run.exits[c["name"]] = code
             del run.procs[c["name"]]
             if code != 0:
-                if not always and run.spec.get("restartPolicy") == "Never":
+                if run.spec.get("restartPolicy") == "Never":
                     run.phase = "Failed"
                     run.finished = True
                 return  # Always/OnFailure: started again on the next pass
@@ -234,8 +234,6 @@ class Kubelet:
                 raise
 
     def _report(self, run: PodRun) -> None:
-        if run.phase == "Running" and not run.reported:
-            pass
         statuses = []
         for c in run.spec.get("containers") or []:
             name = c["name"]
