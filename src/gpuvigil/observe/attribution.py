@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuvigil.core import codes, exit_codes
 from gpuvigil.core.events import Event, Kind
-from gpuvigil.core.exit_codes import Charged
+from gpuvigil.core.exit_codes import Charged, Retry
 from gpuvigil.core.findings import Action
 from gpuvigil.core.states import State
 from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
@@ -335,8 +335,12 @@ class Attributor:
         exit_code = exit_code if type(exit_code) is int else None
         if ev.kind == Kind.JOB_END:
             ok = d.get("result", "succeeded" if exit_code in (0, None) else "failed")
-            nodes = self._job_nodes.pop(job, frozenset())
-            job_ev = self._job_ev.pop(job, deque())
+            # An attempt that exits with a code the table retries for free (drained, a node
+            # refused) is followed by a restart of the same job: keep what the job ran on.
+            retried = exit_code is not None and exit_codes.lookup(exit_code).retry is Retry.IGNORE
+            take = self._job_nodes.get if retried else self._job_nodes.pop
+            nodes = take(job, frozenset())
+            job_ev = (self._job_ev.get if retried else self._job_ev.pop)(job, deque())
             if ok in ("succeeded", "cancelled"):
                 return
         else:

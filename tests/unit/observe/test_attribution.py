@@ -147,3 +147,18 @@ def test_a_state_the_controller_does_not_have_is_no_evidence() -> None:
     evs = [START, E(990, "node.state", node="node-18", to="DRAINED"), KILLED]
     got = at.attribute(evs).attributions[0]
     assert (got.cause, got.evidence) == ("unknown", ())
+
+
+def test_a_drained_attempts_end_keeps_the_jobs_nodes_for_its_restart() -> None:
+    """Training writes job.end (exit 89) when an attempt drains, then job.restart from the
+    next attempt, naming whichever rank it was: the restart still sees the Xid on the node
+    the job ran on (it was forgotten with the job.end)."""
+    evs = [
+        START,
+        _xid(990, node="node-18", fatal=True),
+        E(995, "job.end", job="j", result="failed", exit_code=89),
+        E(1040, "job.restart", job="j", node="node-17", exit_code=89, cause="drain"),
+    ]
+    a = at.attribute(evs, lookback_s=600, grace_s=120)
+    assert [x.cause for x in a.attributions] == ["hardware", "hardware"]
+    assert a.attributions[1].node == "node-18"
