@@ -272,7 +272,6 @@ class Lab:
         self._until(lambda: self.follow.last_step >= self.cfg.checkpoint_every, 240,
                     "the job's first checkpoint")  # fmt: skip
         half = self.cfg.checkpoint_every * self.cfg.step_ms / 2000
-        self._until(lambda: True, 0.1, "")
         end = time.monotonic() + half
         while time.monotonic() < end:
             self.tick()
