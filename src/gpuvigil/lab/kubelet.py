@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvigil.lab.machine import GPUS, Machine, python_env
-from gpuvigil.lab.procs import Proc
+from gpuvigil.lab.procs import Proc, running
 
 SMP = "application/strategic-merge-patch+json"
 
@@ -313,3 +313,17 @@ def _code(proc: Proc | None) -> int:
     if code is None:
         return 137
     return 128 - code if code < 0 else code  # death by signal N reads 128 + N
+
+
+def ranks_on(kubelet: Kubelet) -> list[int]:
+    """The training ranks (workers, not torchrun) running in the job's pods on a node."""
+    out: list[int] = []
+    for run in kubelet.runs.values():
+        proc = run.procs.get("trainer")
+        if proc is not None and not run.finished:
+            out += [
+                pid
+                for pid in running(b"gpuvigil.lab.workload", proc.pid)
+                if pid not in running(b"gpuvigil.training.launch", proc.pid)
+            ]
+    return out

@@ -166,3 +166,26 @@ def wait_until(
             last_exc = e
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}: {last_exc!r}")
+
+
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment (/proc/PID/environ); empty when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def running(marker: bytes, below: int) -> list[int]:
+    """Processes under `below` whose command line holds `marker`."""
+    out = []
+    for pid in descendants(below):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmd:
+            out.append(pid)
+    return out

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,50 +22,19 @@ from gpuvigil.lab import faults
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.control_plane import ControlPlane
 from gpuvigil.lab.follow import Follower
-from gpuvigil.lab.jobs import JOB_LABEL, GangJob, load_example
-from gpuvigil.lab.kubelet import Kubelet
+from gpuvigil.lab.jobs import JOB_LABEL, GangJob
+from gpuvigil.lab.kubelet import Kubelet, ranks_on
 from gpuvigil.lab.machine import SRC, Machine, python_env
-from gpuvigil.lab.procs import Proc, descendants, free_port
+from gpuvigil.lab.parts import JOB, apply_manifests, training_job
+from gpuvigil.lab.procs import Proc, environ
+from gpuvigil.lab.result import LabResult, figures, report
 
 REPO = SRC.parent
-NAMESPACE = "default"
-JOB = "lab-train"
 POOL = "lab"
-HOST = "$(GPUVIGIL_LAB_MACHINE)"  # a pod's path to its machine's folder (kubelet.py)
 
 
 class LabError(RuntimeError):
     """The lab could not run (a part missing or dead); the message says which."""
-
-
-@dataclass
-class LabResult:
-    fault: str
-    node: str
-    timeline: list[dict[str, Any]]
-    remediation_steps: list[str]
-    final_state: dict[str, str]
-    job: dict[str, Any]
-    report: dict[str, Any]
-    settled: bool
-    duration_s: float
-    workdir: str
-    figures: dict[str, float | None] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "fault": self.fault,
-            "node": self.node,
-            "timeline": self.timeline,
-            "remediation_steps": self.remediation_steps,
-            "final_state": self.final_state,
-            "job": self.job,
-            "report": self.report,
-            "figures": self.figures,
-            "settled": self.settled,
-            "duration_s": round(self.duration_s, 1),
-            "workdir": self.workdir,
-        }
 
 
 class Lab:
@@ -114,7 +81,7 @@ class Lab:
         from kubernetes import client, config
 
         self.api = client.CoreV1Api(config.new_client_from_config(str(self.cp.kubeconfig)))
-        self._apply_manifests(REPO / "deploy/kubernetes/preflight")
+        apply_manifests(self.api, REPO / "deploy/kubernetes/preflight")
         shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
         agent_cfg = deep_merge(shipped, self.cfg.agent)
         self.say(f"registering {len(self.names)} GPU nodes, starting their agents")
@@ -138,22 +105,6 @@ class Lab:
         self._start_controller()
         self._until(self._agents_published, 90, "every agent's first health summary")
         self.say("every agent has published; the controller runs")
-
-    def _apply_manifests(self, folder: Path) -> None:
-        """The shipped manifests of `folder` (its kustomization's resources), as written:
-        raw objects through the dynamic client, so the API server alone validates them."""
-        from kubernetes.dynamic import DynamicClient
-
-        dyn = DynamicClient(self.api.api_client)
-        kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
-        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuvigil"}}
-        self.api.create_namespace(ns)
-        for res in kust.get("resources") or []:
-            for doc in yaml.safe_load_all((folder / res).read_text()):
-                if doc:
-                    kind = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-                    namespace = doc["metadata"].get("namespace")
-                    kind.create(body=doc, namespace=namespace)
 
     def _start_controller(self) -> None:
         cfg = deep_merge(
@@ -182,33 +133,11 @@ class Lab:
         return True
 
     def start_job(self) -> None:
-        example = load_example(REPO / "deploy/kubernetes/examples/training-job.yaml")
-        pod = example["spec"]["template"]["spec"]
-        pod["terminationGracePeriodSeconds"] = self.cfg.grace_s
-        if not self.cfg.gpu_requests:
-            for c in pod["containers"]:
-                c.pop("resources", None)
-        c = self.cfg
-        self.job = GangJob(
-            name=JOB,
-            namespace=NAMESPACE,
-            example=example,
-            ranks=2,
-            args=[
-                "-m",
-                "gpuvigil.lab.workload",
-                f"--steps={c.steps}",
-                f"--step-ms={c.step_ms}",
-                f"--checkpoint-dir={self.dir / 'checkpoints'}",
-                f"--checkpoint-every={c.checkpoint_every}",
-            ],
-            env={
-                "GPUVIGIL__TRAINING__EVENTS_FILE": str(self.events / "training.jsonl"),
-                # the DaemonSet's hostPath /run/gpuvigil, where the agent's report is
-                "GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE": f"{HOST}/run/report.json",
-                "GPUVIGIL__TRAINING__WATCHDOG__TIMEOUT_S": str(c.watchdog_timeout_s),
-            },
-            port_for=free_port,
+        self.job = training_job(
+            REPO / "deploy/kubernetes/examples/training-job.yaml",
+            self.cfg,
+            events=self.events,
+            checkpoints=self.dir / "checkpoints",
         )
         self.follow.add("job", None, self.job.start_attempt(self.api))
         self.say("training job started (2 ranks)")
@@ -286,7 +215,7 @@ class Lab:
         nodes = sorted(set(self.job.attempts[-1].nodes.values()))
         if self.fault == "rank-hang":
             for node in nodes:
-                ranks = {_env(pid).get("RANK") for pid in self._rank_pids(node)}
+                ranks = {environ(pid).get("RANK") for pid in ranks_on(self.kubelets[node])}
                 if ranks and "0" not in ranks:
                     return node
         return nodes[-1] if nodes else self.names[-1]
@@ -300,7 +229,7 @@ class Lab:
             line = faults.GPU_FAULTS[self.fault](m, gpu)
             detail = f"{faults.KINDS[self.fault].summary}; gpu:{gpu}; kernel log: {line}"
         elif self.fault == "rank-hang":
-            pids = self._rank_pids(node)
+            pids = ranks_on(self.kubelets[node])
             if not pids:
                 raise LabError(f"no training rank runs on {node} to hang")
             for pid in pids:
@@ -312,22 +241,6 @@ class Lab:
         self.follow.add("fault", node, detail, ts=self.follow.fault_ts)
         self.say(f"fault {self.fault} injected on {node}; following it")
         return node
-
-    def _rank_pids(self, node: str) -> list[int]:
-        kubelet = self.kubelets[node]
-        out = []
-        for run in kubelet.runs.values():
-            proc = run.procs.get("trainer")
-            if proc is None or run.finished:
-                continue
-            for pid in descendants(proc.pid):
-                try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if b"gpuvigil.lab.workload" in cmd and b"gpuvigil.training.launch" not in cmd:
-                    out.append(pid)
-        return out
 
     def settled(self) -> bool:
         assert self.job is not None and self.target is not None
@@ -374,19 +287,6 @@ class Lab:
             out[name] = rec.state.value if rec is not None else "HEALTHY"
         return out
 
-    def report(self) -> dict[str, Any]:
-        files = sorted(str(p) for p in self.events.glob("*.jsonl"))
-        if not files:
-            return {}
-        res = subprocess.run(
-            [sys.executable, "-m", "gpuvigil", "report", *files, "--json", "--window", "all"],
-            capture_output=True, text=True, timeout=60, env=python_env(), check=False,
-        )  # fmt: skip
-        try:
-            return dict(json.loads(res.stdout))
-        except ValueError:
-            return {"error": f"gpuvigil report exited {res.returncode}: {res.stderr[-500:]}"}
-
     def run(self) -> LabResult:
         settled = False
         try:
@@ -425,47 +325,12 @@ class Lab:
                 ],
                 "backoff_counted": job.counted,
             },
-            report=self.report(),
+            report=report(self.events),
             figures=figures(f.timeline(), self.target),
             settled=settled,
             duration_s=time.monotonic() - self.t_start,
             workdir=str(self.dir),
         )
-
-
-def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, float | None]:
-    """Seconds from the fault to: the node blocked, the job running again (the restarted job
-    restored its checkpoint, or its first save), the node back in service (or removed)."""
-
-    def first(pred: Any) -> float | None:
-        return next((e["t_s"] for e in timeline if e["t_s"] >= 0 and pred(e)), None)
-
-    resumed = first(lambda e: e["event"] == "job.restart") or first(
-        lambda e: e["event"] == "job_resumed"
-    )
-    back = first(
-        lambda e: (
-            e["node"] == node
-            and (
-                (e["event"] == "state" and e["detail"].split(":")[0].endswith("-> HEALTHY"))
-                or e["event"] == "node_removed"
-            )
-        )
-    )
-    return {
-        "blocked_s": first(lambda e: e["node"] == node and e["event"] == "block"),
-        "job_resumed_s": resumed,
-        "back_in_service_s": back,
-    }
-
-
-def _env(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
 def cleanup(workdir: Path) -> None:
