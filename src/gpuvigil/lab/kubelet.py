@@ -185,8 +185,27 @@ class Kubelet:
         env = python_env(self.machine.host_env())
         for item in c.get("env") or []:
             env[item["name"]] = _expand(self._env_value(run, item), env)
-        log = self.pods_dir / f"{run.namespace}_{run.name}" / f"{c['name']}.log"
-        return Proc(argv, log=log, env=env)
+        folder = self.pods_dir / f"{run.namespace}_{run.name}"
+        # The termination-message file is a mount of a file of the pod's own: a process
+        # here sees the machine's /dev, so its path in the arguments becomes that file.
+        message = c.get("terminationMessagePath") or "/dev/termination-log"
+        argv = [str(folder / f"{c['name']}.termination-log") if a == message else a for a in argv]
+        return Proc(argv, log=folder / f"{c['name']}.log", env=env)
+
+    def _message(self, run: PodRun, c: dict[str, Any], code: int) -> str:
+        """What the kubelet puts in `terminated.message`: the termination-message file (at
+        most 4096 bytes), else, for `FallbackToLogsOnError` and a failure, the log's tail."""
+        folder = self.pods_dir / f"{run.namespace}_{run.name}"
+        try:
+            text = (folder / f"{c['name']}.termination-log").read_bytes()[-4096:]
+        except OSError:
+            text = b""
+        if not text and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            try:
+                text = (folder / f"{c['name']}.log").read_bytes()[-2048:]
+            except OSError:
+                text = b""
+        return text.decode(errors="replace")
 
     def _env_value(self, run: PodRun, item: dict[str, Any]) -> str:
         if "value" in item:
@@ -239,7 +258,8 @@ class Kubelet:
             name = c["name"]
             if name in run.exits:
                 code = run.exits[name]
-                state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
+                state = {"terminated": {"exitCode": code, "message": self._message(run, c, code),
+                                        "reason": "Completed" if code == 0
                                         else "Error", "finishedAt": now_iso()}}  # fmt: skip
             elif name in run.procs:
                 state = {"running": {"startedAt": now_iso()}}
