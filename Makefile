@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CPU build of PyTorch; a bare `torch` would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo lab test venv system-deps kube lint unit clean
+.PHONY: demo lab test venv system-deps kube lint unit clean image
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ system-deps:
 # A real kube-apiserver (1.20.2) built from Debian's source package, cached under ~/.cache.
 kube: system-deps
 	scripts/build-kube.sh
+
+# The image the manifests name (ghcr.io/gpuvigil/gpuvigil:<version>), built with buildah
+# from a Debian base made by mmdebstrap; docs/security.md says how to push it.
+image: venv system-deps
+	scripts/build-image.sh
 
 demo: venv
 	$(VENV)/bin/gpuvigil demo

@@ -15,6 +15,8 @@ declare -A want=(
   [rsync]=rsync
   [chromium]=chromium
   [kubectl]=kubernetes-client
+  [buildah]=buildah
+  [mmdebstrap]=mmdebstrap
 )
 missing=()
 for bin in "${!want[@]}"; do

@@ -46,10 +46,14 @@ if [ "$BUSY_CHECK" = "1" ] && [ -z "${SLURM_JOB_ID:-}" ]; then
     fi
 fi
 
-OUT=$(timeout -k 10 "$TIMEOUT_S" "$GPUVIGIL" "${ARGS[@]}" "${CONFIG_ARGS[@]}" --json 2>/tmp/gpuvigil-preflight.$$.err)
+# stderr goes to a private temporary file (mktemp: unpredictable name, O_EXCL, mode 0600),
+# never to a fixed /tmp path a local user could plant a symlink at.
+ERR_FILE=$(mktemp "${TMPDIR:-/tmp}/gpuvigil-preflight.XXXXXXXX") || {
+    echo "gpuvigil-preflight: cannot create a temporary file" >&2; exit 2; }
+trap 'rm -f "$ERR_FILE"' EXIT
+OUT=$(timeout -k 10 "$TIMEOUT_S" "$GPUVIGIL" "${ARGS[@]}" "${CONFIG_ARGS[@]}" --json 2>"$ERR_FILE")
 RC=$?
-ERR=$(tail -c 300 /tmp/gpuvigil-preflight.$$.err 2>/dev/null)
-rm -f /tmp/gpuvigil-preflight.$$.err
+ERR=$(tail -c 300 "$ERR_FILE" 2>/dev/null)
 
 if [ "$RC" -eq 0 ]; then
     # Passed: return the node to service only when this script drained it (its reason

@@ -171,6 +171,87 @@ class KubeCluster:
         )
         return name
 
+    def ensure_namespace(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core().create_namespace(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            )
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def ensure_preflight_template(self, namespace: str = "gpuvigil") -> None:
+        """The shipped preflight PodTemplate (deploy/kubernetes/preflight) in `namespace`."""
+        import yaml
+        from kubernetes.client.exceptions import ApiException
+
+        self.ensure_namespace(namespace)
+        # The NVIDIA GPU operator's RuntimeClass, which the shipped pods name.
+        from kubernetes import client
+
+        try:
+            client.NodeV1Api(self.api_client()).create_runtime_class(
+                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        repo = Path(__file__).resolve().parents[2]
+        body = yaml.safe_load((repo / "deploy/kubernetes/preflight/podtemplate.yaml").read_text())
+        try:
+            self.core().create_namespaced_pod_template(namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def run_pods(
+        self,
+        namespace: str,
+        *,
+        selector: str,
+        node: str,
+        exit_code: int = 0,
+        message: str = "",
+    ) -> list[str]:
+        """Play scheduler and kubelet for the unfinished pods matching `selector`: bind
+        them to `node` (unless the real scheduler did) and end them with `exit_code` and a
+        termination `message`, as the node's kubelet would report it."""
+        from datetime import UTC, datetime
+
+        v1 = self.core()
+        done = []
+        for pod in v1.list_namespaced_pod(namespace, label_selector=selector).items:
+            if pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            name = pod.metadata.name
+            if not pod.spec.node_name:
+                v1.create_namespaced_binding(
+                    namespace,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Binding",
+                        "metadata": {"name": name},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                    },
+                    _preload_content=False,
+                )
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            terminated = {"exitCode": exit_code, "startedAt": now, "finishedAt": now,
+                          "message": message, "reason": "Completed" if exit_code == 0 else "Error"}
+            v1.patch_namespaced_pod_status(name, namespace, {"status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "startTime": now,
+                "containerStatuses": [{
+                    "name": pod.spec.containers[0].name, "ready": False, "restartCount": 0,
+                    "image": pod.spec.containers[0].image, "imageID": "",
+                    "state": {"terminated": terminated},
+                }],
+            }})
+            done.append(name)
+        return done
+
     def namespace(self, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
         self.core().create_namespace(

@@ -62,6 +62,7 @@ def overrides_from_flags(
     kubeconfig: Path | None,
     events_file: Path | None,
     state_dir: Path | None = None,
+    context: str | None = None,
 ) -> dict[str, Any]:
     agent: dict[str, Any] = {}
     sink_cfg: dict[str, Any] = {}
@@ -85,6 +86,8 @@ def overrides_from_flags(
         sink_cfg.setdefault("slurm", {})["mode"] = slurm_mode
     if kubeconfig is not None:
         sink_cfg.setdefault("kubernetes", {})["kubeconfig"] = str(kubeconfig)
+    if context:
+        sink_cfg.setdefault("kubernetes", {})["context"] = context
     if sinks:
         chosen = {s.value.replace("-", "_") for s in sinks}
         for name in ("state_file", "http", "kubernetes", "slurm"):
@@ -173,6 +176,10 @@ def register(app: typer.Typer) -> None:
                 "service account, else $KUBECONFIG).",
             ),
         ] = None,
+        context: Annotated[
+            str | None,
+            typer.Option("--context", help="Kubeconfig context for the kubernetes sink."),
+        ] = None,
         events_file: Annotated[
             Path | None, typer.Option("--events-file", help="Append finding events (JSONL) here.")
         ] = None,
@@ -213,6 +220,7 @@ def register(app: typer.Typer) -> None:
             kubeconfig=kubeconfig,
             events_file=events_file,
             state_dir=state_dir,
+            context=context,
         )
         try:
             cfg = gconfig.load(path, overrides=over)

@@ -14,6 +14,28 @@ import typer
 
 CLUSTER_HELP = "kubernetes or slurm (default: controller.cluster in the config, else kubernetes)"
 CONFIG_OPTION = typer.Option(None, "--config", help="YAML config file (its controller: section).")
+KUBECONFIG_OPTION = typer.Option(
+    None,
+    "--kubeconfig",
+    help="Kubeconfig file (default: controller.kubernetes.kubeconfig, else the pod's "
+    "service account, else $KUBECONFIG, else ~/.kube/config).",
+)
+CONTEXT_OPTION = typer.Option(None, "--context", help="Kubeconfig context to use.")
+
+
+def cluster_overrides(
+    cluster: str | None, kubeconfig: Path | None, context: str | None
+) -> dict[str, Any]:
+    """The `controller:` overrides of the options every cluster command shares."""
+    out: dict[str, Any] = {"cluster": cluster} if cluster else {}
+    kube: dict[str, Any] = {}
+    if kubeconfig is not None:
+        kube["kubeconfig"] = str(kubeconfig)
+    if context:
+        kube["context"] = context
+    if kube:
+        out["kubernetes"] = kube
+    return out
 
 
 def load_controller_config(config: Path | None, overrides: dict[str, Any]) -> Any:
@@ -28,18 +50,22 @@ def load_controller_config(config: Path | None, overrides: dict[str, Any]) -> An
 
 def open_or_exit(cfg: Any, kubernetes: Any = None) -> Any:
     """The configured cluster adapter, or exit 2 saying why (no kubeconfig, no Slurm)."""
+    from gpuvigil.node.sinks.kube_client import KubeConfigError
     from gpuvigil.platform.clusters import open_cluster
 
     try:
         return open_cluster(cfg.cluster, kubernetes=kubernetes or cfg.kubernetes, slurm=cfg.slurm)
-    except Exception as e:  # a missing kubeconfig, an unreadable token: say it, exit 2
+    except KubeConfigError as e:
         typer.echo(f"cannot open the {cfg.cluster} cluster: {e}", err=True)
+        raise typer.Exit(2) from e
+    except Exception as e:  # an unreadable token, no Slurm: say it, exit 2
+        typer.echo(f"cannot open the {cfg.cluster} cluster: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(2) from e
 
 
 def register(app: typer.Typer) -> None:
     @app.command("controller")
-    def controller(
+    def controller(  # noqa: PLR0917 - one parameter per flag is how typer declares them
         cluster: str = typer.Option(None, "--cluster", help=CLUSTER_HELP),
         dry_run: bool = typer.Option(
             False, "--dry-run", help="Decide and record (log, events, metrics); never act."
@@ -51,6 +77,8 @@ def register(app: typer.Typer) -> None:
         identity: str = typer.Option(
             None, "--identity", help="Leader-election identity (default: host name + pid)."
         ),
+        kubeconfig: Path = KUBECONFIG_OPTION,
+        context: str = CONTEXT_OPTION,
     ) -> None:
         """Watch every node's health and remediate progressively and safely.
 
@@ -66,9 +94,7 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.platform import serve
         from gpuvigil.platform.controller import Controller
 
-        overrides: dict[str, Any] = {}
-        if cluster:
-            overrides["cluster"] = cluster
+        overrides = cluster_overrides(cluster, kubeconfig, context)
         if dry_run:
             overrides["dry_run"] = True
         cfg = load_controller_config(config, overrides).controller
@@ -76,6 +102,8 @@ def register(app: typer.Typer) -> None:
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         adapter = open_or_exit(cfg)
+        if not cfg.dry_run and hasattr(adapter, "signer"):  # in the background: start at once
+            threading.Thread(target=_publish_key, args=(adapter,), daemon=True).start()
         registry = CollectorRegistry()
         metrics = pmetrics.build(registry)
         events = EventWriter(cfg.events_path) if cfg.events_path else None
@@ -109,11 +137,25 @@ def register(app: typer.Typer) -> None:
             events.close()
 
 
+def _publish_key(adapter: Any) -> None:
+    """Have the signing key (and the agents' copy of its public half) before the first
+    request; a failure here is retried at the first request, and said now."""
+    from gpuvigil.platform.clusters.base import ClusterError
+
+    try:
+        adapter.signer()
+    except ClusterError as e:
+        logging.getLogger("gpuvigil.controller").warning(
+            "signing key not available yet (%s): remediation requests wait for it", e
+        )
+
+
 def _leader(
     cfg: Any, adapter: Any, identity: str, metrics: Any, stop: threading.Event
 ) -> tuple[Any, threading.Thread | None]:
-    """Kubernetes with leader election: a Lease thread; otherwise always the leader."""
-    if cfg.cluster != "kubernetes" or not cfg.leader_election:
+    """Kubernetes with leader election: a Lease thread; otherwise always the leader. A dry
+    run writes nothing, not even the Lease: every dry-run replica observes and logs."""
+    if cfg.cluster != "kubernetes" or not cfg.leader_election or cfg.dry_run:
         return (lambda: True), None
     from gpuvigil.platform.leader import LeaderElector
 

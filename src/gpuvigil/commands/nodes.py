@@ -11,6 +11,9 @@ import typer
 from gpuvigil.commands.controller import (
     CLUSTER_HELP,
     CONFIG_OPTION,
+    CONTEXT_OPTION,
+    KUBECONFIG_OPTION,
+    cluster_overrides,
     load_controller_config,
     open_or_exit,
 )
@@ -25,23 +28,30 @@ def _ago(t: datetime | None, now: datetime) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command("nodes")
-    def nodes(
+    def nodes(  # noqa: PLR0917 - one parameter per flag is how typer declares them
         name: str = typer.Argument(None, help="Show one node with its full history."),
         cluster: str = typer.Option(None, "--cluster", help=CLUSTER_HELP),
         config: Path = CONFIG_OPTION,
+        kubeconfig: Path = KUBECONFIG_OPTION,
+        context: str = CONTEXT_OPTION,
         as_json: bool = typer.Option(False, "--json", help="One JSON object per node."),
     ) -> None:
         """List each node's gpuvigil state (HEALTHY, SUSPECT, DRAINING, REMEDIATING,
         VALIDATING, QUARANTINED), since when, why, who blocks it, and its history."""
         from gpuvigil.core.findings import utcnow
-        from gpuvigil.platform.clusters.base import ClusterError
+        from gpuvigil.platform.clusters.base import ClusterError, NotFound
         from gpuvigil.platform.state import State
 
-        cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
+        cfg = load_controller_config(
+            config, cluster_overrides(cluster, kubeconfig, context)
+        ).controller
         k8s = cfg.kubernetes.model_copy(update={"count_pods": "all"})  # show everyone's work
         adapter = open_or_exit(cfg, k8s)
         try:
             views = [adapter.get_node(name)] if name else adapter.list_nodes()
+        except NotFound as e:
+            typer.echo(f"no node named {name!r} in the {cfg.cluster} cluster", err=True)
+            raise typer.Exit(1) from e
         except ClusterError as e:
             typer.echo(f"cannot read the nodes: {e}", err=True)
             raise typer.Exit(2) from e

@@ -80,6 +80,14 @@ def register(app: typer.Typer) -> None:
                 help="Comma-separated active checks: matmul,memory,bandwidth,load,allreduce.",
             ),
         ] = None,
+        skip_check: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--skip-check",
+                help="A node check this run cannot do (repeat), reported CHECK_DISABLED: "
+                "e.g. kernel_log in a pod without /dev/kmsg.",
+            ),
+        ] = None,
         skip_fast: Annotated[
             bool, typer.Option("--skip-fast", help="Only the active checks.")
         ] = False,
@@ -95,23 +103,21 @@ def register(app: typer.Typer) -> None:
         node_rank: Annotated[
             int | None, typer.Option("--node-rank", help="This node's rank.")
         ] = None,
-        publish: Annotated[
-            str | None,
+        result_file: Annotated[
+            Path | None,
             typer.Option(
-                "--publish",
-                help="kubernetes: write the result to this Node's gpuvigil.io/preflight "
-                "annotation, where the controller reads it.",
+                "--result-file",
+                help="Also write the verdict as one JSON line ({result, at, summary}) to this "
+                "file; on Kubernetes /dev/termination-log, which the controller reads from "
+                "the preflight pod's status.",
             ),
         ] = None,
         node_name: Annotated[
             str | None,
             typer.Option(
                 "--node-name",
-                help="Node name for --publish (default $NODE_NAME, else the short host name).",
+                help="Node name in the report (default $NODE_NAME, else the short host name).",
             ),
-        ] = None,
-        kubeconfig: Annotated[
-            str | None, typer.Option("--kubeconfig", help="For --publish.")
         ] = None,
         sysfs_root: Annotated[
             Path,
@@ -139,6 +145,8 @@ def register(app: typer.Typer) -> None:
             overrides["preflight"]["budget_s"] = budget_s
         if skip_fast:
             overrides["preflight"]["fast_checks"] = False
+        if skip_check:
+            overrides["preflight"]["skip_checks"] = list(skip_check)
         if checks is not None:
             overrides["preflight"]["active"]["checks"] = [
                 c.strip() for c in checks.split(",") if c.strip()
@@ -162,20 +170,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"gpuvigil preflight: {e}", err=True)
             raise typer.Exit(2) from e
         result = run_preflight(cfg, root=sysfs_root, node_name=node_name)
-        if publish:
-            from gpuvigil.platform.clusters.preflight_publish import (
-                PublishError,
-                publish_kubernetes,
-            )
-
-            if publish != "kubernetes":
-                typer.echo(f"gpuvigil preflight: unknown --publish {publish!r}", err=True)
-                raise typer.Exit(2)
+        if result_file is not None:
             try:
-                publish_kubernetes(result.report.node, result.annotation(), kubeconfig=kubeconfig)
-            except PublishError as e:
-                typer.echo(f"gpuvigil preflight: {e}", err=True)
-                raise typer.Exit(2) from e
+                result_file.write_text(json.dumps(result.verdict()) + "\n")
+            except OSError as e:  # the exit status still says it all
+                typer.echo(f"gpuvigil preflight: cannot write {result_file}: {e}", err=True)
         if as_json:
             typer.echo(json.dumps(result.to_json(), indent=2, default=str))
         else:

@@ -10,6 +10,9 @@ import typer
 from gpuvigil.commands.controller import (
     CLUSTER_HELP,
     CONFIG_OPTION,
+    CONTEXT_OPTION,
+    KUBECONFIG_OPTION,
+    cluster_overrides,
     load_controller_config,
     open_or_exit,
 )
@@ -17,10 +20,12 @@ from gpuvigil.commands.controller import (
 
 def register(app: typer.Typer) -> None:
     @app.command("release")
-    def release_cmd(
+    def release_cmd(  # noqa: PLR0917 - one parameter per flag is how typer declares them
         name: str = typer.Argument(..., help="The node to release."),
         cluster: str = typer.Option(None, "--cluster", help=CLUSTER_HELP),
         config: Path = CONFIG_OPTION,
+        kubeconfig: Path = KUBECONFIG_OPTION,
+        context: str = CONTEXT_OPTION,
         by: str = typer.Option(None, "--by", help="Who releases it (default: your user name)."),
         force: bool = typer.Option(
             False, "--force", help="Also restart a node that is not QUARANTINED from VALIDATING."
@@ -32,11 +37,13 @@ def register(app: typer.Typer) -> None:
         forgets the REPLACE/INVESTIGATE Xid events it kept across reboots. Exit 1 when the
         node is not quarantined (use --force)."""
         from gpuvigil.core.findings import utcnow
-        from gpuvigil.platform.clusters.base import ClusterError
+        from gpuvigil.platform.clusters.base import ClusterError, NotFound
         from gpuvigil.platform.policy import release
         from gpuvigil.platform.state import State
 
-        cfg = load_controller_config(config, {"cluster": cluster} if cluster else {}).controller
+        cfg = load_controller_config(
+            config, cluster_overrides(cluster, kubeconfig, context)
+        ).controller
         adapter = open_or_exit(cfg)
         who = by or getpass.getuser()
         try:
@@ -58,6 +65,9 @@ def register(app: typer.Typer) -> None:
                 reason="gpuvigilReleased",
                 message=f"released by {who}: validating before work",
             )
+        except NotFound as e:
+            typer.echo(f"no node named {name!r} in the {cfg.cluster} cluster", err=True)
+            raise typer.Exit(1) from e
         except ClusterError as e:
             typer.echo(f"cannot release {name}: {e}", err=True)
             raise typer.Exit(2) from e

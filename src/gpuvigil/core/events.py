@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuvigil.core.files import open_append
+
 SCHEMA_VERSION = 1
 
 
@@ -60,8 +62,8 @@ class EventWriter:
         self.path = path
         self._fsync = fsync
         self._lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # 0640 in a 0750 folder whatever the umask, never through a symlink (core.files)
+        self._fd = open_append(path)
 
     def write(self, event: Event) -> None:
         data = (event.to_line() + "\n").encode()

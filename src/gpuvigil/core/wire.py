@@ -39,9 +39,6 @@ REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"
 # Agent -> controller: {"id": str, "action": str, "result": "started"|"succeeded"|"failed",
 # "at": iso, "detail": str, "boot_id": str (REBOOT, with "started")}
 RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"
-# Preflight -> controller: {"result": "pass"|"fail", "at": iso, "summary": str}. A node in
-# VALIDATING leaves it only on a "pass" newer than the start of its validation.
-PREFLIGHT_ANNOTATION = f"{DOMAIN}/preflight"
 # Controller (`gpuvigil release NODE`) -> agent: an ISO time with zone. The agent forgets the
 # Xid events it kept across reboots (REPLACE/INVESTIGATE) that were logged before it.
 RELEASED_ANNOTATION = f"{DOMAIN}/released-at"

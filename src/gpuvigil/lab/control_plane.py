@@ -84,7 +84,10 @@ class ControlPlane:
                 "--insecure-port", "0",
                 "--cert-dir", str(d / "certs"),
                 "--token-auth-file", str(d / "tokens.csv"),
-                "--authorization-mode", "RBAC",
+                # As on kubeadm/EKS/GKE clusters: kubelets (system:node:<name>) may write
+                # only their own Node and their own pods' status.
+                "--authorization-mode", "Node,RBAC",
+                "--enable-admission-plugins", "NodeRestriction",
                 "--service-account-key-file", str(sa_key),
                 "--service-account-signing-key-file", str(sa_key),
                 "--service-account-issuer", "https://kubernetes.default.svc",

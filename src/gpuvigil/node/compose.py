@@ -174,6 +174,9 @@ def _build_sinks(
         def remediated(action: str, result: str) -> None:
             metrics.remediations.labels(action, result).inc()
 
+        def rejected(kind: str, reason: str) -> None:
+            metrics.rejected_messages.labels(kind, reason).inc()
+
         kernel = agent.kernel
         sinks.append(
             KubernetesSink(
@@ -182,6 +185,8 @@ def _build_sinks(
                 env=env,
                 on_remediation=remediated,
                 on_release=kernel.release if kernel else None,
+                on_reject=rejected,
+                state_dir=a.state_dir,
             )
         )
         where["kubernetes"] = f"node/{node}"

@@ -37,6 +37,7 @@ class AgentMetrics:
     publish_errors: Counter
     last_publish: Gauge
     remediations: Counter
+    rejected_messages: Counter
     # Label sets rendered by the last report, so vanished ones are removed without a
     # clear() that a concurrent scrape could observe as "no series at all".
     rendered: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
@@ -115,6 +116,12 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
             "gpuvigil_agent_remediations_total",
             "Remediation requests the agent executed, by action and result.",
             ("action", "result"),
+        ),
+        rejected_messages=counter(
+            "gpuvigil_agent_rejected_messages_total",
+            "Messages on this node the agent ignored: not signed by the controller, too old, "
+            "unreadable (docs/security.md).",
+            ("kind", "reason"),
         ),
     )
 

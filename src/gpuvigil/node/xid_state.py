@@ -27,10 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.core.wire import decode_time
 from gpuvigil.node.readings import XidEvent
-from gpuvigil.node.sinks.state_file import write_atomic
 
 log = logging.getLogger("gpuvigil.agent.state")
 EVENTS_FILE = "xid-events.json"

@@ -3,8 +3,9 @@
 `run_preflight` runs the fast node checks (the same registry `gpuvigil check` uses), then
 the active checks (`node.active.runner`) in the time left of one budget, and returns one
 NodeReport plus every measurement (achieved vs expected). Called by the command, the
-Slurm prolog script, and on Kubernetes by the node's startup job; the controller removes
-the `gpuvigil.io/unvalidated` taint only on a "pass" it reads back (`core.wire`).
+Slurm prolog script, and on Kubernetes by the preflight pod the controller starts for each
+validation; the controller removes the `gpuvigil.io/unvalidated` taint only on a pass that
+pod's exit reports (`clusters.k8s_preflight`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ class PreflightConfig(StrictModel):
     # Which check groups: "fast" are the status checks; add "slow" for `dcgmi health`,
     # "diag" for `dcgmi diag` (minutes: raise budget_s with it).
     check_groups: list[Literal["fast", "slow", "diag"]] = Field(default_factory=lambda: ["fast"])
+    # Node checks this run cannot do, reported CHECK_DISABLED instead of run: the shipped
+    # Kubernetes preflight pod skips `kernel_log` (it has no /dev/kmsg and no privileges;
+    # the agent on the same node follows the kernel log all the time).
+    skip_checks: list[str] = Field(default_factory=list)
     active: ActiveConfig = Field(default_factory=ActiveConfig)
-    node_name: str | None = None  # for --publish; default: $NODE_NAME, else the hostname
+    node_name: str | None = None  # in the report; default: $NODE_NAME, else the hostname
 
 
 @dataclass
@@ -80,8 +85,9 @@ class PreflightResult:
             "report": self.report.model_dump(mode="json"),
         }
 
-    def annotation(self, *, now: datetime | None = None) -> dict[str, str]:
-        """The `core.wire.PREFLIGHT_ANNOTATION` value the controller reads."""
+    def verdict(self, *, now: datetime | None = None) -> dict[str, str]:
+        """What `--result-file` writes: on Kubernetes the pod's termination log, which the
+        controller reads from the pod's status (`clusters.k8s_preflight`)."""
         problems = sorted({f"{f.component} {f.code}" for f in self.report.problems})
         summary = "all checks passed" if not problems else "; ".join(problems)[:500]
         return {
@@ -104,10 +110,13 @@ def internode_expectation(entry: Any) -> float | None:
 
 
 def run_fast(
-    ctx: CheckContext, groups: list[str] | tuple[str, ...] = FAST_GROUPS
+    ctx: CheckContext,
+    groups: list[str] | tuple[str, ...] = FAST_GROUPS,
+    *,
+    skipped: list[str] | tuple[str, ...] = (),
 ) -> tuple[list[Finding], list[CheckRun]]:
     """The node checks of `groups`, run as `gpuvigil check` runs them."""
-    report = sweep.run_sweep(ctx, specs=sweep.select(groups=groups))
+    report = sweep.run_sweep(ctx, specs=sweep.select(groups=groups), skipped=skipped)
     return list(report.findings), list(report.checks)
 
 
@@ -128,7 +137,7 @@ def run_preflight(
     runs: list[CheckRun] = []
     durations: dict[str, float] = {}
     if pf.fast_checks:
-        findings, runs = run_fast(ctx, pf.check_groups)
+        findings, runs = run_fast(ctx, pf.check_groups, skipped=pf.skip_checks)
         durations["fast"] = time.monotonic() - t0
     _, entry = instance.lookup(ctx)
     outcome = ActiveOutcome()

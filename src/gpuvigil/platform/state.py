@@ -131,7 +131,8 @@ class AgentResult:
 
 @dataclass(frozen=True)
 class Preflight:
-    """The latest preflight verdict on the node (`core.wire.PREFLIGHT_ANNOTATION`)."""
+    """The latest preflight verdict for the node (k8s: the exit of the preflight pod the
+    controller started, `clusters.k8s_preflight`)."""
 
     passed: bool
     at: datetime

@@ -197,3 +197,45 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
     yield start
     for a in started:
         a.stop(signal.SIGKILL if a.proc.poll() is None else signal.SIGTERM, timeout=5)
+
+
+def controller_key(folder: Path) -> tuple[Any, Path]:
+    """A controller signing key and the public-key file an agent trusts (docs/security.md)."""
+    from gpuvigil.core.signing import Signer
+
+    signer = Signer.generate()
+    pub = folder / "controller.pub"
+    pub.write_bytes(signer.public_pem())
+    return signer, pub
+
+
+def signed_request(signer: Any, node: str, req: dict[str, Any]) -> dict[str, str]:
+    """The request annotations as the controller writes them (`clusters.kubernetes`)."""
+    from datetime import UTC, datetime
+
+    from gpuvigil.core import wire
+    from gpuvigil.core.signing import sig_annotation
+
+    text = json.dumps({"at": datetime.now(UTC).isoformat(), **req})
+    return {wire.REQUEST_ANNOTATION: text,
+            sig_annotation(wire.REQUEST_ANNOTATION): signer.sign("remediation-request", node, text)}
+
+
+def sa_kubeconfig(kube: Any, path: Path, *, sa: str, namespace: str = "gpuvigil") -> Path:
+    """A kubeconfig with a TokenRequest token of the ServiceAccount `sa`."""
+    spec = {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}
+    tok = kube.core().create_namespaced_service_account_token(sa, namespace, {"spec": spec})
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {{server: "{kube.url}", insecure-skip-tls-verify: true}}
+users:
+- name: sa
+  user: {{token: "{tok.status.token}"}}
+contexts:
+- name: test
+  context: {{cluster: test, user: sa}}
+current-context: test
+""")
+    return path

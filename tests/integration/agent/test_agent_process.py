@@ -99,4 +99,5 @@ def test_help_stands_alone(run_cli):
 def test_kubernetes_sink_without_credentials_exits_2(run_cli, tmp_path):
     p = run_cli("agent", "--sink", "kubernetes", "--node-name", "x", "--expect-gpus", "0",
                 "--kubeconfig", str(tmp_path / "missing"), timeout=60)
-    assert p.returncode == 2 and "no usable credentials" in p.stderr
+    assert p.returncode == 2 and "no Kubernetes credentials" in p.stderr, p.stderr
+    assert "missing does not exist; pass --kubeconfig" in p.stderr

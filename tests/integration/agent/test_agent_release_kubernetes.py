@@ -23,13 +23,19 @@ pytestmark = pytest.mark.realparts
 
 def test_release_reaches_the_agent(start_agent, kube, tmp_path, fake_bin):
     node = kube.create_node()
+    kube.ensure_namespace("gpuvigil")  # where `release` keeps the controller's signing key
     state = tmp_path / "state"
+    trusted = tmp_path / "trust" / "controller.pub"  # as the DaemonSet mounts the ConfigMap
     a = start_agent(
         {
             "agent": {
                 "state_dir": str(state),
                 "sinks": {
-                    "kubernetes": {"heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.5}
+                    "kubernetes": {
+                        "heartbeat_interval_s": 1.0,
+                        "request_poll_interval_s": 0.5,
+                        "trust": {"controller_public_key_file": str(trusted)},
+                    }
                 },
             }
         },
@@ -77,6 +83,11 @@ def test_release_reaches_the_agent(start_agent, kube, tmp_path, fake_bin):
     ann = kube.core().read_node(node).metadata.annotations or {}
     released = wire.decode_time(ann.get(wire.RELEASED_ANNOTATION))
     assert released is not None and released > at
+    # The release is signed; the agent believes it once it has the controller's public key
+    # (the ConfigMap the controller published, which kubelet would mount).
+    cm = kube.core().read_namespaced_config_map("gpuvigil-trust", "gpuvigil")
+    trusted.parent.mkdir()
+    trusted.write_text(cm.data["controller.pub"])
 
     wait_until(lambda: ("kernel_log", "XID_54") not in a.codes(), 10, "XID_54 released")
     assert json.loads((state / "xid-events.json").read_text())["events"] == []

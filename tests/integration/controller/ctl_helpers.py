@@ -51,8 +51,8 @@ class Agent:
     """Plays the node agent and preflight for nodes without kubelets: publishes the health
     summary, answers remediation requests, writes preflight results."""
 
-    def __init__(self, core: Any) -> None:
-        self.core = core
+    def __init__(self, core: Any, kube: Any = None) -> None:
+        self.core, self.kube = core, kube
         self.answered: list[tuple[str, str]] = []
 
     def publish(self, node: str, *findings: FindingSummary) -> None:
@@ -86,11 +86,24 @@ class Agent:
             if fixes:
                 self.publish(node)
         state = json.loads(ann.get("gpuvigil.io/state", "null") or "null")
-        if state and state.get("state") == "VALIDATING":
-            pf = {"result": "pass", "at": utcnow().isoformat(), "summary": "ok"}
-            self.core.patch_node(
-                node, {"metadata": {"annotations": {wire.PREFLIGHT_ANNOTATION: json.dumps(pf)}}}
-            )
+        if state and state.get("state") == "VALIDATING" and self.kube is not None:
+            preflight_passes(self.kube, node)
+
+
+def preflight_passes(
+    kube: Any, node: str, *, ns: str = "gpuvigil", exit_code: int = 0, summary: str = "ok"
+) -> list[str]:
+    """Play the node's kubelet for the preflight pods the controller started on `node`."""
+    from gpuvigil.platform.clusters.k8s_preflight import label_value
+
+    verdict = {"result": "pass" if exit_code == 0 else "fail", "summary": summary}
+    return kube.run_pods(
+        ns,
+        selector=f"app.kubernetes.io/name=gpuvigil-preflight,gpuvigil.io/node={label_value(node)}",
+        node=node,
+        exit_code=exit_code,
+        message=json.dumps(verdict),
+    )
 
 
 def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
@@ -129,7 +142,8 @@ def controller_env(extra: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture
 def agent(kube: Any) -> Agent:
-    return Agent(kube.core())
+    kube.ensure_preflight_template()  # the controller's preflight runs come from it
+    return Agent(kube.core(), kube)
 
 
 @pytest.fixture

@@ -1,18 +1,17 @@
 # ruff: noqa: F811  (fixtures imported from ctl_helpers are parameters here)
-"""After a GPU reset the node validates again: the controller deletes the node's preflight
-pod (the DaemonSet would start a fresh one) once per validation, also across a controller
-restart, and a new preflight pass brings the node back. Real kube-apiserver 1.20.2, no
-kubelets: the test plays the agent and the DaemonSet."""
+"""After a GPU reset the node validates again: the controller starts one preflight pod for
+the validation (from the shipped PodTemplate, asking for every GPU the node has), once,
+also across a controller restart; the pod's exit, as the node's kubelet reports it, decides.
+Real kube-apiserver 1.20.2, no kubelets: the test plays the agent and the kubelet."""
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
 import pytest
-from ctl_helpers import FATAL, agent, kube_cluster  # noqa: F401  (fixtures)
+from ctl_helpers import FATAL, agent, kube_cluster, preflight_passes  # noqa: F401  (fixtures)
 
 from gpuvigil.core import wire
 from gpuvigil.core.findings import utcnow
@@ -21,7 +20,6 @@ from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import State, decode_record
 
 pytestmark = pytest.mark.realparts
-LABELS = {"app.kubernetes.io/name": "gpuvigil-preflight"}  # deploy/kubernetes/preflight
 CFG = ControllerConfig(safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100))
 
 
@@ -32,79 +30,35 @@ def record(kube: Any, node: str) -> Any:
 
 def answer_requests(kube: Any, node: str) -> None:
     """The agent: does the requested reset, says so, publishes a clean summary."""
+    from ctl_helpers import health
+
     v1 = kube.core()
     ann = v1.read_node(node).metadata.annotations or {}
     req = json.loads(ann.get(wire.REQUEST_ANNOTATION) or "null")
     res = json.loads(ann.get(wire.RESULT_ANNOTATION) or "null")
     if req and (not res or res.get("id") != req["id"]):
         done = {"id": req["id"], "result": "succeeded", "at": utcnow().isoformat()}
-        v1.patch_node(
-            node, {"metadata": {"annotations": {wire.RESULT_ANNOTATION: json.dumps(done)}}}
-        )
-        agent_publish_clean(v1, node)
+        v1.patch_node(node, {"metadata": {"annotations": {
+            wire.RESULT_ANNOTATION: json.dumps(done), wire.HEALTH_ANNOTATION: health()}}})
 
 
-def agent_publish_clean(v1: Any, node: str) -> None:
-    from ctl_helpers import health
+def runs(kube: Any, node: str) -> list[Any]:
+    from gpuvigil.platform.clusters.k8s_preflight import label_value
 
-    v1.patch_node(node, {"metadata": {"annotations": {wire.HEALTH_ANNOTATION: health()}}})
-
-
-def daemon_pod(kube: Any, ns: str, node: str, labels: dict[str, str]) -> str:
-    """A pod of a DaemonSet on `node`, as the DaemonSet controller would create it (a drain
-    leaves DaemonSet pods alone; only `revalidate` may delete the preflight one)."""
-    from kubernetes import client
-
-    name = labels.get("app.kubernetes.io/name", "ds")
-    apps = client.AppsV1Api(kube.api_client())
-    try:
-        ds = apps.read_namespaced_daemon_set(name, ns)
-    except client.ApiException:
-        ds = apps.create_namespaced_daemon_set(
-            ns,
-            {
-                "apiVersion": "apps/v1",
-                "kind": "DaemonSet",
-                "metadata": {"name": name},
-                "spec": {
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-                    },
-                },
-            },
-        )
-    pod = kube.create_running_pod(node, namespace=ns, labels=labels)
-    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": ds.metadata.uid}
-    kube.core().patch_namespaced_pod(pod, ns, {"metadata": {"ownerReferences": [owner]}})
-    return pod
+    sel = f"app.kubernetes.io/name=gpuvigil-preflight,gpuvigil.io/node={label_value(node)}"
+    return kube.core().list_namespaced_pod("gpuvigil", label_selector=sel).items
 
 
-def preflight_pods(kube: Any, ns: str, node: str) -> list[Any]:
-    return kube.core().list_namespaced_pod(ns, field_selector=f"spec.nodeName={node}").items
-
-
-def test_reset_then_preflight_pod_deleted_once_and_a_new_pass_returns_the_node(  # type: ignore[no-untyped-def]
-    kube, kube_cluster, agent
-) -> None:
+def to_validating(kube: Any, kube_cluster: Any, agent: Any, *, gpus: int) -> tuple[str, Any]:
     tag = uuid.uuid4().hex[:6]
-    node = kube.create_node(f"gpu-{tag}", labels={"fleet": tag})
-    ns = kube.namespace("gpuvigil")
-    old_pod = daemon_pod(kube, ns, node, LABELS)
-    other = daemon_pod(kube, ns, node, {"app.kubernetes.io/name": "gpuvigil-agent"})
-    pf = {"result": "pass", "at": utcnow().isoformat(), "summary": "at join"}
-    kube.core().patch_node(
-        node, {"metadata": {"annotations": {wire.PREFLIGHT_ANNOTATION: json.dumps(pf)}}}
-    )
-    time.sleep(1.1)  # creationTimestamp has whole seconds: the episode starts a second later
+    node = kube.create_node(f"gpu-{tag}", labels={"fleet": tag}, gpus=gpus)
     agent.publish(node, FATAL)
-    settings = {"node_selector": f"fleet={tag}", "preflight_namespace": ns}
-    c = kube_cluster(**settings)
+    c = kube_cluster(node_selector=f"fleet={tag}")
     ctl = Controller(c, config=CFG)
     seen = []
     for _ in range(10):
-        ctl.reconcile()
+        errors = ctl.reconcile().errors
+        assert not errors, errors
         rec = record(kube, node)
         if rec and (not seen or seen[-1] != rec.state):
             seen.append(rec.state)
@@ -112,33 +66,57 @@ def test_reset_then_preflight_pod_deleted_once_and_a_new_pass_returns_the_node( 
             break
         answer_requests(kube, node)
     assert seen == [State.DRAINING, State.REMEDIATING, State.VALIDATING]
+    return node, c
+
+
+def test_reset_then_one_preflight_pod_and_its_pass_returns_the_node(  # type: ignore[no-untyped-def]
+    kube, kube_cluster, agent
+) -> None:
+    node, c = to_validating(kube, kube_cluster, agent, gpus=4)
     rec = record(kube, node)
-    assert rec.preflight_for == rec.since  # the trigger is remembered on the node
-    assert c.calls["delete_preflight_pod"] == 1
-    pods = {p.metadata.name: p for p in preflight_pods(kube, ns, node)}
-    assert old_pod not in pods or pods[old_pod].metadata.deletion_timestamp is not None
-    assert pods[other].metadata.deletion_timestamp is None  # the agent's pod stays
+    assert rec.preflight_for == rec.since  # the run is remembered on the node
+    (pod,) = runs(kube, node)
+    main = pod.spec.containers[0]
+    assert main.resources.limits["nvidia.com/gpu"] == "4"  # every GPU the node has
+    assert main.args[-2:] == ["--expect-gpus", "4"] and pod.spec.restart_policy == "Never"
+    assert pod.spec.service_account_name == "gpuvigil-preflight"
 
-    # A restarted controller waits for this validation's run; it does not delete again.
-    c2 = kube_cluster(**settings)
+    # A restarted controller waits for this validation's run; it starts no other.
+    c2 = kube_cluster(node_selector=c.settings.node_selector)
     ctl2 = Controller(c2, config=CFG)
-    for _ in range(3):
+    for _ in range(2):
         ctl2.reconcile()
-    assert record(kube, node).state is State.VALIDATING  # the pass at join is too old
-    assert c2.calls["delete_preflight_pod"] == 0 and c2.calls["list_preflight_pods"] == 0
+    assert record(kube, node).state is State.VALIDATING
+    assert c2.calls["create_preflight_pod"] == 0 and len(runs(kube, node)) == 1
+    assert c2.revalidate(node, since=rec.since) == 0  # a repeat is harmless
 
-    # The DaemonSet's fresh pod runs preflight and writes a pass newer than the validation.
-    fresh = daemon_pod(kube, ns, node, LABELS)
-    pf = {"result": "pass", "at": utcnow().isoformat(), "summary": "after reset"}
-    kube.core().patch_node(
-        node, {"metadata": {"annotations": {wire.PREFLIGHT_ANNOTATION: json.dumps(pf)}}}
-    )
-    agent_publish_clean(kube.core(), node)
+    # The node's kubelet reports the pod's exit: 0, a pass newer than the validation.
+    assert preflight_passes(kube, node) == [pod.metadata.name]
     ctl2.reconcile()
     assert record(kube, node).state is State.HEALTHY
     taints = {t.key for t in kube.core().read_node(node).spec.taints or []}
     assert wire.UNHEALTHY_TAINT not in taints
-    # A repeat of the trigger for that validation would keep the fresh run.
-    assert c2.revalidate(node, since=rec.since) == 0
-    pods = {p.metadata.name: p for p in preflight_pods(kube, ns, node)}
-    assert pods[fresh].metadata.deletion_timestamp is None
+
+
+def test_a_failed_run_is_a_failed_step_and_the_next_validation_replaces_the_pod(  # type: ignore[no-untyped-def]
+    kube, kube_cluster, agent
+) -> None:
+    node, c = to_validating(kube, kube_cluster, agent, gpus=8)
+    (first,) = runs(kube, node)
+    preflight_passes(kube, node, exit_code=1, summary="gpu:3 GPU_SDC")
+    ctl = Controller(c, config=CFG)
+    ctl.reconcile()
+    rec = record(kube, node)
+    assert rec.state is State.REMEDIATING and "gpu:3 GPU_SDC" in rec.reason
+    assert rec.step.value == "REBOOT"
+    v1 = kube.core()
+    v1.patch_node_status(node, {"status": {"nodeInfo": {"bootID": "after-reboot"}}})
+    answer_requests(kube, node)
+    ctl.reconcile()
+    assert record(kube, node).state is State.VALIDATING
+    names = [p.metadata.name for p in runs(kube, node)]
+    assert first.metadata.name not in names or any(
+        p.metadata.deletion_timestamp for p in runs(kube, node)
+        if p.metadata.name == first.metadata.name
+    )
+    assert len([n for n in names if n != first.metadata.name]) == 1

@@ -245,7 +245,7 @@ CASES = [
         view(unvalidated=True),
         Fleet(),
         State.VALIDATING,
-        ["block"],
+        ["block", "revalidate"],  # its first preflight run is started like any other
     ),
     (
         "human's cordon: left alone",

@@ -74,10 +74,10 @@ def test_released_node_is_revalidated() -> None:
     assert revalidations(c, "n0") == 1
 
 
-def test_a_failed_trigger_is_retried_next_pass_and_new_nodes_are_not_triggered() -> None:
+def test_a_failed_trigger_is_retried_next_pass_and_new_nodes_are_triggered_once() -> None:
     c = MemoryCluster()
     c.add_node("n0")
-    c.add_node("new", unvalidated=True)  # its preflight pod starts as it joins
+    c.add_node("new", unvalidated=True)  # its first preflight is started like any other
     c.store("n0", release(None, now=c.clock.now(), who="alice"))
     ctl = Controller(c, config=CFG, clock=c.clock.now)
     c.fail_next("revalidate", Unavailable, node="n0")
@@ -88,7 +88,7 @@ def test_a_failed_trigger_is_retried_next_pass_and_new_nodes_are_not_triggered()
     run_until(c, ctl, "n0", State.HEALTHY)
     run_until(c, ctl, "new", State.HEALTHY)
     assert revalidations(c, "n0") == 1
-    assert revalidations(c, "new") == 0
+    assert revalidations(c, "new") == 1
 
 
 def test_dry_run_never_triggers() -> None:
@@ -102,7 +102,7 @@ def test_dry_run_never_triggers() -> None:
     assert c.calls["revalidate"] == 0
 
 
-def test_defaults_match_the_shipped_preflight_daemonset() -> None:
+def test_defaults_match_the_shipped_preflight_template() -> None:
     from pathlib import Path
 
     import yaml
@@ -110,16 +110,14 @@ def test_defaults_match_the_shipped_preflight_daemonset() -> None:
     from gpuvigil.platform.clusters.settings import KubernetesSettings
 
     root = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
-    ds = yaml.safe_load((root / "preflight" / "daemonset.yaml").read_text())
+    tmpl = yaml.safe_load((root / "preflight" / "podtemplate.yaml").read_text())
     s = KubernetesSettings()
-    assert ds["metadata"]["namespace"] == s.preflight_namespace == "gpuvigil"
-    labels = ds["spec"]["template"]["metadata"]["labels"]
-    key, _, value = s.preflight_selector.partition("=")
-    assert labels[key] == value
+    assert tmpl["kind"] == "PodTemplate"
+    assert tmpl["metadata"]["name"] == s.preflight_template
     cm = yaml.safe_load((root / "controller" / "configmap.yaml").read_text())
     k8s = yaml.safe_load(cm["data"]["config.yaml"])["controller"]["kubernetes"]
-    assert k8s["preflight_namespace"] == s.preflight_namespace
-    assert k8s["preflight_selector"] == s.preflight_selector
+    assert k8s["preflight_namespace"] == s.preflight_namespace == "gpuvigil"
+    assert k8s["preflight_template"] == s.preflight_template
 
 
 def test_every_adapter_implements_the_new_operations() -> None:

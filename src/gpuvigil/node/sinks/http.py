@@ -3,16 +3,19 @@
 Called by the agent, which starts it when `agent.sinks.http.enabled`. Scraped by
 Prometheus (/metrics), probed by the kubelet or systemd (/healthz: 200 while the loop is
 alive and has published recently, 503 otherwise, so a stuck agent is restarted), and
-polled by people and tools (/report: the latest NodeReport as JSON; 503 before the first).
+polled by people and tools (/report: the latest NodeReport as JSON; 503 before the first;
+loopback clients only unless `report_clients: any`, since it carries kernel-log lines).
 Stdlib server, one thread per request, bounded by a socket timeout.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import Field
@@ -30,6 +33,13 @@ class HttpConfig(StrictModel):
         description="HOST:PORT. All interfaces by default so Prometheus can scrape the node; "
         "port 0 picks a free one (tests). Nothing served here changes state.",
     )
+    report_clients: Literal["local", "any"] = Field(
+        "local",
+        description="Who may read /report (the full NodeReport, kernel-log lines included): "
+        "`local` answers only clients on the loopback address (on the node, or through "
+        "`kubectl port-forward`), others get 403; `any` serves everyone who can reach the "
+        "port. /metrics and /healthz are served to all.",
+    )
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -37,6 +47,15 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"listen address {text!r} is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
 
 
 HealthFn = Callable[[], tuple[bool, dict[str, object]]]
@@ -50,6 +69,7 @@ class HttpSink:
     ) -> None:
         self._report: bytes | None = None
         sink = self
+        local_only = config.report_clients == "local"
 
         class Handler(BaseHTTPRequestHandler):
             timeout = 10  # a client that stops reading cannot hold a thread forever
@@ -63,7 +83,14 @@ class HttpSink:
                     self._send(200 if ok else 503, json.dumps(detail).encode(), "application/json")
                 elif path == "/report":
                     body = sink._report
-                    if body is None:
+                    if local_only and not _loopback(self.client_address[0]):
+                        self._send(
+                            403,
+                            b'{"error": "/report is served on loopback only '
+                            b'(agent.sinks.http.report_clients)"}',
+                            "application/json",
+                        )
+                    elif body is None:
                         self._send(503, b'{"error": "no report yet"}', "application/json")
                     else:
                         self._send(200, body, "application/json")

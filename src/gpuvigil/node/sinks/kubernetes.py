@@ -34,6 +34,7 @@ from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
 from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator, decode
+from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig
 
 log = logging.getLogger("gpuvigil.agent.kubernetes")
 COMPONENT = "gpuvigil-agent"
@@ -43,8 +44,11 @@ SMP = "application/strategic-merge-patch+json"
 class KubernetesConfig(StrictModel):
     enabled: bool = Field(False, description="Publish to this node's Node object.")
     kubeconfig: Path | None = Field(
-        None, description="None: the pod's service account (in-cluster), else $KUBECONFIG."
+        None,
+        description="None: the pod's service account (in-cluster), else $KUBECONFIG, else "
+        "~/.kube/config.",
     )
+    context: str | None = Field(None, description="Context of the kubeconfig (None: its current).")
     heartbeat_interval_s: float = Field(
         60.0,
         gt=0,
@@ -69,6 +73,11 @@ class KubernetesConfig(StrictModel):
     )
     remediation: RemediationConfig = Field(
         default_factory=RemediationConfig, description="Acting on the controller's requests."
+    )
+    trust: TrustConfig = Field(
+        default_factory=TrustConfig,
+        description="Which messages on the Node are the controller's (signatures; "
+        "docs/security.md).",
     )
 
 
@@ -118,27 +127,22 @@ class KubernetesSink:
         env: dict[str, str] | None = None,
         on_remediation: Callable[[str, str], None] | None = None,
         on_release: Callable[[datetime], None] | None = None,
+        on_reject: Callable[[str, str], None] | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         from kubernetes import client
-        from kubernetes import config as kconfig
+
+        from gpuvigil.node.sinks.kube_client import KubeConfigError, connect
 
         try:
-            if config.kubeconfig is not None:
-                api_client = kconfig.new_client_from_config(config_file=str(config.kubeconfig))
-            else:
-                try:
-                    kconfig.load_incluster_config()
-                    api_client = client.ApiClient()
-                except kconfig.ConfigException:
-                    api_client = kconfig.new_client_from_config()
-        except (kconfig.ConfigException, OSError) as e:
-            raise ValueError(
-                f"kubernetes sink: no usable credentials ({e}); run in a pod "
-                "with a service account, or pass --kubeconfig"
-            ) from e
+            api_client = connect(kubeconfig=config.kubeconfig, context=config.context)
+        except KubeConfigError as e:
+            raise ValueError(f"kubernetes sink: {e}") from e
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
         self.remediator = Remediator(config.remediation, env=env)
+        self.trust = Trust(config.trust, node=node, on_reject=on_reject)
+        self.ledger = Ledger(state_dir)
         self._on_remediation = on_remediation  # (action, result) when a request finishes
         self._on_release = on_release  # a person released the node (RELEASED_ANNOTATION)
         self._last_written: list[tuple[Any, ...]] | None = None
@@ -180,22 +184,35 @@ class KubernetesSink:
         if self.config.events:
             for new, old in flipped:
                 self._event(obj, new, old)
-        released = wire.decode_time(annotations.get(wire.RELEASED_ANNOTATION))
+        released = self.trust.admit_release(annotations)
         if released is not None and self._on_release is not None:
             self._on_release(released)
-        self.remediator.handle(
-            decode(annotations.get(wire.REQUEST_ANNOTATION)),
-            decode(annotations.get(wire.RESULT_ANNOTATION)),
-            self._answer,
-        )
+        self._remediate(annotations)
+
+    def _remediate(self, annotations: dict[str, str]) -> None:
+        """Act on the controller's request: only a signed, fresh one, and once per id (the
+        ledger answers a request seen before, even if its result annotation was erased)."""
+        req = self.trust.admit_request(annotations)
+        if req is None:
+            return
+        shown = decode(annotations.get(wire.RESULT_ANNOTATION))
+        seen = self.ledger.get(req["id"])
+        if seen is not None and seen.get("result") in ("succeeded", "failed"):
+            if shown != seen:
+                self._annotate({wire.RESULT_ANNOTATION: _compact(seen)})
+            return
+        self.remediator.handle(req, seen or shown, self._answer)
 
     def _answer(self, result: dict[str, Any]) -> None:
-        self._annotate({wire.RESULT_ANNOTATION: json.dumps(result, separators=(",", ":"))})
+        self.ledger.record(result)  # before the Node: `started` is remembered before acting
+        self._annotate({wire.RESULT_ANNOTATION: _compact(result)})
         if self._on_remediation and result.get("result") in ("succeeded", "failed"):
             self._on_remediation(str(result.get("action")), str(result["result"]))
 
     def _annotate(self, annotations: dict[str, str]) -> None:
-        self.api.patch_node(
+        # Through the status subresource: it carries metadata too, and it is all the agent's
+        # account may patch, so the agent can never change a Node's taints or a cordon.
+        self.api.patch_node_status(
             self.node,
             {"metadata": {"annotations": annotations}},
             _request_timeout=self._timeout,
@@ -260,6 +277,10 @@ class KubernetesSink:
             )
         except Exception as e:  # noqa: BLE001 - best effort on the way out
             log.warning("marking conditions Unknown failed: %s", e)
+
+
+def _compact(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _summary_without_time(report: NodeReport) -> str:

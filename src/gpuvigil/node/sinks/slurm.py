@@ -25,6 +25,7 @@ from pydantic import Field
 
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
+from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, NodeReport, Status
 from gpuvigil.core.states import State, tag
 from gpuvigil.node.slurm_client import SlurmClient, parse_show_node
@@ -156,5 +157,4 @@ def _read_marker(path: Path) -> str | None:
 
 
 def _write_marker(path: Path, reason: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(reason + "\n")
+    write_atomic(path, (reason + "\n").encode())

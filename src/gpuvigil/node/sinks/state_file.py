@@ -2,21 +2,20 @@
 
 Called by the agent through a SinkWorker. Readers: the training health gate
 (`gpuvigil.training`), `gpuvigil slurm-healthcheck` and Slurm prolog scripts. A reader
-never sees a torn file: the report is written to a temporary file in the same folder,
-fsynced, then renamed over the old one (rename is atomic within a file system), and the
-folder is fsynced so the rename survives a crash. Readers must check `generated_at`:
+never sees a torn file, and a planted symlink never redirects the write
+(`core.files.write_atomic`: a temporary file in the same folder, fsynced, renamed over the
+old one, the folder fsynced). Readers must check `generated_at`:
 a file older than a few agent intervals means the agent is not running.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
+from gpuvigil.core.files import ensure_dir, write_atomic
 from gpuvigil.core.findings import NodeReport
 from gpuvigil.core.wire import STATE_FILE
 
@@ -32,26 +31,14 @@ class StateFileConfig(StrictModel):
         description="Where the latest report goes. /run is tmpfs: a stale file never "
         "survives a reboot to pass for a fresh one.",
     )
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    mode: int = Field(
+        0o644,
+        ge=0,
+        le=0o777,
+        description="File mode of the report (its folder gets the same read bits plus "
+        "search). World-readable by default: training jobs running as their own user read "
+        "it (the health gate). 0o640 keeps it to root and the file's group.",
+    )
 
 
 def read_report(path: Path) -> NodeReport | None:
@@ -66,10 +53,12 @@ class StateFileSink:
     name = "state_file"
 
     def __init__(self, config: StateFileConfig) -> None:
-        self.path = config.path
+        self.path, self.mode = config.path, config.mode
+        # a world-readable report needs a folder others may enter; otherwise 0750
+        ensure_dir(self.path.parent, mode=0o755 if config.mode & 0o004 else 0o750)
 
     def publish(self, report: NodeReport) -> None:
-        write_atomic(self.path, report.model_dump_json(indent=1).encode())
+        write_atomic(self.path, report.model_dump_json(indent=1).encode(), mode=self.mode)
 
     def close(self) -> None:
         pass

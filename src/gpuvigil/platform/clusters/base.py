@@ -34,6 +34,7 @@ __all__ = [
     "DrainStatus",
     "Forbidden",
     "NodeView",
+    "NotFound",
     "Preflight",
     "Record",
     "State",
@@ -63,6 +64,10 @@ class Forbidden(ClusterError):
     """Terminal for this operation: no permission, the node no longer exists, bad request."""
 
     kind = "forbidden"
+
+
+class NotFound(Forbidden):
+    """The object does not exist (HTTP 404): terminal, and for a delete, already done."""
 
 
 @dataclass(frozen=True)

@@ -13,22 +13,48 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuvigil.core.wire import decode_time
-from gpuvigil.platform.clusters.base import ClusterError, Conflict, Forbidden, Unavailable
+from gpuvigil.node.sinks.kube_client import connect, describe_unreachable
+from gpuvigil.platform.clusters.base import (
+    ClusterError,
+    Conflict,
+    Forbidden,
+    NotFound,
+    Unavailable,
+)
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 
 T = TypeVar("T")
 
 
 def map_error(e: ApiException) -> ClusterError:
+    if e.status == 404:
+        return NotFound(f"{_kind_and_name(e)} not found")
     if e.status == 409:
         return Conflict(f"{e.status} {e.reason}")
     if e.status == 429 or (e.status or 0) >= 500:
         return Unavailable(f"{e.status} {e.reason}")
-    return Forbidden(f"{e.status} {e.reason}: {(e.body or '')[:200]}")
+    return Forbidden(f"{e.status} {e.reason}: {_message(e)}")
+
+
+def _message(e: ApiException) -> str:
+    """The API server's own sentence (a Status object's `message`), not its JSON."""
+    status = json_object(e.body if isinstance(e.body, str) else None)
+    if status and isinstance(status.get("message"), str):
+        return status["message"][:300]
+    return str(e.body or "")[:200]
+
+
+def _kind_and_name(e: ApiException) -> str:
+    status = json_object(e.body if isinstance(e.body, str) else None) or {}
+    details = status.get("details") if isinstance(status.get("details"), dict) else {}
+    kind, name = details.get("kind"), details.get("name")
+    if kind and name:
+        return f"{str(kind).rstrip('s')} {name!r}"
+    return _message(e) or "object"
 
 
 def api_call(call: Callable[[], T]) -> T:
@@ -38,7 +64,7 @@ def api_call(call: Callable[[], T]) -> T:
     except ApiException as e:
         raise map_error(e) from e
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise Unavailable(f"API server unreachable: {e}") from e
+        raise Unavailable(f"API server unreachable: {describe_unreachable(e)}") from e
 
 
 def when(text: str | None) -> datetime | None:
@@ -54,14 +80,8 @@ def json_object(text: str | None) -> dict[str, Any] | None:
 
 
 def load_api_client(settings: KubernetesSettings) -> client.ApiClient:
-    """The API client from the settings' kubeconfig, in-cluster config, or ~/.kube/config."""
-    if settings.kubeconfig:
-        return config.new_client_from_config(settings.kubeconfig, context=settings.context)
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config(context=settings.context)
+    """The API client from the settings' kubeconfig and context (`node.sinks.kube_client`)."""
+    return connect(kubeconfig=settings.kubeconfig, context=settings.context)
 
 
 class LeaseStore:
@@ -79,10 +99,8 @@ class LeaseStore:
                     self.name, self.ns, _preload_content=False, _request_timeout=self.timeout
                 )
             )
-        except Forbidden as e:
-            if "404" in str(e):
-                return None
-            raise
+        except NotFound:
+            return None
         return json.loads(resp.data)
 
     def create(self, spec: dict[str, Any]) -> None:

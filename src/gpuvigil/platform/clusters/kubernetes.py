@@ -9,11 +9,12 @@ Called by the controller (`gpuvigil controller --cluster kubernetes`), `gpuvigil
   policy/v1 first and policy/v1beta1 on 404/400 (servers < 1.22 serve only v1beta1; >= 1.25
   only v1); each pod gets the `DisruptionTarget` condition so a Job's podFailurePolicy can
   retry it without counting a failure; past the deadline what is left is deleted;
-- reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), answered
-  in `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
+- reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), signed
+  with the controller's key (`k8s_keys`, `core.signing`) and answered in
+  `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
   one) or a configured hook command run through `node.probes.exec.run`;
-- revalidate: delete the node's preflight pod (`preflight_selector` in
-  `preflight_namespace`); its DaemonSet starts a fresh one, which runs preflight again;
+- revalidate: create this validation's preflight pod (`k8s_preflight`: a pod that runs to
+  completion and frees its GPUs; its exit, written by the node's kubelet, is the result);
 - state: the JSON record in the `gpuvigil.io/state` annotation, written with the
   resourceVersion read (a 409 is `Conflict`).
 
@@ -37,6 +38,7 @@ from kubernetes import client
 from gpuvigil.core import wire
 from gpuvigil.core.codes import FAMILIES
 from gpuvigil.core.findings import Action, utcnow
+from gpuvigil.core.signing import Signer, sig_annotation
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.platform.clusters.base import (
     AgentResult,
@@ -44,6 +46,7 @@ from gpuvigil.platform.clusters.base import (
     DrainStatus,
     Forbidden,
     NodeView,
+    NotFound,
     Preflight,
     Record,
     Unavailable,
@@ -56,6 +59,8 @@ from gpuvigil.platform.clusters.k8s_api import (
     load_api_client,
     when,
 )
+from gpuvigil.platform.clusters.k8s_keys import load_signer
+from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.state import STATE_ANNOTATION, State, decode_record
 
@@ -84,6 +89,19 @@ class KubernetesCluster:
         self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.drainer = Drainer(self.core, self.settings, self.calls, self._pages)
+        self.preflight = PreflightPods(self.core, self.settings, self.calls, self._pages)
+        self._signer: Signer | None = None
+
+    def signer(self) -> Signer:
+        """The key agents trust (`k8s_keys`): loaded, or created and published, once."""
+        with self._lock:
+            if self._signer is None:
+                self._signer = load_signer(self.core, self.settings)
+            return self._signer
+
+    def _signed(self, annotation: str, purpose: str, node: str, text: str) -> dict[str, str]:
+        sig = self.signer().sign(purpose, node, text)
+        return {annotation: text, sig_annotation(annotation): sig}
 
     # ---- reading --------------------------------------------------------------------
 
@@ -123,7 +141,11 @@ class KubernetesCluster:
         for raw in nodes:
             self._remember(raw)
         running = self._counts(nodes)
-        return [self._view(n, running[n["metadata"]["name"]]) for n in nodes]
+        runs = self.preflight.results()
+        return [
+            self._view(n, running[n["metadata"]["name"]], runs.get(n["metadata"]["name"]))
+            for n in nodes
+        ]
 
     def _counts(self, nodes: list[dict[str, Any]]) -> Counter[str]:
         """Running pods per node. Only a DRAINING node's count matters to the policy, so by
@@ -147,9 +169,9 @@ class KubernetesCluster:
     def get_node(self, name: str) -> NodeView:
         raw = self._raw("get_node", self.core.read_node, name)
         self._remember(raw)
-        return self._view(raw, self._running(name)[name])
+        return self._view(raw, self._running(name)[name], self.preflight.results().get(name))
 
-    def _view(self, raw: dict[str, Any], running: int) -> NodeView:
+    def _view(self, raw: dict[str, Any], running: int, preflight: Preflight | None) -> NodeView:
         meta, spec, status = raw["metadata"], raw.get("spec", {}), raw.get("status", {})
         ann = meta.get("annotations") or {}
         labels = meta.get("labels") or {}
@@ -172,8 +194,6 @@ class KubernetesCluster:
         keys = {t.get("key") for t in taints}
         rec_text = ann.get(STATE_ANNOTATION)
         record = decode_record(rec_text)
-        pf = json_object(ann.get(wire.PREFLIGHT_ANNOTATION))
-        pf_at = when(pf.get("at")) if pf else None
         res = json_object(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
@@ -188,9 +208,7 @@ class KubernetesCluster:
             blocked_by_others=tuple(others),
             unvalidated=wire.UNVALIDATED_TAINT in keys,
             running=running,
-            preflight=Preflight(pf.get("result") == "pass", pf_at, str(pf.get("summary", "")))
-            if pf and pf_at
-            else None,
+            preflight=preflight,
             agent_result=AgentResult(
                 str(res.get("id", "")),
                 res.get("result") == "succeeded",
@@ -268,48 +286,18 @@ class KubernetesCluster:
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"the agent cannot {action.value}")
         body = {"id": request_id, "action": action.value, "gpus": gpus, "at": utcnow().isoformat()}
-        ann = {wire.REQUEST_ANNOTATION: json.dumps(body, separators=(",", ":"))}
+        text = json.dumps(body, separators=(",", ":"))
+        ann = self._signed(wire.REQUEST_ANNOTATION, "remediation-request", name, text)
         self._patch_node("request", name, {"metadata": {"annotations": ann}})
 
     def mark_released(self, name: str, *, at: datetime) -> None:
-        ann = {wire.RELEASED_ANNOTATION: at.isoformat()}
+        ann = self._signed(wire.RELEASED_ANNOTATION, "released-at", name, at.isoformat())
         self._patch_node("released", name, {"metadata": {"annotations": ann}})
 
     def revalidate(self, name: str, *, since: datetime) -> int:
-        """Delete the node's preflight pods created before `since`; the DaemonSet starts a
-        fresh one, which runs preflight and writes a result newer than `since`. Terminating
-        pods and pods created since (the fresh run) are left alone, so a repeat is harmless.
-        Graceful deletion: the kubelet stops the old pod; GPUs are freed before the new one
-        can claim them."""
-        sel = self.settings.preflight_selector
-        if not sel:
-            return 0
-        ns = self.settings.preflight_namespace
-        cutoff = since.replace(microsecond=0)  # creationTimestamp has whole seconds
-        pods = self._pages(
-            "list_preflight_pods",
-            lambda **kw: self.core.list_namespaced_pod(ns, **kw),
-            label_selector=sel,
-            field_selector=f"spec.nodeName={name}",
-        )
-        deleted = 0
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            created = when(meta.get("creationTimestamp"))
-            if meta.get("deletionTimestamp") or (created is not None and created >= cutoff):
-                continue
-            self.calls["delete_preflight_pod"] += 1
-            try:
-                api_call(
-                    lambda m=meta: self.core.delete_namespaced_pod(
-                        m["name"], ns, _request_timeout=self.timeout
-                    )
-                )
-                deleted += 1
-            except Forbidden as e:
-                if "404" not in str(e):
-                    raise  # 404: gone already, which is what we wanted
-        return deleted
+        """Start this validation's preflight pod (once: its name is derived from `since`);
+        the node's older runs are deleted. See `k8s_preflight`."""
+        return self.preflight.start(name, since=since)
 
     @property
     def replace_removes_node(self) -> bool:
@@ -333,9 +321,8 @@ class KubernetesCluster:
         self.calls["delete_node"] += 1
         try:
             api_call(lambda: self.core.delete_node(name, _request_timeout=self.timeout))
-        except Forbidden as e:
-            if "404" not in str(e):
-                raise  # 404: already gone, which is what we wanted
+        except NotFound:
+            pass  # already gone, which is what we wanted
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         now = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -185,7 +185,7 @@ class MemoryCluster:
             rec = decode_record(node.record_raw)
             if rec is None or rec.state is not State.VALIDATING or rec.since is None:
                 continue
-            # Like the preflight DaemonSet: a new node's pod runs as it joins; on any other
+            # Like Kubernetes: a new node validates as it joins; on any other
             # node preflight runs again only when the controller asked (`revalidate`).
             started = rec.since if "unvalidated" in node.our_taints else None
             if node.preflight_asked is not None and node.preflight_asked >= rec.since:

@@ -36,10 +36,19 @@ class KubernetesSettings(StrictModel):
     replace: Literal["delete-node", "hook", "none"] = "delete-node"
     replace_hook: list[str] = Field(default_factory=list)  # argv; "{node}" is substituted
     hook_timeout_s: float = Field(120.0, gt=0)
-    # The preflight DaemonSet's pods (deploy/kubernetes/preflight): deleted to validate a
-    # node again after a repair or a release; an empty selector switches that off.
+    # Preflight runs as a pod per validation, made from this PodTemplate in
+    # preflight_namespace (deploy/kubernetes/preflight); "" switches preflight off (a node
+    # then waits for validation_timeout_s). Its result is the pod's exit (k8s_preflight).
     preflight_namespace: str = "gpuvigil"
-    preflight_selector: str = "app.kubernetes.io/name=gpuvigil-preflight"
+    preflight_template: str = "gpuvigil-preflight"
+    gpu_resource: str = "nvidia.com/gpu"  # the preflight pod asks for all the node has
+    # The key that signs remediation requests and releases for the agents (k8s_keys,
+    # docs/security.md): a PEM file, else a Secret the controller creates in key_namespace;
+    # its public half goes to the ConfigMap trust_configmap, mounted by the agents.
+    signing_key_file: str | None = None
+    key_namespace: str = "gpuvigil"
+    signing_key_secret: str = "gpuvigil-controller-key"
+    trust_configmap: str = "gpuvigil-trust"
     event_namespace: str = "default"  # Node events live in "default" by convention
     lease_namespace: str = "gpuvigil"
     lease_name: str = "gpuvigil-controller"

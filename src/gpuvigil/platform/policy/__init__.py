@@ -114,8 +114,8 @@ class _Ctx:
     def revalidate(self, rec: Record) -> tuple[Op, ...]:
         """Run preflight again for this validation, unless a run for it is under way (the
         record says so) or the cluster has no preflight channel (Slurm: a fresh clean
-        summary ends the validation). The preflight pod ran when the node joined; without
-        a fresh run no pass newer than `since` ever comes (after a reset, a release)."""
+        summary ends the validation). Every validation gets its own run (a new node's
+        first one included): no pass from before `since` counts."""
         if not self.node.preflight_supported or rec.preflight_for == rec.since:
             return ()
         return (Op(OpKind.REVALIDATE),)
@@ -197,8 +197,8 @@ def decide(
 
 def _healthy(c: _Ctx) -> Decision:
     a, node = c.a, c.node
-    if node.record is None and node.unvalidated:  # its preflight pod starts as it joins
-        return c.go(State.VALIDATING, "new node: waiting for preflight", preflight_for=c.now)
+    if node.record is None and node.unvalidated:  # a new node: preflight runs before work
+        return c.go(State.VALIDATING, "new node: waiting for preflight")
     if node.blocked_by_someone_else and not c.cfg.act_on_foreign_blocked:
         who = ", ".join(node.blocked_by_others)
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()  # ours only

@@ -1,0 +1,132 @@
+"""The controller's signatures and what the agent accepts (core.signing,
+node.sinks.request_auth): a message is good for one node and one purpose only, and an
+unsigned, foreign, stale or replayed request is never acted on."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuvigil.core import wire
+from gpuvigil.core.signing import BadKey, Signer, Verifier, sig_annotation
+from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def request(node: str, signer: Signer, *, at: datetime = NOW, rid: str = "r1") -> dict[str, str]:
+    text = json.dumps({"id": rid, "action": "REBOOT", "gpus": [], "at": at.isoformat()})
+    return {
+        wire.REQUEST_ANNOTATION: text,
+        sig_annotation(wire.REQUEST_ANNOTATION): signer.sign("remediation-request", node, text),
+    }
+
+
+@pytest.fixture
+def ctl(tmp_path):
+    s = Signer.generate()
+    (tmp_path / "controller.pub").write_bytes(s.public_pem())
+    return s
+
+
+def trust(tmp_path, node: str = "gpu-1", rejected: list | None = None) -> Trust:
+    cfg = TrustConfig(controller_public_key_file=tmp_path / "controller.pub")
+    return Trust(
+        cfg,
+        node=node,
+        clock=lambda: NOW,
+        on_reject=(lambda k, r: rejected.append((k, r))) if rejected is not None else None,
+    )
+
+
+def test_a_signed_fresh_request_for_this_node_is_admitted(tmp_path, ctl):
+    assert trust(tmp_path).admit_request(request("gpu-1", ctl))["id"] == "r1"
+
+
+def test_what_is_not_the_controllers_own_for_this_node_is_ignored(tmp_path, ctl):
+    rejected: list = []
+    t = trust(tmp_path, rejected=rejected)
+    attacker = Signer.generate()
+    unsigned = {wire.REQUEST_ANNOTATION: request("gpu-1", ctl)[wire.REQUEST_ANNOTATION]}
+    other_node = request("gpu-2", ctl)  # a genuine request for another node, copied here
+    as_release = dict(request("gpu-1", ctl))
+    as_release[sig_annotation(wire.REQUEST_ANNOTATION)] = ctl.sign(
+        "released-at", "gpu-1", as_release[wire.REQUEST_ANNOTATION]
+    )
+    tampered = dict(request("gpu-1", ctl))
+    tampered[wire.REQUEST_ANNOTATION] = tampered[wire.REQUEST_ANNOTATION].replace("r1", "r2")
+    for ann in (
+        unsigned,
+        other_node,
+        as_release,
+        tampered,
+        request("gpu-1", attacker),
+        request("gpu-1", ctl, at=NOW - timedelta(hours=2)),
+        request("gpu-1", ctl, at=NOW + timedelta(hours=1)),
+    ):
+        assert t.admit_request(ann) is None, ann
+    assert [r for _, r in rejected] == [
+        "not signed",
+        "bad signature",
+        "bad signature",
+        "bad signature",
+        "unknown key",
+        "too old",
+        "from the future",
+    ]
+
+
+def test_no_key_file_means_nothing_is_admitted(tmp_path, ctl):
+    (tmp_path / "controller.pub").unlink()
+    assert trust(tmp_path).admit_request(request("gpu-1", ctl)) is None
+    (tmp_path / "controller.pub").write_bytes(ctl.public_pem())  # appears later: read then
+    assert trust(tmp_path).admit_request(request("gpu-1", ctl)) is not None
+
+
+def test_a_rotated_key_is_picked_up_from_the_file(tmp_path, ctl):
+    t = trust(tmp_path)
+    assert t.admit_request(request("gpu-1", ctl)) is not None
+    new = Signer.generate()
+    (tmp_path / "controller.pub").write_bytes(new.public_pem())
+    assert t.admit_request(request("gpu-1", new, rid="r2")) is not None
+
+
+def test_release_times_must_be_signed_too(tmp_path, ctl):
+    t = trust(tmp_path)
+    at = NOW.isoformat()
+    good = {
+        wire.RELEASED_ANNOTATION: at,
+        sig_annotation(wire.RELEASED_ANNOTATION): ctl.sign("released-at", "gpu-1", at),
+    }
+    assert t.admit_release(good) == NOW
+    assert t.admit_release({wire.RELEASED_ANNOTATION: at}) is None
+
+
+def test_require_signed_false_trusts_the_node_object(tmp_path, ctl):
+    cfg = TrustConfig(require_signed=False, controller_public_key_file=tmp_path / "none")
+    t = Trust(cfg, node="gpu-1", clock=lambda: NOW)
+    ann = {wire.REQUEST_ANNOTATION: request("gpu-1", ctl)[wire.REQUEST_ANNOTATION]}
+    assert t.admit_request(ann) is not None
+
+
+def test_ledger_survives_a_restart(tmp_path):
+    led = Ledger(tmp_path)
+    led.record({"id": "r1", "result": "started"})
+    led.record({"id": "r1", "result": "succeeded"})
+    assert Ledger(tmp_path).get("r1") == {"id": "r1", "result": "succeeded"}
+    (tmp_path / "remediation-ledger.json").write_text("garbage")
+    assert Ledger(tmp_path).get("r1") is None  # unreadable: start empty, never crash
+    assert Ledger(None).get("x") is None
+
+
+def test_keys_round_trip_and_bad_keys_are_named():
+    s = Signer.generate()
+    assert Signer.from_pem(s.private_pem()).kid == s.kid
+    both = Verifier.from_pem(s.public_pem() + Signer.generate().public_pem())
+    assert len(both.keys) == 2
+    with pytest.raises(BadKey):
+        Verifier.from_pem(b"hello")
+    with pytest.raises(BadKey):
+        Signer.from_pem(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
