@@ -61,10 +61,9 @@ class LabConfig(StrictModel):
     watchdog_timeout_s: float = Field(8.0, gt=0)  # the training hang watchdog's timeout
     agent_restart_s: float = Field(12.0, gt=0)  # a dead agent's restart (agent-stop)
     timeout_s: float = Field(420.0, gt=0)  # the whole run, start to report (a bound, not a goal)
-    # The job's pods request every GPU of their node, as real ones do. Off by default:
-    # the shipped preflight pod (a DaemonSet whose init container requests every GPU)
-    # holds them for as long as it exists, so nothing else could ever be scheduled there.
-    gpu_requests: bool = False
+    # The job's pods request every GPU of their node, as real ones do (so one rank per
+    # node, and none on a node whose preflight pod holds the GPUs while it runs).
+    gpu_requests: bool = True
     agent: dict[str, Any] = Field(default_factory=_agent)  # merged into the shipped file
     controller: dict[str, Any] = Field(default_factory=_controller)
     preflight_env: dict[str, str] = Field(default_factory=_preflight_env)

@@ -72,6 +72,7 @@ class Follower:
     resumed_after: float | None = None  # a new attempt started then; its first save says so
     _tails: dict[Path, _Tail] = field(default_factory=dict)
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> last API view
+    _preflights: set[tuple[str, str]] = field(default_factory=set)
 
     def add(self, event: str, node: str | None, detail: str, ts: float | None = None) -> None:
         self.entries.append(Entry(ts if ts is not None else time.time(), event, node, detail))
@@ -147,7 +148,6 @@ class Follower:
             "conditions": {t: (c.get("status"), c.get("reason")) for t, c in conds.items()},
             "blocked": UNHEALTHY_TAINT in taints,
             "unvalidated": wire.UNVALIDATED_TAINT in taints,
-            "preflight": ann.get(wire.PREFLIGHT_ANNOTATION),
             "request": ann.get(wire.REQUEST_ANNOTATION),
             "result": ann.get(wire.RESULT_ANNOTATION),
             "boot": ((raw.get("status") or {}).get("nodeInfo") or {}).get("bootID"),
@@ -165,15 +165,35 @@ class Follower:
             self.add(
                 "block" if now["blocked"] else "unblock", name, f"taint {UNHEALTHY_TAINT} {verb}"
             )
-        if now["preflight"] != before["preflight"] and now["preflight"]:
-            pf = _json(now["preflight"])
-            self.add("preflight", name, f"{pf.get('result')}: {pf.get('summary', '')}")
         if now["result"] != before["result"] and now["result"]:
             res = _json(now["result"])
             self.add("agent", name, f"{res.get('action')} {res.get('result')}: "
                      f"{res.get('detail', '')}"[:200])  # fmt: skip
         if now["boot"] != before["boot"]:
             self.add("booted", name, f"new boot id {str(now['boot'])[:8]}")
+
+    def read_preflight(self, pods: list[dict[str, Any]]) -> None:
+        """The controller's preflight pods (one per validation): started, and how each ended
+        (its exit status and termination message are the result the controller reads)."""
+        for pod in pods:
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get("app.kubernetes.io/name") != "gpuvigil-preflight":
+                continue
+            name, node = meta["name"], pod["spec"].get("nodeName")
+            status = pod.get("status") or {}
+            if node and (name, "run") not in self._preflights:
+                self._preflights.add((name, "run"))
+                self.add("preflight_run", node, f"pod {name} started")
+            ended = status.get("phase") in ("Succeeded", "Failed")
+            if ended and (name, "end") not in self._preflights:
+                self._preflights.add((name, "end"))
+                term = {}
+                for cs in status.get("containerStatuses") or []:
+                    term = (cs.get("state") or {}).get("terminated") or term
+                verdict = "pass" if status["phase"] == "Succeeded" else "fail"
+                message = str(term.get("message") or "").strip().splitlines()
+                self.add("preflight", node, f"{verdict} (exit {term.get('exitCode')})"
+                         + (f": {message[-1][:160]}" if message else ""))  # fmt: skip
 
     def blocked(self, node: str) -> bool:
         """gpuvigil's taint is on the node (as last read)."""

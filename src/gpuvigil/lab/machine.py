@@ -72,6 +72,7 @@ class Machine:
         self.bin = folder / "bin"
         self.state_file = folder / "run" / "report.json"
         self.reboot_marker = folder / "reboot-requested"
+        self.trust_file = folder / "trust" / "controller.pub"
         self.events_file = (events_dir or folder / "events") / f"agent-{name}.jsonl"
         self.boot_id = ""
         self.booted_mono = time.monotonic()
@@ -181,6 +182,8 @@ class Machine:
         sinks.setdefault("http", {})["enabled"] = False
         kube = sinks.setdefault("kubernetes", {})
         kube["kubeconfig"] = str(self.kubeconfig)
+        # The DaemonSet mounts the ConfigMap gpuvigil-trust here (`set_trust` copies it).
+        kube.setdefault("trust", {})["controller_public_key_file"] = str(self.trust_file)
         kube.setdefault("remediation", {})["boot_id_path"] = str(
             self.root / "proc/sys/kernel/random/boot_id"
         )
@@ -220,6 +223,13 @@ class Machine:
             return False
         self.start_agent()
         return True
+
+    def set_trust(self, public_key: str) -> None:
+        """The controller's public key, where the agent reads it (a ConfigMap volume)."""
+        self.trust_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.trust_file.with_suffix(".tmp")
+        tmp.write_text(public_key)
+        tmp.replace(self.trust_file)
 
     def agent_report(self) -> dict[str, Any] | None:
         try:

@@ -18,19 +18,49 @@ HOST = "$(GPUVIGIL_LAB_MACHINE)"  # a pod's path to its machine's folder (kubele
 
 
 def apply_manifests(api: Any, folder: Path) -> None:
-    """The shipped manifests of `folder` (its kustomization's resources), as written: raw
-    objects through the dynamic client, so the API server alone validates them."""
+    """The shipped manifests of `folder` (its kustomization's resources, in its namespace),
+    as written: raw objects through the dynamic client, so the API server alone validates
+    them."""
     from kubernetes.dynamic import DynamicClient
 
     dyn = DynamicClient(api.api_client)
     kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuvigil"}}
-    api.create_namespace(ns)
+    default_ns = kust.get("namespace") or "default"
     for res in kust.get("resources") or []:
         for doc in yaml.safe_load_all((folder / res).read_text()):
             if doc:
                 kind = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-                kind.create(body=doc, namespace=doc["metadata"].get("namespace"))
+                ns = doc["metadata"].get("namespace") or default_ns if kind.namespaced else None
+                kind.create(body=doc, namespace=ns)
+
+
+def cluster_prerequisites(api: Any) -> None:
+    """What gpuvigil's manifests expect a GPU cluster to have: its namespace, and the NVIDIA
+    GPU operator's RuntimeClass `nvidia` (the preflight pod names it)."""
+    from kubernetes import client
+
+    api.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                          "metadata": {"name": "gpuvigil"}})  # fmt: skip
+    client.NodeV1Api(api.api_client).create_runtime_class(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "nvidia"},
+            "handler": "nvidia",
+        }
+    )
+
+
+def trust_key(api: Any, *, namespace: str = "gpuvigil", name: str = "gpuvigil-trust") -> str:
+    """The controller's public key as it publishes it (the ConfigMap the agent DaemonSet
+    mounts at /etc/gpuvigil/trust), or "" before it has."""
+    try:
+        cm = api.read_namespaced_config_map(name, namespace)
+    except Exception as e:  # not published yet: 404
+        if "404" in str(e):
+            return ""
+        raise
+    return str((cm.data or {}).get("controller.pub", ""))
 
 
 def training_job(example_path: Path, cfg: LabConfig, *, events: Path, checkpoints: Path) -> GangJob:

@@ -25,7 +25,13 @@ from gpuvigil.lab.follow import Follower
 from gpuvigil.lab.jobs import JOB_LABEL, GangJob
 from gpuvigil.lab.kubelet import Kubelet, ranks_on
 from gpuvigil.lab.machine import SRC, Machine, python_env
-from gpuvigil.lab.parts import JOB, apply_manifests, training_job
+from gpuvigil.lab.parts import (
+    JOB,
+    apply_manifests,
+    cluster_prerequisites,
+    training_job,
+    trust_key,
+)
 from gpuvigil.lab.procs import Proc, environ
 from gpuvigil.lab.result import LabResult, figures, report
 
@@ -64,6 +70,7 @@ class Lab:
         self.api: Any = None
         self.t_start = time.monotonic()
         self._progress = progress  # (message) -> None: what the lab is doing, for people
+        self._trust, self._trust_at = "", 0.0  # the controller's public key, as last copied
 
     def say(self, message: str) -> None:
         if self._progress is not None:
@@ -81,6 +88,7 @@ class Lab:
         from kubernetes import client, config
 
         self.api = client.CoreV1Api(config.new_client_from_config(str(self.cp.kubeconfig)))
+        cluster_prerequisites(self.api)
         apply_manifests(self.api, REPO / "deploy/kubernetes/preflight")
         shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
         agent_cfg = deep_merge(shipped, self.cfg.agent)
@@ -166,6 +174,7 @@ class Lab:
                 kubelet.reboot()
             elif m.tend_agent():
                 self.follow.add("agent_restart", name, "the agent was started again")
+        self.follow.read_preflight(pods.get("items") or [])
         if self.job is not None:
             mine = [p for p in pods.get("items") or []
                     if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == JOB]  # fmt: skip
@@ -173,6 +182,7 @@ class Lab:
                 self.follow.add(event, None, detail)
                 if event == "job.attempt":
                     self.follow.resumed_after = time.time()
+        self._sync_trust()
         nodes = json.loads(self.api.list_node(_preload_content=False).data)
         self.follow.read_nodes(nodes.get("items") or [], self.names)
         for name in list(self.follow.gone):
@@ -181,6 +191,20 @@ class Lab:
                 k.stop()
                 k.machine.stop()
         self.follow.read_logs()
+
+    def _sync_trust(self) -> None:
+        """The kubelet's refresh of a ConfigMap volume: every machine's copy of the
+        controller's public key, which its agent verifies requests with."""
+        now = time.monotonic()
+        if now - self._trust_at < 2.0:
+            return
+        self._trust_at = now
+        key = trust_key(self.api)
+        if key and key != self._trust:
+            self._trust = key
+            for m in self.machines.values():
+                m.set_trust(key)
+            self.follow.add("trust", None, "the controller's public key reached the machines")
 
     def _until(self, pred: Any, timeout: float, what: str) -> None:
         end = time.monotonic() + timeout
