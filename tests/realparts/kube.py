@@ -30,7 +30,7 @@ class KubeCluster:
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
-        self.cp = ControlPlane(workdir, controllers=None, token=TOKEN)
+        self.cp = ControlPlane(workdir, controllers=None, token=TOKEN, context="test")
         self.port = self.cp.port
         self.url = self.cp.url
         self.kubeconfig = self.cp.kubeconfig
@@ -193,8 +193,13 @@ class KubeCluster:
 
         try:
             client.NodeV1Api(self.api_client()).create_runtime_class(
-                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": "nvidia"},
+                    "handler": "nvidia",
+                }
+            )
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -238,17 +243,33 @@ class KubeCluster:
                     _preload_content=False,
                 )
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            terminated = {"exitCode": exit_code, "startedAt": now, "finishedAt": now,
-                          "message": message, "reason": "Completed" if exit_code == 0 else "Error"}
-            v1.patch_namespaced_pod_status(name, namespace, {"status": {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "startTime": now,
-                "containerStatuses": [{
-                    "name": pod.spec.containers[0].name, "ready": False, "restartCount": 0,
-                    "image": pod.spec.containers[0].image, "imageID": "",
-                    "state": {"terminated": terminated},
-                }],
-            }})
+            terminated = {
+                "exitCode": exit_code,
+                "startedAt": now,
+                "finishedAt": now,
+                "message": message,
+                "reason": "Completed" if exit_code == 0 else "Error",
+            }
+            v1.patch_namespaced_pod_status(
+                name,
+                namespace,
+                {
+                    "status": {
+                        "phase": "Succeeded" if exit_code == 0 else "Failed",
+                        "startTime": now,
+                        "containerStatuses": [
+                            {
+                                "name": pod.spec.containers[0].name,
+                                "ready": False,
+                                "restartCount": 0,
+                                "image": pod.spec.containers[0].image,
+                                "imageID": "",
+                                "state": {"terminated": terminated},
+                            }
+                        ],
+                    }
+                },
+            )
             done.append(name)
         return done
 

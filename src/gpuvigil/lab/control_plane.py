@@ -38,7 +38,12 @@ def missing() -> str | None:
 
 class ControlPlane:
     def __init__(
-        self, workdir: Path, *, controllers: str | None = "daemonset,job", token: str | None = None
+        self,
+        workdir: Path,
+        *,
+        controllers: str | None = "daemonset,job",
+        token: str | None = None,
+        context: str = "lab",
     ) -> None:
         self.dir = workdir
         self.controllers = controllers
@@ -46,6 +51,7 @@ class ControlPlane:
         self.url = f"https://127.0.0.1:{self.port}"
         self.token = token or secrets.token_hex(16)
         self.kubeconfig = workdir / "kubeconfig"
+        self.context = context  # the kubeconfig's cluster, user and context name
         self.procs: dict[str, Proc] = {}
 
     def start(self, *, timeout_s: float = 60, scheduler: bool = True) -> None:
@@ -150,15 +156,15 @@ class ControlPlane:
             f"""apiVersion: v1
 kind: Config
 clusters:
-- name: lab
+- name: {self.context}
   cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
 users:
 - name: admin
   user: {{token: "{self.token}"}}
 contexts:
-- name: lab
-  context: {{cluster: lab, user: admin}}
-current-context: lab
+- name: {self.context}
+  context: {{cluster: {self.context}, user: admin}}
+current-context: {self.context}
 """
         )
         self.kubeconfig.chmod(0o600)
