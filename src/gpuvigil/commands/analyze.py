@@ -1,131 +1,59 @@
-"""`gpuvigil analyze`: the same rules as `gpuvigil check`, over captured files.
+"""`gpuvigil analyze PATH...`: the rules of `gpuvigil check`, over captured outputs.
 
-For support bundles and post-mortems: `nvidia-smi -q -x` output, a kernel log, `dcgmi
-health`/`dcgmi diag` output (JSON or the text tables people paste into tickets) and a
-captured sysfs tree. Each input becomes a CheckRun in the report, so an input that cannot
-be read is a failure of that input, never a silent pass. Exit codes as `check`.
+For support bundles and post-mortems: any file or folder (a bundle, a tar/tar.gz of one),
+each file's kind told from its content (`gpuvigil.node.capture`), an unrecognised file
+named and never judged. The flags of the first version (`--kmsg`, `--nvidia-smi-xml`,
+`--dcgm-*`, `--sysfs`) still work and force the kind of their file. Exit codes as `check`.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-import tarfile
-import tempfile
-import time
-from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
-from rich.console import Console
 
-from gpuvigil import config as config_mod
-from gpuvigil.commands import report_view
-from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
-from gpuvigil.node.catalog import gpus as gpu_catalog
-from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
-from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.probes import kernel_log, nvidia_smi
-from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
-from gpuvigil.node.readings import GpuInventory
-from gpuvigil.node.rules import dcgm as dcgm_rules
-from gpuvigil.node.rules import gpu as gpu_rules
-from gpuvigil.node.sweep import load_checks
+from gpuvigil.commands.terminal import printable
+from gpuvigil.node.capture.kinds import KINDS
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def _read(path: Path, check: str) -> tuple[bytes | None, list[Finding]]:
-    try:
-        return path.read_bytes(), []
-    except OSError as e:
-        code = "DEPENDENCY_MISSING" if isinstance(e, FileNotFoundError) else "CHECK_ERROR"
-        return None, [
-            Finding(
-                check=check,
-                status=Status.FAILED,
-                code=code,
-                message=f"cannot read {path}: {e.strerror or e}",
-                evidence={"path": str(path)},
-            )
-        ]
+    from gpuvigil.node.capture.judge import Expect
+    from gpuvigil.node.capture.session import InputResult
+    from gpuvigil.node.config import NodeConfig
 
-
-def analyze_nvidia_smi(
-    path: Path, *, node: NodeConfig, expect: int | None
-) -> tuple[list[Finding], GpuInventory | None]:
-    data, failed = _read(path, "gpu")
-    if data is None:
-        return failed, None
-    inv = nvidia_smi.parse_xml(data)
-    findings = gpu_rules.judge_inventory(
-        inv, cfg=node.gpu, catalog=gpu_catalog.load(), now=inv.observed_at, expect=expect
-    )
-    return findings, inv
-
-
-def analyze_dcgm(path: Path, *, kind: str, level: int | None) -> list[Finding]:
-    check = f"dcgm_{kind}"
-    data, failed = _read(path, check)
-    if data is None:
-        return failed
-    if kind == "health":
-        return dcgm_rules.health(parse_health(data), now=utcnow(), check=check)
-    return dcgm_rules.diag(parse_diag(data, level=level), now=utcnow(), check=check)
-
-
-def analyze_kmsg(path: Path, *, node: NodeConfig, inv: GpuInventory | None) -> list[Finding]:
-    """The kernel-log rules as of the capture's end (the kernel-log work's
-    `analyze_capture`), with GPUs mapped through the nvidia-smi readings when given."""
-    data, failed = _read(path, kernel_log.CHECK)
-    if data is None:
-        return failed
-    gpus = inv.gpu_map() if inv is not None else None
-    return kernel_log.analyze_capture(data, cfg=node.kernel_log, gpus=gpus)
-
-
-def analyze_sysfs(root: Path, *, node: NodeConfig) -> list[tuple[list[Finding], CheckRun]]:
-    """The fabric and PCIe checks with sysfs read below `root` (a folder, or a .tar/.tar.gz
-    of one; no tools run)."""
-    load_checks()
-    if root.is_file():
-        with tempfile.TemporaryDirectory(prefix="gpuvigil-sysfs-") as tmp:
-            try:
-                with tarfile.open(root) as tar:
-                    tar.extractall(tmp, filter="data")  # no absolute paths, no escapes
-            except (tarfile.TarError, OSError) as e:
-                failed = Finding(
-                    check="fabric",
-                    status=Status.FAILED,
-                    code="CHECK_ERROR",
-                    message=f"cannot unpack {root}: {e}",
-                    evidence={"path": str(root)},
-                )
-                return [_timed("fabric", lambda: [failed])]
-            entries = list(Path(tmp).iterdir())
-            top = entries[0] if len(entries) == 1 and entries[0].is_dir() else Path(tmp)
-            return analyze_sysfs(top, node=node)
-    ctx = CheckContext(config=node, root=root, env={"PATH": ""})
-    return [run_check(REGISTRY[name], ctx) for name in ("fabric", "pcie") if name in REGISTRY]
-
-
-def _timed(name: str, fn: Callable[[], list[Finding]]) -> tuple[list[Finding], CheckRun]:
-    started, t0 = datetime.now(UTC), time.monotonic()
-    findings = fn()
-    run = CheckRun(
-        check=name,
-        status=Status.worst(f.status for f in findings),
-        started_at=started,
-        duration_s=time.monotonic() - t0,
-    )
-    return findings, run
+_OLD_FLAGS = {
+    "kmsg": "kernel-log",
+    "nvidia_smi_xml": "nvidia-smi-xml",
+    "dcgm_health": "dcgmi-health",
+    "dcgm_diag": "dcgmi-diag",
+    "sysfs": "sysfs",
+}
+_KIND_HELP = ", ".join(KINDS)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
-    def analyze(  # noqa: PLR0917 - typer maps every option to a parameter
+    def analyze_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
+        paths: Annotated[
+            list[str] | None,
+            typer.Argument(
+                metavar="PATH...",
+                help="Captured outputs: files, folders (a support bundle), tar/tar.gz "
+                "archives, '-' for standard input. Each file's kind is told from its content.",
+            ),
+        ] = None,
+        kind: Annotated[
+            str | None,
+            typer.Option("--kind", help=f"Take every PATH as this kind: {_KIND_HELP}."),
+        ] = None,
         kmsg: Annotated[
             Path | None,
-            typer.Option("--kmsg", help="Kernel log (dmesg, journalctl -k, syslog, kmsg)."),
+            typer.Option("--kmsg", help="A kernel log (dmesg, journalctl -k, syslog, kmsg)."),
         ] = None,
         nvidia_smi_xml: Annotated[
             Path | None,
@@ -147,76 +75,184 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option(
                 "--sysfs",
-                help="A captured root holding sys/class/infiniband etc. (folder or .tar.gz).",
+                help="A captured root holding sys/class/infiniband etc. (folder or tar.gz).",
             ),
         ] = None,
         instance_type: Annotated[
             str | None,
-            typer.Option("--instance-type", help="e.g. p5.48xlarge: expected GPUs/adapters."),
+            typer.Option("--instance-type", help="e.g. p5.48xlarge: GPUs and adapters to expect."),
         ] = None,
         expect_gpus: Annotated[
             int | None, typer.Option("--expect-gpus", min=0, help="GPUs the node must have.")
         ] = None,
+        expect_ib: Annotated[
+            int | None,
+            typer.Option("--expect-ib", min=0, help="InfiniBand ports the node must have."),
+        ] = None,
+        expect_efa: Annotated[
+            int | None,
+            typer.Option("--expect-efa", min=0, help="EFA devices the node must have."),
+        ] = None,
+        read_timeout: Annotated[
+            float,
+            typer.Option(
+                "--read-timeout", min=0.1, help="Seconds to read one input (a FIFO, stdin)."
+            ),
+        ] = 30.0,
+        max_bytes: Annotated[
+            int,
+            typer.Option("--max-bytes", min=1, help="Bytes read of one kernel log (decoded)."),
+        ] = 4 * 1024**3,
+        max_extract: Annotated[
+            int,
+            typer.Option("--max-extract", min=1, help="Bytes one archive may unpack to."),
+        ] = 512 * 1024**2,
+        tz: Annotated[
+            str | None,
+            typer.Option("--tz", help="Zone of log stamps printed without one (default: config)."),
+        ] = None,
         config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
-        as_json: bool = typer.Option(False, "--json", help="Print the NodeReport as JSON."),
+        as_json: bool = typer.Option(
+            False, "--json", help="The NodeReport as JSON, plus `inputs`."
+        ),
         node_name: str = typer.Option("captured", "--node", help="Node name in the report."),
     ) -> None:
-        """Judge captured outputs of a node with the same rules as `gpuvigil check`.
+        """Judge a node's captured outputs with the rules of `gpuvigil check`.
 
-        Exit status: 0 healthy, 1 unhealthy, 2 an input could not be read.
+        Reads nvidia-smi (-q -x, -q, CSV, nvlink -s), dcgmi (diag, health, discovery),
+        kernel logs, ibstat, ibstatus, ibv_devinfo, ibdev2netdev, fi_info and sysfs
+        trees, and says what it took each file for (others are named, not judged).
+
+        Exit: 1 a problem found (wins), 2 could not tell (an input unreadable, not
+        recognised or cut at a cap), 0 healthy with every input read.
+
+        Example: gpuvigil analyze bundle.tar.gz --instance-type p5.48xlarge
         """
-        if not any((kmsg, nvidia_smi_xml, dcgm_health, dcgm_diag, sysfs)):
-            typer.echo("gpuvigil analyze: give at least one input (see --help)", err=True)
-            raise typer.Exit(2)
-        overrides: dict[str, object] = {}
-        if instance_type:
-            overrides["instance_type"] = instance_type
-        if expect_gpus is not None:
-            overrides["expect_gpus"] = expect_gpus
+        inputs = [(p, kind) for p in paths or []]
+        given = {"kmsg": kmsg, "nvidia_smi_xml": nvidia_smi_xml, "dcgm_health": dcgm_health}
+        given |= {"dcgm_diag": dcgm_diag, "sysfs": sysfs}
+        inputs += [(str(p), _OLD_FLAGS[flag]) for flag, p in given.items() if p is not None]
+        if not inputs:
+            _fail("give at least one PATH (see --help)")
+        if kind is not None and kind not in KINDS:
+            _fail(f"unknown --kind {kind!r}; one of: {_KIND_HELP}")
+        node = _node_config(config, instance_type, expect_gpus, expect_ib, expect_efa)
         try:
-            cfg = config_mod.load(config, overrides={"node": overrides} if overrides else None)
-        except config_mod.ConfigError as e:
-            typer.echo(f"gpuvigil analyze: config error: {e}", err=True)
-            raise typer.Exit(2) from e
-        node = cfg.node
-        expect = node.expect_gpus
-        if expect is None and node.instance_type:
-            from gpuvigil.node.probes import instance
+            zone = ZoneInfo(tz) if tz else None
+        except (ZoneInfoNotFoundError, ValueError):
+            _fail(f"unknown time zone {tz!r}")
+        from rich.console import Console
 
-            _, entry = instance.lookup(CheckContext(config=node, root=Path("/nonexistent")))
-            expect = entry[1].gpus if entry else None
-        results: list[tuple[list[Finding], CheckRun]] = []
-        inv: GpuInventory | None = None
-        if nvidia_smi_xml:
-            box: dict[str, GpuInventory | None] = {}
+        from gpuvigil.commands import report_view
+        from gpuvigil.node.capture.bundle import Limits
+        from gpuvigil.node.capture.session import Options, analyze
+        from gpuvigil.node.probes.kernel_log import zone_of
 
-            def smi() -> list[Finding]:
-                found, box["inv"] = analyze_nvidia_smi(nvidia_smi_xml, node=node, expect=expect)
-                return found
-
-            results.append(_timed("gpu", smi))
-            inv = box.get("inv")
-        if kmsg:
-            results.append(_timed(kernel_log.CHECK, lambda: analyze_kmsg(kmsg, node=node, inv=inv)))
-        if dcgm_health:
-            results.append(
-                _timed("dcgm_health", lambda: analyze_dcgm(dcgm_health, kind="health", level=None))
-            )
-        if dcgm_diag:
-            results.append(
-                _timed("dcgm_diag", lambda: analyze_dcgm(dcgm_diag, kind="diag", level=None))
-            )
-        if sysfs:
-            results += analyze_sysfs(sysfs, node=node)
-        report = NodeReport(
-            node=node_name,
-            findings=tuple(f for fs, _ in results for f in fs),
-            checks=tuple(run for _, run in results),
+        opts = Options(
+            node=node,
+            expect=_expect(node, expect_ib, expect_efa),
+            limits=Limits(max_extract_bytes=max_extract),
+            timeout_s=read_timeout,
+            max_bytes=max_bytes,
+            tz=zone or zone_of(node.kernel_log),
         )
+        report, results = analyze(inputs, opts=opts, node_name=node_name)
         if as_json:
-            sys.stdout.write(report_view.as_json(report) + "\n")
+            doc = report.model_dump(mode="json") | {"inputs": [_input_json(r) for r in results]}
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
-            report_view.render(
-                report, console=Console(emoji=False, highlight=False), title="gpuvigil analyze"
-            )
+            console = Console(emoji=False, highlight=False)
+            _inputs_table(results, console)
+            report_view.render(report, console=console, title="gpuvigil analyze")
         raise typer.Exit(report.exit_code())
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"gpuvigil analyze: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _node_config(
+    config: Path | None,
+    instance_type: str | None,
+    expect_gpus: int | None,
+    expect_ib: int | None,
+    expect_efa: int | None,
+) -> NodeConfig:
+    from gpuvigil import config as config_mod
+
+    overrides: dict[str, object] = {}
+    if instance_type:
+        overrides["instance_type"] = instance_type
+    if expect_gpus is not None:
+        overrides["expect_gpus"] = expect_gpus
+    # The sysfs checks read one fabric expectation: EFA when asked for, else InfiniBand.
+    if expect_efa is not None or expect_ib is not None:
+        efa = expect_efa is not None
+        overrides["fabric"] = {
+            "kind": "efa" if efa else "ib",
+            "expect_adapters": expect_efa if efa else expect_ib,
+        }
+    try:
+        cfg = config_mod.load(config, overrides={"node": overrides} if overrides else None)
+    except config_mod.ConfigError as e:
+        _fail(f"config error: {e}")
+        raise  # unreachable: _fail exits
+    return cfg.node
+
+
+def _expect(node: NodeConfig, expect_ib: int | None, expect_efa: int | None) -> Expect:
+    """GPUs and fabric to expect: the flags, else the config, else the instance type."""
+    from gpuvigil.node.capture.judge import Expect
+    from gpuvigil.node.checks import CheckContext
+    from gpuvigil.node.probes import instance
+    from gpuvigil.node.rules import fabric as fabric_rules
+    from gpuvigil.node.rules.fabric import FabricExpectation
+
+    _, entry = instance.lookup(CheckContext(config=node, root=Path("/nonexistent")))
+    gpus = node.expect_gpus if node.expect_gpus is not None else (entry[1].gpus if entry else None)
+    catalog = fabric_rules.expectation(node.fabric, entry)
+    ib = FabricExpectation(kind="ib", count=expect_ib, source="--expect-ib")
+    efa = FabricExpectation(kind="efa", count=expect_efa, source="--expect-efa")
+    return Expect(
+        gpus=gpus,
+        ib=ib
+        if expect_ib is not None
+        else catalog
+        if catalog.kind == "ib"
+        else FabricExpectation(),
+        efa=efa
+        if expect_efa is not None
+        else catalog
+        if catalog.kind == "efa"
+        else FabricExpectation(),
+    )
+
+
+def _input_json(r: InputResult) -> dict[str, object]:
+    kind = KINDS.get(r.kind) if r.kind else None
+    return {
+        "path": r.path,
+        "kind": r.kind,
+        "taken_for": kind.what if kind else None,
+        "how": r.how,
+        "status": r.status.value,
+    }
+
+
+def _inputs_table(results: list[InputResult], console: Console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Inputs", title_justify="left")
+    for col in ("input", "taken for", "how", "status"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        kind = KINDS.get(r.kind) if r.kind else None
+        table.add_row(
+            escape(printable(r.path)),
+            escape(kind.what if kind else "-"),
+            escape(printable(r.how)),
+            r.status.value,
+        )
+    console.print(table)

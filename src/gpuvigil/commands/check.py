@@ -1,7 +1,8 @@
 """`gpuvigil check`: every node check here, once; a table or the NodeReport as JSON.
 
-Exit 0 healthy, 1 unhealthy, 2 a check could not run (so a node without its NVIDIA driver
-that should have GPUs exits non-zero, saying so; `--expect-gpus 0` checks the rest).
+Exit 0 healthy, 1 unhealthy (a definite failure wins), 2 a check could not run (so a node
+without its NVIDIA driver that should have GPUs exits non-zero, saying so; `--expect-gpus
+0` checks the rest).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run every node health check here once (GPUs, DCGM, kernel log, fabric, PCIe).
 
-        Exit status: 0 healthy, 1 unhealthy, 2 a check could not run. A check that cannot
+        Exit status: 0 healthy, 1 unhealthy (even when another check could not run), 2 a
+        check could not run and nothing else failed. A check that cannot
         run (missing tool, timeout, crash) is a failure, never a pass.
         """
         overrides = {"node": {"expect_gpus": expect_gpus}} if expect_gpus is not None else None

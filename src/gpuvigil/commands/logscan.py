@@ -15,14 +15,17 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
+from gpuvigil.commands.terminal import printable
+from gpuvigil.node.capture.inputs import InputError, open_input
 from gpuvigil.node.catalog.xid import Rule, XidCatalog, load_catalog
+from gpuvigil.node.probes.kernel_log_capture import unreadable
 from gpuvigil.node.probes.kernel_log_parser import iter_stream
+from gpuvigil.node.probes.log_lines import LineStats
 from gpuvigil.node.readings import XidEvent
 
 
@@ -59,7 +62,7 @@ def event_json(ev: XidEvent, rule: Rule | None = None) -> dict[str, Any]:
 
 def register(app: typer.Typer) -> None:
     @app.command("logscan")
-    def logscan(
+    def logscan(  # noqa: PLR0917 - typer maps every option to a parameter
         path: str = typer.Argument(
             ...,
             metavar="FILE|-",
@@ -81,6 +84,18 @@ def register(app: typer.Typer) -> None:
             help="IANA time zone of stamps printed without an offset (dmesg -T, syslog); "
             "used for the 'time' field.",
         ),
+        read_timeout: float = typer.Option(
+            300.0,
+            "--read-timeout",
+            min=0.1,
+            help="Seconds to read the whole input (a FIFO with no writer ends here, exit 2).",
+        ),
+        max_bytes: int = typer.Option(
+            16 * 1024**3,
+            "--max-bytes",
+            min=1,
+            help="Read at most this many bytes (after gzip/UTF-16 decoding); more is exit 2.",
+        ),
     ) -> None:
         """Every NVIDIA Xid (GPU) and SXid (NVSwitch) event in a kernel log, in order.
 
@@ -88,7 +103,12 @@ def register(app: typer.Typer) -> None:
 
         Mentions such as "caused by previous Xid 149" are not events.
 
-        Exit status: 0 when the log was read (with or without events), 2 when it could not.
+        Reads plain, gzip and UTF-16 logs, bare-CR line ends, lines of any length,
+        in bounded memory; escape sequences in the log are shown, not played.
+
+        Exit: 1 when an event's own verdict is FAILED; else 2 when the input could
+        not be read or told (missing, stdin closed, no data before --read-timeout,
+        over --max-bytes, empty, binary, not a kernel log); else 0.
 
         Examples:
 
@@ -104,35 +124,52 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"gpuvigil logscan: unknown time zone {tz!r}", err=True)
             raise typer.Exit(2) from e
         try:
-            stream, close = _open(path)
-        except OSError as e:
-            typer.echo(f"gpuvigil logscan: cannot read {path}: {e.strerror or e}", err=True)
+            stream = open_input(path, timeout_s=read_timeout)
+        except InputError as e:
+            typer.echo(f"gpuvigil logscan: {e}", err=True)
             raise typer.Exit(2) from e
+        stats = LineStats()
+        catalog = load_catalog()
         try:
-            events = iter_stream(stream, year=year, tz=zone)
-            catalog = load_catalog()
-            if as_json:
-                _print_json(events, catalog)
-            else:
-                _print_table(events, catalog, source=path)
+            with stream:
+                events = _counted(iter_stream(stream, year=year, tz=zone, stats=stats))
+                if as_json:
+                    _print_json(events, catalog)
+                else:
+                    _print_table(events, catalog, source=path)
         except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
-        except OSError as e:
-            typer.echo(f"gpuvigil logscan: error reading {path}: {e.strerror or e}", err=True)
+        except InputError as e:
+            typer.echo(f"gpuvigil logscan: {e}", err=True)
             raise typer.Exit(2) from e
-        finally:
-            close()
+        if stats.bytes_read > max_bytes:
+            typer.echo(f"gpuvigil logscan: {path} is over --max-bytes {max_bytes}", err=True)
+            raise typer.Exit(2)
+        why = unreadable(found=events.count > 0, stats=stats)
+        if why is not None:
+            typer.echo(f"gpuvigil logscan: could not tell: {why}", err=True)
+            raise typer.Exit(2)
+        raise typer.Exit(1 if events.failed(catalog) else 0)
 
 
-def _open(path: str) -> tuple[BinaryIO, Any]:
-    if path == "-":
-        return sys.stdin.buffer, lambda: None
-    p = Path(path)
-    if p.is_dir():
-        raise IsADirectoryError(21, "is a directory")
-    f = p.open("rb")
-    return f, f.close
+class _counted:
+    """The events as they stream by, remembered only as counts (memory stays flat)."""
+
+    def __init__(self, events: Iterator[XidEvent]) -> None:
+        self.events, self.count, self.codes = events, 0, set()
+
+    def __iter__(self) -> Iterator[XidEvent]:
+        for ev in self.events:
+            self.count += 1
+            self.codes.add((ev.kind, ev.code, ev.message[:200]))
+            yield ev
+
+    def failed(self, catalog: XidCatalog) -> bool:
+        return any(
+            catalog.rule(kind, code).outcome_for(msg).status.value == "FAILED"
+            for kind, code, msg in self.codes
+        )
 
 
 def _print_json(events: Iterator[XidEvent], catalog: XidCatalog) -> None:
@@ -159,15 +196,18 @@ def _row(n: int, ev: XidEvent, catalog: XidCatalog) -> tuple[str, ...]:
     text = f"{verdict.status.value} {verdict.action.value}{' fatal' if verdict.fatal else ''}"
     if not rule.known:
         text += " (not in catalog)"
-    return (
-        str(n),
-        ev.kind,
-        str(ev.code),
-        ev.pci_bus_id,
-        ev.timestamp or "",
-        proc,
-        text,
-        ev.message,
+    return tuple(
+        printable(cell)
+        for cell in (
+            str(n),
+            ev.kind,
+            str(ev.code),
+            ev.pci_bus_id,
+            ev.timestamp or "",
+            proc,
+            text,
+            ev.message,
+        )
     )
 
 
@@ -178,6 +218,7 @@ def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str
     """A rich table for up to TABLE_MAX_ROWS events; beyond that, plain aligned columns
     streamed as they are found (a 20,000-event log prints in a second, not minutes)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     class _Console(Console):
@@ -208,12 +249,12 @@ def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str
         console.print("no Xid or SXid events found", markup=False)
         return
     else:
-        where = "standard input" if source == "-" else source
-        table = Table(title=f"Xid/SXid events in {where}")
+        where = "standard input" if source == "-" else printable(source)
+        table = Table(title=f"Xid/SXid events in {escape(where)}")
         for col in _COLUMNS:
             table.add_column(col, overflow="fold", no_wrap=col in {"#", "kind", "code"})
         for r in rows:
-            table.add_row(*r)
+            table.add_row(*(escape(cell) for cell in r))
         console.print(table)
     summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
     console.print(f"{sum(counts.values())} event(s): {summary}", markup=False)

@@ -127,7 +127,8 @@ def register(app: typer.Typer) -> None:
         """Validate this node before it takes work: fast node checks, then active tests
         (matmul correctness in bf16/fp16/tf32/fp32, sustained TFLOP/s vs the GPU's peak,
         device-memory patterns, host/peer bandwidth, all-reduce bus bandwidth), all within
-        one time budget. Exit 0 passed, 1 a problem found, 2 a check could not run.
+        one time budget. Exit 0 passed, 1 a problem found (wins over the rest), 2 a check
+        could not run.
 
         Try it anywhere: gpuvigil preflight --device cpu --expect-gpus 0
         """

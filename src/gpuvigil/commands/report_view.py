@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuvigil.commands.terminal import printable
 from gpuvigil.core.findings import NodeReport, Status
 from gpuvigil.node.readings import GpuInventory
 
@@ -71,8 +72,8 @@ def render(report: NodeReport, *, console: Console, title: str) -> None:
             style = "disabled" if f.code == "CHECK_DISABLED" else f.status.value
             table.add_row(
                 f"[{_STYLE[style]}]{f.status.value}[/]",
-                f.component,
-                f"[bold]{f.code}[/]\n{escape(f.message)}",
+                escape(printable(f.component)),
+                f"[bold]{escape(printable(f.code))}[/]\n{escape(printable(f.message))}",
                 f"{f.action.value}\n[dim]{f.check}[/]",
             )
         console.print(table)

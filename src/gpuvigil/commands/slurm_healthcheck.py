@@ -19,7 +19,8 @@ HELP = (
     "agent's report when it is fresh (--state-file, --max-age), else runs the fast checks "
     'itself. Drains with Reason="gpuvigil: <code> <component>" on a fatal finding (or any '
     "FAILED one with --drain-on failed) and resumes the node only when it drained it itself "
-    "and the finding has cleared. Exit: 0 healthy, 1 unhealthy, 2 a check could not run.\n\n"
+    "and the finding has cleared. Exit: 0 healthy, 1 unhealthy (a definite failure wins), "
+    "2 a check could not run and nothing else failed.\n\n"
     "slurm.conf: HealthCheckProgram=/usr/local/bin/gpuvigil-slurm-healthcheck "
     "HealthCheckInterval=300 HealthCheckNodeState=ANY (a two-line wrapper script: "
     "exec gpuvigil slurm-healthcheck)"

@@ -52,6 +52,11 @@ _CODES = [
     Code("GPU_COUNT_LOW", HEALTH_CHECK, "fewer GPUs than expected for this node"),
     Code("GPU_LOST", HEALTH_CHECK, "a GPU is lost or answers with unknown errors"),
     Code(
+        "GPU_INIT_FAILED",
+        HEALTH_CHECK,
+        "the driver could not initialise a GPU (RmInitAdapter / probe failed)",
+    ),
+    Code(
         "GPU_RECOVERY_REQUIRED",
         HEALTH_CHECK,
         "the driver says the GPU needs a reset, drain or reboot (NVML recovery action)",

@@ -155,11 +155,17 @@ class NodeReport(BaseModel):
         return Action.worst(f.action for f in self.problems)
 
     def exit_code(self) -> int:
-        """0 healthy, 1 unhealthy, 2 a check could not run (documented CLI contract)."""
+        """The CLI contract (docs/checks.md): a definite failure wins (1); otherwise a check
+        that could not run or an input that could not be read is "could not tell" (2);
+        healthy (0) only when every check ran and found nothing FAILED.
+
+        A definite failure outranks "could not tell" because it is already enough to act
+        on: a node with a lost GPU is unhealthy whatever the checks that timed out say.
+        """
         failed = [f for f in self.findings if f.status is Status.FAILED]
-        if any(f.could_not_run for f in failed):
-            return 2
-        return 1 if failed else 0
+        if any(not f.could_not_run for f in failed):
+            return 1
+        return 2 if failed else 0
 
 
 def _without(data: Any, keys: tuple[str, ...]) -> Any:

@@ -193,6 +193,27 @@ class XidEvent:
         return replace(self, **changes)
 
 
+DriverFaultKind = Literal["fallen_off_bus", "init_failed", "nvlink_training"]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverFault:
+    """A GPU failure the NVIDIA driver logged without an Xid: the GPU fell off the bus
+    (at probe time, or said over several `NVRM:` lines), the driver could not initialise
+    it (`RmInitAdapter failed`, a failed probe), or an NVLink did not train.
+
+    `bus_id` is normalized (see `normalize_bus_id`), None when the line names no GPU.
+    Producer: `node.probes.kernel_faults`; consumer: `node.rules.driver_faults`.
+    """
+
+    kind: DriverFaultKind
+    bus_id: str | None
+    line: str
+    timestamp: str | None = None
+    time: datetime | None = None
+    uptime_s: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class KernelLog:
     """What one read of the kernel log found, and how trustworthy the read was.
@@ -212,6 +233,7 @@ class KernelLog:
     gaps: int = 0
     lines_read: int = 0
     fallback_from: tuple[tuple[str, str], ...] = ()
+    faults: tuple[DriverFault, ...] = ()  # since the last boot the log shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +339,9 @@ class FabricReading:
     sysfs_present: bool = True  # False: /sys/class/infiniband does not exist at all
     problems: tuple[str, ...] = ()
     fi_info: FiInfo | None = None
+    # Where the adapters were read: "sysfs", or a tool's output ("ibstat", "ibstatus",
+    # "ibv_devinfo", "ibdev2netdev", "fi_info": that one lists EFA devices only).
+    source: str = "sysfs"
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,30 @@ def test_analyze_bundle(run_cli) -> None:
     } <= found
 
 
+def test_analyze_the_bundle_folder_as_is(run_cli) -> None:
+    # The same bundle given as a folder: kinds told from content, the archive unpacked, the
+    # README named and not judged; the same findings as with the forcing flags.
+    p = run_cli("analyze", "--json", str(BUNDLE), "--instance-type", "p5.48xlarge")
+    assert p.returncode == 1, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    kinds = {Path(i["path"].split(":")[0]).name: i["kind"] for i in doc["inputs"]}
+    assert kinds == {
+        "README.md": None,
+        "dcgmi-diag-r1.json": "dcgmi-diag",
+        "nvidia-smi-q-x.xml": "nvidia-smi-xml",
+        "sysfs.tar.gz": "sysfs",
+        "dmesg.txt": "kernel-log",
+    }
+    found = {(f["code"], f["component"]) for f in doc["findings"]}
+    assert {
+        ("XID_79", "gpu:3"),
+        ("GPU_LOST", "gpu:3"),
+        ("FABRIC_PORT_DOWN", "nic:rdmap36s0"),
+    } <= found
+    readme = next(f for f in doc["findings"] if f["component"].endswith("README.md"))
+    assert readme["code"] == "CHECK_ERROR" and "not an output gpuvigil reads" in readme["message"]
+
+
 def test_analyze_table_output_and_pasted_dcgm_table(run_cli, tmp_path: Path) -> None:
     table = Path(__file__).parents[2] / "unit/node/gpu/data/dcgm/diag_v3_table_fail.txt"
     p = run_cli("analyze", "--dcgm-diag", str(table))
@@ -179,7 +203,7 @@ def test_analyze_bad_sysfs_tarball_fails_closed(run_cli, tmp_path: Path) -> None
 
 def test_analyze_without_inputs_exits_2(run_cli) -> None:
     p = run_cli("analyze")
-    assert p.returncode == 2 and "at least one input" in p.stderr
+    assert p.returncode == 2 and "at least one PATH" in p.stderr
 
 
 # `gpuvigil demo` is the fleet simulator's now: tests/unit/sim/test_cli.py covers it.

@@ -18,7 +18,12 @@ def test_worst_status_and_action_order() -> None:
 def test_exit_codes() -> None:
     assert NodeReport(node="n").exit_code() == 0
     assert NodeReport(node="n", findings=(f("XID_79"),)).exit_code() == 1
-    assert NodeReport(node="n", findings=(f("XID_79"), f("CHECK_TIMEOUT"))).exit_code() == 2
+    # A definite failure wins over "could not tell": it is already enough to act on.
+    assert NodeReport(node="n", findings=(f("XID_79"), f("CHECK_TIMEOUT"))).exit_code() == 1
+    assert NodeReport(node="n", findings=(f("CHECK_TIMEOUT"),)).exit_code() == 2
+    assert NodeReport(node="n", findings=(f("DRIVER_UNAVAILABLE"), f("XID_79"))).exit_code() == 1
+    only_warned = (f("CHECK_ERROR"), f("NVLINK_ERRORS", Status.WARNING))
+    assert NodeReport(node="n", findings=only_warned).exit_code() == 2
     assert NodeReport(node="n", findings=(f("NVLINK_ERRORS", Status.WARNING),)).exit_code() == 0
 
 

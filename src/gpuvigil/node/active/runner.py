@@ -110,15 +110,15 @@ def run_active(
                     result, check="active", problem="the worker printed no events"
                 )
             )
+            # A worker still importing at the deadline (a loaded machine, a slow
+            # filesystem) ran out of time: that is a timeout, not a broken worker.
+            code, why = (
+                ("CHECK_TIMEOUT", "the active-check worker did not start before the deadline")
+                if result.error == "timeout"
+                else ("CHECK_ERROR", "the active-check worker did not start")
+            )
             for c in remaining:
-                outcome.findings.append(
-                    _failed(
-                        c,
-                        "CHECK_ERROR",
-                        "the active-check worker did not start",
-                        exit_status=result.returncode,
-                    )
-                )
+                outcome.findings.append(_failed(c, code, why, exit_status=result.returncode))
             remaining = []
     for c in remaining:
         outcome.findings.append(

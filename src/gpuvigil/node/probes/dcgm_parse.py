@@ -3,12 +3,13 @@
 Layouts handled: diag JSON of DCGM 3.x (`"DCGM GPU Diagnostic"`, results keyed `gpu_id` or
 `gpu_ids`, warnings as strings) and 4.x (`"DCGM Diagnostic"`, results keyed
 `entity_group`/`entity_id`, warnings as objects, `test_summary`, `runtime_error`); diag
-tables of 3.x (`Pass`, `Fail - GPU: 2`, `Pass - GPUs: 0, 1` and `Warning` rows) and 4.x
-(`GPU0: Fail` rows under each test); health JSON (`body` tree of `value`/`children`) and
+tables of 2.x-4.x (`probes.dcgm_table`); health JSON (`body` tree of `value`/`children`) and
 its text table (`Overall Health`, `GPU ID: n`, `<system>: <state>` rows).
 
-Never raises: what cannot be read makes the report incomplete (`complete=False`), and an
-incomplete run is a failure, never a pass. Called by `probes.dcgm` and `gpuvigil analyze`.
+Never raises: what cannot be read makes the report incomplete (`complete=False`), which
+the rules turn into "could not tell" (CHECK_ERROR) beside every verdict that was read;
+never a pass. A deployment verdict whose message names one GPU is pinned to it. Called
+by `probes.dcgm` and `gpuvigil analyze`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import re
 from typing import Any
 
+from gpuvigil.node.probes.dcgm_table import attach, overall, parse_table, pin_named_gpus
 from gpuvigil.node.readings import DcgmReport, DcgmResult
 
 _STATUS = {
@@ -32,10 +34,8 @@ _STATUS = {
     "not run": "Skip",
     "healthy": "Pass",
 }
-_GPU_LIST = re.compile(r"GPUs?\s*:?\s*([\d,\s]+)", re.I)
 _GPU_ONE = re.compile(r"\bGPU\s*(?:ID:?\s*)?(\d+)\b", re.I)
 _ROW = re.compile(r"^\s*[|+]\s*(.*?)\s*\|\s*(.*?)\s*[|+]\s*$")
-_SECTION = re.compile(r"^\s*[|+]-+\s*([A-Za-z][\w /]*?)\s*-+")
 
 
 def status_of(text: Any) -> str | None:
@@ -60,7 +60,7 @@ def parse_diag(data: str | bytes, *, level: int | None = None) -> DcgmReport:
     doc = _json_doc(text)
     if isinstance(doc, dict):
         return _diag_json(doc, level=level)
-    return _diag_table(text, level=level)
+    return parse_table(text, level=level)
 
 
 def _warnings(entry: dict[str, Any]) -> str:
@@ -118,98 +118,17 @@ def _diag_json(doc: dict[str, Any], *, level: int | None) -> DcgmReport:
         if not entries and isinstance(summary, dict):
             st = status_of(summary.get("status")) or "Incomplete"
             results.append(DcgmResult(name, st, None, _warnings(summary)))
-    if not results:
+    if not results and not errors:
         errors.append("no test results in the document")
+    results = pin_named_gpus(results)
     return DcgmReport(
         kind="diag",
         results=tuple(results),
-        overall=_overall(results),
+        overall=overall(results),
         complete=not errors,
         errors=tuple(errors),
         level=level,
     )
-
-
-def _diag_table(text: str, *, level: int | None) -> DcgmReport:
-    results: list[DcgmResult] = []
-    errors: list[str] = []
-    section = ""
-    test: str | None = None
-    saw_table = closed = False
-    for line in text.splitlines():
-        stripped = line.strip()
-        m = _SECTION.match(stripped)
-        if m:
-            section, test, saw_table = m.group(1).strip(), None, True
-            continue
-        if re.fullmatch(r"\+[-=+]+\+", stripped):
-            closed = saw_table and section != ""
-            saw_table = True
-            continue
-        row = _ROW.match(stripped)
-        if not row:
-            if stripped.lower().startswith("error"):
-                errors.append(stripped[:300])
-            continue
-        closed = False
-        name, value = row.group(1), row.group(2)
-        if section.lower() == "metadata" or name in {"Diagnostic"}:
-            continue
-        low = name.lower()
-        if low.startswith(("warning", "info")) or value.lower().startswith(("warning:", "info:")):
-            if results:
-                g = _GPU_ONE.search(name) or _GPU_ONE.search(value)
-                gpu = int(g.group(1)) if g else None
-                _attach(results, test, gpu, value)
-            continue
-        if name:
-            test = name
-        if test is None:
-            continue
-        per_gpu = re.match(r"GPU\s*(\d+)\s*:\s*(\w[\w ]*)", value, re.I)
-        if per_gpu:  # DCGM 4.x: "GPU0: Fail" under the test's summary row
-            st = status_of(per_gpu.group(2)) or "Incomplete"
-            results = [r for r in results if not (r.test == test and r.gpu is None)]
-            results.append(DcgmResult(test, st, int(per_gpu.group(1))))
-            continue
-        head, _, tail = value.partition(" - ")
-        st = status_of(head)
-        if st is None:
-            errors.append(f"{test}: unreadable result {value!r}")
-            continue
-        gpus = [int(x) for x in re.findall(r"\d+", tail)] if _GPU_LIST.search(tail) else []
-        if gpus:
-            results.extend(DcgmResult(test, st, g) for g in gpus)
-        else:
-            results.append(DcgmResult(test, st, None))
-    if not results:
-        errors.append("no test results in the table")
-    elif saw_table and not closed:
-        errors.append("the table is cut short")
-    return DcgmReport(
-        kind="diag",
-        results=tuple(results),
-        overall=_overall(results),
-        complete=not errors,
-        errors=tuple(errors),
-        level=level,
-    )
-
-
-def _attach(results: list[DcgmResult], test: str | None, gpu: int | None, info: str) -> None:
-    for i in range(len(results) - 1, -1, -1):
-        r = results[i]
-        if r.test == test and (gpu is None or r.gpu in (gpu, None)) and r.result != "Pass":
-            joined = f"{r.info}; {info}" if r.info else info
-            results[i] = DcgmResult(r.test, r.result, r.gpu, joined[:500])
-            return
-
-
-def _overall(results: list[DcgmResult]) -> str | None:
-    if not results:
-        return None
-    order = ["Pass", "Skip", "Warn", "Incomplete", "Fail"]
-    return max((r.result for r in results), key=order.index)
 
 
 # --- health ----------------------------------------------------------------------------------
@@ -295,7 +214,7 @@ def _health_table(text: str) -> DcgmReport:
             st = status_of(sys_row.group(2)) or "Incomplete"
             results.append(DcgmResult(_system(sys_row.group(1)), st, gpu))
         elif gpu is not None and value.startswith("-") and results:
-            _attach(results, results[-1].test, gpu, value.lstrip("- "))
+            attach(results, results[-1].test, gpu, value.lstrip("- "))
     return _health_report(results, overall)
 
 

@@ -18,6 +18,7 @@ from gpuvigil.node.checks import CheckContext, check
 from gpuvigil.node.config import FabricConfig
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.node.probes import instance
+from gpuvigil.node.probes.fabric_tools import parse_fi_info
 from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, FiInfo, NetDev
 from gpuvigil.node.rules import fabric as rules
 
@@ -25,7 +26,6 @@ IB_CLASS = "sys/class/infiniband"
 PREVIOUS_KEY = "fabric.previous"
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 _STATE = re.compile(r"^\s*(?:\d+\s*:\s*)?([A-Za-z_]+)\s*$")
-_DOMAIN = re.compile(r"^\s*domain:\s*(\S+)", re.MULTILINE)
 _SKIP_COUNTERS = {"lifespan"}  # a refresh interval, not a counter
 MAX_FILE = 4096
 
@@ -53,15 +53,6 @@ def parse_rate(text: str | None) -> float | None:
     """'400 Gb/sec (4X NDR)' -> 400.0; garbage -> None."""
     m = _RATE.match(text or "")
     return float(m.group(1)) if m else None
-
-
-def parse_fi_info(text: str) -> tuple[str, ...]:
-    """Unique EFA devices in `fi_info -p efa` output: 'rdmap79s0-rdm' and 'rdmap79s0-dgrm'
-    are one device (newer libfabric lists each device under several endpoint types)."""
-    seen: dict[str, None] = {}
-    for m in _DOMAIN.finditer(text):
-        seen.setdefault(m.group(1).split("-", 1)[0], None)
-    return tuple(seen)
 
 
 def _read_port(port_dir: Path) -> FabricPort:

@@ -19,6 +19,7 @@ Seams in `CheckContext.extras` (set by whoever knows them; all optional):
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -28,24 +29,26 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import CheckContext, check
 from gpuvigil.node.config import KernelLogConfig
+from gpuvigil.node.probes import kernel_faults, kernel_log_capture
 from gpuvigil.node.probes.kernel_log_parser import (
     driver_load_stamp,
     event_lines,
+    fix_year,
     kmsg_records,
     parse_kmsg_record,
     parse_line,
-    parse_stamp,
     scan_bytes,
     with_wall_time,
 )
 from gpuvigil.node.probes.kernel_log_sources import (
     CHECK,
-    KMSG_RECORD,
     SourceBroken,
     boot_info,
     read_source,
 )
+from gpuvigil.node.probes.log_lines import find_lines
 from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
+from gpuvigil.node.rules import driver_faults
 from gpuvigil.node.rules import xid as xid_rules
 
 __all__ = [
@@ -95,6 +98,7 @@ def kernel_log_check(ctx: CheckContext) -> list[Finding]:
         released_at=ctx.extras.get("released_at"),
         check=CHECK,
     )
+    findings += driver_faults.evaluate(log, now=now, gpus=ctx.extras.get("gpu_map"))
     if failures:
         findings.append(_fallback_finding(log, failures))
     if log.gaps:
@@ -131,7 +135,7 @@ def read_kernel_log(
             failures.append(SourceFailure(source, e.finding))
             continue
         log = _reading(
-            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=_zone(cfg)
+            data, source, boot_id=boot_id, booted_at=booted_at, gaps=gaps, now=now, tz=zone_of(cfg)
         )
         fallback = tuple((f.source, f.finding.message) for f in failures)
         return replace(log, fallback_from=fallback), failures
@@ -146,30 +150,14 @@ def analyze_capture(
     now: datetime | None = None,
     year: int | None = None,
 ) -> list[Finding]:
-    """Findings for a captured kernel log (`gpuvigil analyze --kmsg F`, support bundles).
-
-    Judged as of `now`, by default the capture's own end (its last time stamp), so a
-    post-mortem of an old capture shows what was active when it was taken rather than
-    what has expired since. A capture has no boot id; the driver loads it records still
-    clear reset-class events.
-    """
+    """Findings for a captured kernel log held in memory (`kernel_log_capture` reads the
+    same from a stream): judged as of the capture's end unless `now` is given, so a
+    post-mortem of an old capture shows what was active when it was taken. A capture has
+    no boot id; the driver loads it records still clear reset-class events."""
     cfg = cfg or KernelLogConfig()
-    tz = _zone(cfg)
-    log = _reading(
-        data, "file", boot_id=None, booted_at=None, gaps=0, now=now or utcnow(), tz=tz, year=year
+    return kernel_log_capture.analyze_stream(
+        io.BytesIO(data), cfg=cfg, gpus=gpus, now=now, year=year, tz=zone_of(cfg)
     )
-    end = now or _capture_end(data, log, tz=tz, year=year) or utcnow()
-    return xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
-
-
-def _capture_end(data: bytes, log: KernelLog, *, tz: tzinfo, year: int | None) -> datetime | None:
-    times = [ev.time for ev in log.events if ev.time is not None]
-    tail = data.rstrip().rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
-    head = tail.split(";", 1)[-1] if KMSG_RECORD.match(tail.encode()) else tail
-    last = parse_stamp(head, tz=tz, year=year)
-    if last.time is not None:
-        times.append(last.time)
-    return max(times) if times else None
 
 
 # --- the reading --------------------------------------------------------------------------
@@ -197,7 +185,7 @@ def _reading(
     else:
         year = year or now.year
         events = scan_bytes(data, source=source, year=year, tz=tz)  # type: ignore[arg-type]
-        events = [_fix_year(ev, now) for ev in events]
+        events = [fix_year(ev, now) for ev in events]
     events = with_wall_time(events, booted_at if live else None)
     if live and boot_id:
         events = [ev.with_(boot_id=boot_id) for ev in events]
@@ -211,29 +199,21 @@ def _reading(
         ),
         gaps=gaps,
         lines_read=data.count(b"\n"),
+        faults=tuple(
+            kernel_faults.scan_faults(
+                [raw.decode("utf-8", "replace") for raw in find_lines(data, kernel_faults.NEEDLES)],
+                tz=tz,
+                year=year or now.year,
+            )
+        ),
     )
 
 
-def _zone(cfg: KernelLogConfig) -> tzinfo:
+def zone_of(cfg: KernelLogConfig) -> tzinfo:
     """The zone of stamps printed without an offset: configured, else this node's."""
     if cfg.timezone:
         return ZoneInfo(cfg.timezone)
     return datetime.now().astimezone().tzinfo or UTC
-
-
-def _fix_year(ev: XidEvent, now: datetime) -> XidEvent:
-    """Syslog stamps have no year: one that lands in the future is from last year."""
-    if (
-        ev.time is not None
-        and ev.time > now + timedelta(days=1)
-        and ev.timestamp
-        and (ev.timestamp[:1].isalpha())
-    ):
-        try:
-            return ev.with_(time=ev.time.replace(year=ev.time.year - 1))
-        except ValueError:  # Feb 29
-            return ev
-    return ev
 
 
 def _driver_loaded_at(

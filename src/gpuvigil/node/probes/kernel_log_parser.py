@@ -22,6 +22,7 @@ events. Prefixes understood (see docs/kernel-log.md for one example each):
   `1795847462.123456 host kernel: `
 - /dev/kmsg records `pri,seq,usec,flags[,...];message` plus continuation lines
 - any of the wall-clock forms followed by a kernel `[  123.456789]` stamp
+- talosctl dmesg `[<node>: ]kern:    warn: [2026-11-30T07:31:02.123456789Z]: `
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
+from gpuvigil.node.probes.log_lines import LineStats, find_lines, iter_lines
 from gpuvigil.node.readings import XidEvent, XidSource, normalize_bus_id
 
 # The event itself, searched anywhere in the line. The look-behind keeps "fooXid (" out.
@@ -46,6 +48,11 @@ _DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX")
 _PRI = re.compile(r"^<\d{1,3}>")
 _KMSG = re.compile(r"^(\d{1,3}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
 _FACILITY = re.compile(r"^[a-z]{2,8}\s*:[a-z]{2,8}\s*: ")
+# talosctl dmesg: "[<node>: ]kern:    info: [2021-11-10T10:09:37.662764956Z]: "
+_TALOS = re.compile(
+    r"^(?:\S+: )?kern:\s*[a-z]{2,8}:\s*\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?"
+    r"(?:Z|[+-]\d\d:?\d\d))\]:\s"
+)
 _MONO = re.compile(r"\[\s*(\d{1,12}\.\d{1,9})\]")
 _CTIME = re.compile(
     r"^\[((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) {1,2}(\d{1,2}) "
@@ -159,6 +166,10 @@ def parse_stamp(head: str, *, tz: tzinfo = UTC, year: int | None = None) -> Stam
 
 
 def _stamp(head: str, *, tz: tzinfo, year: int | None) -> Stamp:
+    tm = _TALOS.match(head)
+    if tm is not None:
+        text = tm.group(1)
+        return Stamp(text, datetime.fromisoformat(text.replace("Z", "+00:00")))
     pm = _PRI.match(head)
     if pm is not None:
         head = head[pm.end() :]
@@ -258,7 +269,33 @@ def driver_load_stamp(line: str, *, tz: tzinfo = UTC, year: int | None = None) -
     m = _DRIVER_LOAD.search(line) if "NVRM: loading" in line else None
     if m is None:
         return None
-    head = line[: m.start()]
+    return stamp_before(line, m.start(), tz=tz, year=year)
+
+
+def is_kmsg_record(line: str) -> bool:
+    """`pri,seq,usec,flags;message`: a /dev/kmsg record (or a capture of one)."""
+    return _KMSG.match(line) is not None
+
+
+def fix_year(ev: XidEvent, now: datetime) -> XidEvent:
+    """Syslog stamps have no year: one that lands in the future is from last year."""
+    if (
+        ev.time is not None
+        and ev.time > now + timedelta(days=1)
+        and ev.timestamp
+        and ev.timestamp[:1].isalpha()
+    ):
+        try:
+            return ev.with_(time=ev.time.replace(year=ev.time.year - 1))
+        except ValueError:  # Feb 29
+            return ev
+    return ev
+
+
+def stamp_before(line: str, pos: int, *, tz: tzinfo = UTC, year: int | None = None) -> Stamp:
+    """The stamp of a line whose message starts at `pos` (a /dev/kmsg record's usec, or
+    any prefix `parse_stamp` knows). Never raises."""
+    head = line[:pos]
     km = _KMSG.match(head)
     if km is not None:
         return Stamp(km.group(3), None, int(km.group(3)) / 1e6)
@@ -274,25 +311,9 @@ _CHUNK = 8 * 1024 * 1024
 def event_lines(
     buf: bytes, needle: bytes = _NEEDLE, *, start: int = 0, end: int | None = None
 ) -> Iterator[bytes]:
-    """Each line of `buf[start:end]` that contains `needle`, in order, once per line.
-
-    One `bytes.find` per hit instead of one Python step per line: this is why logscan
-    keeps up with grep on logs where 1% of the lines matter. `start`/`end` should sit on
-    line boundaries; nothing is copied but the lines returned.
-    """
-    stop = len(buf) if end is None else end
-    pos = start
-    find, rfind = buf.find, buf.rfind
-    while True:
-        hit = find(needle, pos, stop)
-        if hit < 0:
-            return
-        first = max(rfind(b"\n", start, hit) + 1, start)
-        last = find(b"\n", hit, stop)
-        if last < 0:
-            last = stop
-        yield buf[first:last]
-        pos = last + 1
+    """Each line of `buf[start:end]` that contains `needle`, in order, once per line: one
+    `bytes.find` per hit instead of one Python step per line (`log_lines.find_lines`)."""
+    return find_lines(buf, (needle,), start=start, end=end)
 
 
 def scan_bytes(
@@ -313,9 +334,6 @@ def scan_bytes(
     return out
 
 
-_MAX_LINE = 1024 * 1024  # a longer "line" is not a kernel log line; keep its end only
-
-
 def iter_stream(
     stream: BinaryIO,
     *,
@@ -323,29 +341,14 @@ def iter_stream(
     tz: tzinfo = UTC,
     year: int | None = None,
     chunk_size: int = _CHUNK,
+    stats: LineStats | None = None,
 ) -> Iterator[XidEvent]:
-    """Events from a binary stream of any size, read in chunks.
-
-    Each chunk is scanned in place between its first and last line end; only the line
-    that straddles two chunks is joined, so no chunk is copied.
-    """
-    kw: dict[str, Any] = {"source": source, "tz": tz, "year": year}
-    tail = b""
-    while True:
-        chunk = stream.read(chunk_size)
-        if not chunk:
-            break
-        first = chunk.find(b"\n")
-        if first < 0:
-            tail = (tail + chunk)[-_MAX_LINE:]
-            continue
-        yield from scan_bytes(tail + chunk[: first + 1], **kw)
-        last = chunk.rfind(b"\n")
-        if last > first:
-            yield from scan_bytes(chunk, start=first + 1, end=last, **kw)
-        tail = chunk[last + 1 :]
-    if tail:
-        yield from scan_bytes(tail, **kw)
+    """Events from a binary stream of any size, read in chunks (`log_lines`: bare CR ends a
+    line, an Xid in an over-long line is still found, memory stays bounded)."""
+    for raw in iter_lines(stream, (_NEEDLE,), chunk_size=chunk_size, stats=stats):
+        ev = parse_line(raw.decode("utf-8", errors="replace"), source=source, tz=tz, year=year)
+        if ev is not None:
+            yield ev
 
 
 def with_wall_time(events: Iterable[XidEvent], booted_at: datetime | None) -> list[XidEvent]:

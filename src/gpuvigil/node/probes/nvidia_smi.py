@@ -20,7 +20,7 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import exec as ex
-from gpuvigil.node.probes import nvidia_smi_text
+from gpuvigil.node.probes import nvidia_smi_errors, nvidia_smi_text
 from gpuvigil.node.readings import (
     CLOCK_GPU_IDLE,
     CLOCK_HW_POWER_BRAKE,
@@ -36,12 +36,9 @@ from gpuvigil.node.rules import gpu as gpu_rules
 
 ARGV = ("nvidia-smi", "-q", "-x")
 _NUM = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
-_LOST_LINE = re.compile(
-    r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
-    r"[0-9A-Fa-f]{2}\.[0-7]):\s*(.*)"
-)
 _LOST_TEXT = ("gpu is lost", "unknown error", "gpu requires reset")
-_REASONS = {
+# nvidia-smi clock-reason names -> NVML bits (XML, `-q` text and CSV alike).
+REASON_BITS = {
     "gpu_idle": CLOCK_GPU_IDLE,
     "sw_power_cap": CLOCK_SW_POWER_CAP,
     "hw_slowdown": CLOCK_HW_SLOWDOWN,
@@ -113,7 +110,7 @@ def _clock_reasons(gpu: ET.Element) -> int | None:
     if block is None:
         return None
     mask, seen = 0, False
-    for name, bit in _REASONS.items():
+    for name, bit in REASON_BITS.items():
         state = _yes(block, prefix + name)
         seen = seen or state is not None
         if state:
@@ -126,20 +123,7 @@ def _recovery_action(gpu: ET.Element) -> str | None:
     Reset", ...), else the older `gpu_reset_status` Yes/No pair."""
     text = _text(gpu, "gpu_recovery_action")
     if text:
-        low = text.lower()
-        for needle, action in (
-            ("none", "NONE"),
-            ("drain and reset", "DRAIN_AND_RESET"),
-            ("p2p", "DRAIN_P2P"),
-            ("imex", "RECOVER_IMEX_DOMAIN"),
-            ("bus", "BUS_RESET"),
-            ("system", "SYSTEM_REBOOT"),
-            ("reboot", "NODE_REBOOT"),
-            ("reset", "GPU_RESET"),
-        ):
-            if needle in low:
-                return action
-        return f"UNKNOWN_{text.upper().replace(' ', '_')}"
+        return recovery_action_of(text)
     drain = _yes(gpu, "gpu_reset_status/drain_and_reset_recommended")
     reset = _yes(gpu, "gpu_reset_status/reset_required")
     if drain:
@@ -147,6 +131,25 @@ def _recovery_action(gpu: ET.Element) -> str | None:
     if reset:
         return "GPU_RESET"
     return "NONE" if drain is False or reset is False else None
+
+
+def recovery_action_of(text: str) -> str:
+    """nvidia-smi's recovery action words ("None", "Reset", "Reboot", "Drain P2P", "Drain
+    and Reset", ...) -> NVML's names (GpuReading.recovery_action)."""
+    low = text.lower()
+    for needle, action in (
+        ("none", "NONE"),
+        ("drain and reset", "DRAIN_AND_RESET"),
+        ("p2p", "DRAIN_P2P"),
+        ("imex", "RECOVER_IMEX_DOMAIN"),
+        ("bus", "BUS_RESET"),
+        ("system", "SYSTEM_REBOOT"),
+        ("reboot", "NODE_REBOOT"),
+        ("reset", "GPU_RESET"),
+    ):
+        if needle in low:
+            return action
+    return f"UNKNOWN_{text.upper().replace(' ', '_')}"
 
 
 def _threshold(temp: ET.Element | None, name: str) -> float | None:
@@ -219,15 +222,8 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     errors: list[ReadError] = []
-    lost = [
-        GpuReading(
-            index=-1,
-            pci_bus_id=_normal_bus(m.group(1)),
-            lost=True,
-            errors=(ReadError("handle", "Unknown", m.group(2).strip()[:200]),),
-        )
-        for m in _LOST_LINE.finditer(text)
-    ]
+    said = nvidia_smi_errors.scan(text)
+    lost = list(said.lost)
     marks = (text.find("<?xml"), text.find("<nvidia_smi_log"))
     start = min((i for i in marks if i >= 0), default=-1)
     root = None
@@ -236,6 +232,17 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
             root = nvidia_smi_text.to_xml(text)  # `nvidia-smi -q` text, pasted
         except Exception as e:  # noqa: BLE001 - never raise on input
             errors.append(ReadError("text", "Unparsable", f"{type(e).__name__}: {e}"))
+    elif start < 0 and said.driver is not None:
+        errors.append(said.driver)  # the driver is unusable: DRIVER_UNAVAILABLE
+    elif start < 0 and said.no_devices:
+        # The driver runs and sees no GPU: a count of zero, judged against the expected one.
+        return GpuInventory(source="nvidia-smi", observed_at=observed_at, count=0)
+    elif start < 0 and lost:
+        errors.append(
+            ReadError(
+                "gpu", "Incomplete", "nvidia-smi stopped at the lost GPU: the others are unknown"
+            )
+        )
     elif start < 0:
         errors.append(ReadError("xml", "Unparsable", "no nvidia_smi_log document in the output"))
     else:
@@ -283,23 +290,20 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
     )
 
 
-def _normal_bus(bus: str) -> str:
-    """NVML form: 8-digit domain, upper case ("0000:3b:00.0" -> "00000000:3B:00.0")."""
-    domain, rest = bus.split(":", 1)
-    return f"{int(domain, 16):08X}:{rest.upper()}"
-
-
 # --- Running it ----------------------------------------------------------------------------
 def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None, Finding | None]:
     """Run `nvidia-smi -q -x` fail-closed: (inventory, None) or (None, failure finding)."""
     result = ex.run(ARGV, timeout_s=timeout_s, env=ctx.env)
     failure = ex.failure_finding(result, check="gpu", what="nvidia-smi")
+    both = result.stdout + b"\n" + result.stderr  # nvidia-smi prints its errors on stdout
     if failure is not None:
-        # nvidia-smi exits non-zero when one GPU is lost but still prints the others.
-        if result.error is None and b"<nvidia_smi_log" in result.stdout:
-            return parse_xml(result.stdout + b"\n" + result.stderr), None
+        # nvidia-smi exits non-zero when one GPU is lost but still prints the others, and
+        # when it has something definite to say (lost GPU, no driver, no devices).
+        said = nvidia_smi_errors.scan(both.decode("utf-8", errors="replace"))
+        if result.error is None and (b"<nvidia_smi_log" in result.stdout or said.lost):
+            return parse_xml(both), None
         return None, failure
-    inv = parse_xml(result.stdout + b"\n" + result.stderr)
+    inv = parse_xml(both)
     if not inv.gpus and inv.errors:
         return None, ex.unparsable_finding(result, check="gpu", problem=inv.errors[0].message)
     return inv, None

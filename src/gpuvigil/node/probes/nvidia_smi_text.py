@@ -44,6 +44,7 @@ _MAP: dict[tuple[str, ...], str] = {
     ("retired pages", "double bit ecc"): "retired_pages/double_bit_retirement/retired_count",
     ("retired pages", "pending page blacklist"): "retired_pages/pending_blacklist",
     ("retired pages", "pending page retirement"): "retired_pages/pending_retirement",
+    ("retired pages", "pending"): "retired_pages/pending_retirement",  # older drivers
     ("remapped rows",): "remapped_rows",
     ("remapped rows", "correctable error"): "remapped_rows/remapped_row_corr",
     ("remapped rows", "uncorrectable error"): "remapped_rows/remapped_row_unc",

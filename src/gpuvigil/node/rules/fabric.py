@@ -127,7 +127,8 @@ def judge(
 
     adapters = compute_adapters(reading, expected, config.adapters)
     units = _count_units(adapters, expected.kind)
-    if expected.count is not None and units < expected.count:
+    lists_adapters = not reading.source.startswith("fi_info")  # fi_info counts EFA only
+    if lists_adapters and expected.count is not None and units < expected.count:
         add(
             Status.FAILED,
             "FABRIC_COUNT_LOW",
@@ -136,6 +137,7 @@ def judge(
             Action.REBOOT,
             found=units,
             found_adapters=[a.name for a in adapters],
+            source=reading.source,
             expected=_ev(expected),
         )
     fi = reading.fi_info
@@ -179,6 +181,8 @@ def judge(
             _judge_counters(a, p, old=old_ports.get(p.number), dt_s=dt_s, config=config, add=add)
         if a.kind == "efa":
             _judge_efa_netdev(a, add)
+        elif a.ports and all(p.state is None for p in a.ports):
+            _judge_efa_netdev(a, add)  # a tool that knows only the interface (ibdev2netdev)
     return out
 
 
@@ -199,9 +203,10 @@ def _judge_port(a: FabricAdapter, p: FabricPort, expected: FabricExpectation, ad
         "rate_gbps": p.rate_gbps,
         "link_layer": p.link_layer,
     }
-    if p.state is None or p.phys_state is None:
-        return  # unreadable: already a CHECK_ERROR above
-    if p.state != "ACTIVE" or p.phys_state != "LinkUp":
+    if p.state is None and p.phys_state is None:
+        return  # unreadable (a CHECK_ERROR above), or a tool that does not print it
+    # Either one known and wrong is enough (`ibv_devinfo` prints no physical state).
+    if p.state not in ("ACTIVE", None) or p.phys_state not in ("LinkUp", None):
         add(
             Status.FAILED,
             "FABRIC_PORT_DOWN",
@@ -225,7 +230,8 @@ def _judge_port(a: FabricAdapter, p: FabricPort, expected: FabricExpectation, ad
 
 
 def _judge_efa_netdev(a: FabricAdapter, add: Any) -> None:
-    # The EFA driver reports ACTIVE/LinkUp unconditionally: the interface tells the truth.
+    # The EFA driver reports ACTIVE/LinkUp unconditionally: the interface tells the truth
+    # (and it is all `ibdev2netdev` knows of a RoCE port).
     for nd in a.netdevs:
         if nd.operstate is None:
             continue  # unreadable: the probe recorded a problem
@@ -234,8 +240,10 @@ def _judge_efa_netdev(a: FabricAdapter, add: Any) -> None:
                 Status.FAILED,
                 "FABRIC_PORT_DOWN",
                 f"nic:{a.name}",
-                f"{a.name}'s interface {nd.name} is {nd.operstate} (carrier {nd.carrier}); "
-                "the EFA driver's own ACTIVE/LinkUp is not trusted",
+                f"{a.name}'s interface {nd.name} is {nd.operstate} (carrier {nd.carrier})"
+                + (
+                    "; the EFA driver's own ACTIVE/LinkUp is not trusted" if a.kind == "efa" else ""
+                ),
                 Action.REBOOT,
                 netdev=nd.name,
                 operstate=nd.operstate,

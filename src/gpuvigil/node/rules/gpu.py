@@ -17,14 +17,30 @@ from gpuvigil.node.rules import gpu_pcie, memory, nvlink, thermal
 
 # NVML errors that mean "this GPU is gone or wedged" (also the worker's list).
 LOST_ERRORS = {"GpuIsLost", "Unknown", "ResetRequired"}
+# Source errors that mean "the driver is not usable" (nvidia-smi's own words, mapped to
+# NVML's names by `probes.nvidia_smi_errors`): DRIVER_UNAVAILABLE, not a generic error.
+DRIVER_ERRORS = {"DriverNotLoaded", "LibRmVersionMismatch", "Uninitialized", "LibraryNotFound"}
 
 
 def count(inv: GpuInventory, *, expect: int | None, now: datetime, check: str) -> list[Finding]:
     """GPU_COUNT_LOW when the source sees fewer GPUs than the node should have."""
-    if expect is None or (inv.count is None and inv.errors):
-        return []  # nothing expected, or the source could not be read (CHECK_ERROR says so)
+    if inv.count is None and inv.errors:
+        return []  # the source could not be read (CHECK_ERROR says so)
     seen = inv.count if inv.count is not None else len(inv.gpus)
-    if seen >= expect:
+    if expect is None and inv.count == 0:
+        # "No devices were found" on a node whose GPU count nobody stated: never healthy.
+        return [
+            Finding(
+                check=check,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                message=f"{inv.source} sees no GPU and the number this node should have is "
+                "unknown: give --expect-gpus (0 for a node without GPUs) or the instance type",
+                evidence={"seen": 0, "source": inv.source},
+                observed_at=now,
+            )
+        ]
+    if expect is None or seen >= expect:
         return []
     return [
         Finding(
@@ -123,15 +139,16 @@ def recovery(gpu: GpuReading, *, now: datetime, check: str) -> list[Finding]:
 
 def inventory_errors(inv: GpuInventory, *, now: datetime, check: str) -> list[Finding]:
     """Node-wide problems of the source (truncated output, a failed device count)."""
-    if not inv.errors:
+    errors = [e for e in inv.errors if e.error not in DRIVER_ERRORS]
+    if not errors:
         return []
     return [
         Finding(
             check=check,
             status=Status.FAILED,
             code="CHECK_ERROR",
-            message=f"{inv.source}: " + "; ".join(e.message or e.error for e in inv.errors),
-            evidence={"source": inv.source, "errors": [_err(e) for e in inv.errors]},
+            message=f"{inv.source}: " + "; ".join(e.message or e.error for e in errors),
+            evidence={"source": inv.source, "errors": [_err(e) for e in errors]},
             observed_at=now,
         )
     ]
@@ -150,6 +167,9 @@ def judge_inventory(
     """Every GPU rule over one inventory (`previous`: the last one, for NVLink rates)."""
     out = count(inv, expect=expect, now=now, check=check)
     out += inventory_errors(inv, now=now, check=check)
+    for e in inv.errors:
+        if e.error in DRIVER_ERRORS:
+            out += driver_unavailable(e, expect=expect, now=now, check=check)
     for gpu in inv.gpus:
         out += reachability(gpu, now=now, check=check)
         if gpu.lost:

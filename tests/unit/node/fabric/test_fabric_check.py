@@ -184,7 +184,7 @@ def test_efa_missing_device_seen_by_both_sources(efa_node, make_ctx, run_named, 
     fake_bin("fi_info", f"#!/bin/sh\ncat <<'X'\n{three}X\n")
     found = run_named("fabric", make_ctx(path=str(fake_bin.dir)))
     assert codes(found) == [("FABRIC_COUNT_LOW", "node"), ("FABRIC_COUNT_LOW", "node")]
-    assert {f.evidence.get("source") for f in found} == {None, "fi_info"}
+    assert {f.evidence.get("source") for f in found} == {"sysfs", "fi_info"}
 
 
 @pytest.mark.parametrize(

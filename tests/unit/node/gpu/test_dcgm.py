@@ -42,11 +42,12 @@ def test_diag_v4_json() -> None:
     assert "uncorrectable" in rules.diag(report, now=NOW)[0].evidence["tests"][0]["info"]
 
 
-def test_diag_runtime_error_is_a_failure_not_a_pass() -> None:
+def test_diag_runtime_error_is_could_not_tell_not_a_pass() -> None:
+    # The same answer as the health parser gives an unreadable report: exit 2, not 1.
     report = parse_diag((DATA / "diag_v4_runtime_error.json").read_text())
     assert not report.complete
     found = rules.diag(report, now=NOW)
-    assert summary(found) == [("DCGM_DIAG_FAIL", "FAILED", "node")]
+    assert summary(found) == [("CHECK_ERROR", "FAILED", "node")]
     assert "host engine" in found[0].message
 
 
@@ -67,13 +68,19 @@ def test_diag_table_cut_short_is_incomplete() -> None:
     lines = (DATA / "diag_v3_table_fail.txt").read_text().splitlines()
     report = parse_diag("\n".join(lines[:12]))
     assert not report.complete
-    assert summary(rules.diag(report, now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "node")]
+    assert summary(rules.diag(report, now=NOW)) == [("CHECK_ERROR", "FAILED", "node")]
+    # Cut after the failing row: the failure read so far is kept beside "could not tell".
+    report = parse_diag("\n".join(lines[:19]))
+    assert summary(rules.diag(report, now=NOW)) == [
+        ("CHECK_ERROR", "FAILED", "node"),
+        ("DCGM_DIAG_FAIL", "FAILED", "gpu:2"),
+    ]
 
 
 def test_diag_all_skipped_is_not_a_pass() -> None:
     doc = '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": '
     doc += '[{"name": "GPU Memory", "results": [{"gpu_id": "0", "status": "Skip"}]}]}]}}'
-    assert summary(rules.diag(parse_diag(doc), now=NOW)) == [("DCGM_DIAG_FAIL", "FAILED", "node")]
+    assert summary(rules.diag(parse_diag(doc), now=NOW)) == [("CHECK_ERROR", "FAILED", "node")]
 
 
 @pytest.mark.parametrize("name", ["health_fail.json", "health_fail.txt"])
@@ -163,9 +170,9 @@ def test_health_passes_through_the_binary(fake_bin) -> None:
             "#!/bin/sh\necho 'Error: unable to establish a connection' >&2\nexit 255\n",
             "CHECK_ERROR",
         ),
-        ('#!/bin/sh\necho \'{"not": "dcgm"}\'\n', "DCGM_DIAG_FAIL"),
+        ('#!/bin/sh\necho \'{"not": "dcgm"}\'\n', "CHECK_ERROR"),
         ("#!/bin/sh\necho '{\"body\": {}}'\nexit 3\n", "CHECK_ERROR"),
-        ("#!/bin/sh\nhead -c 100000000 /dev/zero\n", "DCGM_DIAG_FAIL"),
+        ("#!/bin/sh\nhead -c 100000000 /dev/zero\n", "CHECK_ERROR"),
     ],
     ids=["hang", "hanging-child", "crash", "no-hostengine", "garbage", "exit-no-verdict", "100MB"],
 )

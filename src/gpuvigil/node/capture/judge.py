@@ -1,0 +1,92 @@
+"""Readers and rules for each kind of capture: bytes -> typed readings -> findings.
+
+`read(kind, data)` turns a document into its readings (the same readings the live checks
+build); `judge(reading, ...)` hands a reading to its rules. This dispatch on the reading's
+type is the seam `node/pipeline` replaces: one path from readings to findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gpuvigil.core.findings import Finding
+from gpuvigil.node.catalog import gpus as gpu_catalog
+from gpuvigil.node.config import NodeConfig
+from gpuvigil.node.probes import fabric_tools, kernel_log_capture, nvidia_smi
+from gpuvigil.node.probes.dcgm_discovery import parse_discovery
+from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
+from gpuvigil.node.probes.nvidia_smi_csv import parse_csv
+from gpuvigil.node.probes.nvidia_smi_nvlink import parse_nvlink_status
+from gpuvigil.node.readings import DcgmReport, FabricReading, GpuInventory, GpuRef
+from gpuvigil.node.rules import dcgm as dcgm_rules
+from gpuvigil.node.rules import fabric as fabric_rules
+from gpuvigil.node.rules import gpu as gpu_rules
+from gpuvigil.node.rules.fabric import FabricExpectation
+
+Reading = GpuInventory | DcgmReport | FabricReading | kernel_log_capture.Capture
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the node should have: GPUs, and the fabric per adapter kind."""
+
+    gpus: int | None = None
+    ib: FabricExpectation = field(default_factory=FabricExpectation)
+    efa: FabricExpectation = field(default_factory=FabricExpectation)
+
+
+def read(kind: str, data: bytes) -> list[Reading]:
+    """The readings of one document (fi_info behind mpirun is one reading per rank)."""
+    text = data.decode("utf-8", errors="replace")
+    if kind in ("nvidia-smi-xml", "nvidia-smi-q", "nvidia-smi-error"):
+        return [nvidia_smi.parse_xml(text)]
+    if kind == "nvidia-smi-csv":
+        return [parse_csv(text)]
+    if kind == "nvidia-smi-nvlink":
+        return [parse_nvlink_status(text)]
+    if kind == "dcgmi-diag":
+        return [parse_diag(text)]
+    if kind == "dcgmi-health":
+        return [parse_health(text)]
+    if kind == "dcgmi-discovery":
+        return [parse_discovery(text)]
+    if kind == "fi_info":
+        return list(fabric_tools.fi_info_reading(text))
+    parse = {
+        "ibstat": fabric_tools.parse_ibstat,
+        "ibstatus": fabric_tools.parse_ibstatus,
+        "ibv_devinfo": fabric_tools.parse_ibv_devinfo,
+        "ibdev2netdev": fabric_tools.parse_ibdev2netdev,
+    }[kind]
+    return [parse(text)]
+
+
+def judge(
+    reading: Reading,
+    *,
+    node: NodeConfig,
+    expect: Expect,
+    now: datetime,
+    check: str,
+    gpus: Mapping[str, GpuRef] | None = None,
+) -> list[Finding]:
+    if isinstance(reading, GpuInventory):
+        return gpu_rules.judge_inventory(
+            reading,
+            cfg=node.gpu,
+            catalog=gpu_catalog.load(),
+            now=reading.observed_at,
+            expect=expect.gpus,
+            check=check,
+        )
+    if isinstance(reading, DcgmReport):
+        rule = dcgm_rules.health if reading.kind == "health" else dcgm_rules.diag
+        return rule(reading, now=now, check=check)
+    if isinstance(reading, FabricReading):
+        efa = reading.source.startswith("fi_info") or any(a.kind == "efa" for a in reading.adapters)
+        return fabric_rules.judge(
+            reading, expected=expect.efa if efa else expect.ib, config=node.fabric
+        )
+    return kernel_log_capture.judge(reading, cfg=node.kernel_log, gpus=gpus)

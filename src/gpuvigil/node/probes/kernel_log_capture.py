@@ -1,0 +1,178 @@
+"""A captured kernel log (a file, a pipe, a support bundle's dmesg) read as one stream ->
+the KernelLog reading, judged as of the capture's end. I/O-free: it reads what it is given.
+
+One pass in chunks (`log_lines`), so a 200 MB log costs a chunk of memory, not 200 MB.
+What it keeps: every Xid/SXid event, the latest driver load, the GPU failures logged
+without an Xid (`kernel_faults`), the last line's time stamp (the capture's end).
+
+Not every byte stream is a kernel log, and an unreadable one must not pass as a quiet
+one: an empty capture, one that is mostly control bytes (binary), or one where no line
+has a kernel-log prefix and nothing was found is "could not tell" (CHECK_ERROR), and a
+capture cut at the size cap is judged but also says it could not read the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from typing import BinaryIO
+
+from gpuvigil.core.findings import Finding, Status, utcnow
+from gpuvigil.node.catalog.xid import load_catalog
+from gpuvigil.node.config import KernelLogConfig
+from gpuvigil.node.probes import kernel_faults
+from gpuvigil.node.probes.kernel_log_parser import (
+    driver_load_stamp,
+    fix_year,
+    is_kmsg_record,
+    parse_line,
+    parse_stamp,
+    stamp_before,
+)
+from gpuvigil.node.probes.log_lines import LineStats, iter_lines
+from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
+from gpuvigil.node.rules import driver_faults
+from gpuvigil.node.rules import xid as xid_rules
+
+CHECK = "kernel_log"
+_XID = b"Xid ("
+_LOAD = b"NVRM: loading NVIDIA UNIX"
+NEEDLES = (_XID, _LOAD, *kernel_faults.NEEDLES)
+_KERNELISH = ("kernel:", "NVRM:", "kern  :", "kern:")
+MAX_BINARY_SHARE = 0.01  # more control bytes than this: not a text log
+
+
+@dataclass(frozen=True)
+class Capture:
+    log: KernelLog
+    end: datetime | None  # the last time stamp seen (the capture's end)
+    stats: LineStats
+    unreadable: str | None  # why this is not a kernel log that could be read, else None
+
+
+def read_capture(
+    stream: BinaryIO,
+    *,
+    tz: tzinfo,
+    now: datetime,
+    year: int | None = None,
+    max_bytes: int | None = None,
+    chunk_size: int | None = None,
+) -> Capture:
+    stats = LineStats()
+    year = year or now.year
+    events: list[XidEvent] = []
+    loaded: datetime | None = None
+    faults = kernel_faults.FaultScanner(tz=tz, year=year)
+    kw = {"chunk_size": chunk_size} if chunk_size else {}
+    for raw in iter_lines(stream, NEEDLES, max_bytes=max_bytes, stats=stats, **kw):
+        line = raw.decode("utf-8", errors="replace")
+        if _XID in raw:
+            ev = parse_line(line, source="file", tz=tz, year=year)
+            if ev is not None:
+                events.append(fix_year(ev, now))
+        if _LOAD in raw:
+            stamp = driver_load_stamp(line, tz=tz, year=year)
+            if (
+                stamp is not None
+                and stamp.time is not None
+                and (loaded is None or stamp.time > loaded)
+            ):
+                loaded = stamp.time
+        faults.feed(line)
+    times = [ev.time for ev in events if ev.time is not None]
+    last = stats.last_line.decode("utf-8", errors="replace")
+    end = stamp_before(last, len(last), tz=tz, year=year).time if last else None
+    if end is not None:
+        times.append(end)
+    log = KernelLog(
+        events=tuple(events),
+        source="file",
+        driver_loaded_at=loaded,
+        lines_read=stats.lines,
+        faults=tuple(faults.faults),
+    )
+    found = bool(log.events or log.faults or log.driver_loaded_at)
+    return Capture(log, max(times) if times else None, stats, unreadable(found=found, stats=stats))
+
+
+def judge(
+    capture: Capture,
+    *,
+    cfg: KernelLogConfig,
+    gpus: Mapping[str, GpuRef] | None = None,
+    now: datetime | None = None,
+) -> list[Finding]:
+    """The Xid rules and the driver-fault rules as of `now` (default: the capture's end),
+    plus "could not tell" for a capture that was not a readable kernel log or was cut."""
+    end = now or capture.end or utcnow()
+    log = capture.log
+    out = xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
+    out += driver_faults.evaluate(log, now=end, gpus=gpus, check=CHECK)
+    stats = capture.stats
+    if capture.unreadable:
+        out.append(_could_not_tell(capture.unreadable, stats))
+    if stats.truncated:
+        out.append(
+            _could_not_tell(
+                f"only the first {stats.bytes_read} bytes were read (the size cap): "
+                "events after them are unknown",
+                stats,
+            )
+        )
+    return out
+
+
+def analyze_stream(
+    stream: BinaryIO,
+    *,
+    cfg: KernelLogConfig | None = None,
+    gpus: Mapping[str, GpuRef] | None = None,
+    now: datetime | None = None,
+    year: int | None = None,
+    tz: tzinfo,
+    max_bytes: int | None = None,
+) -> list[Finding]:
+    cfg = cfg or KernelLogConfig()
+    capture = read_capture(stream, tz=tz, now=now or utcnow(), year=year, max_bytes=max_bytes)
+    return judge(capture, cfg=cfg, gpus=gpus, now=now)
+
+
+def unreadable(*, found: bool, stats: LineStats) -> str | None:
+    """Why a stream in which `found` (anything a kernel log holds) is not a readable kernel
+    log, or None when it is one."""
+    if stats.bytes_read == 0 or not bytes(stats.sample).strip():
+        return "the kernel log is empty"
+    if stats.control_bytes > MAX_BINARY_SHARE * stats.bytes_read and not found:
+        return f"this is not text ({stats.control_bytes} control bytes): not a kernel log"
+    if found:
+        return None
+    lines = [ln for ln in bytes(stats.sample).decode("utf-8", "replace").splitlines() if ln.strip()]
+    if not any(looks_like_kernel_line(ln) for ln in lines[:200]):
+        return "no line has a kernel log prefix or time stamp: not a kernel log"
+    return None
+
+
+def looks_like_kernel_line(line: str) -> bool:
+    """A line with a time stamp a kernel log prints, a /dev/kmsg header, or a kernel tag."""
+    head = line[:200]
+    return (
+        parse_stamp(line[:120]).text is not None
+        or is_kmsg_record(line)
+        or any(tag in head for tag in _KERNELISH)
+    )
+
+
+def _could_not_tell(why: str, stats: LineStats) -> Finding:
+    return Finding(
+        check=CHECK,
+        status=Status.FAILED,
+        code="CHECK_ERROR",
+        message=f"could not tell: {why}",
+        evidence={
+            "bytes_read": stats.bytes_read,
+            "lines": stats.lines,
+            "long_lines": stats.long_lines,
+        },
+    )
