@@ -152,7 +152,7 @@ def test_metric_names_are_exported_or_recorded() -> None:
         for w in set(re.findall(r"(?<![\w.-])gpuvigil_[a-z0-9_]+", text)):
             if w not in names and not any(n.startswith(w + "_") for n in names):  # a prefix
                 bad.append(f"{_rel(path)}: {w}")
-        for w in set(re.findall(r"(?<![\w./-])gpuvigil:[a-z_][a-z0-9_:]*", text)):
+        for w in set(re.findall(r"(?<![\w./:-])gpuvigil:[a-z_][a-z0-9_:]*", text)):
             if w not in rules:
                 bad.append(f"{_rel(path)}: {w}")
     assert not bad, f"metrics no layer exports and no rule records: {sorted(bad)}"
