@@ -5,32 +5,54 @@
     controller:  gpuvigil.platform.controller.ControllerConfig  (policy, safety, cluster)
     preflight:   gpuvigil.platform.preflight.PreflightConfig    (active checks, time budget)
 
-Unknown keys anywhere are errors naming the key and the file.
+Unknown keys anywhere are errors naming the key and the file. A command loads only the
+sections it uses (`load(..., sections=("node",))`), so `gpuvigil check` does not import the
+controller: the other known sections are accepted as written and checked by the commands
+that use them. `Config` is the model of the whole file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import importlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from gpuvigil.core import config as core_config
 from gpuvigil.core.config import ConfigError, StrictModel
-from gpuvigil.node.agent import AgentConfig
-from gpuvigil.node.config import NodeConfig
-from gpuvigil.platform.controller import ControllerConfig
-from gpuvigil.platform.preflight import PreflightConfig
 
-__all__ = ["Config", "ConfigError", "load"]
+__all__ = ["ALL", "SECTIONS", "ConfigError", "load", "model"]  # and Config, built on use
+
+# section -> (module, class): imported only when a command loads that section.
+SECTIONS: dict[str, tuple[str, str]] = {
+    "node": ("gpuvigil.node.config", "NodeConfig"),
+    "agent": ("gpuvigil.node.agent", "AgentConfig"),
+    "controller": ("gpuvigil.platform.controller", "ControllerConfig"),
+    "preflight": ("gpuvigil.platform.preflight", "PreflightConfig"),
+}
+ALL = tuple(SECTIONS)
 
 
-class Config(StrictModel):
-    node: NodeConfig = Field(default_factory=NodeConfig)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    controller: ControllerConfig = Field(default_factory=ControllerConfig)
-    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
+@functools.cache
+def model(sections: tuple[str, ...] = ALL) -> type[StrictModel]:
+    """The file's model with `sections` validated; the other sections taken as written."""
+    fields: dict[str, Any] = {}
+    for name, (module, cls) in SECTIONS.items():
+        if name in sections:
+            section = getattr(importlib.import_module(module), cls)
+            fields[name] = (section, Field(default_factory=section))
+        else:
+            fields[name] = (dict[str, Any], Field(default_factory=dict))
+    return create_model("Config", __base__=StrictModel, **fields)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Config":  # the whole file, built on first use
+        return model()
+    raise AttributeError(name)
 
 
 def load(
@@ -38,5 +60,9 @@ def load(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
-) -> Config:
-    return core_config.load(Config, path, environ=environ, overrides=overrides)
+    sections: Iterable[str] = ALL,
+) -> Any:
+    """The config from `path` (and GPUVIGIL__SECTION__KEY variables, then `overrides`),
+    with `sections` validated (default: all of them)."""
+    wanted = tuple(s for s in SECTIONS if s in set(sections))
+    return core_config.load(model(wanted), path, environ=environ, overrides=overrides)

@@ -34,8 +34,8 @@ GPUVIGIL__AGENT__<KEY> environment variables, then these flags.
 Exit status: 0 after a clean stop, 2 bad config, 3 the agent's own loop stalled (its
 self-watchdog fired; the supervisor should restart it).
 
-Try it without a GPU:  gpuvigil agent --kmsg-file ./kern.log --state-file ./report.json
---listen 127.0.0.1:9410 --interval 5 --sink state-file --sink http
+Try it without a GPU: gpuvigil agent --expect-gpus 0 --kmsg-file ./kern.log --state-file
+./report.json --listen 127.0.0.1:9410 --interval 5 --sink state-file --sink http
 """
 # One line per paragraph: the help renderer re-wraps text to the terminal's width.
 HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))

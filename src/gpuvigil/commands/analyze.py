@@ -16,7 +16,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
-from gpuvigil.commands.terminal import printable
 from gpuvigil.node.capture.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -194,7 +193,9 @@ def _node_config(
             "expect_adapters": expect_efa if efa else expect_ib,
         }
     try:
-        cfg = config_mod.load(config, overrides={"node": overrides} if overrides else None)
+        cfg = config_mod.load(
+            config, overrides={"node": overrides} if overrides else None, sections=("node",)
+        )
     except config_mod.ConfigError as e:
         _fail(f"config error: {e}")
         raise  # unreachable: _fail exits
@@ -241,18 +242,14 @@ def _input_json(r: InputResult) -> dict[str, object]:
 
 
 def _inputs_table(results: list[InputResult], console: Console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    """What each input was taken for, laid out by `observe.terminal`: a path is never cut."""
+    from gpuvigil.observe import terminal
+    from gpuvigil.observe.terminal import Column, plain
 
-    table = Table(title="Inputs", title_justify="left")
-    for col in ("input", "taken for", "how", "status"):
-        table.add_column(col, overflow="fold")
+    cols = (Column("input", key=True), Column("taken for"), Column("how"), Column("status"))
+    rows = []
     for r in results:
         kind = KINDS.get(r.kind) if r.kind else None
-        table.add_row(
-            escape(printable(r.path)),
-            escape(kind.what if kind else "-"),
-            escape(printable(r.how)),
-            r.status.value,
-        )
-    console.print(table)
+        rows.append([plain(r.path), plain(kind.what if kind else "-"), plain(r.how),
+                     r.status.value])  # fmt: skip
+    console.print(terminal.render(cols, rows, width=console.width, title="Inputs"))

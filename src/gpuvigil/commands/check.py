@@ -19,6 +19,7 @@ from gpuvigil.commands import report_view
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.readings import GpuInventory
 from gpuvigil.node.sweep import run_sweep, select
+from gpuvigil.observe import terminal
 
 
 def register(app: typer.Typer) -> None:
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
         """
         overrides = {"node": {"expect_gpus": expect_gpus}} if expect_gpus is not None else None
         try:
-            cfg = config_mod.load(config, overrides=overrides)
+            cfg = config_mod.load(config, overrides=overrides, sections=("node",))
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil check: config error: {e}", err=True)
             raise typer.Exit(2) from e
@@ -74,7 +75,9 @@ def register(app: typer.Typer) -> None:
             names = ", ".join(s.name for s in specs)
             typer.echo(f"gpuvigil check: no check named {', '.join(unknown)} ({names})", err=True)
             raise typer.Exit(2)
-        report = run_sweep(ctx, node=node, specs=specs, skipped=skip or ())
+        with terminal.progress(quiet=as_json) as progress:  # a DCGM diag takes minutes
+            progress(f"running {len(specs) - len(set(skip or ()))} node checks", None)
+            report = run_sweep(ctx, node=node, specs=specs, skipped=skip or ())
         if as_json:
             sys.stdout.write(report_view.as_json(report) + "\n")
         else:

@@ -42,7 +42,8 @@ def load_controller_config(config: Path | None, overrides: dict[str, Any]) -> An
     from gpuvigil import config as gconfig
 
     try:
-        return gconfig.load(config, overrides={"controller": overrides} if overrides else None)
+        over = {"controller": overrides} if overrides else None
+        return gconfig.load(config, overrides=over, sections=("controller",))
     except gconfig.ConfigError as e:
         typer.echo(f"config error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -24,6 +24,10 @@ def register(app: typer.Typer) -> None:
         events: Annotated[
             Path | None, typer.Option(help="Also write the full run's events (JSONL) here.")
         ] = None,
+        as_json: Annotated[
+            bool,
+            typer.Option("--json", help="Print the runs' figures as JSON (as simulate --json)."),
+        ] = False,
     ) -> None:
         """Simulate a GPU fleet with and without gpuvigil, print what each layer buys, and
         write the HTML report of the run with every layer on. No GPU needed.
@@ -33,5 +37,7 @@ def register(app: typer.Typer) -> None:
         """
         from gpuvigil.sim import demo as sim_demo
 
-        path = sim_demo.run(nodes=nodes, days=days, seed=seed, report=report, events=events)
-        typer.echo(f"HTML report of the full run: {path.resolve()}")
+        path = sim_demo.run(
+            nodes=nodes, days=days, seed=seed, report=report, events=events, as_json=as_json
+        )
+        typer.echo(f"HTML report of the full run: {path.resolve()}", err=as_json)

@@ -20,13 +20,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
-from gpuvigil.commands.terminal import printable
 from gpuvigil.node.capture.inputs import InputError, open_input
 from gpuvigil.node.catalog.xid import Rule, XidCatalog, load_catalog
 from gpuvigil.node.probes.kernel_log_capture import unreadable
 from gpuvigil.node.probes.kernel_log_parser import iter_stream
 from gpuvigil.node.probes.log_lines import LineStats
 from gpuvigil.node.readings import XidEvent
+from gpuvigil.observe.terminal import printable
 
 
 def event_json(ev: XidEvent, rule: Rule | None = None) -> dict[str, Any]:
@@ -218,8 +218,6 @@ def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str
     """A rich table for up to TABLE_MAX_ROWS events; beyond that, plain aligned columns
     streamed as they are found (a 20,000-event log prints in a second, not minutes)."""
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:  # `| head`: the reader had enough, not an error
@@ -249,13 +247,15 @@ def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str
         console.print("no Xid or SXid events found", markup=False)
         return
     else:
+        from gpuvigil.observe import terminal
+        from gpuvigil.observe.terminal import Column, plain
+
         where = "standard input" if source == "-" else printable(source)
-        table = Table(title=f"Xid/SXid events in {escape(where)}")
-        for col in _COLUMNS:
-            table.add_column(col, overflow="fold", no_wrap=col in {"#", "kind", "code"})
-        for r in rows:
-            table.add_row(*(escape(cell) for cell in r))
-        console.print(table)
+        columns = [Column(c, key=c == "#", justify="right" if c in ("#", "code") else "left")
+                   for c in _COLUMNS]  # fmt: skip
+        cells = [[plain(c) for c in r] for r in rows]
+        title = f"Xid/SXid events in {where}"
+        console.print(terminal.render(columns, cells, width=console.width, title=title))
     summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
     console.print(f"{sum(counts.values())} event(s): {summary}", markup=False)
 

@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from e
         now = utcnow()
         rows = []
-        for v in sorted(views, key=lambda v: v.name):
+        views_sorted = sorted(views, key=lambda v: v.name)
+        for v in views_sorted:
             rec = v.record
             blocked = (["gpuvigil"] if v.blocked_by_us else []) + list(v.blocked_by_others)
             rows.append({
@@ -79,22 +80,31 @@ def register(app: typer.Typer) -> None:
             for row in rows:
                 typer.echo(json.dumps(row))
             return
-        fmt = "{:<24} {:<12} {:>5} {:<8} {:<20} {:>4}  {}"
-        typer.echo(fmt.format("NODE", "STATE", "AGE", "HEALTH", "BLOCKED BY", "WORK", "REASON"))
-        for row, v in zip(rows, sorted(views, key=lambda v: v.name), strict=True):
-            since = v.record.since if v.record else None
-            blocked = ",".join(row["blocked_by"]) or "-"
-            typer.echo(
-                fmt.format(
-                    row["node"],
-                    row["state"],
-                    _ago(since, now),
-                    row["health"],
-                    blocked[:20],
-                    row["running"],
-                    row["reason"],
-                )
-            )
-            if name:
-                for t in row["history"]:
-                    typer.echo(f"    {t['at']}  -> {t['to']:<12} {t['reason']}")
+        ages = [_ago(v.record.since if v.record else None, now) for v in views_sorted]
+        render(rows, ages, history=bool(name))
+
+
+def render(rows: list[dict[str, object]], ages: list[str], *, history: bool) -> None:
+    """Each node's row (and, for one node, its history), laid out to the terminal's width
+    by `observe.terminal`: a node name, a reason or a blocker is never cut."""
+    from gpuvigil.observe import terminal
+    from gpuvigil.observe.terminal import Column, plain
+
+    console = terminal.console()
+    cols = (Column("node", key=True), Column("state"), Column("age", justify="right"),
+            Column("health"), Column("blocked by"), Column("work", justify="right"),
+            Column("reason"))  # fmt: skip
+    cells = [
+        [plain(str(r["node"])), plain(str(r["state"])), age, plain(str(r["health"])),
+         plain(", ".join(r["blocked_by"]) or "-"),  # type: ignore[arg-type]
+         str(r["running"]), plain(str(r["reason"]))]
+        for r, age in zip(rows, ages, strict=True)
+    ]  # fmt: skip
+    console.print(terminal.render(cols, cells, width=console.width))
+    if history:
+        for r in rows:
+            hist = [[t["at"], plain(f"-> {t['to']}"), plain(str(t["reason"]))]
+                    for t in r["history"]]  # type: ignore[attr-defined]  # fmt: skip
+            cols = (Column("at (UTC)", key=True), Column("to", wrap=False), Column("reason"))
+            console.print(terminal.render(cols, hist, width=console.width,
+                                          title=f"history of {r['node']}"))  # fmt: skip

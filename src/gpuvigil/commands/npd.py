@@ -22,7 +22,7 @@ from gpuvigil.core.findings import NodeReport, Status, utcnow
 NPD_DEFAULT_MAX_OUTPUT = 80  # node-problem-detector's default max_output_length
 HELP = (
     "Run the named checks once as a node-problem-detector custom plugin: exit 0 OK, 1 a "
-    "problem, 2 unknown (a check could not run: timeout, missing tool, stale result); one "
+    "problem, 2 unknown (a check could not run: timeout, missing tool, stale result).\n\nOne "
     "line on stdout, at most --max-length bytes (NPD cuts at max_output_length, 80 by "
     "default), naming the worst finding. --family keeps only findings of one condition "
     "family, so each NPD condition can own one. --from-state-file reads the gpuvigil agent's "
@@ -32,22 +32,39 @@ HELP = (
 
 
 def message(report: NodeReport, *, limit: int) -> str:
-    """One line: the worst problem first, then how many more. Pure."""
+    """One line within `limit` bytes: the worst problem first, then how many more. The text
+    is shortened at a word boundary (marked "...") so the count always shows whole. Pure."""
     problems = sorted(
         report.problems,
         key=lambda f: (-f.status.rank, -f.action.rank, not f.fatal, f.code, f.component),
     )
     if not problems:
-        text = "gpuvigil: healthy"
-    else:
-        worst = problems[0]
-        text = f"{worst.code} {worst.component}: {worst.message}"
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        if len(text) + len(more) > limit:
-            text = text[: max(0, limit - len(more) - 1)] + "…"
-        text += more
-    data = text.encode()[:limit]
-    return data.decode("utf-8", errors="ignore")
+        return fit("gpuvigil: healthy", limit=limit)
+    worst = problems[0]
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    return fit(f"{worst.code} {worst.component}: {' '.join(worst.message.split())}", more,
+               limit=limit)  # fmt: skip
+
+
+def fit(text: str, suffix: str = "", *, limit: int) -> str:
+    """`text` + `suffix` in at most `limit` bytes of UTF-8, `text` cut after its last whole
+    word that fits (then "..."). Only when not even the first word and "..." fit is a word
+    cut, at a character boundary (NPD keeps `limit` bytes whatever we print)."""
+    size = len((text + suffix).encode())
+    if size <= limit:
+        return text + suffix
+    mark = "..."
+    for tail in (suffix, ""):
+        room = limit - len(tail.encode()) - len(mark)
+        words, out = text.split(" "), ""
+        for w in words:
+            cand = f"{out} {w}" if out else w
+            if len(cand.encode()) > room:
+                break
+            out = cand
+        if out:
+            return out + mark + tail
+    return text.encode()[:limit].decode("utf-8", errors="ignore")
 
 
 def verdict(report: NodeReport) -> int:
@@ -98,12 +115,12 @@ def register(app: typer.Typer) -> None:
         ] = freshness.STATE_FILE_MAX_AGE_S,
     ) -> None:
         if family is not None and family not in codes.FAMILIES:
-            typer.echo(f"unknown family {family!r}"[:max_length])
+            typer.echo(fit(f"unknown family {family!r}", limit=max_length))
             raise typer.Exit(2)
         if from_state_file is not None:
             report = fresh_report(from_state_file, max_age_s=max_age)
             if report is None:
-                typer.echo(f"gpuvigil: no fresh report in {from_state_file}"[:max_length])
+                typer.echo(fit(f"gpuvigil: no fresh report in {from_state_file}", limit=max_length))
                 raise typer.Exit(2)
         else:
             report = run_once(
@@ -140,7 +157,7 @@ def run_once(
     over: dict[str, object] = {}
     if expect_gpus is not None:
         over["node"] = {"expect_gpus": expect_gpus}
-    cfg = gconfig.load(config, overrides=over)
+    cfg = gconfig.load(config, overrides=over, sections=("node", "agent"))
     root = sysfs_root or cfg.agent.sysfs_root
     ctx = CheckContext(config=cfg.node, root=root, env=dict(os.environ))
     name = naming.node_name(node or cfg.agent.node_name)

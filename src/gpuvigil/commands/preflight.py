@@ -17,27 +17,26 @@ from gpuvigil.core.config import ConfigError
 
 def _render(result: Any) -> None:
     """The measurements (achieved vs expected), then the report as `gpuvigil check` shows it."""
-    from rich.console import Console
-    from rich.table import Table
-
     from gpuvigil.commands import report_view
+    from gpuvigil.observe import terminal
+    from gpuvigil.observe.terminal import Column, plain
 
-    console = Console(emoji=False, highlight=False)
-    table = Table(title="Active checks: achieved vs expected", title_justify="left")
-    for col in ("check", "component", "metric", "achieved", "expected", "unit", "status"):
-        table.add_column(col, no_wrap=col != "unit")
-    for m in result.measurements:
-        table.add_row(
-            m.check,
-            m.component,
-            m.metric,
-            "-" if m.achieved is None else f"{m.achieved:.4g}",
-            "-" if m.expected is None else f"{m.expected:.4g}",
-            m.unit,
-            m.status if not m.code else f"{m.status} {m.code}",
-        )
-    if result.measurements:
-        console.print(table)
+    console = terminal.console()
+    cols = (Column("check", key=True), Column("component", key=True), Column("metric"),
+            Column("achieved", justify="right"), Column("expected", justify="right"),
+            Column("status"))  # fmt: skip
+
+    def value(x: float | None, unit: str) -> terminal.Cell:
+        return "-" if x is None else plain(f"{x:.4g} {unit}".strip())
+
+    rows = [
+        [plain(m.check), plain(m.component), plain(m.metric), value(m.achieved, m.unit),
+         value(m.expected, m.unit), plain(m.status if not m.code else f"{m.status} {m.code}")]
+        for m in result.measurements
+    ]  # fmt: skip
+    if rows:
+        title = "Active checks: achieved vs expected"
+        console.print(terminal.render(cols, rows, width=console.width, title=title))
     report_view.render(result.report, console=console, title="gpuvigil preflight")
     verdict = "PASSED" if result.passed else "FAILED"
     devices = ", ".join(sorted(set(result.devices))) or "none"
@@ -133,7 +132,8 @@ def register(app: typer.Typer) -> None:
         Try it anywhere: gpuvigil preflight --device cpu --expect-gpus 0
         """
         from gpuvigil import config as config_mod
-        from gpuvigil.platform.preflight import run_preflight
+        from gpuvigil.observe import terminal
+        from gpuvigil.platform.preflight import node_name_of, run_preflight
 
         overrides: dict[str, Any] = {"node": {}, "preflight": {"active": {}}}
         if expect_gpus is not None:
@@ -166,11 +166,13 @@ def register(app: typer.Typer) -> None:
                 "node_rank": node_rank or 0,
             }
         try:
-            cfg = config_mod.load(config, overrides=overrides)
+            cfg = config_mod.load(config, overrides=overrides, sections=("node", "preflight"))
         except (ConfigError, ValueError) as e:
             typer.echo(f"gpuvigil preflight: {e}", err=True)
             raise typer.Exit(2) from e
-        result = run_preflight(cfg, root=sysfs_root, node_name=node_name)
+        name = node_name_of(cfg, node_name)
+        with terminal.progress(quiet=as_json) as progress:
+            result = run_preflight(cfg, root=sysfs_root, node_name=name, progress=progress)
         if result_file is not None:
             try:
                 result_file.write_text(json.dumps(result.verdict()) + "\n")

@@ -93,6 +93,9 @@ def register(app: typer.Typer) -> None:
         grace: Annotated[
             str, typer.Option(help="Attribution: evidence window after a failure.")
         ] = "2m",
+        show_all: Annotated[
+            bool, typer.Option("--all", help="List every attribution kept (up to 1,000).")
+        ] = False,
         fail_on_breach: Annotated[
             bool,
             typer.Option(help="Exit 1 when availability or job success misses its target."),
@@ -108,6 +111,7 @@ def register(app: typer.Typer) -> None:
         usable events or bad options.
         """
         from gpuvigil.observe import events as reader
+        from gpuvigil.observe import terminal
         from gpuvigil.observe.slo import SloConfig, Targets
         from gpuvigil.observe.summary import summarize
 
@@ -129,19 +133,21 @@ def register(app: typer.Typer) -> None:
         def warn(msg: str) -> None:
             err.print(f"[yellow]warning:[/yellow] {msg}", highlight=False)
 
-        summary = summarize(
-            reader.read_events(events, stats=stats, warn=warn),
-            start=start_ts,
-            end=end_ts,
-            targets=Targets(availability=availability_target, job_success=job_success_target),
-            config=SloConfig(
-                in_service_states=frozenset(in_service_state or SloConfig.in_service_states),
-                maintenance_states=frozenset(maintenance_state or ()),
-            ),
-            stats=stats,
-            lookback_s=lookback_s or 0.0,
-            grace_s=grace_s or 0.0,
-        )
+        with terminal.progress(quiet=as_json) as progress:
+            progress(f"reading {len(events)} event log(s)", None)
+            summary = summarize(
+                reader.read_events(events, stats=stats, warn=warn),
+                start=start_ts,
+                end=end_ts,
+                targets=Targets(availability=availability_target, job_success=job_success_target),
+                config=SloConfig(
+                    in_service_states=frozenset(in_service_state or SloConfig.in_service_states),
+                    maintenance_states=frozenset(maintenance_state or ()),
+                ),
+                stats=stats,
+                lookback_s=lookback_s or 0.0,
+                grace_s=grace_s or 0.0,
+            )
         if stats.events == 0:
             err.print("report: no usable events in the input")
             raise typer.Exit(2)
@@ -153,9 +159,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(json.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n")
         else:
-            from gpuvigil.observe.tables import render
+            from gpuvigil.observe.tables import ATTRIBUTIONS_SHOWN, render
 
-            render(summary, Console(width=160))
+            render(summary, terminal.console(), limit=0 if show_all else ATTRIBUTIONS_SHOWN)
         if fail_on_breach:
             slo = summary.slo.to_json()
             missed = [k for k in ("availability", "job_success") if slo[k]["met"] is False]

@@ -8,11 +8,11 @@ from collections import Counter
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from gpuvigil.commands.terminal import printable
 from gpuvigil.core.findings import NodeReport, Status
 from gpuvigil.node.readings import GpuInventory
+from gpuvigil.observe import terminal
+from gpuvigil.observe.terminal import Column, plain, printable
 
 _STYLE = {"OK": "green", "WARNING": "yellow", "FAILED": "bold red", "disabled": "dim"}
 
@@ -49,38 +49,49 @@ def inventory_line(inv: GpuInventory) -> str:
     return f"GPUs: {what}{driver}, read via {inv.source}"
 
 
+def no_gpu_flags(report: NodeReport) -> list[str]:
+    """The flags that make this report's DRIVER_UNAVAILABLE findings go away on a machine
+    without GPUs: `--expect-gpus 0` for the node checks, `--device cpu` for preflight's
+    active checks (which need CUDA however many GPUs are expected)."""
+    missing = [f for f in report.findings if f.code == "DRIVER_UNAVAILABLE"]
+    flags = []
+    if any(not f.check.startswith("active.") for f in missing):
+        flags.append("--expect-gpus 0")
+    if any(f.check.startswith("active.") for f in missing):
+        flags.append("--device cpu")
+    return flags
+
+
 def render(report: NodeReport, *, console: Console, title: str) -> None:
-    checks = Table(title=f"{title}: {report.node}", title_justify="left")
-    for col in ("check", "status", "took"):
-        checks.add_column(col)
-    for run in report.checks:
-        status = "disabled" if run.disabled else run.status.value
-        checks.add_row(
-            run.check, f"[{_STYLE[status]}]{status}[/]", f"{run.duration_s * 1000:.0f} ms"
-        )
-    if report.checks:
-        console.print(checks)
-    # Problems, and checks that are switched off (shown so that "off" is never "passed").
+    """The checks that ran, then every problem (and every check switched off, so that "off"
+    is never read as "passed"), laid out to the console's width without cutting a code,
+    a component or a word of a message."""
+    w = console.width
+    checks = [
+        [run.check, f"[{_STYLE[s]}]{s}[/]", f"{run.duration_s * 1000:,.0f} ms"]
+        for run in report.checks
+        for s in ["disabled" if run.disabled else run.status.value]
+    ]
+    if checks:
+        cols = (Column("check", key=True), Column("status"),
+                Column("took", justify="right", wrap=False))  # fmt: skip
+        console.print(terminal.render(cols, checks, width=w, title=f"{title}: {report.node}"))
     shown = [f for f in report.findings if f.status is not Status.OK or f.code == "CHECK_DISABLED"]
     if shown:
-        table = Table(title="Findings", title_justify="left", show_lines=True)
-        table.add_column("status", no_wrap=True)
-        table.add_column("component", no_wrap=True)
-        table.add_column("finding", overflow="fold", ratio=1)
-        table.add_column("action / check", no_wrap=True)
+        cols = (Column("status", key=True), Column("component", key=True),
+                Column("finding"), Column("action / check"))  # fmt: skip
+        rows = []
         for f in sorted(shown, key=lambda f: (-f.status.rank, f.check, f.component, f.code)):
             style = "disabled" if f.code == "CHECK_DISABLED" else f.status.value
-            table.add_row(
-                f"[{_STYLE[style]}]{f.status.value}[/]",
-                escape(printable(f.component)),
-                f"[bold]{escape(printable(f.code))}[/]\n{escape(printable(f.message))}",
-                f"{f.action.value}\n[dim]{f.check}[/]",
-            )
-        console.print(table)
-    if any(f.code == "DRIVER_UNAVAILABLE" for f in report.findings):
+            rows.append([f"[{_STYLE[style]}]{f.status.value}[/]", plain(printable(f.component)),
+                         f"[bold]{escape(printable(f.code))}[/]\n{escape(printable(f.message))}",
+                         f"{f.action.value}\n[dim]{escape(f.check)}[/]"])  # fmt: skip
+        console.print(terminal.render(cols, rows, width=w, title="Findings"))
+    flags = no_gpu_flags(report)
+    if flags:
         console.print(
-            "[bold red]No usable NVIDIA driver on a node configured to have GPUs.[/] "
-            "Install/load the driver, or run with --expect-gpus 0 on a node without GPUs."
+            "[bold red]No usable NVIDIA driver or CUDA on a node configured to have GPUs.[/] "
+            f"Install/load the driver, or on a machine without GPUs run with {' '.join(flags)}."
         )
     console.print(verdict(report))
     for cond in report.conditions:

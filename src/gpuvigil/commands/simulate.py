@@ -53,15 +53,22 @@ def register(app: typer.Typer) -> None:
         Example: gpuvigil simulate --nodes 256 --days 14 --json
         """
         from gpuvigil import config as config_mod
+        from gpuvigil.observe import terminal
         from gpuvigil.sim import cli
 
         try:
-            user = config_mod.load(policy) if policy is not None else None
-            results = cli.run_all(
-                scenario=scenario, nodes=nodes, days=days, seed=seed, workload=workload,
-                storm=storm, policy=user.controller if user else None,
-                node_config=user.node if user and "node" in user.model_fields_set else None,
-            )  # fmt: skip
+            user = (
+                config_mod.load(policy, sections=("node", "controller"))
+                if policy is not None
+                else None
+            )
+            with terminal.progress(quiet=as_json) as progress:
+                results = cli.run_all(
+                    scenario=scenario, nodes=nodes, days=days, seed=seed, workload=workload,
+                    storm=storm, policy=user.controller if user else None,
+                    node_config=user.node if user and "node" in user.model_fields_set else None,
+                    progress=progress,
+                )  # fmt: skip
         except (cli.UsageError, config_mod.ConfigError) as e:
             typer.echo(f"gpuvigil simulate: {e}", err=True)
             raise typer.Exit(2) from e

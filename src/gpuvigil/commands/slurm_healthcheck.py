@@ -21,9 +21,9 @@ HELP = (
     "FAILED one with --drain-on failed) and resumes the node only when it drained it itself "
     "and the finding has cleared. Exit: 0 healthy, 1 unhealthy (a definite failure wins), "
     "2 a check could not run and nothing else failed.\n\n"
-    "slurm.conf: HealthCheckProgram=/usr/local/bin/gpuvigil-slurm-healthcheck "
-    "HealthCheckInterval=300 HealthCheckNodeState=ANY (a two-line wrapper script: "
-    "exec gpuvigil slurm-healthcheck)"
+    "slurm.conf: HealthCheckProgram=/usr/local/sbin/gpuvigil-healthcheck "
+    "HealthCheckInterval=300 HealthCheckNodeState=ANY (the two-line wrapper shipped as "
+    "deploy/slurm/gpuvigil-healthcheck; docs/agent.md)"
 )
 
 
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         for f in report.problems:
             typer.echo(f"{f.status.value} {f.code} {f.component}: {f.message}")
         if drain:
-            cfg = gconfig.load(config).agent.sinks.slurm
+            cfg = gconfig.load(config, sections=("agent",)).agent.sinks.slurm
             cfg = cfg.model_copy(update={"drain_on": drain_on})
             try:
                 did = sl.reconcile_drain(sl.SlurmNode(name, config=cfg), report, config=cfg)

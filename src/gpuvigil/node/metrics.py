@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from gpuvigil.core import codes
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status
@@ -44,6 +44,8 @@ class AgentMetrics:
 
 
 def build(registry: CollectorRegistry) -> AgentMetrics:
+    disable_created_metrics()  # no `<name>_created` series (docs/metrics.md)
+
     def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
         return Gauge(name, doc, labels, registry=registry)
 

@@ -109,15 +109,24 @@ class GpuInventory:
         """PCI bus id (upper case, domain kept) -> GPU: for mapping kernel-log Xids."""
         return {g.pci_bus_id.upper(): g for g in self.gpus if g.pci_bus_id}
 
-    def gpu_map(self) -> dict[str, GpuRef]:
+    def gpu_map(self, known: Mapping[str, GpuRef] | None = None) -> dict[str, GpuRef]:
         """Normalized bus id -> GpuRef, the Xid rules' view of these GPUs (lower-case
-        family, as the Xid catalog names them)."""
+        family, as the Xid catalog names them).
+
+        A GPU that stopped answering has no bus id in this snapshot; `known` (the map of the
+        previous sweep) keeps the one it had, so the Xid 79 the kernel logs for it stays on
+        `gpu:<index>` and the GPU is not counted again as `pci:<bus id>`."""
         refs = {}
         for g in self.gpus:
             bus = normalize_bus_id(g.pci_bus_id) if g.pci_bus_id else None
             if bus is not None and g.index >= 0:
                 family = g.architecture.lower() if g.architecture else None
                 refs[bus] = GpuRef(index=g.index, bus_id=bus, family=family, uuid=g.uuid)
+        silent = {g.index for g in self.gpus if g.pci_bus_id is None}
+        taken = {r.index for r in refs.values()}
+        for bus, ref in (known or {}).items():
+            if ref.index in silent and ref.index not in taken and bus not in refs:
+                refs[bus] = ref
         return refs
 
 

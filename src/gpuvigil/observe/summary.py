@@ -16,6 +16,7 @@ from typing import Any
 from gpuvigil.core.events import Event, Kind
 from gpuvigil.observe.attribution import Attributor
 from gpuvigil.observe.events import ReadStats
+from gpuvigil.observe.figures import COUNT, LOGGED, RATIO, SECONDS, Figure, Spec, figures_of
 from gpuvigil.observe.slo import SloConfig, SloReport, SloTracker, Targets
 
 FORMAT = "gpuvigil.report/v1"
@@ -23,6 +24,61 @@ TOP = 10
 # A GPU is `gpu:<index>`, or `pci:<bus id>` when the agent could not map the bus id to an
 # index (NVML down): both name one physical GPU.
 GPU_COMPONENTS = ("gpu:", "pci:")
+
+# The report's headline figures (docs/observability.md "SLO definitions"). Where the
+# simulator counts the same thing from its ground truth, the key, label and unit are the
+# simulator's (`sim.results.Results`): a test holds the two in step.
+HEADLINE = {
+    "node_availability": Spec(
+        "availability",
+        RATIO,
+        "in-service node-time / node-time outside planned maintenance, from node.state events",
+        LOGGED,
+        digits=3,
+    ),
+    "job_success_rate": Spec(
+        "job success",
+        RATIO,
+        "succeeded / (succeeded + failed) jobs, from job.end events",
+        LOGGED,
+        digits=2,
+    ),
+    "goodput": Spec(
+        "goodput", RATIO, "productive / allocated GPU-time, from job.end events", LOGGED
+    ),
+    "job_interruptions": Spec("restarts", COUNT, "job.restart events", LOGGED),
+    "mttd_s": Spec(
+        "MTTD",
+        SECONDS,
+        "mean time from a node's fault event (or a finding's first "
+        "evidence) to its first FAILED finding: only faults some check reported",
+        LOGGED,
+    ),
+    "mttr_s": Spec(
+        "MTTR",
+        SECONDS,
+        "mean time from a node's first FAILED finding (or its leaving "
+        "service) to its return to service",
+        LOGGED,
+    ),
+}
+# Labels for the SloReport counters shown after the headline (others flow as named).
+DETAIL = {
+    "drains": Spec("drains", COUNT, "times a node left service and reached a drain state",
+                   LOGGED),
+    "false_positive_drains": Spec(
+        "false-positive drains", COUNT, "drains that ended without a repair (no reset, "
+        "reboot, replacement or maintenance)", LOGGED),
+    "cordons": Spec("cordons", COUNT, "times a node left service without a drain", LOGGED),
+    "incidents_absorbed": Spec(
+        "incidents absorbed", COUNT, "problems set and cleared without leaving service",
+        LOGGED),
+    "breaker_trips": Spec("breaker trips", COUNT, "times the circuit breaker opened", LOGGED),
+}  # fmt: skip
+# SloReport fields that are inputs of the figures above, not figures themselves.
+INPUTS = frozenset({"start", "end", "node_seconds", "in_service_seconds", "maintenance_seconds",
+                    "productive_gpu_s", "allocated_gpu_s", "jobs_succeeded", "jobs_failed",
+                    "jobs_cancelled", "job_restarts"})  # fmt: skip
 
 
 @dataclass
@@ -33,6 +89,23 @@ class Summary:
     findings_by_code: Counter[str] = field(default_factory=Counter)
     findings_by_gpu: Counter[tuple[str, str]] = field(default_factory=Counter)
     events_by_kind: Counter[str] = field(default_factory=Counter)
+
+    def figures(self) -> list[Figure]:
+        """Every figure of the report (measure LOGGED): the headline, then the counters."""
+        r = self.slo
+        values = {
+            "node_availability": r.availability,
+            "job_success_rate": r.job_success_rate,
+            "goodput": r.goodput,
+            "job_interruptions": r.job_restarts,
+            "mttd_s": r.mttd.mean,
+            "mttr_s": r.mttr.mean,
+        }
+        out = [Figure(k, spec, values[k]) for k, spec in HEADLINE.items()]
+        for f in figures_of(r, measure=LOGGED):
+            if f.key not in INPUTS:
+                out.append(Figure(f.key, DETAIL.get(f.key, f.spec), f.value))
+        return out
 
     def top_nodes(self, n: int = TOP) -> list[dict[str, Any]]:
         """Nodes by downtime (then hardware-attributed job failures)."""
@@ -48,6 +121,10 @@ class Summary:
         ]
         rows.sort(key=lambda r: (-r["downtime_s"], -r["job_failures"], r["node"]))
         return rows[:n]
+
+    def node_count(self) -> int:
+        """Nodes with downtime or a hardware-attributed failure (what top_nodes ranks)."""
+        return len(set(self.slo.node_downtime_s) | set(self.attribution.by_node))
 
     def top_gpus(self, n: int = TOP) -> list[dict[str, Any]]:
         rows = [
@@ -69,6 +146,11 @@ class Summary:
             "findings_by_code": dict(self.findings_by_code.most_common(20)),
             "events_by_kind": dict(sorted(self.events_by_kind.items())),
             "availability_series": tl.series() if tl is not None else [],
+            # every figure under its one name, label and unit (as the tables and HTML show it)
+            "figures": {
+                f.key: {"label": f.label, "unit": f.spec.unit, "value": f.value}
+                for f in self.figures()
+            },
         }
 
 

@@ -20,9 +20,9 @@ def _text(x: float, y: float, s: str, *, anchor: str = "start", fill: str = INK)
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{fill}">{escape(s)}</text>'
 
 
-def _frame(body: list[str], *, label: str, height: int = H) -> str:
+def _frame(body: list[str], *, label: str, height: int = H, width: int = W) -> str:
     return (
-        f'<svg viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" '
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
         f'aria-label="{escape(label)}" {FONT}>' + "".join(body) + "</svg>"
     )
 
@@ -61,7 +61,8 @@ def line_chart(
     for i in range(5):
         x = x0 + (x1 - x0) * i / 4
         day = datetime.fromtimestamp(x, UTC).strftime("%m-%d %H:%M")
-        body.append(_text(px(x), H - PAD_B + 16, day, anchor="middle"))
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"  # inside the frame
+        body.append(_text(px(x), H - PAD_B + 16, day, anchor=anchor))
     if target is not None and target >= lo:
         y = py(target)
         body.append(
@@ -79,22 +80,36 @@ def line_chart(
     return _frame(body, label=label)
 
 
+# Width of one character of the 11 px system-ui labels, rounded up (digits and lower-case
+# letters are 5.5-6.5 px in DejaVu Sans and Liberation Sans, the Debian defaults).
+CHAR_W = 7.0
+
+
+def text_width(s: str) -> float:
+    return len(s) * CHAR_W
+
+
 def bar_chart(rows: Sequence[tuple[str, float]], *, label: str, unit: str = "") -> str:
-    """Horizontal bars, one per (name, value), largest scale = largest value."""
+    """Horizontal bars, one per (name, value), largest scale = largest value. The label
+    column is as wide as the longest name, and the chart widens to keep the bars' room:
+    a name is never cut."""
     if not rows or max(v for _, v in rows) <= 0:
         return empty(label)
-    bar, gap, left = 18, 6, 170
+    bar, gap = 18, 6
+    left = max(60.0, 12 + max(text_width(name) for name, _ in rows))
+    width = max(W, round(left + 400))
     height = PAD_T + len(rows) * (bar + gap) + 8
     top = max(v for _, v in rows)
     body = []
     for i, (name, v) in enumerate(rows):
         y = PAD_T + i * (bar + gap)
-        w = (W - left - 80) * v / top
+        w = (width - left - 80) * v / top
         body.append(_text(left - 6, y + bar - 5, name, anchor="end"))
-        body.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{ACCENT}"/>')
+        body.append(f'<rect x="{left:.1f}" y="{y}" width="{w:.1f}" height="{bar}" '
+                    f'fill="{ACCENT}"/>')  # fmt: skip
         shown = f"{v:g}{unit}" if unit else f"{v:g}"
         body.append(_text(left + w + 6, y + bar - 5, shown))
-    return _frame(body, label=label, height=height)
+    return _frame(body, label=label, height=height, width=width)
 
 
 def histogram(samples: Sequence[float], *, label: str) -> str:

@@ -1,16 +1,23 @@
-"""Terminal rendering of a report `Summary` with rich tables (`gpuvigil report`)."""
+"""Terminal rendering of a report `Summary` (`gpuvigil report`), at any width.
+
+The figures come from `Summary.figures()` and are written by `observe.figures.show`, as
+in the JSON and the HTML report; the layout is `observe.terminal`'s (no cut tokens).
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 from rich.console import Console
-from rich.table import Table
 
+from gpuvigil.observe import terminal
 from gpuvigil.observe.attribution import CAUSES
-from gpuvigil.observe.summary import Summary
+from gpuvigil.observe.figures import duration, percent
+from gpuvigil.observe.summary import TOP, Summary
+from gpuvigil.observe.terminal import Column, plain
 
 ATTRIBUTIONS_SHOWN = 20
+SEE_ALL = "--all lists every one kept (up to 1,000), as does --json"
 
 
 def when(ts: float | None) -> str:
@@ -20,17 +27,7 @@ def when(ts: float | None) -> str:
 
 
 def pct(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def secs(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if x < 120:
-        return f"{x:.1f}s"
-    if x < 7200:
-        return f"{x / 60:.1f}m"
-    return f"{x / 3600:.1f}h"
+    return percent(x, digits)
 
 
 def burn_text(x: float | None) -> str:
@@ -47,98 +44,109 @@ def _burn(x: float | None) -> str:
     return f"[{style}]{burn_text(x)}[/{style}]"
 
 
-def slo_table(s: Summary) -> Table:
+def _met(x: bool | None) -> str:
+    return "-" if x is None else "[green]yes[/green]" if x else "[red]NO[/red]"
+
+
+SLO_COLUMNS = (
+    Column("SLO", key=True),
+    Column("achieved", justify="right", wrap=False),
+    Column("target", justify="right", wrap=False),
+    Column("met", justify="right"),
+    Column("budget burned", justify="right", wrap=False),
+    Column("detail"),
+)
+
+
+def slo_rows(s: Summary) -> list[list[terminal.Cell]]:
     j = s.slo.to_json()
-    t = Table(title=f"SLOs {when(s.slo.start)} .. {when(s.slo.end)} UTC", title_justify="left")
-    for col in ("SLO", "achieved", "target", "met", "budget burned", "detail"):
-        t.add_column(col, justify="right" if col not in ("SLO", "detail") else "left")
-    a, js = j["availability"], j["job_success"]
-
-    def met(x: bool | None) -> str:
-        return "-" if x is None else "[green]yes[/green]" if x else "[red]NO[/red]"
-
-    t.add_row(
-        "node availability", pct(a["achieved"]), pct(a["target"], 2), met(a["met"]),
-        _burn(a["budget_burned"]),
-        f"{a['in_service_seconds'] / 3600:.1f} of "
-        f"{(a['node_seconds'] - a['maintenance_seconds']) / 3600:.1f} node-h in service; "
-        f"{a['maintenance_seconds'] / 3600:.1f} node-h planned maintenance excluded",
-    )  # fmt: skip
-    t.add_row(
-        "job success", pct(js["achieved"], 2), pct(js["target"], 2), met(js["met"]),
-        _burn(js["budget_burned"]),
-        f"{js['succeeded']} ok, {js['failed']} failed, {js['cancelled']} cancelled, "
-        f"{js['restarts']} restarts",
-    )  # fmt: skip
-    g = j["goodput"]
-    t.add_row(
-        "goodput", pct(g["ratio"], 2), "-", "-", "-",
-        f"{g['productive_gpu_s'] / 3600:.1f} productive of {g['allocated_gpu_s'] / 3600:.1f} GPU-h",
-    )  # fmt: skip
-    for name, d in (("MTTD", s.slo.mttd), ("MTTR", s.slo.mttr)):
-        t.add_row(
-            name, secs(d.mean), "-", "-", "-",
-            f"n={d.count} p50={secs(d.quantile(0.5))} p90={secs(d.quantile(0.9))} "
-            f"max={secs(d.high if d.count else None)}",
-        )  # fmt: skip
-    dr = j["drains"]
+    f = {x.key: x for x in s.figures()}
+    a, js, g, dr = j["availability"], j["job_success"], j["goodput"], j["drains"]
     fp = dr["false_positive"] / dr["total"] if dr["total"] else None
-    t.add_row(
-        "false-positive drains", pct(fp, 1), "-", "-", "-",
-        f"{dr['false_positive']} of {dr['total']} drains returned without repair; "
-        f"{dr['cordons']} cordons without drain; "
-        f"{dr['absorbed_incidents']} incidents cleared in service; "
-        f"{j['breaker_trips']} breaker trips",
-    )  # fmt: skip
-    return t
+    rows: list[list[terminal.Cell]] = [
+        [f["node_availability"].label, f["node_availability"].text, pct(a["target"], 2),
+         _met(a["met"]), _burn(a["budget_burned"]),
+         plain(f"{a['in_service_seconds'] / 3600:,.1f} of "
+               f"{(a['node_seconds'] - a['maintenance_seconds']) / 3600:,.1f} node-h in "
+               f"service; {a['maintenance_seconds'] / 3600:,.1f} node-h planned maintenance "
+               "excluded")],
+        [f["job_success_rate"].label, f["job_success_rate"].text, pct(js["target"], 2),
+         _met(js["met"]), _burn(js["budget_burned"]),
+         plain(f"{js['succeeded']} ok, {js['failed']} failed, {js['cancelled']} cancelled, "
+               f"{js['restarts']} restarts")],
+        [f["goodput"].label, f["goodput"].text, "-", "-", "-",
+         plain(f"{g['productive_gpu_s'] / 3600:,.1f} productive of "
+               f"{g['allocated_gpu_s'] / 3600:,.1f} GPU-h")],
+    ]  # fmt: skip
+    for key, d in (("mttd_s", s.slo.mttd), ("mttr_s", s.slo.mttr)):
+        rows.append([
+            f[key].label, f[key].text, "-", "-", "-",
+            plain(f"n={d.count} p50={duration(d.quantile(0.5))} "
+                  f"p90={duration(d.quantile(0.9))} max={duration(d.high if d.count else None)}"),
+        ])  # fmt: skip
+    rows.append([
+        f["false_positive_drains"].label, pct(fp, 1), "-", "-", "-",
+        plain(f"{dr['false_positive']} of {dr['total']} drains returned without repair; "
+              f"{dr['cordons']} cordons without drain; {dr['absorbed_incidents']} incidents "
+              f"cleared in service; {j['breaker_trips']} breaker trips"),
+    ])  # fmt: skip
+    return rows
 
 
-def cause_table(s: Summary) -> Table:
-    t = Table(title="Failures and restarts by cause", title_justify="left", min_width=40)
-    t.add_column("cause")
-    t.add_column("count", justify="right")
-    t.add_column("share", justify="right")
+def cause_rows(s: Summary) -> list[list[terminal.Cell]]:
     total = s.attribution.total
-    for c in CAUSES:
-        n = s.attribution.by_cause.get(c, 0)
-        t.add_row(c, str(n), pct(n / total if total else None, 1))
-    return t
+    return [
+        [c, f"{s.attribution.by_cause.get(c, 0):,}",
+         pct(s.attribution.by_cause.get(c, 0) / total if total else None, 1)]
+        for c in CAUSES
+    ]  # fmt: skip
 
 
-def attribution_table(s: Summary, *, limit: int = ATTRIBUTIONS_SHOWN) -> Table:
-    shown = list(s.attribution.attributions)[-limit:]
-    t = Table(
-        title=f"Attribution (latest {len(shown)} of {s.attribution.total})", title_justify="left"
-    )
-    for col in ("time (UTC)", "job", "event", "cause", "conf", "most likely", "evidence"):
-        t.add_column(col, justify="right" if col == "conf" else "left")
+def attribution_rows(s: Summary, *, limit: int) -> list[list[terminal.Cell]]:
+    shown = list(s.attribution.attributions)[-limit:] if limit else s.attribution.attributions
+    rows: list[list[terminal.Cell]] = []
     for a in shown:
         ev = "; ".join(a.evidence[:3]) + (
-            f" (+{len(a.evidence) - 3})" if len(a.evidence) > 3 else ""
+            f" (+{len(a.evidence) - 3} more)" if len(a.evidence) > 3 else ""
         )
-        t.add_row(when(a.ts), a.job, a.event, a.cause, f"{a.confidence:.2f}", a.summary, ev)
-    return t
+        rows.append([when(a.ts), plain(a.job), a.event, a.cause, f"{a.confidence:.2f}",
+                     plain(a.summary), plain(ev)])  # fmt: skip
+    return rows
 
 
-def offenders_table(s: Summary) -> Table:
-    t = Table(title="Top offending nodes and GPUs", title_justify="left")
-    for col in ("node", "downtime", "job failures", "GPU", "failed findings"):
-        t.add_column(col, justify="left" if col in ("node", "GPU") else "right")
-    nodes, gpus = s.top_nodes(), s.top_gpus()
-    for i in range(max(len(nodes), len(gpus))):
-        n = nodes[i] if i < len(nodes) else None
-        g = gpus[i] if i < len(gpus) else None
-        t.add_row(
-            n["node"] if n else "", secs(n["downtime_s"]) if n else "",
-            str(n["job_failures"]) if n else "",
-            f"{g['gpu']} of {g['node']}" if g else "", str(g["findings"]) if g else "",
-        )  # fmt: skip
-    return t
-
-
-def render(s: Summary, console: Console) -> None:
-    for table in (slo_table(s), cause_table(s), attribution_table(s), offenders_table(s)):
-        console.print(table)
+def render(s: Summary, console: Console, *, limit: int = ATTRIBUTIONS_SHOWN) -> None:
+    """Every table of the report, laid out to the console's width."""
+    w = console.width
+    title = f"SLOs {when(s.slo.start)} .. {when(s.slo.end)} UTC"
+    console.print(terminal.render(SLO_COLUMNS, slo_rows(s), width=w, title=title))
+    cause_cols = (Column("cause", key=True), Column("count", justify="right"),
+                  Column("share", justify="right"))  # fmt: skip
+    console.print(terminal.render(cause_cols, cause_rows(s), width=w,
+                                  title="Failures and restarts by cause"))  # fmt: skip
+    attr_cols = (Column("time (UTC)", key=True), Column("job", key=True), Column("event"),
+                 Column("cause"), Column("conf", justify="right"), Column("most likely"),
+                 Column("evidence"))  # fmt: skip
+    rows = attribution_rows(s, limit=limit)
+    terminal.print_table(console, attr_cols, rows, title=f"Attribution (latest {len(rows)})",
+                         total=s.attribution.total, noun="attributions",
+                         see_all=SEE_ALL)  # fmt: skip
+    nodes = s.top_nodes()
+    node_cols = (Column("node", key=True), Column("downtime", justify="right", wrap=False),
+                 Column("job failures", justify="right"))  # fmt: skip
+    node_rows = [[plain(n["node"]), duration(n["downtime_s"]), str(n["job_failures"])]
+                 for n in nodes]  # fmt: skip
+    terminal.print_table(console, node_cols, node_rows,
+                         title=f"Top {TOP} offending nodes, by downtime",
+                         total=s.node_count(), noun="nodes with downtime or failures",
+                         see_all="--json lists the top ones with their figures")  # fmt: skip
+    gpus = s.top_gpus()
+    gpu_cols = (Column("node", key=True), Column("GPU", key=True),
+                Column("failed findings", justify="right"))  # fmt: skip
+    gpu_rows = [[plain(g["node"]), plain(g["gpu"]), str(g["findings"])] for g in gpus]
+    terminal.print_table(console, gpu_cols, gpu_rows,
+                         title=f"Top {TOP} offending GPUs, by failed findings",
+                         total=len(s.findings_by_gpu), noun="GPUs with failed findings",
+                         see_all="--json lists the top ones")  # fmt: skip
     st = s.stats
     console.print(
         f"read {st.events} events from {len(st.sources)} file(s); "

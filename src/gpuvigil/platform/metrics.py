@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class ControllerMetrics:
 
 
 def build(registry: CollectorRegistry) -> ControllerMetrics:
+    disable_created_metrics()  # no `<name>_created` series (docs/metrics.md)
     return ControllerMetrics(
         nodes=Gauge("gpuvigil_nodes", "Nodes per policy state.", ["state"], registry=registry),
         nodes_total=Gauge("gpuvigil_nodes_total", "Nodes the controller sees.", registry=registry),

@@ -11,6 +11,7 @@ pod's exit reports (`clusters.k8s_preflight`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -89,12 +90,27 @@ class PreflightResult:
         """What `--result-file` writes: on Kubernetes the pod's termination log, which the
         controller reads from the pod's status (`clusters.k8s_preflight`)."""
         problems = sorted({f"{f.component} {f.code}" for f in self.report.problems})
-        summary = "all checks passed" if not problems else "; ".join(problems)[:500]
+        summary = "all checks passed" if not problems else whole_items(problems, limit=500)
         return {
             "result": "pass" if self.passed else "fail",
             "at": (now or self.report.generated_at).isoformat(),
             "summary": summary,
         }
+
+
+def whole_items(items: list[str], *, limit: int) -> str:
+    """`items` joined by "; " within `limit` characters, whole ones only, then how many
+    were left out (a component or code is never cut)."""
+    whole = "; ".join(items)
+    if len(whole) <= limit:
+        return whole
+    out: list[str] = []
+    for item in items:
+        more = f"; (+{len(items) - len(out) - 1} more)"
+        if out and len("; ".join([*out, item])) + len(more) > limit:
+            break
+        out.append(item)
+    return "; ".join(out) + f"; (+{len(items) - len(out)} more)"
 
 
 def internode_expectation(entry: Any) -> float | None:
@@ -120,6 +136,11 @@ def run_fast(
     return list(report.findings), list(report.checks)
 
 
+def node_name_of(config: Any, node_name: str | None = None) -> str:
+    """The node a preflight run reports on (`core.naming`: the one way to name a node)."""
+    return naming.node_name(node_name or config.preflight.node_name)
+
+
 def run_preflight(
     config: Any,  # gpuvigil.config.Config
     *,
@@ -127,8 +148,12 @@ def run_preflight(
     node_name: str | None = None,
     wrapper: str | None = None,
     env: dict[str, str] | None = None,
+    progress: Callable[[str, float | None], None] | None = None,
 ) -> PreflightResult:
+    """Fast checks, then the active checks within the budget. `progress(step, fraction)`
+    hears each step start (fraction 0, or None when it cannot tell how far along) and end."""
     pf: PreflightConfig = config.preflight
+    step = progress or (lambda _name, _fraction: None)
     t0 = time.monotonic()
     ctx = CheckContext(config=config.node, root=root)
     if env is not None:
@@ -137,11 +162,15 @@ def run_preflight(
     runs: list[CheckRun] = []
     durations: dict[str, float] = {}
     if pf.fast_checks:
+        step("fast node checks", 0.0)
         findings, runs = run_fast(ctx, pf.check_groups, skipped=pf.skip_checks)
         durations["fast"] = time.monotonic() - t0
+        step("fast node checks", 1.0)
     _, entry = instance.lookup(ctx)
     outcome = ActiveOutcome()
     if pf.active.checks:
+        active = f"active checks on {pf.device}: {', '.join(pf.active.checks)}"
+        step(active, None)
         outcome = run_active(
             pf.active,
             device=pf.device,
@@ -152,7 +181,8 @@ def run_preflight(
         )
         findings += outcome.findings
         durations.update(outcome.durations_s)
-    name = naming.node_name(node_name or pf.node_name)
+        step(active, 1.0)
+    name = node_name_of(config, node_name)
     report = NodeReport(
         node=name, generated_at=utcnow(), findings=tuple(findings), checks=tuple(runs)
     )

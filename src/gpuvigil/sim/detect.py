@@ -2,8 +2,8 @@
 
 Called by the engine. `Layer1.verdict(fault)` returns the FAILED findings the node agent
 would publish for a node carrying that fault, and how soon after onset its check runs.
-Verdicts are cached per fault name: the readings of one fault kind are the same on every
-node, so the rules run once per kind, not once per event.
+Verdicts are cached per fault name and GPU: the readings of one fault kind on one GPU are
+the same on every node, so the rules run once per kind and GPU, not once per event.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Verdict:
 
 
 # Verdicts for the default node config, shared by every run in this process.
-_SHARED: dict[tuple[str, bool], Verdict] = {}
+_SHARED: dict[tuple[str, int, bool], Verdict] = {}
 
 
 class Layer1:
@@ -48,19 +48,20 @@ class Layer1:
 
     def __init__(self, config: NodeConfig | None = None) -> None:
         self.config = config
-        self._cache: dict[tuple[str, bool], Verdict] = _SHARED if config is None else {}
+        self._cache: dict[tuple[str, int, bool], Verdict] = _SHARED if config is None else {}
         self.rule_calls = 0
 
-    def verdict(self, fault: str, *, active: bool = False) -> Verdict:
-        key = (fault, active)
+    def verdict(self, fault: str, *, gpu: int = 0, active: bool = False) -> Verdict:
+        """The findings for `fault` on GPU `gpu` (the one the fault model drew)."""
+        key = (fault, gpu, active)
         v = self._cache.get(key)
         if v is None:
             self.rule_calls += 1
             if active:
-                found = hardware.active_findings(fault)
+                found = hardware.active_findings(fault, gpu=gpu)
                 interval = 0.0  # the active-check schedule decides (SimConfig)
             else:
-                found = hardware.findings_for(fault, config=self.config)
+                found = hardware.findings_for(fault, gpu=gpu, config=self.config)
                 interval = min((hardware.check_interval_s(f.check) for f in found), default=0.0)
             v = self._cache[key] = Verdict(tuple(found), interval)
         return v

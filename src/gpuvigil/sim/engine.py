@@ -18,7 +18,15 @@ from gpuvigil.core.findings import Action
 from gpuvigil.platform.controller import ControllerConfig
 from gpuvigil.sim import episodes, lifecycle
 from gpuvigil.sim.detect import Layer1
-from gpuvigil.sim.faults import BOOT_NOISE, Cause, Effect, FaultKind, FaultModel, Storm
+from gpuvigil.sim.faults import (
+    BOOT_NOISE,
+    NODE_WIDE,
+    Cause,
+    Effect,
+    FaultKind,
+    FaultModel,
+    Storm,
+)
 from gpuvigil.sim.fleet import FaultInstance, Fleet, Node, NodeState
 from gpuvigil.sim.jobs import DAY, Job, Workload
 from gpuvigil.sim.platform import Platform
@@ -27,6 +35,7 @@ from gpuvigil.sim.results import Results, Tally
 from gpuvigil.sim.scenarios import Scenario, SimConfig
 
 FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
+EXPIRE = 13  # after episodes' CONTROL_PASS .. PUBLISH
 
 
 class Engine(lifecycle.Lifecycle, episodes.Episodes):
@@ -102,6 +111,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_ARRIVE: self.on_control_arrive,
             episodes.CONTROL_HUMAN: self.on_control_human,
             episodes.PUBLISH: self.on_publish,
+            EXPIRE: self.on_expire,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0
@@ -120,7 +130,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
 
     def _instance(self, kind: FaultKind, nid: int, onset: float) -> FaultInstance:
         self._fault_ids += 1
-        return FaultInstance(self._fault_ids, kind, nid, onset)
+        gpu = self.model.gpu(self.draws("gpu", self._fault_ids), gpus=self.cfg.gpus_per_node)
+        return FaultInstance(self._fault_ids, kind, nid, onset, gpu=gpu)
 
     # --- faults and detection -----------------------------------------------------------
     def on_fault(self, t: float, fi: FaultInstance, _: int) -> None:
@@ -131,7 +142,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         if not kind.persistent and node.job is None:
             return  # an application fault needs an application
         self.tally.faults += 1
-        self.rec.fault(t, node.name, kind.name, kind.fault)
+        where = "node" if kind.fault in NODE_WIDE else f"gpu:{fi.gpu}"
+        self.rec.fault(t, node.name, kind.name, where)
         if kind.persistent:
             node.faults.append(fi)
             if kind.cause is not Cause.TOOLING:
@@ -151,11 +163,11 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         if kind.host_down:
             options.append((u(0, self.cfg.instance_check_s), "instance-check"))
         if sc.layer1:
-            v = self.layer1.verdict(kind.fault)
+            v = self.layer1.verdict(kind.fault, gpu=fi.gpu)
             if v.seen:
                 options.append((u(0, v.interval_s), "layer1"))
             active = sc.layer4 and kind.effect is Effect.SILENT
-            if active and self.layer1.verdict(kind.fault, active=True).seen:
+            if active and self.layer1.verdict(kind.fault, gpu=fi.gpu, active=True).seen:
                 options.append((u(0, self.cfg.active_check_interval_s), "active-check"))
         if kind.persistent and kind.effect is not Effect.NONE:
             mean = self.workload.human_detect_mean_s or self.cfg.human_detect_mean_s
@@ -168,7 +180,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         by = _BY[by_i]
         node = self.fleet.nodes[fi.node]
         if fi.kind is BOOT_NOISE:
-            if not self.layer1.verdict(fi.kind.fault).seen:
+            if not self.layer1.verdict(fi.kind.fault, gpu=fi.gpu).seen:
                 return  # the catalog knows this fleet's boot noise: nothing to do
             node.faults.append(fi)  # misread noise: the node looks faulty until cleared
         if fi.kind.persistent and fi not in node.faults:
@@ -179,9 +191,13 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             fi.detected_s, fi.detected_by = t, by
             if fi.kind.persistent and fi.kind.cause is not Cause.TOOLING:
                 self.tally.detect.append(t - fi.onset_s)
-            if by in ("layer1", "active-check") and not self.sc.layer2:
-                v = self.layer1.verdict(fi.kind.fault, active=by == "active-check")
+            if by in ("layer1", "active-check") and (
+                not self.sc.layer2 or not fi.kind.persistent
+            ):  # with layer 2 the publish records a persistent fault's findings
+                v = self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=by == "active-check")
                 self.rec.findings(t, node.name, v.findings)
+                if not fi.kind.persistent:  # an Xid the rules keep for their window
+                    self.push(t + episodes.lifetime_s(v.findings), EXPIRE, (node, v.findings))
         if by == "human":
             self.take_out(node, t, reason="human")
             node.last_step = "REPLACE"  # a person swaps what is broken

@@ -7,6 +7,7 @@ publishes, and again at the time the controller said its next step is due.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action, Finding
@@ -28,7 +29,7 @@ class Episodes:
         for fi in node.faults:
             if fi.detected_by in ("layer1", "active-check", "boot"):
                 out += self.layer1.verdict(
-                    fi.kind.fault, active=fi.detected_by == "active-check"
+                    fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
                 ).findings
         return out
 
@@ -39,7 +40,9 @@ class Episodes:
         for fi in node.faults:
             if fi.detected_by not in ("layer1", "active-check", "boot"):
                 continue
-            v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
+            v = self.layer1.verdict(
+                fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
+            )
             findings += v.findings
             if fi.fixed_by is None and fi.kind.fix:
                 fi.fixed_by = sample_fixed_by(fi.kind.fix, self.draws("fix", fi.id))
@@ -58,6 +61,8 @@ class Episodes:
             nid = self.by_name.get(name)
             if nid is not None:
                 self.platform.set_running(name, running=self.fleet.nodes[nid].job is not None)
+                if self.platform.faults_cleared(name):
+                    self.log_cure(self.fleet.nodes[nid], t)
         wake = self.platform.reconcile()
         self.tally.remediations += wake.steps
         for name in wake.drained:
@@ -101,13 +106,18 @@ class Episodes:
         hidden = [fi for fi in node.faults if fi.kind.effect is Effect.SILENT
                   and fi.detected_s is None]  # fmt: skip
         for fi in hidden:
-            if self.layer1.verdict(fi.kind.fault, active=True).seen:
+            if self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=True).seen:
                 fi.detected_s, fi.detected_by = t, "active-check"
                 self.tally.detect.append(t - fi.onset_s)
                 self.push(t + self.cfg.validate_s, PUBLISH, node, 0)
 
     def on_publish(self: Engine, t: float, node: Node, _: int) -> None:
         self.publish(node, t)
+
+    def on_expire(self: Engine, t: float, obj: tuple[Node, tuple[Finding, ...]], _: int) -> None:
+        """The agent drops the findings of a transient fault when their window ends."""
+        node, findings = obj
+        self.rec.findings(t, node.name, findings, cleared=True)
 
     def on_control_arrive(self: Engine, t: float, node: Node, _: int) -> None:
         self.platform.at(t)
@@ -155,15 +165,26 @@ class Episodes:
 
     def clear_faults(self: Engine, node: Node, t: float) -> None:
         """The hardware is fixed; MTTR counts when the node is back in service."""
+        self.log_cure(node, t)
         for fi in node.faults:
             fi.repaired_s = t
             if fi.kind.cause is not Cause.TOOLING:
                 node.recovering.append(fi)
-            if fi.detected_by in ("layer1", "active-check", "boot"):
-                v = self.layer1.verdict(fi.kind.fault, active=fi.detected_by == "active-check")
-                self.rec.findings(t, node.name, v.findings, cleared=True)
         node.faults.clear()
         self.fleet.mark(node, t)
+
+    def log_cure(self: Engine, node: Node, t: float) -> None:
+        """The agent reports a cured fault's findings cleared at its next sweep after the
+        cure (a reset or reboot that worked), not when the node returns to service: the
+        event log then shows what a real agent's would, and `replay` sees the cure when
+        the controller validated the node."""
+        for fi in node.faults:
+            if fi.detected_by in ("layer1", "active-check", "boot") and not fi.cleared_logged:
+                fi.cleared_logged = True
+                v = self.layer1.verdict(
+                    fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
+                )
+                self.rec.findings(t, node.name, v.findings, cleared=True)
 
     def back_in_service(self: Engine, node: Node, t: float) -> None:
         for fi in node.recovering:
@@ -175,6 +196,19 @@ class Episodes:
         noise = self.draws("boot", node.id, node.repair_epoch).random()
         if self.sc.layer1 and noise < self.model.boot_noise_probability:
             self.push(t + 30.0, DETECT_EV, self._instance(BOOT_NOISE, node.id, t), 4)
+
+
+def lifetime_s(findings: tuple[Finding, ...], *, default_s: float = 3600.0) -> float:
+    """How long the agent keeps a transient fault's findings: until the window the Xid rules
+    gave them ends (their `expires_at`)."""
+    spans = []
+    for f in findings:
+        end, seen = f.evidence.get("expires_at"), f.evidence.get("last_seen_at")
+        if isinstance(end, str) and isinstance(seen, str):
+            spans.append(
+                (datetime.fromisoformat(end) - datetime.fromisoformat(seen)).total_seconds()
+            )
+    return max(spans, default=default_s)
 
 
 CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH = 9, 10, 11, 12

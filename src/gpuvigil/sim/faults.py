@@ -246,6 +246,10 @@ TOOL_MISSING = FaultKind("tool_missing", "TOOL_MISSING", Cause.TOOLING, Effect.N
 # storm that looks like hardware; nothing but the rollback cures it.
 BAD_DRIVER = FaultKind("bad_driver", "GPU_OFF_BUS", Cause.TOOLING, Effect.NONE, 0.0, fix=())
 STORM_KINDS = {"tool": TOOL_MISSING, "driver": BAD_DRIVER}
+# Faults of the whole node, not of one GPU (the `fault` event's component is `node`).
+NODE_WIDE = frozenset(
+    {"HOST_DOWN", "EFA_DOWN", "EFA_MISSING", "TOOL_HANG", "TOOL_MISSING", "NCCL_HANG"}
+)
 
 # Boot noise: benign Xids logged while the driver loads, on this share of boots (assumption).
 BOOT_NOISE_PROBABILITY = 0.2
@@ -290,6 +294,11 @@ class FaultModel:
                 out.append((rng.uniform(0.0, horizon_s), kind, rng.randrange(nodes)))
         out.sort(key=lambda e: (e[0], e[2], e[1].name))
         return out
+
+    def gpu(self, rng: random.Random, *, gpus: int) -> int:
+        """Which GPU of its node a fault strikes: any of them alike (a node-wide fault,
+        such as a dead host or a missing tool, ignores it)."""
+        return rng.randrange(gpus)
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

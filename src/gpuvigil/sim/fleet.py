@@ -27,11 +27,13 @@ class FaultInstance:
     kind: FaultKind
     node: int
     onset_s: float
+    gpu: int = 0  # the GPU it strikes (drawn by the fault model; node-wide faults ignore it)
     detected_s: float | None = None
     detected_by: str = ""
     repaired_s: float | None = None
     interrupted_job: bool = False
     fixed_by: object = None  # the least ladder step that cures this instance (layer 2)
+    cleared_logged: bool = False  # the agent has reported its findings cleared
 
 
 @dataclass(eq=False)

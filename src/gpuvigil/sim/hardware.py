@@ -40,14 +40,13 @@ from gpuvigil.node.probes.kernel_log_parser import parse_line
 from gpuvigil.node.probes.nvidia_smi import parse_xml
 from gpuvigil.node.probes.nvml_readings import inventory_from_lines
 from gpuvigil.node.probes.nvml_worker import Worker
-from gpuvigil.node.readings import GpuInventory, GpuRef, normalize_bus_id
+from gpuvigil.node.readings import GpuInventory, GpuRef
 from gpuvigil.node.rules import fabric as fabric_rules
 from gpuvigil.node.rules import gpu as gpu_rules
 from gpuvigil.node.rules import xid as xid_rules
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BOOTED = NOW - timedelta(days=3)
-GPU = 3  # the GPU every per-GPU fault lands on (which one does not change the verdict)
 # p5.48xlarge has 32 EFA adapters; 4 give the same verdicts and build 8x faster.
 EFA_ADAPTERS = 4
 
@@ -59,14 +58,15 @@ INVISIBLE = {"HOST_DOWN", "NCCL_HANG"}
 FABRIC_FAULTS = {Fault.EFA_DOWN, Fault.EFA_MISSING}
 
 
-def findings_for(fault: str, *, config: NodeConfig | None = None) -> list[Finding]:
-    """Every FAILED or WARNING finding layer 1 reports for a node carrying `fault`."""
+def findings_for(fault: str, *, gpu: int, config: NodeConfig | None = None) -> list[Finding]:
+    """Every FAILED or WARNING finding layer 1 reports for a node carrying `fault` on GPU
+    `gpu` (the one the fault model drew; node-wide faults ignore it)."""
     cfg = config or sim_node_config()
     if fault in INVISIBLE:
         return []
     if fault in XID_ONLY:
         node = make_node(8, model="H100")
-        return _problems(_xids(node, [(GPU, XID_ONLY[fault], False)], cfg))
+        return _problems(_xids(node, [(gpu, XID_ONLY[fault], False)], cfg))
     f = Fault(fault.lower())
     if f is Fault.TOOL_HANG:
         return _problems(_tool(hang=True))
@@ -75,22 +75,29 @@ def findings_for(fault: str, *, config: NodeConfig | None = None) -> list[Findin
     if f in FABRIC_FAULTS:
         return _problems(_fabric(f, cfg))
     node = make_node(8, model="H100")
-    fake_faults.apply(node, f, gpu=GPU, seed=0)
+    fake_faults.apply(node, f, gpu=gpu, seed=0)
     inv = _nvml_inventory(node)
     out = gpu_rules.judge_inventory(
         inv, cfg=cfg.gpu, catalog=gpu_catalog.load(), now=NOW, expect=8, check="gpu"
     )
     pending = [(g.index, x.code, x.boot) for g in node.gpus for x in g.xids]
-    out += _xids(node, pending, cfg, inv=inv)
+    # the agent's last sweep saw the node healthy: a GPU lost since keeps its bus id
+    out += _xids(node, pending, cfg, refs=inv.gpu_map(known=_healthy_map()))
     return _problems(out)
 
 
-def active_findings(fault: str) -> list[Finding]:
+@functools.cache
+def _healthy_map() -> dict[str, GpuRef]:
+    """The Xid rules' GPU map from a sweep of the healthy node (before any fault)."""
+    return _nvml_inventory(make_node(8, model="H100")).gpu_map()
+
+
+def active_findings(fault: str, *, gpu: int) -> list[Finding]:
     """What the active checks (matmul correctness) report: silent corruption shows here."""
     if Fault(fault.lower()) is not Fault.SDC:
         return []
     node = make_node(8, model="H100")
-    fake_faults.apply(node, Fault.SDC, gpu=GPU, seed=0)
+    fake_faults.apply(node, Fault.SDC, gpu=gpu, seed=0)
     # a GPU that computes wrong answers is RMA material: fatal, REPLACE
     return [
         Finding(check="matmul", status=Status.FAILED, code="GPU_SDC", component=f"gpu:{g.index}",
@@ -142,22 +149,20 @@ def _xids(
     xids: list[tuple[int, int, bool]],
     cfg: NodeConfig,
     *,
-    inv: GpuInventory | None = None,
+    refs: dict[str, GpuRef] | None = None,
 ) -> list[Finding]:
-    """Print each Xid as the driver would, parse it and judge it with the real catalog."""
-    inv = inv or parse_xml(render_xml(node), observed_at=NOW)
-    refs = {}
-    for g in inv.gpus:
-        bus_id = normalize_bus_id(g.pci_bus_id or "")
-        if bus_id:
-            refs[bus_id] = GpuRef(g.index, bus_id, "hopper", g.uuid)
-    bus = {g.index: g.pci_bus_id for g in inv.gpus}
+    """Print each Xid as the driver would (with the GPU's own bus id, which the kernel
+    knows even for a GPU NVML has lost), parse it and judge it with the real catalog and
+    the agent's GPU map (`refs`; default: what nvidia-smi reads of the node)."""
+    if refs is None:
+        refs = parse_xml(render_xml(node), observed_at=NOW).gpu_map()
+    bus = {g.index: g.pci_bus_id for g in node.gpus}
     lines, driver_loaded = [], None
     for index, code, boot in xids:
         at = BOOTED + timedelta(seconds=30) if boot else NOW - timedelta(seconds=5)
         if boot:
             driver_loaded = BOOTED + timedelta(seconds=20)
-        pci = (bus.get(index) or "00000000:00:00.0").removeprefix("0000")
+        pci = bus[index].removeprefix("0000")
         stamp = at.strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
         lines.append(f"{stamp} host kernel: NVRM: Xid (PCI:{pci}): {code}, pid=4242, "
                      f"name=python, simulated")  # fmt: skip

@@ -27,7 +27,7 @@ class Lifecycle:
     # --- layer 1 alone (cordon) or layers 1-2 (policy + safety) --------------------------
     def layer_decision(self: Engine, node: Node, fi: FaultInstance, t: float, *,
                        active: bool = False) -> None:  # fmt: skip
-        v = self.layer1.verdict(fi.kind.fault, active=active)
+        v = self.layer1.verdict(fi.kind.fault, gpu=fi.gpu, active=active)
         if not v.seen:
             return
         if not self.sc.layer2:  # layer 1 alone: the agent cordons (NPD + a cordon hook)
@@ -222,6 +222,9 @@ class Lifecycle:
             return
         if fi.kind.persistent and fi.repaired_s is not None and fi.repaired_s <= t:
             return
+        if fi.kind.effect is Effect.HANG and self.sc.layer3:  # the watchdog ends the step
+            timeout = restart.hang_timeout_s(self.cfg, layer3=True)
+            self.rec.hang(t, job, node=f"node-{fi.node:05d}", timeout_s=timeout)
         self.interrupt(job, t, fi, reason=fi.kind.name)
 
     def interrupt(self: Engine, job: Job, t: float, fi: FaultInstance | None, *, reason: str,
@@ -233,7 +236,8 @@ class Lifecycle:
         # A drain keeps the work only where training saves on SIGTERM (sim.restart).
         graceful = graceful and stop is restart.Stop.EVICTED and restart.drain_keeps_work(
             layer3=layer3)  # fmt: skip
-        code = restart.exit_code(stop, layer3=layer3)
+        software = fi is None or not fi.kind.persistent
+        code = restart.exit_code(stop, layer3=layer3, graceful=graceful, software=software)
         keep = job.done_at(t) if graceful else job.secured_at(t)
         progressed = keep > job.start_secured + 1e-6
         self._settle(job, t)
@@ -250,7 +254,7 @@ class Lifecycle:
             self.tally.fault_interruption(cause=cause, calibrated=fi.kind.calibrated)
         if progressed:
             job.failures_in_row = 0
-        if restart.counts_against_job(stop, layer2=layer2, layer3=layer3):
+        if restart.counts_against_job(stop, code, layer2=layer2):
             job.failures_in_row += 1
         blamed = f"node-{fi.node:05d}" if fi is not None else None
         self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.events import Event, EventWriter, Kind
+from gpuvigil.observe.figures import LOGGED, MEASURES
 
 if TYPE_CHECKING:
     from gpuvigil.core.findings import Finding
@@ -48,8 +49,9 @@ class Recorder:
         node: str | None = None,
         exit_code: int | None = None,
     ) -> None: ...
+    def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None: ...
     def job_end(
-        self, t: float, job: Job, *, ok: bool, productive_s: float, exit_code: int = 0
+        self, t: float, job: Job, *, ok: bool, productive_s: float, exit_code: int | None = 0
     ) -> None: ...
     def finish(self, t: float, res: Results) -> None: ...
 
@@ -117,17 +119,23 @@ class EventRecorder(Recorder):
 
     def job_restart(self, t: float, job: Job, *, reason: str, lost_s: float,
                     node: str | None = None, exit_code: int | None = None) -> None:  # fmt: skip
-        extra = {"node": node} if node else {}
-        if exit_code is not None:
-            extra["exit_code"] = exit_code
+        extra = ({"node": node} if node else {}) | (
+            {"exit_code": exit_code} if exit_code is not None else {})  # fmt: skip
         self._emit(t, Kind.JOB_RESTART, job=f"job-{job.id}", source="training", reason=reason,
                    lost_s=lost_s, **extra)  # fmt: skip
 
+    def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None:
+        """What layer 3's watchdog writes when it ends a hung step (`training.watchdog`)."""
+        self._emit(t, Kind.HANG, node=node, job=f"job-{job.id}", source="training", rank=0,
+                   step=None, waited_s=timeout_s, timeout_s=timeout_s, where="collective",
+                   in_collective=True, reason="timeout")  # fmt: skip
+
     def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float,
-                exit_code: int = 0) -> None:  # fmt: skip
+                exit_code: int | None = 0) -> None:  # fmt: skip
         allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
+        code = {"exit_code": exit_code} if exit_code is not None else {}
         self._emit(t, Kind.JOB_END, job=f"job-{job.id}", source="training",
-                   result="succeeded" if ok else "failed", exit_code=exit_code,
+                   result="succeeded" if ok else "failed", **code,
                    productive_gpu_s=productive_s * job.gpus, allocated_gpu_s=allocated)  # fmt: skip
 
     def finish(self, t: float, res: Results) -> None:
@@ -139,15 +147,10 @@ class EventRecorder(Recorder):
         n = len(self.events)
         stats = ReadStats(lines=n, events=n, sources=[f"gpuvigil simulate ({res.scenario})"])
         self.report = summarize(self.events, start=T0, end=T0 + t, stats=stats)
-        slo = self.report.slo
-        res.slo = {
-            "availability": slo.availability,
-            "job_success_rate": slo.job_success_rate,
-            "goodput": slo.goodput,
-            "false_positive_drains": slo.false_positive_drains,
-            "breaker_trips": slo.breaker_trips,
-            "events": len(self.events),
-        }
+        # Layer 4's figures of this run, under the simulator's names for the same things;
+        # `measure` says in the JSON itself that these are logged, not ground truth.
+        res.slo = {f.key: f.value for f in self.report.figures()}
+        res.slo |= {"events": len(self.events), "measure": MEASURES[LOGGED]}
         res.attribution = dict(self.report.attribution.by_cause)
 
     def summary(self) -> dict[str, Any]:

@@ -12,7 +12,6 @@ is what it would have done: every state change, step and hold, with its reason.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,6 +27,7 @@ from gpuvigil.node.rules import xid as xid_rules
 from gpuvigil.observe.events import read_events
 from gpuvigil.platform.clusters.memory import EPOCH
 from gpuvigil.platform.controller import ControllerConfig
+from gpuvigil.sim import replay_diff
 from gpuvigil.sim.platform import LADDER, Platform
 
 # (time, node, findings now FAILED or WARNING on it): one entry per change of a node.
@@ -43,17 +43,7 @@ class Replay:
     end: float | None = None
 
     def counts(self) -> dict[str, int]:
-        c: Counter[str] = Counter()
-        for d in self.decisions:
-            if d["kind"] == Kind.NODE_STATE.value:
-                c[f"to {d['to']}"] += 1
-            elif d["kind"] == Kind.REMEDIATION.value and d.get("result") == "started":
-                c[str(d.get("action"))] += 1
-            elif d["kind"] == Kind.REMEDIATION.value and d.get("result") == "skipped":
-                c["held or left alone"] += 1
-            elif d["kind"] == Kind.BREAKER.value and d.get("state") == "open":
-                c["breaker trips"] += 1
-        return dict(sorted(c.items()))
+        return dict(sorted(replay_diff.counts(self.decisions).items()))
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "changes": self.changes, "start": self.start,
@@ -84,6 +74,12 @@ def is_event_log(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return False
+
+
+def fleet_from_events(paths: Iterable[Path]) -> int:
+    """How many nodes the log knows (every node any event names): the fleet the recorded
+    controller's budget and breaker were sized on."""
+    return len({ev.node for ev in read_events([str(p) for p in paths]) if ev.node})
 
 
 def changes_from_events(paths: Iterable[Path]) -> Iterator[Change]:
@@ -130,12 +126,14 @@ def replay(
     *,
     controller: ControllerConfig | None = None,
     steps_work: bool = False,
+    fleet: int = 0,
 ) -> Replay:
     """Drive the real controller through `changes` (time-ordered) in virtual time.
 
     `steps_work`: a remediation step at least as strong as the findings ask for cures them
     (kernel logs cannot show whether it did); otherwise problems stay until the history
-    clears them (event logs carry `finding.cleared`).
+    clears them (event logs carry `finding.cleared`). `fleet`: the whole fleet's size when
+    it is larger than the nodes in `changes` (budgets and the breaker are shares of it).
     """
     items = sorted(changes, key=lambda c: c[0])
     out = Replay(changes=len(items), nodes=len({c[1] for c in items}))
@@ -145,7 +143,7 @@ def replay(
     out.start, out.end = t0, items[-1][0]
     sink = _Collect(offset=t0 - EPOCH.timestamp())
     cfg = controller or ControllerConfig()
-    platform = Platform(total=max(out.nodes, 1), config=cfg, reset_s=300.0, reboot_s=1200.0,
+    platform = Platform(total=max(out.nodes, fleet, 1), config=cfg, reset_s=300.0, reboot_s=1200.0,
                         preflight_s=600.0, events=sink)  # fmt: skip
     i, wake_at = 0, None
     horizon = items[-1][0] - t0 + 6 * 3600.0  # let the last episode play out

@@ -47,34 +47,45 @@ def hang_timeout_s(
     return derive_timeout([config.step_p99_s] * wd.warmup_steps, wd)
 
 
-def exit_code(stop: Stop, *, layer3: bool) -> int:
-    """The exit status the job's processes end with."""
+def exit_code(
+    stop: Stop, *, layer3: bool, graceful: bool = False, software: bool = True
+) -> int | None:
+    """The exit code the job's workers end with, where the code that ends them sets one
+    (`core.exit_codes`): layer 3's hang watchdog exits HANG, its drain (finish the step, save
+    on SIGTERM) DRAINED, and a program that fails on healthy hardware its own error (1).
+    None where the workers are killed (PyTorch's collective timeout aborts them, a SIGTERM
+    nothing handles, a machine that dies): only other evidence can say why."""
     if stop is Stop.HANG:
-        # The watchdog exits HANG; without it, PyTorch's timeout aborts the process.
-        return exit_codes.HANG if layer3 else exit_codes.SIGNAL_BASE + signal.SIGABRT
+        return exit_codes.HANG if layer3 else None
     if stop in (Stop.EVICTED, Stop.TAKEN):
-        return exit_codes.SIGNAL_BASE + signal.SIGTERM  # no drain handler in training yet
-    return 1  # an uncaught exception (a CUDA error, the program's own bug)
+        return exit_codes.DRAINED if graceful else None
+    return 1 if software else None
+
+
+# Training handles SIGTERM (finish the step, save, exit DRAINED) only once its drain lands;
+# until then a drain loses the work since the last checkpoint (assumption 5).
+DRAIN_ON_SIGTERM = False
 
 
 def drain_keeps_work(*, layer3: bool) -> bool:
-    """Does an evicted job save before it leaves? Only when training handles SIGTERM by
-    finishing the step and saving (`exit_code` is then DRAINED)."""
-    return layer3 and exit_code(Stop.EVICTED, layer3=layer3) == exit_codes.DRAINED
+    """Does an evicted job save before it leaves? Only where training handles SIGTERM."""
+    return layer3 and DRAIN_ON_SIGTERM
 
 
-def counts_against_job(stop: Stop, *, layer2: bool, layer3: bool) -> bool:
+def counts_against_job(stop: Stop, code: int | None, *, layer2: bool) -> bool:
     """Does this interruption use up one of the job's retries? Under gpuvigil (layer 2 on)
     the job runs with the shipped podFailurePolicy: a pod the controller evicted carries
     DisruptionTarget, and the table's IGNORE codes are spared; otherwise every failure
-    counts."""
+    counts. Workers killed without a code of their own read as SIGKILL's."""
     if not layer2:
         return True
     status = exit_codes.pod_status(
-        exit_code(stop, layer3=layer3), disrupted=stop is Stop.EVICTED, container="trainer"
+        exit_codes.SIGNAL_BASE + signal.SIGKILL if code is None else code,
+        disrupted=stop is Stop.EVICTED,
+        container="trainer",
     )
-    return exit_codes.policy_action(exit_codes.pod_failure_policy(container="trainer"),
-                                    status) != "Ignore"  # fmt: skip
+    policy = exit_codes.pod_failure_policy(container="trainer")
+    return exit_codes.policy_action(policy, status) != "Ignore"
 
 
 def restarts_in_place(stop: Stop, *, node_fine: bool, layer3: bool) -> bool:

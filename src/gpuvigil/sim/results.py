@@ -1,14 +1,11 @@
-"""What a run measured, and the table/JSON the CLI prints (filled by the engine).
+"""What a run measured, and the table the CLI prints (filled by the engine).
 
-Definitions (docs/simulator.md "Metrics"):
-- node_availability: 1 - node-time unavailable / node-time; a node is unavailable while it
-  carries a hardware fault (seen or not) or is out of service for any reason.
-- job_success_rate: jobs that finished / jobs that ended (finished or gave up).
-- goodput: productive GPU-time / allocated GPU-time (work lost to restarts, hangs and slow
-  nodes is allocated but not productive; a job that gave up produced nothing).
-- mttd_s / mttr_s: fault onset -> detected / -> back in service, over node faults.
-- gpu_hours_lost: allocated minus productive GPU-hours.
-- false_drains: nodes taken out of service (cordoned, drained, remediated) with no fault.
+Every number is a field declared with `observe.figures.figure` (its label, unit and
+definition, docs/simulator.md "Metrics"); the terminal table, `--json` and the demo's
+HTML report all read the figures from here, so they show the same numbers with the same
+names. These are the simulator's ground truth: it knows when each fault began and ended.
+`slo` holds what layer 4 computed from the run's own events (`observe.summary`), which
+only sees what was reported; views that show it say so.
 """
 
 from __future__ import annotations
@@ -17,42 +14,89 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpuvigil.observe.figures import (
+    COUNT,
+    GPU_HOURS,
+    RATIO,
+    SECONDS,
+    SETTING,
+    Figure,
+    figure,
+    figures_of,
+)
+
 
 @dataclass
 class Results:
     scenario: str
-    nodes: int
-    days: float
-    seed: int
+    nodes: int = field(metadata=SETTING)
+    days: float = field(metadata=SETTING)
+    seed: int = field(metadata=SETTING)
     workload: str
-    node_availability: float = 1.0
-    job_success_rate: float = 1.0
-    goodput: float = 1.0
-    job_interruptions: int = 0
-    mttd_s: float = 0.0
-    mttr_s: float = 0.0
-    gpu_hours_lost: float = 0.0
-    false_drains: int = 0
-    jobs_finished: int = 0
-    jobs_failed: int = 0
-    faults: int = 0
-    faults_undetected: int = 0
-    remediations: int = 0
-    breaker_trips: int = 0
-    events: int = 0
-    fault_interruptions: int = 0  # distinct faults that interrupted a job (the paper's count)
+    node_availability: float = figure(
+        1.0, "availability", RATIO, "1 - node-time unavailable / node-time; a node is "
+        "unavailable while it carries a hardware fault (seen or not) or is out of service",
+        table=1, digits=3,
+    )  # fmt: skip
+    job_success_rate: float = figure(
+        1.0, "job success", RATIO, "jobs that finished / jobs that ended (finished or gave up)",
+        table=1, digits=2,
+    )  # fmt: skip
+    goodput: float = figure(
+        1.0, "goodput", RATIO, "productive GPU-time / allocated GPU-time", table=1
+    )
+    job_interruptions: int = figure(
+        0, "restarts", COUNT, "job restarts for any reason, drains included", table=1
+    )
+    mttd_s: float = figure(
+        0.0, "MTTD", SECONDS, "mean time from a hardware fault's onset to its detection",
+        table=1,
+    )  # fmt: skip
+    mttr_s: float = figure(
+        0.0, "MTTR", SECONDS, "mean time from a hardware fault's onset to the node back in "
+        "service", table=1,
+    )  # fmt: skip
+    gpu_hours_lost: float = figure(
+        0.0, "GPU-h lost", GPU_HOURS, "allocated minus productive GPU-hours", table=1
+    )
+    false_drains: int = figure(
+        0, "false drains", COUNT, "nodes cordoned, drained or remediated while they had no "
+        "hardware fault", table=1,
+    )  # fmt: skip
+    jobs_finished: int = figure(0, "jobs finished", COUNT)
+    jobs_failed: int = figure(0, "jobs failed", COUNT, "jobs that gave up")
+    faults: int = figure(0, "faults", COUNT, "faults that struck a node in service", table=2)
+    faults_undetected: int = figure(
+        0, "faults undetected", COUNT, "hardware faults still unseen when the run ended"
+    )
+    remediations: int = figure(0, "remediations", COUNT, "remediation steps started", table=2)
+    breaker_trips: int = figure(
+        0, "breaker trips", COUNT, "times the circuit breaker opened", table=2
+    )
+    events: int = figure(0, "simulator events", COUNT, "events the engine processed")
+    # distinct faults that interrupted a job (the paper's count)
+    fault_interruptions: int = figure(
+        0, "interrupting faults", COUNT, "distinct faults that interrupted a job", table=2
+    )
     fault_interruptions_by_cause: dict[str, int] = field(default_factory=dict)
     # the same, for the kinds the Llama 3 table lists (what calibration compares with 419)
-    calibrated_interruptions: int = 0
+    calibrated_interruptions: int = figure(
+        0, "calibrated interruptions", COUNT, "interrupting faults of the kinds the Llama 3 "
+        "paper's table lists (its 419)",
+    )  # fmt: skip
     calibrated_by_cause: dict[str, int] = field(default_factory=dict)
     interruptions_by_cause: dict[str, int] = field(default_factory=dict)
     interruptions_by_kind: dict[str, int] = field(default_factory=dict)
     attribution: dict[str, int] = field(default_factory=dict)
-    slo: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = 0.0
+    slo: dict[str, Any] = field(default_factory=dict)  # layer 4's logged figures, by key
+    wall_s: float = figure(0.0, "wall time", SECONDS, "how long the run took to simulate")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def figures(self) -> list[Figure]:
+        """Every figure of the run (ground truth), in declaration order."""
+        return figures_of(self)
 
 
 class Tally:
@@ -105,42 +149,19 @@ class Tally:
         return res
 
 
-COLUMNS = (
-    ("scenario", "scenario", "{}"),
-    ("node_availability", "avail.", "{:.3%}"),
-    ("job_success_rate", "jobs ok", "{:.2%}"),
-    ("goodput", "goodput", "{:.1%}"),
-    ("job_interruptions", "restarts", "{:d}"),
-    ("mttd_s", "MTTD", "dur"),
-    ("mttr_s", "MTTR", "dur"),
-    ("gpu_hours_lost", "GPU-h lost", "{:,.0f}"),
-    ("false_drains", "false", "{:d}"),
-)
+TABLES = {1: "", 2: "what each run did"}
 
 
-def fmt_duration(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
+def table(results: dict[str, Results], *, width: int, title: str = "", which: int = 1) -> Any:
+    """The runs side by side, one row each, in the order given: the figures declared for
+    table `which`, laid out to `width` without cutting a name or a number."""
+    from gpuvigil.observe import terminal
 
-
-def cells(res: Results) -> list[str]:
-    out = []
-    for attr, _, f in COLUMNS:
-        v = getattr(res, attr)
-        out.append(fmt_duration(v) if f == "dur" else f.format(v))
-    return out
-
-
-def table(results: dict[str, Results], *, title: str = "") -> Any:
-    """A rich Table, one row per run, in the order given (the CLI and the demo print it)."""
-    from rich.table import Table
-
-    t = Table(title=title or None, caption="false = nodes drained or cordoned with no fault")
-    for i, (_, header, _) in enumerate(COLUMNS):
-        t.add_column(header, justify="left" if i == 0 else "right")
-    for name, res in results.items():
-        t.add_row(name, *cells(res)[1:])
-    return t
+    figs = {name: [f for f in r.figures() if f.spec.table == which] for name, r in results.items()}
+    first = next(iter(figs.values()), [])
+    columns = [terminal.Column("run", key=True)]
+    columns += [terminal.Column(f.label, justify="right", wrap=False) for f in first]
+    rows = [[terminal.plain(name)] + [f.text for f in fs] for name, fs in figs.items()]
+    legend = "; ".join(f"{f.label}: {f.spec.about}" for f in first if f.key == "false_drains")
+    return terminal.render(columns, rows, width=width, title=title or TABLES[which] or None,
+                           caption=legend or None)  # fmt: skip

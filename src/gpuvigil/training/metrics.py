@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CKPT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -29,6 +29,7 @@ class TrainingMetrics:
 
 
 def build(registry: CollectorRegistry) -> TrainingMetrics:
+    disable_created_metrics()  # no `<name>_created` series (docs/metrics.md)
     return TrainingMetrics(
         step_duration=Histogram(
             "gpuvigil_training_step_duration_seconds",

@@ -48,4 +48,7 @@ def test_npd_message_always_fits(findings, limit):
     report = NodeReport(node="n", findings=tuple(
         Finding(check="c", status=Status.FAILED, code=c, component=f"gpu:{i}", message=m)
         for i, (c, m) in enumerate(findings)))
-    assert len(message(report, limit=limit).encode()) <= limit
+    out = message(report, limit=limit)
+    assert len(out.encode()) <= limit
+    if len(findings) > 1 and limit >= 40:  # the count is never cut
+        assert out.endswith(f"(+{len(findings) - 1} more)")

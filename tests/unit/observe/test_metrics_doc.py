@@ -1,43 +1,22 @@
-"""docs/metrics.md documents every metric each layer registers, with its type and labels.
+"""docs/metrics.md and what the processes export agree, both ways.
 
-Discovers the layers' metric modules that exist in this checkout (agent, controller,
-training); each one's `build(registry)` runs on a fresh registry and every family it
-registers must have a row in docs/metrics.md with the same type and label names.
+Each layer's metric module (agent, controller, training) builds its registry, which is
+rendered as Prometheus text exposition, exactly what `/metrics` serves. Every series
+name in it must be a documented metric (histograms add `_bucket`, `_sum`, `_count`; no
+undocumented `_created` series), with the documented type and labels; every documented
+metric must be exported by one of them. The integration test
+`tests/integration/observe/test_agent_metrics_documented.py` holds a running agent's
+`/metrics` to the same table.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import re
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-ROOT = Path(__file__).resolve().parents[3]
-DOC = ROOT / "docs" / "metrics.md"
-MODULES = ("gpuvigil.node.metrics", "gpuvigil.platform.metrics", "gpuvigil.training.metrics")
-ROW = re.compile(r"^\| `(gpuvigil_[a-z0-9_]+)` \| (\w+) \| ([^|]*) \|", re.M)
-
-
-def documented() -> dict[str, tuple[str, frozenset[str]]]:
-    out = {}
-    for name, kind, labels in ROW.findall(DOC.read_text()):
-        out[name] = (kind, frozenset(re.findall(r"`([a-z_]+)`", labels)))
-    return out
-
-
-def registered(module_name: str) -> dict[str, tuple[str, frozenset[str]]]:
-    module = importlib.import_module(module_name)
-    registry = CollectorRegistry()
-    module.build(registry)
-    out = {}
-    for collector in list(registry._collector_to_names):  # every family, labelled or not
-        kind = collector._type
-        name = collector._name + ("_total" if kind == "counter" else "")
-        out[name] = (kind, frozenset(collector._labelnames))
-    return out
+from metrics_doc import MODULES, ROOT, ROW, belongs, documented, exposition, families, series
 
 
 def test_doc_rows_parse() -> None:
@@ -48,17 +27,46 @@ def test_doc_rows_parse() -> None:
 
 
 @pytest.mark.parametrize("module_name", MODULES)
-def test_every_registered_metric_is_documented(module_name: str) -> None:
-    try:
-        present = importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:
-        present = False
-    if not present:
-        pytest.skip(f"{module_name} is not in this checkout (its layer's branch not merged)")
+def test_every_exported_series_is_documented(module_name: str) -> None:
     doc = documented()
-    got = registered(module_name)
+    text = exposition(module_name)
+    got = families(text)
     assert got, f"{module_name}.build registered nothing"
-    missing = sorted(set(got) - set(doc))
+    missing = sorted(n for n in got if n not in doc)
     assert not missing, f"add these to docs/metrics.md: {missing}"
-    wrong = {n: (got[n], doc[n]) for n in got if got[n] != doc[n]}
-    assert not wrong, f"type/labels differ (registered, documented): {wrong}"
+    wrong = {n: (t, doc[n][0]) for n, t in got.items() if t != doc[n][0]}
+    assert not wrong, f"type differs (exported, documented): {wrong}"
+    undocumented = sorted(s for s in series(text) if not belongs(s, doc))
+    assert not undocumented, f"series not in docs/metrics.md (e.g. _created): {undocumented}"
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_labels_match(module_name: str) -> None:
+    doc = documented()
+    registry = CollectorRegistry()
+    importlib.import_module(module_name).build(registry)
+    for collector in list(registry._collector_to_names):  # every family, labelled or not
+        name = collector._name + ("_total" if collector._type == "counter" else "")
+        assert frozenset(collector._labelnames) == doc[name][1], name
+
+
+def test_every_documented_metric_is_exported() -> None:
+    exported: set[str] = set()
+    for m in MODULES:
+        exported |= set(families(exposition(m)))
+    gone = sorted(set(documented()) - exported)
+    assert not gone, f"documented in docs/metrics.md but exported by no process: {gone}"
+
+
+def test_the_check_catches_an_undocumented_created_series() -> None:
+    doc = documented()
+    assert not belongs("gpuvigil_check_runs_created", doc)
+    assert belongs("gpuvigil_check_duration_seconds_bucket", doc)
+
+
+def test_no_other_page_restates_the_metric_tables() -> None:
+    """One table: a second copy in another page drifted (docs/agent.md had its own)."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "metrics.md":
+            rows = ROW.findall(page.read_text())
+            assert not rows, f"{page.name} restates metrics {[r[0] for r in rows][:3]}"

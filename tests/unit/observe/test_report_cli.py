@@ -55,7 +55,9 @@ def test_json_report(run_cli, log: Path) -> None:
     assert failure["cause"] == "hardware" and failure["summary"] == "Xid 79 on gpu:3 of n2"
     assert out["top_gpus"] == [{"node": "n2", "gpu": "gpu:3", "findings": 1}]
     assert set(out) == {"format", "input", "slo", "attribution", "top_nodes", "top_gpus",
-                        "findings_by_code", "events_by_kind", "availability_series"}  # fmt: skip
+                        "findings_by_code", "events_by_kind", "availability_series",
+                        "figures"}  # fmt: skip
+    assert out["figures"]["mttd_s"] == {"label": "MTTD", "unit": "seconds", "value": 10.0}
 
 
 def test_window_ends_at_the_last_event(run_cli, log: Path) -> None:
@@ -77,7 +79,7 @@ def test_tables_and_html(run_cli, tmp_path: Path) -> None:
     html = tmp_path / "r.html"
     proc = run_cli("report", str(events), "--window", "7d", "--html", str(html))
     assert proc.returncode == 0, proc.stderr
-    for title in ("SLOs", "node availability", "Failures and restarts by cause", "Attribution"):
+    for title in ("SLOs", "availability", "Failures and restarts by cause", "Attribution"):
         assert title in proc.stdout
     assert html.read_text().startswith("<!DOCTYPE html>")
 

@@ -43,3 +43,30 @@ def test_demo_prints_the_table_and_writes_the_report(run_cli, tmp_path):
     html = report.read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and "availability" in html
     assert events.read_text().count("\n") > 48  # one node.state per node at least
+
+
+def test_demo_table_json_and_html_show_the_same_figures(run_cli, tmp_path):
+    """Done when: the demo's table, its JSON and its HTML show the same MTTD, MTTR and false
+    drains (the same text for the same number: one formatter, one label)."""
+    import re
+
+    from gpuvigil.observe.figures import show
+    from gpuvigil.sim.results import Results
+
+    args = ("demo", "--nodes", "64", "--days", "6", "--seed", "3")
+    table = run_cli(*args, "--report", str(tmp_path / "a.html"), env={"COLUMNS": "200"})
+    as_json = run_cli(*args, "--json", "--report", str(tmp_path / "b.html"))
+    assert table.returncode == 0 and as_json.returncode == 0, table.stderr + as_json.stderr
+    runs = json.loads(as_json.stdout)
+    html = (tmp_path / "b.html").read_text().replace('<span class="k">', "").replace("</span>", "")
+    head = [c.strip() for c in re.search(r"┃(.*run.*)┃", table.stdout).group(1).split("┃")]
+    specs = {f.key: f.spec for f in Results("x", 1, 1.0, 1, "mixed").figures()}
+    for name, row in runs.items():
+        line = re.search(rf"│ {re.escape(name)} +│(.*)│", table.stdout).group(1)
+        cells = dict(zip(head[1:], [c.strip() for c in line.split("│")], strict=True))
+        html_row = re.search(rf"<tr><td>{re.escape(name)}</td>(.*?)</tr>", html).group(1)
+        html_cells = re.findall(r"<td[^>]*>([^<]*)</td>", html_row)
+        for key in ("mttd_s", "mttr_s", "false_drains"):
+            text = show(row[key], specs[key])
+            assert cells[specs[key].label] == text, (name, key)
+            assert text in html_cells, (name, key, html_cells)

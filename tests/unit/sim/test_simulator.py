@@ -51,7 +51,7 @@ def test_results_are_fractions_and_layer4_scores_the_events(small_runs):
         for key in ("node_availability", "job_success_rate", "goodput"):
             assert 0.0 <= getattr(r, key) <= 1.0
         assert r.slo["events"] > 0
-        assert 0.0 <= r.slo["availability"] <= 1.0
+        assert 0.0 <= r.slo["node_availability"] <= 1.0
         # observe's job counts come from the same job.end events as the engine's
         assert r.slo["job_success_rate"] == pytest.approx(r.job_success_rate)
     # the controller's own events reach layer 4 in the platform scenarios

@@ -12,6 +12,7 @@ Called through the registry by `gpuvigil check`, the agent, preflight and the be
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding, Status, utcnow
@@ -63,7 +64,8 @@ def gpu_check(ctx: CheckContext) -> list[Finding]:
         check="gpu",
     )
     ctx.extras["gpu.inventory"] = inv
-    ctx.extras["gpu_map"] = inv.gpu_map()  # for the kernel-log Xid rules
+    known = ctx.extras.get("gpu_map")  # last sweep's: a GPU lost since keeps its bus id
+    ctx.extras["gpu_map"] = inv.gpu_map(known=known if isinstance(known, dict) else None)
     if not answer.failure:
         out += _drain_xid_events(client, ctx, timeout_s=cfg.nvml_timeout_s)
     return out
@@ -73,8 +75,11 @@ XID_EVENTS_KEY = "nvml_xid_events"  # the kernel_log check reconciles these with
 MAX_KEPT_EVENTS = 1000
 
 
-def xid_events_from_answer(answer: Answer, *, at: datetime) -> list[XidEvent]:
-    """The worker's events answer -> XidEvents with source "nvml" (pure)."""
+def xid_events_from_answer(
+    answer: Answer, *, at: datetime, buses: Mapping[int, str] | None = None
+) -> list[XidEvent]:
+    """The worker's events answer -> XidEvents with source "nvml" (pure). `buses` (GPU
+    index -> bus id, from the GPU map) names the bus of a GPU NVML can no longer read."""
     out = []
     for line in answer.lines:
         for ev in line.get("events", ()) if isinstance(line, dict) else ():
@@ -82,6 +87,8 @@ def xid_events_from_answer(answer: Answer, *, at: datetime) -> list[XidEvent]:
                 continue
             pci = ev.get("pci") if isinstance(ev.get("pci"), str) else ""
             gpu = ev.get("gpu") if isinstance(ev.get("gpu"), int) else None
+            if not pci and gpu is not None:
+                pci = (buses or {}).get(gpu, "")
             text = f"NVML Xid {ev['xid']} on GPU {gpu} ({pci or 'unknown bus'})"
             out.append(
                 XidEvent(
@@ -107,7 +114,9 @@ def _drain_xid_events(client: NvmlClient, ctx: CheckContext, *, timeout_s: float
     answer = client.request({"op": "events", "timeout_ms": 0}, timeout_s=timeout_s)
     if answer.failure:
         return [_worker_failure(answer, GpuInventory("nvml", utcnow()), timeout_s=timeout_s)]
-    events = xid_events_from_answer(answer, at=utcnow())
+    refs = ctx.extras.get("gpu_map")
+    buses = {r.index: r.bus_id for r in refs.values()} if isinstance(refs, dict) else None
+    events = xid_events_from_answer(answer, at=utcnow(), buses=buses)
     if events:
         kept = [*ctx.extras.get(XID_EVENTS_KEY, ()), *events][-MAX_KEPT_EVENTS:]
         ctx.extras[XID_EVENTS_KEY] = kept

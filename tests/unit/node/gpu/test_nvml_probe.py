@@ -237,3 +237,38 @@ def test_gpus_on_the_pci_bus_are_the_expectation_without_config(scenario, make_c
     nvml.close_all()  # a fresh worker meets the missing library at init
     findings, _ = run_gpu(ctx)
     assert [f.code for f in findings if f.code == "DRIVER_UNAVAILABLE"] == ["DRIVER_UNAVAILABLE"]
+
+
+def test_a_gpu_lost_since_the_last_sweep_keeps_its_name_for_its_xid(
+    scenario, make_ctx, tmp_path
+) -> None:
+    """NVML cannot read a lost GPU's bus id, but the kernel prints it in the Xid 79 line:
+    the gpu check's map of the previous sweep keeps the GPU's index, so the kernel-log
+    check (real code, across the seam) names the Xid `gpu:3`, like GPU_LOST, and the GPU
+    is not counted again as `pci:0000:5d:00.0`. The second sweep checks the map sticks."""
+    node, path = scenario
+    ctx = make_ctx()
+    bus = node.gpus[3].pci_bus_id.removeprefix("0000")  # 0000:5D:00.0, as the kernel prints
+    run_gpu(ctx)  # the healthy sweep
+    faults.apply(node, Fault.GPU_OFF_BUS, gpu=3)
+    node.save(path)
+    log = tmp_path / "kern.log"
+    log.write_text(f"[ 100.0] NVRM: Xid (PCI:{bus}): 79, pid=1, name=x, GPU has fallen off\n")
+    ctx.config = ctx.config.model_copy(
+        update={"kernel_log": ctx.config.kernel_log.model_copy(update={"file": str(log)})}
+    )
+    for _ in range(2):
+        lost, _ = run_gpu(ctx)
+        xids, _ = run_check(REGISTRY["kernel_log"], ctx)
+        assert ("GPU_LOST", "gpu:3") in codes(lost)
+        assert "gpu:3" in logged_xid79(xids) and "pci:0000:5d:00.0" not in logged_xid79(xids)
+    fresh = make_ctx()  # an agent that never saw the GPU answer: only the bus id is known
+    fresh.config = ctx.config
+    run_gpu(fresh)
+    xids, _ = run_check(REGISTRY["kernel_log"], fresh)
+    assert "pci:0000:5d:00.0" in logged_xid79(xids)
+
+
+def logged_xid79(findings) -> set[str]:
+    """Components of the Xid 79 findings read from the kernel log (not NVML's events)."""
+    return {f.component for f in findings if f.code == "XID_79" and "NVML" not in f.message}
