@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[dev,training]'
+	$(PY) -m pip install -q -e '.[dev,training,integrations]' $(TORCH_PIN)
 	touch $@
 
 venv: $(VENV)/.installed

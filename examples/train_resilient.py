@@ -4,7 +4,9 @@
         --steps 200 --checkpoint-dir /tmp/ckpt --checkpoint-every 20 --save-final /tmp/final.pt
 
 Kill any worker (kill -9 <pid>): torchrun restarts the group, training resumes from the last
-checkpoint, and the final parameters are bit-identical to an uninterrupted run.
+checkpoint, and the final parameters are bit-identical to an uninterrupted run. Send SIGTERM
+to torchrun: every rank finishes its step, saves, and exits with code 89 (DRAINED).
+The script needs only gpuvigil[training]: copy it anywhere and run it.
 Settings beyond the flags come from GPUVIGIL__TRAINING__* variables (see docs/training.md).
 """
 
@@ -14,7 +16,6 @@ import argparse
 import logging
 import os
 
-import faults  # test-only fault injection driven by GV_FAULTS; does nothing when unset
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -38,7 +39,6 @@ def main() -> None:
         overrides={"checkpoint": {"dir": args.checkpoint_dir, "every_steps": args.checkpoint_every}}
     )
     env = training.init(config)  # health gate, then a process group that survives restarts
-    faults.install(env)
 
     torch.manual_seed(0)  # the same data and initial weights on every rank and every run
     x = torch.randn(4096, 32)
@@ -54,8 +54,7 @@ def main() -> None:
     with training.Run(
         env, model=model, optimizer=optimizer, scheduler=scheduler, sampler=sampler
     ) as run:
-        for step in run.steps(args.steps):
-            faults.at_step(step)
+        for _ in run.steps(args.steps):
             idx = sampler.current_batch()
             loss = nn.functional.mse_loss(model(x[idx].to(env.device)), y[idx].to(env.device))
             optimizer.zero_grad()

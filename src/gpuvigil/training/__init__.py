@@ -1,11 +1,16 @@
 """Layer 3: training that survives losing a machine (`pip install gpuvigil[training]`).
 
-Read these in order: `run` (the loop API), `process_group` (restarts that work every time,
-health gate), `checkpoint` + `manifest` (async, atomic, verified DCP checkpoints), `watchdog`
-(hangs), `straggler` (slow ranks). Only this package imports torch, and only the modules
-that need it: `config`, `manifest`, `straggler`, `watchdog`, `health_gate`, and `sampler`
-are torch-free (the simulator and unit tests import them without torch). `exit_codes` is
-`gpuvigil.core.exit_codes`, re-exported here.
+Read these in order: `run` (the loop API) and `run_state` (what it saves), `process_group`
+(restarts that work every time, health gate), `checkpoint` (the agreed save protocol) with
+`staging`, `writer`, `dcp_storage`, `state_codec` and `manifest` (async, no pickle, verified),
+`resume` (parallel verification, load), `drain` (SIGTERM), `watchdog` and `heartbeat`
+(hangs), `launch` and `monitor` (the launcher and its monitor outside the ranks),
+`lifecycle` and `journal` (exit records and the job's events), `straggler` and
+`straggler_watch` with `step_timing` (busy time), `lightning` (the Lightning callback).
+Only this package imports torch, and only the modules that need it: `config`, `manifest`,
+`straggler`, `watchdog`, `heartbeat`, `lifecycle`, `health_gate`, `storage`, `identity`
+and `sampler` are torch-free (the simulator and unit tests import them without torch).
+`exit_codes` is `gpuvigil.core.exit_codes`, re-exported here.
 """
 
 from __future__ import annotations

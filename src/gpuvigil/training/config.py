@@ -38,33 +38,52 @@ class CheckpointConfig(StrictModel):
     )
     mode: Literal["async", "sync"] = Field(
         "async",
-        description="async: training stalls only for the copy to host memory; the write, "
-        "verification and commit run in a background thread. sync: stall for all of it.",
+        description="async: training stalls only for the copy to host memory; the rank's "
+        "writer process writes and hashes the bytes while a background thread commits. "
+        "sync: training stalls for all of it.",
     )
     checksums: bool = Field(
         True,
-        description="Record a SHA-256 per file in the manifest and verify it on load. Costs one "
-        "read of the checkpoint per save (in the background when async) and per load.",
+        description="Verify the SHA-256 the manifest records for every file before a load "
+        "(each rank its own share). Sums are always computed while writing; false checks "
+        "sizes only on load.",
     )
     save_final: bool = Field(True, description="Also save after the last step of `steps(n)`.")
+    max_consecutive_failures: int = Field(
+        3,
+        ge=0,
+        description="End the job with exit code 90 (CHECKPOINT_FAILED) when this many saves "
+        "in a row failed; every failed save is logged on every rank, counted in "
+        "gpuvigil_training_checkpoint_failures_total and written as a checkpoint event. "
+        "0: never end the job for it.",
+    )
 
 
 class StragglerConfig(StrictModel):
     enabled: bool = True
     every_steps: int = Field(
-        20, ge=1, description="Gather per-rank step times every K steps: one tiny all-gather."
+        10, ge=1, description="Gather per-rank step times every K steps: one tiny all-gather."
     )
     factor: float = Field(
-        1.5, gt=1.0, description="A rank is slow in a window when its time > factor * median."
+        1.2,
+        gt=1.0,
+        description="A rank is slow in a window when its busy time > factor * the median of "
+        "the other ranks' (1.2 names a rank 1.3x slower; raise it on noisy machines).",
     )
     min_excess_s: float = Field(
-        0.005,
+        0.002,
         ge=0.0,
-        description="...and exceeds the median by at least this many seconds: millisecond "
-        "steps jitter by more than 50% on a shared CPU, which is not a straggler.",
+        description="...and exceeds the median by at least this many seconds per step: "
+        "millisecond steps jitter by more than 20% on a shared CPU, which is not a straggler.",
     )
     windows: int = Field(
-        3, ge=1, description="Report after M consecutive slow windows (filters one-off hiccups)."
+        3, ge=1, description="Report after M slow windows among the last N (see of_windows)."
+    )
+    of_windows: int = Field(
+        5,
+        ge=1,
+        description="N: a rank that is slow only part of the time (intermittent slowness) "
+        "still gets reported when M of its last N windows were slow.",
     )
 
 
@@ -74,18 +93,25 @@ class WatchdogConfig(StrictModel):
         None,
         gt=0,
         description="Fixed hang timeout. None: derived from observed step times "
-        "(factor * p99 after warmup, at least min_timeout_s).",
+        "(factor * p99, at least min_timeout_s).",
     )
     initial_timeout_s: float = Field(
         600.0,
         gt=0,
-        description="Timeout before enough steps were seen to derive one: the first steps "
-        "include compilation, cache warmup and checkpoint load.",
+        description="Timeout of the first step of an attempt, and of the first warmup_steps "
+        "when no step times are known yet: these steps include compilation, cache warmup "
+        "and the first collectives. A resumed attempt knows the step times of the "
+        "checkpoint it resumed from and derives its timeout from them after its first step.",
     )
     warmup_steps: int = Field(10, ge=1, description="Steps observed before deriving a timeout.")
     factor: float = Field(10.0, gt=1.0, description="Derived timeout = factor * p99 step time.")
     min_timeout_s: float = Field(
-        60.0, gt=0, description="Floor of the derived timeout: GC pauses, page cache flushes."
+        60.0,
+        gt=0,
+        description="Floor of the derived timeout. Pauses that are not hangs reach tens of "
+        "seconds: a full garbage collection of a large heap, a page-cache flush or an NFS "
+        "stall on a synchronous write, an allocator's defragmentation. Lower it for small, "
+        "steady steps; the monitor names a frozen rank at this timeout plus one poll.",
     )
     poll_s: float = Field(1.0, gt=0, description="How often the watchdog thread looks.")
     dump_dir: str | None = Field(
@@ -131,16 +157,59 @@ class MetricsConfig(StrictModel):
     )
 
 
+class DrainConfig(StrictModel):
+    enabled: bool = True
+    check_s: float = Field(
+        0.1,
+        gt=0,
+        description="How often (in step time) the ranks agree whether any of them was asked "
+        "to stop: one tiny all-reduce every max(1, check_s / step time) steps.",
+    )
+
+
+class MonitorConfig(StrictModel):
+    """The per-node monitor in `python -m gpuvigil.training.launch` (outside the ranks)."""
+
+    poll_s: float = Field(0.5, gt=0, description="How often the monitor reads heartbeats.")
+    grace_s: float = Field(
+        2.0,
+        ge=0,
+        description="Extra time past a rank's own hang timeout before the monitor acts: the "
+        "rank's watchdog, when it can still run, fires first and names itself.",
+    )
+    shutdown_timeout_s: int = Field(
+        600,
+        ge=1,
+        description="Seconds torchrun waits for the ranks after a SIGTERM (a drain: finish "
+        "the step, save, exit 89) before SIGKILL; torchrun's own default is 30.",
+    )
+
+
 class TrainingConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     straggler: StragglerConfig = Field(default_factory=StragglerConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    drain: DrainConfig = Field(default_factory=DrainConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     health_gate: HealthGateConfig = Field(default_factory=HealthGateConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     events_file: Path | None = Field(
         None,
-        description="Append straggler, hang, checkpoint and restart events (JSONL, "
-        "core.events) here for the platform. Env GPUVIGIL_EVENTS_FILE also sets it.",
+        description="Append lifecycle (job.start/restart/end), checkpoint, straggler and hang "
+        "events (JSONL, core.events) here for the platform. Env GPUVIGIL_EVENTS_FILE also "
+        "sets it.",
+    )
+    job_id: str | None = Field(
+        None,
+        description="The job's name in events. Env GPUVIGIL_JOB_ID also sets it; None: "
+        "torchrun's rendezvous id (TORCHELASTIC_RUN_ID), which --standalone draws anew at "
+        "every launch, so set it to something stable (the Kubernetes Job's name) for a job "
+        "that is resubmitted after a drain.",
+    )
+    node_name: str | None = Field(
+        None,
+        description="This node's name in events and logs. None: $NODE_NAME (the Kubernetes "
+        "downward API, as the agent reads it), else the short host name.",
     )
     seed: int = Field(0, description="Seeds RNGs that cannot be restored after a resize.")
 
@@ -165,6 +234,8 @@ class TrainingConfig(StrictModel):
             source += " (+ environment)"
         if env.get("GPUVIGIL_EVENTS_FILE") and "events_file" not in data:
             data["events_file"] = env["GPUVIGIL_EVENTS_FILE"]
+        if env.get("GPUVIGIL_JOB_ID") and "job_id" not in data:
+            data["job_id"] = env["GPUVIGIL_JOB_ID"]
         if overrides:
             data = core_config.deep_merge(data, overrides)
         return core_config.validate(cls, data, source=source)

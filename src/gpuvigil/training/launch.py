@@ -1,22 +1,149 @@
-"""`python -m gpuvigil.training.launch ...`: torchrun, with restarts that work on many nodes.
+"""`python -m gpuvigil.training.launch ...`: torchrun, with a monitor, drains and exit codes.
 
-Takes exactly torchrun's arguments. The one difference: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
-so each rendezvous round gives the workers a fresh store instead of the job-long store of
-the first round (whose stale keys make restarted workers hang or fail to connect, and whose
-per-agent restart counts cannot name a round consistently across nodes).
+Takes exactly torchrun's arguments and runs torchrun's own agent in this process, plus:
+- **restarts that work on many nodes**: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, so each
+  rendezvous round gives the workers a fresh store (the job-long store of the first round
+  holds stale keys that make restarted workers hang, and per-agent restart counts cannot
+  name a round consistently across nodes);
+- **a monitor outside the ranks** (`monitor`): names a frozen or dead rank with its node
+  and gets the group restarting within its hang timeout plus a few seconds;
+- **drains that exit 89**: torchrun waits `monitor.shutdown_timeout_s` (not its default
+  30 s) for ranks finishing a step and a save after SIGTERM, and this process then exits
+  with `exit_codes.DRAINED` when every local rank drained (plain torchrun exits 1);
+- **the job's exit code**: when torchrun gives up, this process exits with the first failed
+  rank's code (86-90 stay what they are: a hang, a bad node, a drain, failed saves; a
+  signal becomes 128 + N) and writes `job.end` (failed) on the node of rank 0.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gpuvigil.core import exit_codes
+from gpuvigil.core.events import Event, EventWriter, Kind
+from gpuvigil.training import heartbeat, identity
+from gpuvigil.training.config import TrainingConfig
+from gpuvigil.training.monitor import Monitor
+
+log = logging.getLogger("gpuvigil.training.launch")
 
 
-def main() -> None:
+def _agent_class(monitor: Monitor, codes: dict[int, int]) -> Any:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class MonitoredAgent(LocalElasticAgent):  # type: ignore[misc]
+        """torchrun's agent, telling the monitor which ranks died and how ranks ended."""
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed():
+                monitor.failed(result.failures)
+            return result
+
+        def _start_workers(self, worker_group: Any) -> Any:
+            log.info(
+                "gpuvigil launch: starting the workers (restarts left: %s)",
+                self._remaining_restarts,
+            )
+            return super()._start_workers(worker_group)
+
+        def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+            super()._shutdown(death_sig, timeout)
+            pc = getattr(self, "_pcontext", None)
+            for local, handler in (getattr(pc, "subprocess_handlers", None) or {}).items():
+                rc = handler.proc.returncode
+                if rc is not None:
+                    codes[local] = rc
+
+    return MonitoredAgent
+
+
+def exit_code_of(code: int) -> int:
+    """A worker's exit status as a process exit code (a signal N becomes 128 + N)."""
+    return exit_codes.SIGNAL_BASE - code if code < 0 else code
+
+
+def _end_event(monitor: Monitor, config: TrainingConfig, *, code: int, reason: str) -> None:
+    """job.end (failed) from the node that ran rank 0 last."""
+    infos = [i for _, i in monitor.ranks()]
+    if not any(i.get("rank") == 0 for i in infos):
+        return
+    info = next(i for i in infos if i.get("rank") == 0)
+    path = info.get("events_file") or config.events_file
+    if not path:
+        return
+    with EventWriter(Path(path)) as w:
+        w.write(
+            Event(
+                ts=time.time(),
+                kind=Kind.JOB_END,
+                source="training",
+                node=info.get("node"),
+                job=info.get("job"),
+                data={"result": "failed", "exit_code": code, "reason": reason},
+            )
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher import api as launcher_api
+    from torch.distributed.run import parse_args, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s")
+    config = TrainingConfig.load()
+    args = parse_args(argv if argv is not None else sys.argv[1:])
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    from torch.distributed.run import main as torchrun
-
-    torchrun()
+    if not config.job_id:  # one name for the job in every rank's events and in ours
+        rdzv = None if args.standalone else getattr(args, "rdzv_id", None)
+        os.environ["GPUVIGIL_JOB_ID"] = str(rdzv or uuid.uuid4())
+    if getattr(args, "shutdown_timeout", None) is None:
+        args.shutdown_timeout = config.monitor.shutdown_timeout_s
+    run_dir = Path(tempfile.mkdtemp(prefix="gpuvigil-run-"))
+    os.environ[heartbeat.RUN_DIR_ENV] = str(run_dir)
+    monitor = Monitor(config, run_dir, node=identity.node_name(config, os.environ)).start()
+    codes: dict[int, int] = {}
+    launcher_api.LocalElasticAgent = _agent_class(monitor, codes)
+    try:
+        run(args)
+        return exit_codes.SUCCESS
+    except ChildFailedError as e:
+        _rank, first = e.get_first_failure()
+        code = exit_code_of(int(first.exitcode))
+        what = exit_codes.lookup(code)
+        log.error(
+            "gpuvigil launch: torchrun gave up; exiting with %d (%s: %s)",
+            code,
+            what.name,
+            what.meaning,
+        )
+        _end_event(monitor, config, code=code, reason=f"{what.name}: {what.meaning}")
+        return code
+    except SignalException as e:
+        drained = bool(codes) and all(c == exit_codes.DRAINED for c in codes.values())
+        code = exit_codes.DRAINED if drained else exit_codes.SIGNAL_BASE + int(e.sigval)
+        log.warning(
+            "gpuvigil launch: got %s; local ranks ended with %s; exiting with %d%s",
+            e.sigval.name,
+            dict(sorted(codes.items())),
+            code,
+            " (DRAINED: every rank saved its checkpoint)" if drained else "",
+        )
+        return code
+    finally:
+        monitor.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,6 +20,7 @@ from gpuvigil.training.storage import Storage
 MANIFEST = "manifest.json"
 FORMAT = "gpuvigil.checkpoint/1"
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
+_RANK_FILE = re.compile(r"^(?:__(\d+)_\d+\.distcp|rank-(\d+)\.json)$")
 
 
 def dir_name(step: int) -> str:
@@ -75,31 +76,27 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"manifest field missing or wrong: {e}") from e
 
+    def data_files(self) -> dict[str, dict[str, Any]]:
+        return {n: e for n, e in self.files.items() if n != MANIFEST}
+
 
 def build(
-    storage: Storage,
-    folder: str,
     *,
     step: int,
     world_size: int,
-    checksums: bool,
+    files: dict[str, dict[str, Any]],
     created_ts: float,
     extra: dict[str, Any] | None = None,
 ) -> Manifest:
-    files: dict[str, dict[str, Any]] = {}
-    for name, size in storage.list_files(folder):
-        if name == MANIFEST or name.rsplit("/", 1)[-1].startswith(".tmp-"):
-            continue
-        digest = storage.sha256(storage.join(folder, name)) if checksums else None
-        files[name] = {"size": size, "sha256": digest}
-    return Manifest(step, world_size, files, created_ts, dict(extra or {}))
+    """The commit record from the sizes and digests the writers computed while writing
+    (nothing is read back: each byte was hashed once, on its way to storage)."""
+    return Manifest(step, world_size, dict(sorted(files.items())), created_ts, dict(extra or {}))
 
 
-def verify(storage: Storage, folder: str, *, checksums: bool = True) -> tuple[Manifest | None, str]:
-    """(manifest, "") when the folder is a complete, intact checkpoint; else (None, why)."""
-    path = storage.join(folder, MANIFEST)
+def read(storage: Storage, folder: str) -> tuple[Manifest | None, str]:
+    """(manifest, "") or (None, why): the manifest of `folder`, parsed, names checked."""
     try:
-        raw = storage.read_bytes(path)
+        raw = storage.read_bytes(f"{folder}/{MANIFEST}")
     except (OSError, FileNotFoundError):
         return None, "no manifest (the save never committed)"
     try:
@@ -108,35 +105,62 @@ def verify(storage: Storage, folder: str, *, checksums: bool = True) -> tuple[Ma
         return None, str(e)
     if ".metadata" not in m.files:
         return None, "manifest lists no DCP .metadata file"
-    for name, entry in sorted(m.files.items()):
-        full = storage.join(folder, name)
+    for name in m.files:
         try:
-            size = storage.size(full)
-        except (OSError, FileNotFoundError):
-            return None, f"file {name} is missing"
-        if size != entry["size"]:
-            return None, f"file {name} has {size} bytes, manifest says {entry['size']}"
-        want = entry.get("sha256")
-        if checksums and want:
-            got = storage.sha256(full)
-            if got != want:
-                return None, f"file {name} fails its SHA-256 check ({got[:12]} != {want[:12]})"
+            storage.path(f"{folder}/{name}")
+        except ValueError as e:
+            return None, f"manifest names a file outside the checkpoint: {e}"
+    return m, ""
+
+
+def check_file(
+    storage: Storage, folder: str, name: str, entry: dict[str, Any], *, checksums: bool
+) -> str:
+    """ "" when the file matches its manifest entry; else what is wrong (never raises)."""
+    rel = f"{folder}/{name}"
+    try:
+        size = storage.size(rel)
+    except (OSError, FileNotFoundError):
+        return f"file {name} is missing"
+    if size != entry["size"]:
+        return f"file {name} has {size} bytes, manifest says {entry['size']}"
+    want = entry.get("sha256")
+    if checksums and want:
+        try:
+            got = storage.sha256(rel)
+        except OSError as e:
+            return f"file {name} cannot be read: {e}"
+        if got != want:
+            return f"file {name} fails its SHA-256 check ({got[:12]} != {str(want)[:12]})"
+    return ""
+
+
+def verify(storage: Storage, folder: str, *, checksums: bool = True) -> tuple[Manifest | None, str]:
+    """(manifest, "") when the folder is a complete, intact checkpoint; else (None, why).
+    Serial: the training load splits the files between ranks instead (`checkpoint`)."""
+    m, why = read(storage, folder)
+    if m is None:
+        return None, why
+    for name, entry in sorted(m.data_files().items()):
+        problem = check_file(storage, folder, name, entry, checksums=checksums)
+        if problem:
+            return None, problem
     return m, ""
 
 
 def candidates(storage: Storage) -> list[tuple[int, str]]:
-    """(step, folder) of every step-* folder, newest first, committed or not."""
+    """(step, folder name) of every step-* folder, newest first, committed or not."""
     out = []
-    for name in storage.list_dir(storage.root):
+    for name in storage.list_dir():
         step = step_of(name)
         if step is not None:
-            out.append((step, storage.join(name)))
+            out.append((step, name))
     return sorted(out, reverse=True)
 
 
 def committed(storage: Storage) -> list[tuple[int, str]]:
     """Folders with a manifest (not verified), newest first."""
-    return [(s, f) for s, f in candidates(storage) if storage.exists(storage.join(f, MANIFEST))]
+    return [(s, f) for s, f in candidates(storage) if storage.exists(f"{f}/{MANIFEST}")]
 
 
 def to_prune(storage: Storage, *, keep_last: int) -> list[str]:
@@ -149,6 +173,37 @@ def to_prune(storage: Storage, *, keep_last: int) -> list[str]:
     out += [
         f
         for s, f in candidates(storage)
-        if f not in keep and s < newest and not storage.exists(storage.join(f, MANIFEST))
+        if f not in keep and s < newest and not storage.exists(f"{f}/{MANIFEST}")
     ]
     return sorted(set(out))
+
+
+def owner(name: str, *, world_size: int) -> int | None:
+    """The rank that wrote `name` (`__R_0.distcp`, `rank-R.json`), if it is one of the
+    current ranks; None for job-wide files and for ranks that are gone after a resize."""
+    m = _RANK_FILE.match(name)
+    if m is None:
+        return None
+    rank = int(m.group(1) or m.group(2))
+    return rank if rank < world_size else None
+
+
+def assign(files: dict[str, dict[str, Any]], *, world_size: int) -> list[list[str]]:
+    """Which rank verifies which file: each rank its own files; job-wide files and those of
+    ranks that are gone go to the least-loaded rank. So the time to verify grows with the
+    largest rank's share of the checkpoint, not with the whole of it."""
+    shares: list[list[str]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    rest = []
+    for name, entry in files.items():
+        r = owner(name, world_size=world_size)
+        if r is None:
+            rest.append(name)
+        else:
+            shares[r].append(name)
+            load[r] += int(entry["size"])
+    for name in sorted(rest, key=lambda n: -int(files[n]["size"])):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        shares[r].append(name)
+        load[r] += int(files[name]["size"])
+    return [sorted(s) for s in shares]

@@ -26,6 +26,10 @@ class TrainingMetrics:
     checkpoint_duration: Histogram
     checkpoint_stall: Histogram
     checkpoint_fallbacks: Counter
+    checkpoint_failures: Counter
+    checkpoint_consecutive_failures: Gauge
+    checkpoint_verified_bytes: Counter
+    drains: Counter
 
 
 def build(registry: CollectorRegistry) -> TrainingMetrics:
@@ -74,7 +78,29 @@ def build(registry: CollectorRegistry) -> TrainingMetrics:
         ),
         checkpoint_fallbacks=Counter(
             "gpuvigil_training_checkpoint_fallbacks_total",
-            "Damaged or uncommitted checkpoints skipped on load for an older one.",
+            "Checkpoints skipped on load for an older one: damaged (a file fails its size or "
+            "SHA-256 check, or the manifest is unreadable) or uncommitted (an interrupted save).",
+            ["reason"],
+            registry=registry,
+        ),
+        checkpoint_failures=Counter(
+            "gpuvigil_training_checkpoint_failures_total",
+            "Checkpoint saves that failed to commit (every rank counts each failed save).",
+            registry=registry,
+        ),
+        checkpoint_consecutive_failures=Gauge(
+            "gpuvigil_training_checkpoint_consecutive_failures",
+            "Failed saves in a row; the job ends at checkpoint.max_consecutive_failures.",
+            registry=registry,
+        ),
+        checkpoint_verified_bytes=Counter(
+            "gpuvigil_training_checkpoint_verified_bytes_total",
+            "Bytes this rank verified (size and SHA-256) before loading: its share only.",
+            registry=registry,
+        ),
+        drains=Counter(
+            "gpuvigil_training_drains_total",
+            "SIGTERM drains: the step finished, a checkpoint saved, exit code 89.",
             registry=registry,
         ),
     )

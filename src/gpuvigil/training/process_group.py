@@ -20,9 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuvigil.core import naming
 from gpuvigil.core.findings import utcnow
-from gpuvigil.training import health_gate
+from gpuvigil.training import health_gate, identity
 from gpuvigil.training.config import TrainingConfig
 
 log = logging.getLogger("gpuvigil.training")
@@ -43,15 +42,35 @@ class Env:
     config: TrainingConfig
     store: Any = None  # this attempt's (prefixed) store, for the watchdog's peer signal
     groups: dict[str, Any] = field(default_factory=dict)  # side groups: "checkpoint", "monitor"
+    store_addr: tuple[str, int] = ("", 0)  # where the per-node monitor reaches `store`
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def describe(self) -> dict[str, Any]:
+        """Who this rank is, for the per-node monitor (the heartbeat's sidecar)."""
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "node": self.node,
+            "job": self.job,
+            "attempt": self.restart_count,
+            "store_host": self.store_addr[0],
+            "store_port": self.store_addr[1],
+            "store_prefix": self.round_key,
+            "checkpoint_dir": _absolute(self.config.checkpoint.dir),
+            "events_file": _absolute(self.config.events_file),
+        }
 
-def node_name() -> str:
-    """The node as the platform names it: the k8s node (downward API) or the host name."""
-    return naming.node_name()
+
+def _absolute(path: Any) -> str | None:
+    """A path as the monitor (another process, maybe another directory) must read it."""
+    if path is None:
+        return None
+    text = str(path)
+    return text if "://" in text else os.path.abspath(text)
 
 
 def _connect(env: dict[str, str], *, rank: int, world_size: int, timeout: timedelta) -> Any:
@@ -137,11 +156,12 @@ def init(
             base.host, base.port, world_size, is_master=False, timeout=timedelta(seconds=5)
         ),
     )
+    node = identity.node_name(config, env)
     log.info(
         "rank %d/%d on %s: process group %s on store prefix %s (restart %s)",
         rank,
         world_size,
-        node_name(),
+        node,
         backend,
         key,
         env.get("TORCHELASTIC_RESTART_COUNT", "0"),
@@ -150,14 +170,15 @@ def init(
         rank,
         world_size,
         local_rank,
-        node_name(),
+        node,
         device,
         int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
         key,
-        env.get("TORCHELASTIC_RUN_ID"),
+        identity.job_id(config, env),
         config,
         watch_store,
         groups,
+        (base.host, base.port),
     )
 
 

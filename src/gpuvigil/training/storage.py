@@ -1,98 +1,141 @@
 """Where checkpoints live: a local/shared file system, or any fsspec URL (s3://, gs://, ...).
 
-Called by `manifest` and `checkpoint`. Local paths get real durability (fsync of files and
-folders, rename for atomic publish); object stores get it from the store itself (a PUT is
-atomic and durable when it returns). Only the few operations the manifest needs are here.
+Called by `manifest`, `checkpoint`, `dcp_storage` and the writer process (`writer`). Every
+path these methods take is *relative to the root* ("step-000000100/manifest.json"): the
+storage alone turns it into a real path, so no caller can apply the root twice (a relative
+root such as `ckpt` once became `ckpt/ckpt/step-N`). A local root is made absolute at
+construction, so a process that changes directory keeps writing to the same place.
+Local paths get real durability (fsync of files and folders, rename for atomic publish);
+object stores get it from the store itself (a PUT is atomic and durable when it returns).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-CHUNK = 4 << 20
+CHUNK = 8 << 20
 
 
 def is_url(location: str) -> bool:
     return "://" in location and not location.startswith("file://")
 
 
+def _rel(rel: str) -> str:
+    """A relative path inside the root; refuses absolute paths and `..` (a manifest names
+    files, and a hostile manifest must not reach outside the checkpoint folder)."""
+    norm = posixpath.normpath(rel) if rel else ""
+    if norm in ("", "."):
+        return ""
+    if norm.startswith("/") or norm == ".." or norm.startswith("../"):
+        raise ValueError(f"path {rel!r} leaves the checkpoint folder")
+    return norm
+
+
 class LocalStorage:
     """POSIX folder (local disk, NFS, Lustre, a FUSE mount of a bucket)."""
 
     def __init__(self, root: str) -> None:
-        self.root = root.removeprefix("file://")
-        self.url = self.root
+        self.root = os.path.abspath(root.removeprefix("file://"))
+        self.location = self.root
 
-    def join(self, *parts: str) -> str:
-        return os.path.join(self.root, *parts)
+    def path(self, rel: str = "") -> str:
+        r = _rel(rel)
+        return os.path.join(self.root, r) if r else self.root
 
-    def list_dir(self, path: str) -> list[str]:
+    def list_dir(self, rel: str = "") -> list[str]:
         try:
-            return sorted(os.listdir(path))
-        except FileNotFoundError:
+            return sorted(os.listdir(self.path(rel)))
+        except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def list_files(self, path: str) -> Iterator[tuple[str, int]]:
-        """(relative name, size) of every file under `path`, recursively."""
-        for dirpath, _dirs, files in os.walk(path):
+    def list_files(self, rel: str) -> Iterator[tuple[str, int]]:
+        """(name relative to `rel`, size) of every file under `rel`, recursively."""
+        top = self.path(rel)
+        for dirpath, _dirs, files in os.walk(top):
             for f in files:
                 full = os.path.join(dirpath, f)
-                yield os.path.relpath(full, path), os.path.getsize(full)
+                yield os.path.relpath(full, top), os.path.getsize(full)
 
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.path(rel))
 
-    def size(self, path: str) -> int:
-        return os.path.getsize(path)
+    def size(self, rel: str) -> int:
+        return os.path.getsize(self.path(rel))
 
-    def sha256(self, path: str) -> str:
+    def sha256(self, rel: str) -> str:
         h = hashlib.sha256()
-        with open(path, "rb") as fh:
+        with open(self.path(rel), "rb") as fh:
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
         return h.hexdigest()
 
-    def read_bytes(self, path: str) -> bytes:
-        with open(path, "rb") as fh:
+    def read_bytes(self, rel: str) -> bytes:
+        with open(self.path(rel), "rb") as fh:
             return fh.read()
 
-    def write_atomic(self, path: str, data: bytes) -> None:
+    @contextmanager
+    def open_read(self, rel: str) -> Iterator[IO[bytes]]:
+        with open(self.path(rel), "rb") as fh:
+            yield fh
+
+    @contextmanager
+    def open_write(self, rel: str) -> Iterator[IO[bytes]]:
+        """A new file, fsynced when the block ends (data files: the manifest commits them)."""
+        full = self.path(rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
         """Temp file, fsync, rename, fsync the folder: readers see all of it or nothing."""
-        folder = os.path.dirname(path)
+        full = self.path(rel)
+        folder = os.path.dirname(full)
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+        # O_EXCL on a random name, mode 0644 under the umask (mkstemp would force 0600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            os.replace(tmp, full)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self.fsync_dir(folder)
+        self.fsync_dir(os.path.dirname(rel))
 
-    def fsync_dir(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
+    def fsync_dir(self, rel: str) -> None:
+        fd = os.open(self.path(rel), os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+    def makedirs(self, rel: str = "") -> None:
+        os.makedirs(self.path(rel), exist_ok=True)
 
-    def remove_tree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+    def remove_tree(self, rel: str) -> None:
+        full = self.path(rel)
+        if full == self.root:
+            raise ValueError("refusing to remove the checkpoint root")
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        elif os.path.lexists(full):
+            os.unlink(full)
 
-    def remove(self, path: str) -> None:
-        Path(path).unlink(missing_ok=True)
+    def remove(self, rel: str) -> None:
+        Path(self.path(rel)).unlink(missing_ok=True)
 
 
 class FsspecStorage:
@@ -101,60 +144,72 @@ class FsspecStorage:
     def __init__(self, root: str) -> None:
         import fsspec  # only needed for URLs; ships with torch
 
-        self.url = root.rstrip("/")
+        self.location = root.rstrip("/")
         self.fs: Any
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs, self.root = fsspec.core.url_to_fs(self.location)
+        self.root = self.root.rstrip("/")
 
-    def join(self, *parts: str) -> str:
-        """Relative to the root, unless the first part already is a full path (like os.path)."""
-        base = self.root
-        if parts and parts[0].startswith(self.root):
-            base, parts = parts[0], parts[1:]
-        return "/".join([base.rstrip("/"), *parts])
+    def path(self, rel: str = "") -> str:
+        r = _rel(rel)
+        return f"{self.root}/{r}" if r else self.root
 
-    def list_dir(self, path: str) -> list[str]:
+    def list_dir(self, rel: str = "") -> list[str]:
         try:
-            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False))
-        except FileNotFoundError:
+            entries = self.fs.ls(self.path(rel), detail=False)
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in entries)
 
-    def list_files(self, path: str) -> Iterator[tuple[str, int]]:
-        base = path.rstrip("/") + "/"
-        for full, info in sorted(self.fs.find(path, detail=True).items()):
-            yield full.removeprefix(base), int(info.get("size") or 0)
+    def list_files(self, rel: str) -> Iterator[tuple[str, int]]:
+        base = self.path(rel).rstrip("/") + "/"
+        for full, info in sorted(self.fs.find(self.path(rel), detail=True).items()):
+            yield full.removeprefix(base).removeprefix("/" + base), int(info.get("size") or 0)
 
-    def exists(self, path: str) -> bool:
-        return bool(self.fs.exists(path))
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(self.path(rel)))
 
-    def size(self, path: str) -> int:
-        return int(self.fs.size(path))
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.path(rel)))
 
-    def sha256(self, path: str) -> str:
+    def sha256(self, rel: str) -> str:
         h = hashlib.sha256()
-        with self.fs.open(path, "rb") as fh:
+        with self.fs.open(self.path(rel), "rb") as fh:
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
         return h.hexdigest()
 
-    def read_bytes(self, path: str) -> bytes:
-        return bytes(self.fs.cat_file(path))
+    def read_bytes(self, rel: str) -> bytes:
+        return bytes(self.fs.cat_file(self.path(rel)))
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+    @contextmanager
+    def open_read(self, rel: str) -> Iterator[IO[bytes]]:
+        with self.fs.open(self.path(rel), "rb") as fh:
+            yield fh
 
-    def fsync_dir(self, path: str) -> None:
+    @contextmanager
+    def open_write(self, rel: str) -> Iterator[IO[bytes]]:
+        with self.fs.open(self.path(rel), "wb") as fh:  # one (multipart) PUT on close
+            yield fh
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(self.path(rel), data)  # one PUT: atomic on object stores
+
+    def fsync_dir(self, rel: str) -> None:
         pass
 
-    def makedirs(self, path: str) -> None:
-        self.fs.makedirs(path, exist_ok=True)
+    def makedirs(self, rel: str = "") -> None:
+        self.fs.makedirs(self.path(rel), exist_ok=True)
 
-    def remove_tree(self, path: str) -> None:
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
+    def remove_tree(self, rel: str) -> None:
+        full = self.path(rel)
+        if full == self.root:
+            raise ValueError("refusing to remove the checkpoint root")
+        if self.fs.exists(full):
+            self.fs.rm(full, recursive=True)
 
-    def remove(self, path: str) -> None:
-        if self.fs.exists(path):
-            self.fs.rm(path)
+    def remove(self, rel: str) -> None:
+        if self.fs.exists(self.path(rel)):
+            self.fs.rm(self.path(rel))
 
 
 Storage = LocalStorage | FsspecStorage

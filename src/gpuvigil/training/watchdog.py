@@ -30,6 +30,7 @@ from typing import Any
 
 from gpuvigil.core import exit_codes
 from gpuvigil.training.config import WatchdogConfig
+from gpuvigil.training.heartbeat import HeartbeatWriter
 
 log = logging.getLogger("gpuvigil.training.watchdog")
 
@@ -38,11 +39,15 @@ BACKSTOP_GRACE_S = 30.0  # the faulthandler backstop fires at 2 x timeout + this
 _TORCH_WAIT = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
 
 
-def derive_timeout(step_times_s: Sequence[float], config: WatchdogConfig) -> float:
-    """Pure: the fixed timeout, else initial_timeout_s until warmup, else factor * p99."""
+def derive_timeout(
+    step_times_s: Sequence[float], config: WatchdogConfig, *, steps_this_attempt: int = 1
+) -> float:
+    """Pure: the fixed timeout; else initial_timeout_s for an attempt's first step and until
+    warmup_steps step times are known (an attempt that resumed knows the ones before it);
+    else factor * p99, at least min_timeout_s."""
     if config.timeout_s is not None:
         return config.timeout_s
-    if len(step_times_s) < config.warmup_steps:
+    if steps_this_attempt < 1 or len(step_times_s) < config.warmup_steps:
         return config.initial_timeout_s
     ordered = sorted(step_times_s)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -81,15 +86,18 @@ class Watchdog:
         on_fire: Callable[[HangRecord], None] = lambda record: None,
         store: Any = None,  # a c10d Store (get/set/check) shared by this attempt's ranks
         exit: Callable[[int], None] = os._exit,
+        heartbeat: HeartbeatWriter | None = None,
     ) -> None:
         self.config = config
         self.rank, self.node, self.dump_dir = rank, node, dump_dir
         self._on_fire, self._store, self._exit = on_fire, store, exit
+        self._hb = heartbeat
         self._times: deque[float] = deque(maxlen=1000)
         self._last_kick = self._armed_at = time.monotonic()
         self._step = 0
+        self._kicks = 0  # steps completed in this attempt
         self._paused = 0
-        self._timeout = derive_timeout((), config)
+        self._timeout = derive_timeout((), config, steps_this_attempt=0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpuvigil-watchdog", daemon=True)
         self.fired: HangRecord | None = None
@@ -98,14 +106,26 @@ class Watchdog:
     def timeout_s(self) -> float:
         return self._timeout
 
+    @property
+    def step_times(self) -> list[float]:
+        return list(self._times)
+
+    def seed(self, step_times_s: Sequence[float]) -> None:
+        """Step times of the attempt a resume continues: derive the timeout from them."""
+        self._times.extend(float(t) for t in step_times_s if t > 0)
+
     def start(self) -> Watchdog:
         self._last_kick = time.monotonic()
+        if self._hb is not None:
+            self._hb.start(self._last_kick, self._timeout)
         self._arm_backstop()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        if self._hb is not None:
+            self._hb.finish()
         faulthandler.cancel_dump_traceback_later()
         if self._thread.is_alive():
             self._thread.join(timeout=self.config.poll_s * 2)
@@ -117,19 +137,28 @@ class Watchdog:
             self._arm_backstop()
         self._last_kick = now
         self._step = step
+        self._kicks += 1
         self._times.append(step_time_s)
+        if self._hb is not None:
+            self._hb.step(step, now)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Suspend during long, legitimate stalls between steps (a synchronous save, a load)."""
         self._paused += 1
         faulthandler.cancel_dump_traceback_later()
+        self._beat()
         try:
             yield
         finally:
             self._paused -= 1
             self._last_kick = time.monotonic()
+            self._beat()
             self._arm_backstop()
+
+    def _beat(self) -> None:
+        if self._hb is not None:
+            self._hb.state(timeout_s=self._timeout, paused=self._paused > 0, now=time.monotonic())
 
     def _arm_backstop(self) -> None:
         if self._paused or self._stop.is_set():
@@ -148,7 +177,10 @@ class Watchdog:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.config.poll_s):
-            self._timeout = derive_timeout(list(self._times), self.config)
+            self._timeout = derive_timeout(
+                list(self._times), self.config, steps_this_attempt=self._kicks
+            )
+            self._beat()
             if self._paused:
                 continue
             waited = time.monotonic() - self._last_kick

@@ -1,9 +1,11 @@
 """Fixtures for real multi-process training: torchrun (from the venv), gloo, CPU.
 
-`Job` starts `python -m torch.distributed.run --standalone` (c10d rendezvous on a free port)
-running examples/train_resilient.py, with fault injection through GV_FAULTS and worker PIDs
-recorded in a folder. Teardown SIGTERMs torchrun (never SIGKILL: its workers live in their
-own sessions and would be orphaned), then SIGKILLs any recorded worker still alive.
+`Job` starts `python -m gpuvigil.training.launch --standalone` (torchrun with gpuvigil's
+per-node monitor) or plain `python -m torch.distributed.run --standalone`, running
+examples/train_resilient.py unchanged through `faulty.py`, which injects the faults of
+GV_FAULTS; worker PIDs are recorded in a folder. Teardown SIGTERMs the launcher (never
+SIGKILL: its workers live in their own sessions and would be orphaned), then SIGKILLs any
+recorded worker still alive.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from testkit import cli_env, require
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "train_resilient.py"
+FAULTY = Path(__file__).resolve().parent / "faulty.py"
 STEPS, EVERY = 24, 4  # every test trains the same job, so all can compare to one baseline
 
 
@@ -60,13 +63,19 @@ class Job:
         max_restarts: int = 3,
         faults: str = "",
         env: dict[str, str] | None = None,
-        ckpt: Path | None = None,
+        ckpt: Path | str | None = None,
         elastic: tuple[str, int] | None = None,
+        torchrun: bool = False,
+        script: Path = EXAMPLE,
+        final: str | None = "final.pt",
+        extra: tuple[str, ...] | list[str] = (),
     ) -> Job:
         """`elastic=(node, port)`: one agent of a 1-2 node job (c10d rendezvous on the port,
-        through `python -m gpuvigil.training.launch`), else a standalone single-node job."""
+        through `python -m gpuvigil.training.launch`), else a standalone single-node job
+        (plain torchrun when `torchrun`, else gpuvigil's launcher)."""
         if elastic is None:
-            launcher = ["torch.distributed.run", "--standalone"]
+            module = "torch.distributed.run" if torchrun else "gpuvigil.training.launch"
+            launcher = [module, "--standalone"]
         else:
             launcher = [
                 "gpuvigil.training.launch",
@@ -76,7 +85,7 @@ class Job:
                 "--rdzv-id=elastic",
                 "--rdzv-conf=last_call_timeout=2",
             ]
-            env = {**(env or {}), "GPUVIGIL_NODE_NAME": elastic[0]}
+            env = {**(env or {}), "NODE_NAME": elastic[0], "GPUVIGIL_JOB_ID": "elastic"}
         argv = [
             sys.executable,
             "-m",
@@ -84,21 +93,24 @@ class Job:
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
-            str(EXAMPLE),
+            str(FAULTY),
+            str(script),
             "--steps",
             str(steps),
             "--checkpoint-dir",
             str(ckpt or self.ckpt),
             "--checkpoint-every",
             str(every),
-            "--save-final",
-            str(self.final),
+            *(["--save-final", str(self.dir / final)] if final else []),
+            *extra,
         ]
         extra = {
             "GV_FAULTS": faults,
             "GV_PID_DIR": str(self.pids),
             "GPUVIGIL_EVENTS_FILE": str(self.events),
             "GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE": str(self.state_file),
+            "GPUVIGIL_JOB_ID": self.dir.name,
+            "NODE_NAME": "vm",
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
         }
@@ -123,6 +135,11 @@ class Job:
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def storage(self) -> Any:
+        from gpuvigil.training.storage import LocalStorage
+
+        return LocalStorage(str(self.ckpt))
+
     def worker_pid(self, rank: int, attempt: int) -> int | None:
         p = self.pids / f"rank{rank}-attempt{attempt}.pid"
         return int(p.read_text()) if p.exists() else None
@@ -130,11 +147,11 @@ class Job:
     def attempts(self) -> set[int]:
         return {int(p.stem.split("attempt")[1]) for p in self.pids.glob("*.pid")}
 
-    def event_list(self, kind: str) -> list[dict[str, Any]]:
+    def event_list(self, kind: str | None = None) -> list[dict[str, Any]]:
         if not self.events.exists():
             return []
         lines = [json.loads(x) for x in self.events.read_text().splitlines() if x.strip()]
-        return [e for e in lines if e["kind"] == kind]
+        return [e for e in lines if kind is None or e["kind"] == kind]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -146,6 +163,21 @@ class Job:
                 self.proc.wait()
         for p in self.pids.glob("*.pid"):
             kill_worker(int(p.read_text()))
+
+
+def report(*paths: Path) -> dict[str, Any]:
+    """`gpuvigil report --json` (layer 4's real code, as a user runs it) over event files."""
+    from testkit import gpuvigil_argv
+
+    p = subprocess.run(
+        gpuvigil_argv("report", *map(str, paths), "--window", "all", "--json"),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    return dict(json.loads(p.stdout))
 
 
 def free_port() -> int:
@@ -165,7 +197,7 @@ def kill_worker(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    if b"train_resilient.py" not in cmdline:
+    if b"train_resilient.py" not in cmdline and b"faulty.py" not in cmdline:
         return False
     try:
         os.kill(pid, signal.SIGKILL)
@@ -188,11 +220,28 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def healthy_state(workdir: Path) -> Path:
-    """A fresh healthy report from the node agent: the gate's happy path in every job."""
+def healthy_state(workdir: Path) -> Iterator[Path]:
+    """A healthy report from the node agent, kept fresh as the agent keeps it (the gate
+    refuses a report older than STATE_FILE_MAX_AGE_S, and long jobs restart past it)."""
+    import threading
+
     path = workdir / "node-state.json"
-    path.write_text(NodeReport(node="vm").model_dump_json())
-    return path
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while True:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(NodeReport(node="vm").model_dump_json())
+            os.replace(tmp, path)
+            if stop.wait(20):
+                return
+
+    refresh_once = threading.Thread(target=refresh, daemon=True)
+    refresh_once.start()
+    wait_for(path.exists, timeout=10, what="the node state file")
+    yield path
+    stop.set()
+    refresh_once.join(timeout=5)
 
 
 @pytest.fixture

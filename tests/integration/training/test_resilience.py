@@ -6,8 +6,8 @@ test ends by comparing its final parameters with the uninterrupted baseline, bit
 
 from __future__ import annotations
 
+import json
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,38 +18,52 @@ from gpuvigil.core import exit_codes
 from gpuvigil.core.findings import Action, Finding, NodeReport, Status
 from gpuvigil.training import manifest
 
-from .conftest import Job, free_port, kill_worker, listening, params_equal, wait_for
+from .conftest import STEPS, Job, free_port, kill_worker, listening, params_equal, wait_for
 
 pytestmark = [pytest.mark.realparts, pytest.mark.timeout(240)]
 
 
-def test_sigkill_one_worker_mid_run_resumes_bit_identical(baseline: Job, job: Any) -> None:
+def test_sigkill_mid_run_resumes_from_a_relative_checkpoint_dir_bit_identical(
+    baseline: Job, job: Any
+) -> None:
+    """Issue #15's repro: `--checkpoint-dir ckpt` (relative) once lost every checkpoint
+    (the rank files went to ckpt/ckpt/step-N) and restarted from step 0."""
     j: Job = job()
-    j.start(faults="slow@*:0:*=100")  # 100 ms steps: room to kill from outside mid-run
-    done_8 = j.ckpt / manifest.dir_name(8) / manifest.MANIFEST
-    wait_for(done_8.exists, timeout=90, what="the checkpoint of step 8")
+    j.start(faults="slow@*:0:*=100", ckpt="ckpt")  # cwd is the job's folder
+    done_8 = j.dir / "ckpt" / manifest.dir_name(8) / manifest.MANIFEST
+    wait_for(done_8.exists, timeout=120, what="the checkpoint of step 8")
     pid = j.worker_pid(1, 0)
     assert pid is not None and kill_worker(pid), "rank 1 was not running"
     assert j.wait() == 0, j.text()[-4000:]
     assert j.attempts() == {0, 1}
-    assert "resumed from" in j.text()
+    assert not (j.dir / "ckpt" / "ckpt").exists()
+    resumed = re.search(r"resumed from (\S+)/step-0+(\d+) \(step", j.text())
+    assert resumed and resumed.group(1) == str(j.dir / "ckpt"), j.text()[-3000:]
+    assert int(resumed.group(2)) >= 8
     assert params_equal(j.final, baseline.final)
-    # The platform's record of it: one restart resumed at or after step 8, and commits.
+    # The job's own record of it: started once, restarted once naming the dead rank, ended.
+    kinds = [e["kind"] for e in j.event_list() if e["kind"].startswith("job.")]
+    assert kinds == ["job.start", "job.restart", "job.end"]
     (restart,) = j.event_list("job.restart")
-    assert restart["source"] == "training" and restart["data"]["attempt"] == 1
-    assert restart["data"]["resumed_step"] >= 8 and restart["data"]["lost_s"] >= 0
-    commits = [
-        e["data"]["step"] for e in j.event_list("checkpoint") if e["data"]["result"] == "committed"
-    ]
+    d = restart["data"]
+    assert restart["source"] == "training" and restart["job"] == j.dir.name
+    assert (d["cause"], d["rank"], d["node"], d["exit_code"]) == ("dead", 1, "vm", -9)
+    assert d["attempt"] == 1 and d["resumed_step"] >= 8 and d["lost_s"] > 0
+    assert 0 <= d["lost_steps"] <= 4
+    assert f"rank 1 (pid {pid}) on node vm died: killed by SIGKILL" in j.text()
+    commits = [e["data"]["step"] for e in j.event_list("checkpoint") if e["data"]["result"] == "ok"]
     assert {8, 24} <= set(commits)
+    (end,) = j.event_list("job.end")
+    assert end["data"] == {"result": "succeeded", "exit_code": 0, "steps": STEPS}
 
 
+@pytest.mark.timeout(700)
 def test_ten_kills_ten_clean_restarts(baseline: Job, job: Any) -> None:
     # Attempt i kills rank i%2 at step 3+2i: ten restarts of the group in one job, each
     # resuming from a checkpoint (every 2 steps) and reaching the next kill.
     kills = ",".join(f"kill@{i % 2}:{3 + 2 * i}:{i}" for i in range(10))
     j: Job = job()
-    rc = j.run(faults=kills, every=2, max_restarts=10, timeout=200)
+    rc = j.run(faults=kills, every=2, max_restarts=10, timeout=600, torchrun=True)
     assert rc == 0, j.text()[-4000:]
     assert j.attempts() == set(range(11))  # 10 of 10 restarts formed the group again
     assert "store prefix gpuvigil/restart-10 (restart 10)" in j.text()
@@ -63,25 +77,6 @@ def test_kill_during_checkpoint_commit_resumes_from_previous(baseline: Job, job:
     log = j.text()
     assert "step-000000008 was never committed (its save was interrupted); skipping it" in log
     assert "resumed from " + str(j.ckpt / manifest.dir_name(4)) in log
-    assert params_equal(j.final, baseline.final)
-
-
-def test_corrupt_latest_checkpoint_falls_back_with_a_clear_log_line(
-    baseline: Job, job: Any
-) -> None:
-    j: Job = job()
-    shutil.copytree(baseline.ckpt, j.ckpt)  # checkpoints 16, 20 and 24 (keep_last 3)
-    data = j.ckpt / manifest.dir_name(24) / "__1_0.distcp"
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF  # one flipped bit, same size: only the checksum sees it
-    data.write_bytes(bytes(raw))
-    assert j.run() == 0, j.text()[-4000:]
-    log = j.text()
-    assert (
-        "gpuvigil checkpoint: step-000000024 is DAMAGED (file __1_0.distcp fails its SHA-256 check"
-    ) in log
-    assert "falling back to the previous checkpoint" in log
-    assert "resumed from " + str(j.ckpt / manifest.dir_name(20)) in log
     assert params_equal(j.final, baseline.final)
 
 
@@ -118,7 +113,7 @@ def test_losing_a_node_shrinks_4_to_2_then_grows_to_3(job: Any) -> None:
     c: Job = job("relaunch")
     assert c.run(nproc=3, steps=20, ckpt=a.ckpt) == 0, c.text()[-4000:]
     assert "(step 16, saved by 2 ranks, now 3)" in c.text()
-    saved = torch.load(a.ckpt / manifest.dir_name(20) / "rank-00000.pt", weights_only=False)
+    saved = json.loads((a.ckpt / manifest.dir_name(20) / "global.json").read_text())
     # The data position is global: each step consumed 16 samples per rank of its world.
     consumed = resumed * 4 * 16 + (16 - resumed) * 2 * 16 + 4 * 3 * 16
     assert saved["sampler"]["consumed"] == consumed and saved["world_size"] == 3
@@ -152,25 +147,29 @@ def test_hung_rank_watchdog_fires_dumps_stacks_and_group_restarts(baseline: Job,
     assert params_equal(j.final, baseline.final)
 
 
-def test_slow_rank_is_reported_as_straggler_and_no_other(job: Any) -> None:
+def test_a_rank_1_3x_slower_in_backward_is_named_within_100_steps(job: Any) -> None:
+    """Every rank's step takes 100 ms; rank 2's backward takes 30 ms more (1.3x). Its wall
+    time equals its peers' (they wait for it in the gradient all-reduce), and its forward
+    pass is as fast as theirs: only busy time (whole step minus the wait) names it."""
     j: Job = job()
     prom = j.dir / "metrics-{rank}.prom"
     rc = j.run(
         nproc=3,
-        faults="slow@2:0:*=60",
-        env={
-            "GPUVIGIL__TRAINING__STRAGGLER__EVERY_STEPS": "4",
-            "GPUVIGIL__TRAINING__STRAGGLER__WINDOWS": "2",
-            "GPUVIGIL__TRAINING__METRICS__TEXTFILE": str(prom),
-        },
+        steps=100,
+        every=50,
+        faults="slow@*:0:*=100,slowbwd@2:0:*=30",
+        env={"GPUVIGIL__TRAINING__METRICS__TEXTFILE": str(prom)},  # default sensitivity
+        timeout=240,
     )
     assert rc == 0, j.text()[-4000:]
     reports = j.event_list("straggler")
-    assert reports and {e["data"]["rank"] for e in reports} == {2}
-    assert reports[0]["node"] and reports[0]["data"]["ratio"] > 1.5
-    assert "gpuvigil straggler: rank 2 on node" in j.text()
+    assert reports and {e["data"]["rank"] for e in reports} == {2}, reports
+    first = reports[0]["data"]
+    assert first["step"] <= 100 and 1.2 < first["ratio"] < 1.6, first
+    assert reports[0]["node"] == "vm"
+    assert "gpuvigil straggler: rank 2 on node vm is" in j.text()
     metrics = Path(str(prom).format(rank=0)).read_text()
-    assert f'gpuvigil_training_stragglers_total{{node="{reports[0]["node"]}"}} 1.0' in metrics
+    assert 'gpuvigil_training_stragglers_total{node="vm"}' in metrics
 
 
 def _unhealthy(path: Path) -> None:
@@ -206,6 +205,7 @@ def test_missing_node_state_fails_closed_without_torchrun(tmp_path: Path) -> Non
     from .conftest import EXAMPLE
 
     env = cli_env({"GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE": str(tmp_path / "absent")})
+    env.pop("GPUVIGIL__TRAINING__HEALTH_GATE__ON_MISSING", None)
     p = subprocess.run(
         [sys.executable, str(EXAMPLE), "--steps", "1"],
         env=env,

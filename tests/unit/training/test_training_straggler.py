@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from gpuvigil.training.config import StragglerConfig
 from gpuvigil.training.straggler import Detector
 
-CFG = StragglerConfig(factor=1.5, min_excess_s=0.005, windows=3)
+CFG = StragglerConfig(factor=1.5, min_excess_s=0.005, windows=3, of_windows=3)
 
 
 def detector(n: int, cfg: StragglerConfig = CFG) -> Detector:
@@ -32,6 +32,22 @@ def test_streak_resets_when_the_rank_recovers() -> None:
     for times in (slow, slow, ok, slow, slow):
         assert d.observe(times, step=0) == []
     assert [s.rank for s in d.observe(slow, step=0)] == [2]
+
+
+def test_intermittent_slowness_is_reported_m_of_n() -> None:
+    """Slow in 3 of every 5 windows: never 3 in a row, still a straggler."""
+    d = detector(2, StragglerConfig(factor=1.2, min_excess_s=0.001, windows=3, of_windows=5))
+    slow, ok = [0.010, 0.013], [0.010, 0.010]
+    found = [s for times in (slow, ok, slow, ok, slow) for s in d.observe(times, step=0)]
+    assert [(s.rank, s.windows) for s in found] == [(1, 3)]
+
+
+def test_a_rank_1_3x_slower_is_named_with_the_defaults() -> None:
+    d = detector(4, StragglerConfig())
+    found = []
+    for w in range(1, 11):  # every_steps=10: 100 steps
+        found += d.observe([0.100, 0.100, 0.130, 0.101], step=w * 10)
+    assert [(s.rank, s.step) for s in found] == [(2, 30)]
 
 
 def test_two_ranks_use_the_other_rank_not_the_mean() -> None:

@@ -158,3 +158,12 @@ def test_stopped_watchdog_never_rearms(tmp_path: Path) -> None:
     time.sleep(0.3)
     assert exits == [] and wd.fired is None
     assert wd._armed_at < time.monotonic() - 0.25
+
+
+def test_an_attempts_first_step_gets_the_initial_timeout_then_the_seeded_history() -> None:
+    """A resumed attempt knows the step times saved with its checkpoint: after its first
+    step (compilation, warmup) it needs no 10 new steps to leave the 600 s timeout."""
+    cfg = WatchdogConfig(min_timeout_s=5)
+    seeded = [0.2] * 50
+    assert derive_timeout(seeded, cfg, steps_this_attempt=0) == 600
+    assert derive_timeout(seeded, cfg, steps_this_attempt=1) == 5  # 10 x 0.2 s, floored

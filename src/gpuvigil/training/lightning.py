@@ -1,0 +1,184 @@
+"""gpuvigil for PyTorch Lightning: one callback (`pip install 'gpuvigil[integrations]'`).
+
+    from gpuvigil.training.lightning import Resilience
+    trainer = Trainer(..., callbacks=[Resilience(), ModelCheckpoint(dirpath=..., save_last=True)])
+    trainer.fit(model, ckpt_path="last")   # resumes from the drain's (or the last) checkpoint
+
+Lightning owns the loop, the process group and the checkpoint format; the callback brings
+what Lightning lacks, from the same parts `training.Run` uses:
+- the health gate (exit 87/88 on a node the agent marks unhealthy);
+- the hang watchdog and the heartbeat that `python -m gpuvigil.training.launch`'s monitor
+  reads (a frozen rank named and the group restarted within the timeout plus 5 s);
+- straggler detection on busy time (DDP);
+- a drain: Lightning stops every rank after the same batch on SIGTERM; the callback then
+  writes `last.ckpt` with `trainer.save_checkpoint` and ends the rank with exit code 89;
+- the job's events (job.start/restart/end, hang, straggler) and exit records.
+Lightning's checkpoints are Lightning's (a pickle it loads itself); `training.Run`'s own
+checkpoints are the ones that never unpickle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+
+from gpuvigil.core import exit_codes
+from gpuvigil.core.findings import utcnow
+from gpuvigil.training import drain, health_gate, heartbeat, identity, metrics, watchdog
+from gpuvigil.training.config import TrainingConfig
+from gpuvigil.training.journal import Journal
+from gpuvigil.training.process_group import Env
+from gpuvigil.training.storage import open_storage
+from gpuvigil.training.straggler_watch import StragglerWatch
+
+try:  # the unified package first, then the standalone one
+    from lightning.pytorch import Callback
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+except ImportError:
+    from pytorch_lightning import Callback
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger("gpuvigil.training")
+
+
+class Resilience(Callback):  # type: ignore[misc]
+    def __init__(self, config: TrainingConfig | None = None) -> None:
+        self.config = config or TrainingConfig.load()
+        self.env: Env | None = None
+        self.journal: Journal | None = None
+        self.metrics = metrics.build(CollectorRegistry())
+        self._watchdog: watchdog.Watchdog | None = None
+        self._hb: heartbeat.HeartbeatWriter | None = None
+        self._stragglers: StragglerWatch | None = None
+        self._batches = 0
+        self._t0 = 0.0
+
+    # --- what StragglerWatch reads from its owner (the same fields as training.Run) ----------
+    @property
+    def models(self) -> list[Any]:
+        return self._models
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        cfg = self.config
+        verdict = health_gate.check(cfg.health_gate, now=utcnow())
+        if not verdict.allowed:
+            log.error("%s (exit code %d)", verdict.message, verdict.exit_code)
+            raise health_gate.NodeRefused(verdict)
+        many = dist.is_available() and dist.is_initialized() and trainer.world_size > 1
+        self.env = Env(
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            local_rank=trainer.local_rank,
+            node=identity.node_name(cfg, os.environ),
+            device=pl_module.device,
+            restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            round_key="",
+            job=identity.job_id(cfg, os.environ),
+            config=cfg,
+            groups={"monitor": dist.new_group(backend="gloo")} if many else {},
+        )
+        self.journal = Journal(self.env)
+        if self._ckpt_dir(trainer):
+            self.journal.storage = open_storage(self._ckpt_dir(trainer))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        env, cfg = self.env, self.config
+        assert env is not None and self.journal is not None
+        self._models = [trainer.strategy.model]  # wrapped (DDP) by now
+        log.info("gpuvigil: training starts at step %d", trainer.global_step)
+        self.journal.open(cfg.events_file)
+        run_dir = os.environ.get(heartbeat.RUN_DIR_ENV)
+        if run_dir:
+            self._hb = heartbeat.HeartbeatWriter(
+                Path(run_dir), local_rank=env.local_rank, info=env.describe()
+            )
+        if cfg.watchdog.enabled:
+            self._watchdog = watchdog.Watchdog(
+                cfg.watchdog,
+                rank=env.rank,
+                node=env.node,
+                dump_dir=Path(trainer.default_root_dir),
+                on_fire=self._hung,
+                heartbeat=self._hb,
+            ).start()
+        nodes = [env.node]
+        if "monitor" in env.groups:
+            nodes = [None] * env.world_size
+            dist.all_gather_object(nodes, env.node, group=env.groups["monitor"])
+            if cfg.straggler.enabled:
+                self._stragglers = StragglerWatch(self, nodes=nodes)  # type: ignore[arg-type]
+        self.journal.started(nodes=nodes, resumed_step=trainer.global_step, saved_ts=None)
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        dt = time.perf_counter() - self._t0
+        self._batches += 1
+        if self._watchdog is not None:
+            self._watchdog.kick(trainer.global_step, dt)
+        if self._stragglers is not None:  # windows count batches: the same on every rank
+            self._stragglers.completed(self._batches, dt)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop()
+        if self.journal is not None:
+            self.journal.end(steps=trainer.global_step)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._stop()
+        assert self.journal is not None
+        step = trainer.global_step
+        if not isinstance(exception, SIGTERMException):
+            self.journal.exit_of(exception, step=step)
+            return
+        # Lightning stopped every rank after the same batch: all of them save together.
+        path = os.path.join(self._ckpt_dir(trainer) or trainer.default_root_dir, "last.ckpt")
+        trainer.save_checkpoint(path)
+        self.metrics.drains.inc()
+        log.warning(
+            "gpuvigil drain: stopped after step %d with %s saved; exiting with code %d",
+            step,
+            path,
+            exit_codes.DRAINED,
+        )
+        self.journal.exit(
+            cause="drain", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved {path}"
+        )
+        self.journal.close()
+        raise drain.Drained(step)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._stop()
+        if self._hb is not None:
+            self._hb.close()
+            self._hb = None
+        if self.journal is not None:
+            self.journal.close()
+
+    # --- helpers --------------------------------------------------------------------------
+    def _stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._stragglers is not None:
+            self._stragglers.flush()
+            self._stragglers = None
+
+    def _ckpt_dir(self, trainer: Any) -> str | None:
+        cb = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+        return (cb.dirpath if cb is not None and cb.dirpath else None) or self.config.checkpoint.dir
+
+    def _hung(self, record: watchdog.HangRecord) -> None:
+        self.metrics.hangs.inc()
+        assert self.journal is not None
+        self.journal.hung(record)

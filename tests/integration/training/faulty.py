@@ -1,0 +1,14 @@
+"""The tests' torchrun entry point: `faulty.py SCRIPT ARGS...` runs SCRIPT with GV_FAULTS.
+
+The script (examples/train_resilient.py, or any other) runs unchanged; `faults.patch()`
+reaches it through gpuvigil.training's own classes.
+"""
+
+import runpy
+import sys
+
+import faults
+
+faults.patch()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")

@@ -1,0 +1,186 @@
+"""Why an attempt ended: exit records, the culprit among them, job.restart's data; the
+heartbeat a rank writes; the monitor outside the rank, on a real frozen process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuvigil.core import exit_codes
+from gpuvigil.training import heartbeat, lifecycle
+from gpuvigil.training.config import TrainingConfig
+from gpuvigil.training.monitor import Monitor, proc_state
+from gpuvigil.training.storage import LocalStorage
+
+
+def rec(cause: str, rank: int, ts: float, step: int = 10) -> lifecycle.ExitRecord:
+    return lifecycle.ExitRecord(ts, cause, rank, f"node{rank}", 1, step, "detail")
+
+
+def test_the_frozen_rank_is_the_culprit_not_the_peers_that_waited_for_it() -> None:
+    records = [rec("victim", 0, 1.0), rec("hang", 2, 2.0), rec("frozen", 1, 3.0)]
+    assert lifecycle.culprit(records) == records[2]
+    assert lifecycle.culprit([rec("drain", 0, 1.0), rec("drain", 1, 0.5)]).rank == 1
+    assert lifecycle.culprit([]) is None
+
+
+def test_restart_data_names_cause_culprit_and_lost_work() -> None:
+    records = [rec("victim", 0, 1.0, step=13), rec("dead", 1, 2.0, step=12)]
+    d = lifecycle.restart_data(records, attempt=2, resumed_step=10, saved_ts=100.0, now=130.0)
+    assert (d["cause"], d["rank"], d["node"], d["lost_steps"], d["lost_s"]) == (
+        "dead",
+        1,
+        "node1",
+        3,
+        30.0,
+    )
+    assert d["reason"].startswith("dead: rank 1 on node1")
+    empty = lifecycle.restart_data([], attempt=1, resumed_step=0, saved_ts=None, now=1.0)
+    assert empty["cause"] == "unknown" and empty["lost_s"] is None
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (86, "hang"),
+        (89, "drain"),
+        (90, "checkpoint_failed"),
+        (87, "node_unhealthy"),
+        (-9, "dead"),
+        (137, "dead"),
+        (1, "user_code"),
+    ],
+)
+def test_cause_of_an_exit_code(code: int, cause: str) -> None:
+    assert lifecycle.cause_of_exit(code) == cause
+
+
+def test_exit_records_round_trip_and_garbage_is_skipped(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    lifecycle.write_exit(storage, rec("drain", 0, 5.0))
+    (tmp_path / lifecycle.EXITS / "garbage.json").write_text("{not json")
+    records, names = lifecycle.read_exits(storage)
+    assert [r.cause for r in records] == ["drain"] and len(names) == 2
+
+
+def test_heartbeat_round_trip(tmp_path: Path) -> None:
+    hb = heartbeat.HeartbeatWriter(tmp_path, local_rank=1, info={"rank": 5, "node": "gpu7"})
+    hb.start(100.0, 60.0)
+    hb.step(42, 123.5)
+    beat = heartbeat.read(tmp_path / "local-1.hb")
+    assert beat is not None and (beat.rank, beat.step, beat.last_step_at, beat.timeout_s) == (
+        5,
+        42,
+        123.5,
+        60.0,
+    )
+    assert heartbeat.info(tmp_path / "local-1.hb")["node"] == "gpu7"
+    hb.finish()
+    assert heartbeat.read(tmp_path / "local-1.hb").timeout_s == 0  # the loop is over: unwatched
+    hb.close()
+    (tmp_path / "local-2.hb").write_bytes(b"garbage")
+    assert heartbeat.read(tmp_path / "local-2.hb") is None
+
+
+def test_the_monitor_names_and_kills_a_frozen_process(tmp_path: Path) -> None:
+    """A real process, SIGSTOPped, whose heartbeat stopped 5 s ago with a 1 s timeout."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while proc_state(sleeper.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run_dir, events, ckpt = tmp_path / "run", tmp_path / "events.jsonl", tmp_path / "ckpt"
+        run_dir.mkdir()
+        (run_dir / "local-0.json").write_text(
+            json.dumps(
+                {
+                    "rank": 3,
+                    "local_rank": 0,
+                    "node": "gpu7",
+                    "job": "j1",
+                    "pid": sleeper.pid,
+                    "checkpoint_dir": str(ckpt),
+                    "events_file": str(events),
+                }
+            )
+        )
+        from gpuvigil.training.heartbeat import _FMT, _MAGIC
+
+        (run_dir / "local-0.hb").write_bytes(
+            _FMT.pack(_MAGIC, sleeper.pid, 3, 17, time.monotonic() - 5, 1.0, 0.0, 0.0)
+        )
+        cfg = TrainingConfig.load(
+            environ={}, overrides={"monitor": {"poll_s": 0.05, "grace_s": 0.5}}
+        )
+        monitor = Monitor(cfg, run_dir, node="gpu7").start()
+        try:
+            sleeper.wait(timeout=10)
+        finally:
+            monitor.stop()
+        assert sleeper.returncode == -signal.SIGKILL
+        assert monitor.named == [{"rank": 3, "node": "gpu7", "cause": "frozen"}]
+        (ev,) = [json.loads(line) for line in events.read_text().splitlines()]
+        assert (ev["kind"], ev["node"], ev["job"], ev["data"]["reason"]) == (
+            "hang",
+            "gpu7",
+            "j1",
+            "frozen",
+        )
+        (record,), _ = lifecycle.read_exits(LocalStorage(str(ckpt)))
+        assert (record.cause, record.rank, record.exit_code, record.by) == (
+            "frozen",
+            3,
+            -signal.SIGKILL,
+            "monitor",
+        )
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
+def test_the_monitor_leaves_a_rank_within_its_timeout_alone(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        from gpuvigil.training.heartbeat import _FMT, _MAGIC
+
+        (tmp_path / "local-0.hb").write_bytes(
+            _FMT.pack(_MAGIC, sleeper.pid, 0, 1, time.monotonic(), 30.0, 0.0, 0.0)
+        )
+        cfg = TrainingConfig.load(environ={}, overrides={"monitor": {"poll_s": 0.05}})
+        monitor = Monitor(cfg, tmp_path, node="n").start()
+        time.sleep(0.5)
+        monitor.stop()
+        assert sleeper.poll() is None and monitor.named == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_launcher_keeps_a_workers_exit_code() -> None:
+    from gpuvigil.training.launch import exit_code_of
+
+    assert exit_code_of(exit_codes.DRAINED) == 89 and exit_code_of(-9) == 137
+
+
+def test_sigterm_on_a_single_rank_stops_after_the_current_step() -> None:
+    from gpuvigil.training.config import DrainConfig
+    from gpuvigil.training.drain import Drain
+
+    d = Drain(DrainConfig(), world_size=1, group=None)
+    d.install()
+    try:
+        assert d.after_step(1, 0.1) is False
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler only raises a flag
+        assert d.requested and d.after_step(2, 0.1) is True
+    finally:
+        d.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
