@@ -33,10 +33,11 @@ image: venv system-deps
 demo: venv
 	$(VENV)/bin/gpuvigil demo
 
-# One fault through the whole platform on real parts (docs/lab.md): make lab FAULT=xid79
+# Faults through the whole platform on real parts (docs/lab.md): make lab FAULT=xid79,
+# or several in one lab: make lab FAULT="xid48 xid79"
 FAULT ?= xid48
 lab: venv kube
-	$(VENV)/bin/gpuvigil lab --fault $(FAULT)
+	$(VENV)/bin/gpuvigil lab $(foreach f,$(FAULT),--fault $(f))
 
 lint: venv
 	$(VENV)/bin/ruff check $(wildcard src tests bench examples)

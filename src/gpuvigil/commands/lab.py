@@ -1,5 +1,6 @@
-"""`gpuvigil lab --fault KIND`: one fault through the whole platform on real parts, on this
-machine; prints the timeline (or `--json`)."""
+"""`gpuvigil lab --fault KIND`: a fault through the whole platform on real parts, on this
+machine; prints the timeline (or `--json`). `--fault` again runs the next fault on the same
+parts once every node is back in service."""
 
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ job has finished, and prints the timeline, the ladder steps, every node's final 
 job's restarts and lost steps, and what `gpuvigil report` says about the run.
 
 Faults: xid48 (a GPU reset cures it), xid79 (needs a reboot), row-remap-failure (needs a new
-GPU), rank-hang (a rank stops making progress), agent-stop (the node's agent dies).
+GPU), rank-hang (a rank stops making progress), agent-stop (the node's agent dies). Give
+--fault several times to run them one after another on the same parts (one start for all;
+row-remap-failure, which takes its node away, goes last); each fault gets a fresh job and
+its own timeline and report, and --json prints a list, one object per fault.
 
-Exit status: 0 the run settled as expected for the fault, 1 it did not (timed out, or the
-job failed), 2 the lab could not run (a part is missing: the message names the fix).
+Exit status: 0 every fault's run settled as expected, 1 one did not (timed out, or the
+job failed; the faults after it are not run), 2 the lab could not run (a part is missing:
+the message names the fix).
 
 Try it: gpuvigil lab --fault xid48
 """
@@ -83,12 +88,19 @@ def register(app: typer.Typer) -> None:
     def lab(
         *,
         fault: Annotated[
-            str,
-            typer.Option("--fault", help="xid48, xid79, row-remap-failure, rank-hang, agent-stop."),
+            list[str],
+            typer.Option(
+                "--fault",
+                help="xid48, xid79, row-remap-failure, rank-hang, agent-stop; repeat for several.",
+            ),
         ],
         on: Annotated[
             str | None,
-            typer.Option("--on", help="The node to break (default: a node running the job)."),
+            typer.Option(
+                "--on",
+                help="The node to break (default: a node running the job, the one "
+                "broken least often).",
+            ),
         ] = None,
         nodes: Annotated[int, typer.Option("--nodes", help="GPU nodes (3 to 8).")] = 3,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -105,14 +117,15 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         from gpuvigil.core import config as core_config
-        from gpuvigil.lab import control_plane, faults
+        from gpuvigil.lab import control_plane
         from gpuvigil.lab.config import LabConfig
-        from gpuvigil.lab.run import Lab, LabError, cleanup
+        from gpuvigil.lab.run import Lab, LabError, check_faults, cleanup
 
-        if fault not in faults.KINDS:
-            typer.echo(f"gpuvigil lab: unknown --fault {fault!r}; one of "
-                       f"{', '.join(faults.KINDS)}", err=True)  # fmt: skip
-            raise typer.Exit(2)
+        try:
+            check_faults(fault)
+        except LabError as e:
+            typer.echo(f"gpuvigil lab: --fault: {e}", err=True)
+            raise typer.Exit(2) from e
         why = control_plane.missing()
         if why:
             typer.echo(f"gpuvigil lab: {why}", err=True)
@@ -128,13 +141,23 @@ def register(app: typer.Typer) -> None:
         folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
         try:
             say = None if quiet else (lambda msg: typer.echo(msg, err=True))
-            lab_run = Lab(cfg, fault=fault, on=on, workdir=folder, progress=say)
-            result = lab_run.run().to_json()
+            lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say)
+            results = [r.to_json() for r in lab_run.run()]
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)
             raise typer.Exit(2) from e
-        if not keep and result["settled"]:
+        ok = len(results) == len(fault) and all(
+            r["settled"] and r["job"]["finished"] for r in results
+        )
+        if not keep and ok:
             cleanup(folder)
-            result["workdir"] = f"{folder} (removed; keep it with --workdir)"
-        typer.echo(json.dumps(result, indent=2) if as_json else render(result))
-        raise typer.Exit(0 if result["settled"] and result["job"]["finished"] else 1)
+            for r in results:
+                r["workdir"] = f"{folder} (removed; keep it with --workdir)"
+        if as_json:
+            typer.echo(json.dumps(results[0] if len(fault) == 1 else results, indent=2))
+        else:
+            typer.echo("\n\n".join(render(r) for r in results))
+        if len(results) < len(fault):
+            typer.echo(f"gpuvigil lab: not run: {', '.join(fault[len(results):])} (the "
+                       "fault before did not settle)", err=True)  # fmt: skip
+        raise typer.Exit(0 if ok else 1)

@@ -38,6 +38,9 @@ def _controller() -> dict[str, Any]:
             "reboot_timeout_s": 60.0,
             "validation_timeout_s": 90.0,
             "cooldown_s": 0.0,
+            # a problem back within 20 s of a ladder step goes on up the ladder (a day by
+            # default): several faults in one lab each start their own ladder
+            "escalation_window_s": 20.0,
         },
     }
 
@@ -60,7 +63,7 @@ class LabConfig(StrictModel):
     grace_s: int = Field(10, ge=1)  # the job pods' terminationGracePeriodSeconds
     watchdog_timeout_s: float = Field(8.0, gt=0)  # the training hang watchdog's timeout
     agent_restart_s: float = Field(12.0, gt=0)  # a dead agent's restart (agent-stop)
-    timeout_s: float = Field(420.0, gt=0)  # the whole run, start to report (a bound, not a goal)
+    timeout_s: float = Field(420.0, gt=0)  # each fault, job start to settled (a bound, not a goal)
     # The job's pods request every GPU of their node, as real ones do (so one rank per
     # node, and none on a node whose preflight pod holds the GPUs while it runs).
     gpu_requests: bool = True

@@ -23,6 +23,7 @@ class FaultKind:
     summary: str
     expect: str  # how the lab run should end (the docs' table and the tests say the same)
     gpu_fault: bool = True
+    ends_node: bool = False  # the node leaves the lab (replaced) or waits for a person
 
 
 KINDS = {
@@ -33,7 +34,8 @@ KINDS = {
         FaultKind("xid79", "Xid 79: the GPU fell off the bus (a reboot cures it)",
                   "drained, REBOOT (a new boot id), preflight, back in service"),
         FaultKind("row-remap-failure", "a row remap failed (no spare rows): replace the GPU",
-                  "drained, then replaced (the Node is deleted) or quarantined for a person"),
+                  "drained, then replaced (the Node is deleted) or quarantined for a person",
+                  ends_node=True),
         FaultKind("rank-hang", "one rank stops making progress (its process is stopped)",
                   "the hang watchdog ends the step, the job restarts; no node is blocked",
                   gpu_fault=False),
@@ -42,6 +44,19 @@ KINDS = {
                   "service once the agent reports again", gpu_fault=False),
     )
 }  # fmt: skip
+
+
+def order_problem(kinds: list[str]) -> str | None:
+    """Why `kinds` cannot run in this order on one lab, or None."""
+    if not kinds:
+        return "no fault given"
+    for kind in kinds:
+        if kind not in KINDS:
+            return f"unknown fault {kind!r}; one of {', '.join(KINDS)}"
+    ends = [k for k in kinds[:-1] if KINDS[k].ends_node]
+    if ends:
+        return f"{ends[0]} takes its node out of the lab for good: give it last"
+    return None
 
 
 def _xid_line(machine: Machine, gpu: int, code: int, text: str) -> str:

@@ -74,6 +74,13 @@ class Follower:
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> last API view
     _preflights: set[tuple[str, str]] = field(default_factory=set)
 
+    def next_fault(self) -> None:
+        """Start the timeline of the next fault of the same lab: what the parts are (node
+        states, removed nodes, the logs read so far) carries over; what happened does not."""
+        self.entries, self.fault_ts, self.steps = [], None, []
+        self.left_service, self.lost_steps = set(), []
+        self.last_step, self.resumed_after = 0, None
+
     def add(self, event: str, node: str | None, detail: str, ts: float | None = None) -> None:
         self.entries.append(Entry(ts if ts is not None else time.time(), event, node, detail))
 

@@ -63,7 +63,9 @@ def trust_key(api: Any, *, namespace: str = "gpuvigil", name: str = "gpuvigil-tr
     return str((cm.data or {}).get("controller.pub", ""))
 
 
-def training_job(example_path: Path, cfg: LabConfig, *, events: Path, checkpoints: Path) -> GangJob:
+def training_job(
+    example_path: Path, cfg: LabConfig, *, name: str, events: Path, checkpoints: Path
+) -> GangJob:
     """The shipped Job example's pods and podFailurePolicy, running the lab's workload."""
     example = load_example(example_path)
     pod = example["spec"]["template"]["spec"]
@@ -72,7 +74,7 @@ def training_job(example_path: Path, cfg: LabConfig, *, events: Path, checkpoint
         for c in pod["containers"]:
             c.pop("resources", None)
     return GangJob(
-        name=JOB,
+        name=name,
         namespace=NAMESPACE,
         example=example,
         ranks=2,

@@ -1,5 +1,6 @@
-"""What a lab run found: `LabResult` (the `--json` record), the figures read from its
-timeline, and `gpuvigil report --json` over the run's own event logs."""
+"""What a lab run found: `LabResult` (the `--json` record of one fault), the figures read
+from its timeline, the job's outcome, and `gpuvigil report --json` over the event logs
+written while that fault ran (sliced out of the lab's logs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuvigil.lab.jobs import GangJob
 from gpuvigil.lab.machine import python_env
 
 
@@ -82,3 +84,41 @@ def report(events: Path) -> dict[str, Any]:
         return dict(json.loads(res.stdout))
     except ValueError:
         return {"error": f"gpuvigil report exited {res.returncode}: {res.stderr[-500:]}"}
+
+
+def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
+    """The `job` field: the gang's outcome, and the steps lost as training reported them."""
+    return {
+        "finished": job.state == "Succeeded",
+        "state": job.state,
+        "restarts": len(job.attempts) - 1,
+        "lost_steps": sum(lost_steps) if lost_steps else None,
+        "exit_codes": job.exit_codes(),
+        "attempts": [
+            {
+                "attempt": a.number,
+                "nodes": sorted(a.nodes.values()),
+                "exit_codes": a.exit_codes,
+                "policy": a.failed,
+            }
+            for a in job.attempts
+        ],
+        "backoff_counted": job.counted,
+    }
+
+
+def log_offsets(events: Path) -> dict[str, int]:
+    """Where each event log ends now: the next fault's events begin there."""
+    return {p.name: p.stat().st_size for p in events.glob("*.jsonl")}
+
+
+def slice_logs(events: Path, offsets: dict[str, int], dest: Path) -> Path:
+    """Copy what each event log gained since `offsets` (whole lines) into `dest`: one
+    fault's own event logs, for `gpuvigil report`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in sorted(events.glob("*.jsonl")):
+        with path.open("rb") as fh:
+            fh.seek(offsets.get(path.name, 0))
+            data = fh.read()
+        (dest / path.name).write_bytes(data[: data.rfind(b"\n") + 1])
+    return dest

@@ -1,9 +1,12 @@
-"""One lab run: start the parts, run the job, inject the fault, follow it to the end.
+"""One lab run: start the parts; then for each fault, run a job, inject the fault, follow
+it to the end.
 
-`Lab(config, fault=..., on=..., workdir=...).run()` returns a `LabResult` (the timeline,
-the ladder steps taken, every node's final state, the job's outcome and what `gpuvigil
-report --json` computes from the run's event logs). Everything it starts is stopped by PID
-when it returns, also on errors and Ctrl-C.
+`Lab(config, faults=[...], on=..., workdir=...).run()` returns a `LabResult` per fault (the
+timeline, the ladder steps taken, every node's final state, the job's outcome and what
+`gpuvigil report --json` computes from the event logs written while that fault ran). The
+faults run one after another on the same parts, each once every node is back in service,
+so several cost one start. Everything it starts is stopped by PID when it returns, also on
+errors and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from typing import Any
 import yaml
 
 from gpuvigil.core.config import deep_merge
-from gpuvigil.lab import faults
+from gpuvigil.lab import episode, faults
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.control_plane import ControlPlane
 from gpuvigil.lab.follow import Follower
 from gpuvigil.lab.jobs import JOB_LABEL, GangJob
-from gpuvigil.lab.kubelet import Kubelet, ranks_on
+from gpuvigil.lab.kubelet import Kubelet
 from gpuvigil.lab.machine import SRC, Machine, python_env
 from gpuvigil.lab.parts import (
     JOB,
@@ -32,8 +35,15 @@ from gpuvigil.lab.parts import (
     training_job,
     trust_key,
 )
-from gpuvigil.lab.procs import Proc, environ
-from gpuvigil.lab.result import LabResult, figures, report
+from gpuvigil.lab.procs import Proc
+from gpuvigil.lab.result import (
+    LabResult,
+    figures,
+    job_record,
+    log_offsets,
+    report,
+    slice_logs,
+)
 
 REPO = SRC.parent
 POOL = "lab"
@@ -48,14 +58,14 @@ class Lab:
         self,
         config: LabConfig,
         *,
-        fault: str,
+        faults: list[str],
         on: str | None,
         workdir: Path,
         progress: Any = None,
     ) -> None:
-        if fault not in faults.KINDS:
-            raise LabError(f"unknown fault {fault!r}; one of {', '.join(faults.KINDS)}")
-        self.cfg, self.fault, self.target = config, fault, on
+        check_faults(faults)
+        self.cfg, self.faults, self.on = config, faults, on
+        self.fault, self.target = faults[0], on
         self.dir = workdir
         self.events = workdir / "events"
         self.names = [f"lab-gpu-{i}" for i in range(1, config.nodes + 1)]
@@ -71,6 +81,7 @@ class Lab:
         self.t_start = time.monotonic()
         self._progress = progress  # (message) -> None: what the lab is doing, for people
         self._trust, self._trust_at = "", 0.0  # the controller's public key, as last copied
+        self.hits: list[str] = []  # the nodes broken so far, in order
 
     def say(self, message: str) -> None:
         if self._progress is not None:
@@ -140,12 +151,13 @@ class Lab:
                 return False
         return True
 
-    def start_job(self) -> None:
+    def start_job(self, name: str) -> None:
         self.job = training_job(
             REPO / "deploy/kubernetes/examples/training-job.yaml",
             self.cfg,
+            name=name,
             events=self.events,
-            checkpoints=self.dir / "checkpoints",
+            checkpoints=self.dir / "checkpoints" / name,
         )
         self.follow.add("job", None, self.job.start_attempt(self.api))
         self.say("training job started (2 ranks)")
@@ -176,8 +188,9 @@ class Lab:
                 self.follow.add("agent_restart", name, "the agent was started again")
         self.follow.read_preflight(pods.get("items") or [])
         if self.job is not None:
+            name = self.job.name
             mine = [p for p in pods.get("items") or []
-                    if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == JOB]  # fmt: skip
+                    if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == name]  # fmt: skip
             for event, detail in self.job.sync(self.api, mine):
                 self.follow.add(event, None, detail)
                 if event == "job.attempt":
@@ -230,59 +243,11 @@ class Lab:
             self.tick()
             time.sleep(0.1)
 
-    def pick_target(self) -> str:
-        """A node running the job. For rank-hang, one whose rank is not 0: rank 0 hosts the
-        job's store, and a frozen store host is another fault (`--on` that node shows it)."""
-        if self.target is not None:
-            return self.target
-        assert self.job is not None
-        nodes = sorted(set(self.job.attempts[-1].nodes.values()))
-        if self.fault == "rank-hang":
-            for node in nodes:
-                ranks = {environ(pid).get("RANK") for pid in ranks_on(self.kubelets[node])}
-                if ranks and "0" not in ranks:
-                    return node
-        return nodes[-1] if nodes else self.names[-1]
-
-    def inject(self) -> str:
-        node = self.target = self.pick_target()
-        m = self.machines[node]
-        self.follow.fault_ts = time.time()
-        if self.fault in faults.GPU_FAULTS:
-            gpu = 3
-            line = faults.GPU_FAULTS[self.fault](m, gpu)
-            detail = f"{faults.KINDS[self.fault].summary}; gpu:{gpu}; kernel log: {line}"
-        elif self.fault == "rank-hang":
-            pids = ranks_on(self.kubelets[node])
-            if not pids:
-                raise LabError(f"no training rank runs on {node} to hang")
-            for pid in pids:
-                faults.stop_process(pid)
-            detail = f"rank process(es) {pids} stopped (SIGSTOP)"
-        else:
-            m.kill_agent()
-            detail = f"agent pid {m.agent.pid if m.agent else '?'} killed (SIGKILL)"
-        self.follow.add("fault", node, detail, ts=self.follow.fault_ts)
-        self.say(f"fault {self.fault} injected on {node}; following it")
-        return node
-
-    def settled(self) -> bool:
-        assert self.job is not None and self.target is not None
-        if self.job.state == "Running":
-            return False
-        node, f = self.target, self.follow
-        if node in f.gone or f.states.get(node) == "QUARANTINED":
-            return True
-        in_service = f.states.get(node, "HEALTHY") == "HEALTHY" and not f.blocked(node)
-        if self.fault == "rank-hang":
-            return in_service
-        return in_service and node in f.left_service
-
-    def follow_to_end(self) -> bool:
-        end = self.t_start + self.cfg.timeout_s
+    def follow_to_end(self, started: float) -> bool:
+        end = started + self.cfg.timeout_s
         while time.monotonic() < end:
             self.tick()
-            if self.settled():
+            if episode.settled(self):
                 return True
             time.sleep(0.2)
         return False
@@ -311,50 +276,63 @@ class Lab:
             out[name] = rec.state.value if rec is not None else "HEALTHY"
         return out
 
-    def run(self) -> LabResult:
-        settled = False
+    def run(self) -> list[LabResult]:
+        """Each fault's result, in order; a fault that did not settle is the last one run
+        (the next would not find the lab as the first did)."""
+        results: list[LabResult] = []
         try:
             self.start()
-            self.start_job()
-            self.wait_for_progress()
-            self.inject()
-            settled = self.follow_to_end()
-            final = self.final_state()
+            for index, fault in enumerate(self.faults):
+                result = self.run_fault(index, fault)
+                results.append(result)
+                if not (result.settled and result.job["finished"]):
+                    break
         finally:
-            self.follow.read_logs()
             self.stop()
-        job = self.job
+        return results
+
+    def run_fault(self, index: int, fault: str) -> LabResult:
+        started = self.t_start if index == 0 else time.monotonic()
+        if index:
+            self.say(f"waiting for every node to be back in service before {fault}")
+            self._until(
+                lambda: episode.in_service(self), self.cfg.timeout_s, "every node back in service"
+            )
+            self.follow.next_fault()
+        self.fault, self.target = fault, None
+        offsets = log_offsets(self.events)
+        self.start_job(JOB if index == 0 else f"{JOB}-{index + 1}")
+        self.wait_for_progress()
+        try:
+            episode.inject(self)
+        except episode.EpisodeError as e:
+            raise LabError(str(e)) from e
+        settled = self.follow_to_end(started)
+        final = self.final_state()
+        self.follow.read_logs()
+        job, f = self.job, self.follow
         assert job is not None and self.target is not None
-        f = self.follow
+        logs = slice_logs(self.events, offsets, self.dir / "faults" / f"{index + 1}-{fault}")
         return LabResult(
-            fault=self.fault,
+            fault=fault,
             node=self.target,
             timeline=f.timeline(),
             remediation_steps=[s for n, s in f.steps if n == self.target],
             final_state=final,
-            job={
-                "finished": job.state == "Succeeded",
-                "state": job.state,
-                "restarts": len(job.attempts) - 1,
-                "lost_steps": sum(f.lost_steps) if f.lost_steps else None,
-                "exit_codes": job.exit_codes(),
-                "attempts": [
-                    {
-                        "attempt": a.number,
-                        "nodes": sorted(a.nodes.values()),
-                        "exit_codes": a.exit_codes,
-                        "policy": a.failed,
-                    }
-                    for a in job.attempts
-                ],
-                "backoff_counted": job.counted,
-            },
-            report=report(self.events),
+            job=job_record(job, f.lost_steps),
+            report=report(logs),
             figures=figures(f.timeline(), self.target),
             settled=settled,
-            duration_s=time.monotonic() - self.t_start,
+            duration_s=time.monotonic() - started,
             workdir=str(self.dir),
         )
+
+
+def check_faults(kinds: list[str]) -> None:
+    """Raise LabError unless `kinds` can run in this order on one lab."""
+    problem = faults.order_problem(kinds)
+    if problem:
+        raise LabError(problem)
 
 
 def cleanup(workdir: Path) -> None:

@@ -237,3 +237,46 @@ def test_figures_from_the_timeline() -> None:
     assert figures(t, "n2") == {"blocked_s": 1.0, "job_resumed_s": 20.0, "back_in_service_s": 40.0}
     assert figures(t[:2], "n2") == {"blocked_s": None, "job_resumed_s": None,
                                     "back_in_service_s": None}  # fmt: skip
+
+
+def test_faults_run_in_an_order_that_keeps_the_lab(tmp_path: Path) -> None:
+    from gpuvigil.lab.run import LabError, check_faults
+
+    check_faults(["rank-hang", "agent-stop", "xid48", "xid79", "row-remap-failure"])
+    for bad, says in ((["row-remap-failure", "xid48"], "last"), (["xid48", "meteor"], "meteor"),
+                      ([], "no fault")):  # fmt: skip
+        with pytest.raises(LabError, match=says):
+            check_faults(bad)
+    env = cli_env({"GPUVIGIL_KUBE_BIN": str(tmp_path / "nothing")})
+    r = subprocess.run([sys.executable, "-m", "gpuvigil", "lab", "--fault", "row-remap-failure",
+                        "--fault", "xid48"], env=env, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "give it last" in r.stderr
+
+
+def test_each_fault_reports_on_its_own_events_and_the_follower_keeps_the_parts(
+    tmp_path: Path,
+) -> None:
+    """The second fault's report reads what the logs gained after the first (whole lines);
+    its timeline starts empty while the node states and the read positions carry over."""
+    from gpuvigil.lab.result import log_offsets, slice_logs
+
+    ev = tmp_path / "events"
+    ev.mkdir()
+    first = {"ts": 1.0, "kind": "node.state", "node": "n1",
+             "data": {"from": "HEALTHY", "to": "DRAINING", "reason": "x"}}  # fmt: skip
+    second = {"ts": 2.0, "kind": "job.restart", "node": "n2", "data": {"lost_steps": 3}}
+    (ev / "controller.jsonl").write_text(json.dumps(first) + "\n")
+    f = Follower(ev)
+    f.read_logs()
+    at = log_offsets(ev)
+    with (ev / "controller.jsonl").open("a") as fh:
+        fh.write(json.dumps(second) + "\n" + '{"torn')
+    (ev / "training.jsonl").write_text(json.dumps(second) + "\n")  # a log born later
+    out = slice_logs(ev, at, tmp_path / "fault-2")
+    assert (out / "controller.jsonl").read_text() == json.dumps(second) + "\n"
+    assert (out / "training.jsonl").read_text() == json.dumps(second) + "\n"
+    f.next_fault()
+    assert f.entries == [] and f.left_service == set() and f.states == {"n1": "DRAINING"}
+    f.read_logs()
+    assert f.lost_steps == [3, 3] and [e.event for e in f.entries] == ["job.restart"] * 2
