@@ -91,6 +91,7 @@ def register(app: typer.Typer) -> None:
             list[str],
             typer.Option(
                 "--fault",
+                metavar="KIND",
                 help="xid48, xid79, row-remap-failure, rank-hang, agent-stop; repeat for several.",
             ),
         ],
@@ -98,6 +99,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 "--on",
+                metavar="NODE",
                 help="The node to break (default: a node running the job, the one "
                 "broken least often).",
             ),
