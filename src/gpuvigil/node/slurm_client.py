@@ -48,13 +48,15 @@ class SlurmClient:
             self.env = {**(self.env if self.env is not None else os.environ), "SLURM_CONF": conf}
         self.calls: Counter[str] = Counter()
 
-    def run(self, tool: str, *args: str) -> str:
-        """One call; its stdout. `tool`: scontrol, sinfo, squeue or scancel."""
+    def run(self, tool: str, *args: str, timeout_s: float | None = None) -> str:
+        """One call; its stdout. `tool`: scontrol, sinfo, squeue or scancel. `timeout_s`
+        shortens this call's limit (a fenced write gets what is left of its lease)."""
         exe = self.scontrol if tool == "scontrol" else tool
         if self.bin_dir and "/" not in exe:
             exe = f"{self.bin_dir}/{exe}"
         self.calls[f"{tool} {args[0]}" if tool == "scontrol" and args else tool] += 1
-        res = ex.run([exe, *args], timeout_s=self.timeout_s, env=self.env)
+        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        res = ex.run([exe, *args], timeout_s=limit, env=self.env)
         what = " ".join([tool, *args[:2]])
         if res.error == "missing":
             raise SlurmError(f"{tool} is not installed", kind="missing")
