@@ -8,7 +8,11 @@ from typing import Annotated
 
 import typer
 
-SCENARIO_HELP = "baseline | node | platform | full | all (default: all, plus the breaker storm)."
+SCENARIO_HELP = (
+    "baseline | node | platform | full | storm+breaker | storm-no-breaker | "
+    "driver-storm+breaker | driver-storm-no-breaker | pool-rollout | silence | all "
+    "(default: all; the fleet events unless --no-storm)."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -29,8 +33,8 @@ def register(app: typer.Typer) -> None:
         storm: Annotated[
             bool,
             typer.Option(
-                help="Also run the fleet-wide breakages (a missing tool, a bad driver), with and "
-                "without the circuit breaker."
+                help="Also run the fleet going wrong: a missing tool and a bad driver with and "
+                "without the circuit breaker, a bad driver on one pool, every agent silent 2 h."
             ),
         ] = True,
         policy: Annotated[

@@ -38,6 +38,9 @@ def _controller() -> dict[str, Any]:
             "reboot_timeout_s": 60.0,
             "validation_timeout_s": 90.0,
             "cooldown_s": 0.0,
+            # a fatal finding blocks at once and drains this much later (120 s by default,
+            # so that the breaker sees a fleet-wide burst before any of it is drained)
+            "fatal_grace_s": 2.0,
             # a problem back within 20 s of a ladder step goes on up the ladder (a day by
             # default): several faults in one lab each start their own ladder
             "escalation_window_s": 20.0,

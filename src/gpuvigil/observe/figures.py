@@ -67,6 +67,9 @@ def figure(default: Any, label: str, unit: str, about: str = "", **kw: Any) -> A
     return dataclasses.field(default=default, metadata={"figure": spec})
 
 
+# The terminal tables by `Spec.table`, with their titles (the comparison has the run's).
+TABLES = {1: "", 2: "what each run did"}
+
 # Metadata of a numeric field that is a setting of the run, not a figure (nodes, seed).
 SETTING: dict[str, Any] = {"figure": None}
 

@@ -20,7 +20,7 @@ from html import escape
 
 from gpuvigil.observe import svg
 from gpuvigil.observe.attribution import CAUSES
-from gpuvigil.observe.figures import LOGGED, MEASURES, TRUTH, Figure, duration
+from gpuvigil.observe.figures import LOGGED, MEASURES, TABLES, TRUTH, Figure, duration
 from gpuvigil.observe.stats import Distribution
 from gpuvigil.observe.summary import Summary
 from gpuvigil.observe.tables import burn_text, pct, when
@@ -89,24 +89,33 @@ def _panel(title: str, content: str, *, note: str = "") -> str:
     return f'<section class="panel"><h2>{text(title)}</h2>{n}{content}</section>'
 
 
+RUNS_PER_TABLE = 5  # run columns side by side before the figures' table is split in parts
+
+
 def runs_section(runs: Mapping[str, Sequence[Figure]], *, main: str) -> str:
-    """The simulator's runs: the terminal table's figures side by side, then every figure
-    of every run (one row per figure, so a new figure appears here without code)."""
+    """The simulator's runs: the terminal's tables (the comparison, then what each run
+    did), then every figure of every run (one row per figure, so a new figure appears here
+    without code; a part per `RUNS_PER_TABLE` runs, so ten runs still fit 1280 px)."""
     names = list(runs)
     first = list(runs[names[0]])
-    tabled = [f for f in first if f.spec.table]
-    compare = _table(
-        ["run", *[f.label for f in tabled]],
-        [[n, *[f.text for f in runs[n] if f.spec.table]] for n in names],
-        numeric=set(range(1, len(tabled) + 1)),
-    )
+    compare = ""
+    for which, title in TABLES.items():
+        tabled = [f for f in first if f.spec.table == which]
+        compare += (f"<h2>{text(title)}</h2>" if title else "") + _table(
+            ["run", *[f.label for f in tabled]],
+            [[n, *[f.text for f in runs[n] if f.spec.table == which]] for n in names],
+            numeric=set(range(1, len(tabled) + 1)),
+        )
     by_key = {n: {f.key: f for f in runs[n]} for n in names}
-    every = _table(
-        ["figure", *names, "what it counts"],
-        [[f.label, *[by_key[n][f.key].text if f.key in by_key[n] else "-" for n in names],
-          f.spec.about] for f in first],
-        numeric=set(range(1, len(names) + 1)),
-    )  # fmt: skip
+    every = ""
+    for i in range(0, len(names), RUNS_PER_TABLE):
+        part = names[i : i + RUNS_PER_TABLE]
+        every += _table(
+            ["figure", *part, "what it counts"],
+            [[f.label, *[by_key[n][f.key].text if f.key in by_key[n] else "-" for n in part],
+              f.spec.about] for f in first],
+            numeric=set(range(1, len(part) + 1)),
+        )  # fmt: skip
     return (
         '<h1 class="part">The simulated fleet: ground truth of every run</h1>'
         f'<div class="sub">{text(MEASURES[TRUTH].capitalize())}: the same figures as the '

@@ -40,6 +40,9 @@ class SloConfig:
     drain_states: frozenset[str] = frozenset(s.value for s in State if s.takes_work_away)
     # Remediations that repair a node (a drain ended by one of these is not a false positive).
     repair_actions: frozenset[str] = frozenset({"RESET_GPU", "REBOOT", "REPLACE"})
+    # States only a person ends (`gpuvigil release`): an episode that reached one ended on a
+    # person's verdict (a repair, or nothing found), never counted as a false positive.
+    human_states: frozenset[str] = frozenset({"QUARANTINED"})
     max_open_jobs: int = 100_000  # jobs started but not ended; the oldest are forgotten past it
 
 
@@ -55,6 +58,7 @@ class _Node:
     out_at: float | None = None  # left service (a drain episode), not yet back
     repaired: bool = False  # a repair happened during the drain episode
     drained: bool = False  # the episode reached a drain state
+    human: bool = False  # the episode reached a state only a person ends
     failing: set[tuple[str, str]] = field(default_factory=set)
     faults: deque[float] = field(default_factory=lambda: deque(maxlen=16))
 
@@ -179,6 +183,8 @@ class SloTracker:
                 n.incident_at = ev.ts
         if n.out_at is not None and to in self.cfg.drain_states:
             n.drained = True
+        if n.out_at is not None and to in self.cfg.human_states:
+            n.human = True
         if n.in_service and n.out_at is not None:
             if self._in_window(ev.ts):
                 r = self.r
@@ -187,8 +193,12 @@ class SloTracker:
                     r.cordons += 1
                 else:
                     r.drains += 1
-                    r.false_positive_drains += 0 if n.repaired else 1
-            n.out_at, n.incident_at, n.repaired, n.drained = None, None, False, False
+                    if n.human:  # a person ended it: their verdict, not a false positive
+                        r.human_releases += 1
+                    elif not n.repaired:
+                        r.false_positive_drains += 1
+            n.out_at, n.incident_at = None, None
+            n.repaired = n.drained = n.human = False
             n.failing.clear()
 
     def _seed(self, n: _Node, state: str, since: float) -> None:
@@ -253,14 +263,20 @@ class SloTracker:
             got[1].faults.append(ev.ts)
 
     def _on_breaker(self, ev: Event) -> None:
-        if ev.data.get("state") == "open" and self._in_window(ev.ts):
+        restored = ev.data.get("restored") is True  # a restarted controller, not a new trip
+        if ev.data.get("state") == "open" and not restored and self._in_window(ev.ts):
             self.r.breaker_trips += 1
 
     def _on_job_start(self, ev: Event) -> None:
         if ev.job is None:
             return
         gpus = ev.data.get("gpus", 0)
-        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus if type(gpus) is int and gpus > 0 else 0)
+        gpus = gpus if type(gpus) is int and gpus > 0 else 0
+        job = self._jobs.get(ev.job)
+        if job is not None:  # a restart's new attempt: the job, its start and losses go on
+            job.gpus = gpus or job.gpus
+            return
+        self._jobs[ev.job] = _Job(start=ev.ts, gpus=gpus)
         if len(self._jobs) > self.cfg.max_open_jobs:
             del self._jobs[next(iter(self._jobs))]
 
@@ -278,20 +294,28 @@ class SloTracker:
             return
         r, d = self.r, ev.data
         result = str(d.get("result", "succeeded" if d.get("exit_code", 0) == 0 else "failed"))
+        alloc, prod = _num(d.get("allocated_gpu_s")), _num(d.get("productive_gpu_s"))
+        if alloc is None and job is not None and job.gpus:
+            alloc = job.gpus * max(0.0, ev.ts - job.start)
         if result == "succeeded":
             r.jobs_succeeded += 1
+            r.succeeded_gpu_s += alloc or 0.0
         elif result == "cancelled":
             r.jobs_cancelled += 1
         else:
             r.jobs_failed += 1
-        alloc, prod = _num(d.get("allocated_gpu_s")), _num(d.get("productive_gpu_s"))
-        if alloc is None and job is not None and job.gpus:
-            alloc = job.gpus * max(0.0, ev.ts - job.start)
+            r.failed_gpu_s += alloc or 0.0
+            prod = 0.0  # a job that gave up produced nothing: its work is lost
+        self._goodput(alloc, prod, job)
+
+    def _goodput(self, alloc: float | None, prod: float | None, job: _Job | None) -> None:
+        """Add a job's allocated and productive GPU-time (productive, when not given: the
+        allocation less the work its restarts lost)."""
         if prod is None and job is not None and alloc is not None:
             prod = max(0.0, alloc - job.gpus * job.lost_s)
         if alloc is not None and prod is not None and alloc > 0:
-            r.allocated_gpu_s += alloc
-            r.productive_gpu_s += min(prod, alloc)
+            self.r.allocated_gpu_s += alloc
+            self.r.productive_gpu_s += min(prod, alloc)
 
     def finish(self) -> SloReport:
         r = self.r
@@ -303,6 +327,13 @@ class SloTracker:
             for name, n in self._nodes.items():
                 if n.state is not None:
                     self._account(name, n, r.end)
+            # Jobs still running are censored: no verdict on success, but their time so far
+            # counts for goodput (a run that never ends still shows what it lost).
+            for job in self._jobs.values():
+                if job.start <= r.end and (r.start is None or job.start >= r.start):
+                    r.jobs_censored += 1
+                    if job.gpus:
+                        self._goodput(job.gpus * max(0.0, r.end - job.start), None, job)
         return r
 
 

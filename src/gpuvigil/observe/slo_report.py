@@ -32,6 +32,9 @@ class SloReport:
     jobs_succeeded: int = 0
     jobs_failed: int = 0
     jobs_cancelled: int = 0
+    jobs_censored: int = 0  # started in the window and not ended by its close: no verdict
+    succeeded_gpu_s: float = 0.0  # GPU-time of the jobs that succeeded / that failed
+    failed_gpu_s: float = 0.0
     job_restarts: int = 0
     productive_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
@@ -40,6 +43,7 @@ class SloReport:
     drains: int = 0
     cordons: int = 0  # out of service without a drain (new work blocked), then back
     false_positive_drains: int = 0
+    human_releases: int = 0  # drains a person ended (`gpuvigil release`): never false positives
     incidents_absorbed: int = 0  # conditions set and cleared without leaving service
     breaker_trips: int = 0
     node_downtime_s: dict[str, float] = field(default_factory=dict)
@@ -52,6 +56,11 @@ class SloReport:
     @property
     def job_success_rate(self) -> float | None:
         return ratio(self.jobs_succeeded, self.jobs_succeeded + self.jobs_failed)
+
+    @property
+    def job_success_by_work(self) -> float | None:
+        """Job success weighted by GPU-time: a 256-node job that gave up weighs its size."""
+        return ratio(self.succeeded_gpu_s, self.succeeded_gpu_s + self.failed_gpu_s)
 
     @property
     def goodput(self) -> float | None:
@@ -80,6 +89,10 @@ class SloReport:
                 "succeeded": self.jobs_succeeded,
                 "failed": self.jobs_failed,
                 "cancelled": self.jobs_cancelled,
+                "censored": self.jobs_censored,
+                "by_work": None
+                if self.job_success_by_work is None
+                else round(self.job_success_by_work, 6),
                 "restarts": self.job_restarts,
             },
             "goodput": {
@@ -92,6 +105,7 @@ class SloReport:
             "drains": {
                 "total": self.drains,
                 "false_positive": self.false_positive_drains,
+                "human_releases": self.human_releases,
                 "cordons": self.cordons,
                 "absorbed_incidents": self.incidents_absorbed,
             },

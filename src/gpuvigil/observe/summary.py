@@ -43,6 +43,13 @@ HEADLINE = {
         LOGGED,
         digits=2,
     ),
+    "job_success_by_work": Spec(
+        "job success by work",
+        RATIO,
+        "the same weighted by each job's GPU-time, from job.end events",
+        LOGGED,
+        digits=2,
+    ),
     "goodput": Spec(
         "goodput", RATIO, "productive / allocated GPU-time, from job.end events", LOGGED
     ),
@@ -74,10 +81,15 @@ DETAIL = {
         "incidents absorbed", COUNT, "problems set and cleared without leaving service",
         LOGGED),
     "breaker_trips": Spec("breaker trips", COUNT, "times the circuit breaker opened", LOGGED),
+    "jobs_censored": Spec("jobs censored", COUNT, "jobs started and not ended by the window's "
+                          "close: no verdict", LOGGED),
+    "human_releases": Spec("human releases", COUNT, "drains a person ended (gpuvigil "
+                           "release): never false positives", LOGGED),
 }  # fmt: skip
 # SloReport fields that are inputs of the figures above, not figures themselves.
 INPUTS = frozenset({"start", "end", "node_seconds", "in_service_seconds", "maintenance_seconds",
-                    "productive_gpu_s", "allocated_gpu_s", "jobs_succeeded", "jobs_failed",
+                    "productive_gpu_s", "allocated_gpu_s", "succeeded_gpu_s",
+                    "failed_gpu_s", "jobs_succeeded", "jobs_failed",
                     "jobs_cancelled", "job_restarts"})  # fmt: skip
 
 
@@ -96,6 +108,7 @@ class Summary:
         values = {
             "node_availability": r.availability,
             "job_success_rate": r.job_success_rate,
+            "job_success_by_work": r.job_success_by_work,
             "goodput": r.goodput,
             "job_interruptions": r.job_restarts,
             "mttd_s": r.mttd.mean,

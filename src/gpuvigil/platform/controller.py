@@ -30,6 +30,7 @@ from gpuvigil.core.config import StrictModel
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Action, utcnow
 from gpuvigil.core.states import REMOVED
+from gpuvigil.platform.breaker import Breaker, Change
 from gpuvigil.platform.clusters.base import (
     Cluster,
     ClusterError,
@@ -40,7 +41,8 @@ from gpuvigil.platform.clusters.base import (
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
 from gpuvigil.platform.metrics import ControllerMetrics
 from gpuvigil.platform.policy import Decision, OpKind, PolicyConfig, decide
-from gpuvigil.platform.safety import Breaker, Gate, SafetyConfig, excluded, pool_of
+from gpuvigil.platform.replacements import Replacements
+from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
 from gpuvigil.platform.state import Record, State
 
 log = logging.getLogger("gpuvigil.controller")
@@ -90,7 +92,10 @@ class Controller:
         self.metrics = metrics
         self.events = events
         self.identity = identity
-        self.breaker = Breaker(self.config.safety)
+        policy, safety = self.config.policy, self.config.safety
+        self.breaker = Breaker(safety, heartbeat_stale_s=policy.heartbeat_stale_s)
+        self.replacements = Replacements(timeout_s=policy.replace_timeout_s)
+        self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
         self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
         self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
         self._announced: set[str] = set()  # nodes whose state this process has put on record
@@ -110,11 +115,14 @@ class Controller:
             result.listed = False
             return result
         self._announce(nodes, now)
-        changed = self.breaker.update(nodes, now=now)
-        if changed:
-            self._breaker_changed(changed, now)
+        for change in self.breaker.update(nodes, now=now):
+            self._breaker_changed(change, now)
         result.breaker_open = self.breaker.status.open
-        gate = Gate(self.config.safety, nodes, now=now, breaker=self.breaker.status)
+        safety = self.config.safety
+        for gone in self.replacements.observe(nodes, now=now, pool_of=lambda v: pool_of(v, safety)):
+            log.warning("node %s was given back for replacement at %s and no new machine "
+                        "joined pool %s since", gone.node, gone.at, gone.pool)  # fmt: skip
+        gate = Gate(safety, nodes, now=now, breaker=self.breaker, replacements=self.replacements)
         held = 0
         work: list[tuple[NodeView, Decision, Any]] = []
         for node in nodes:
@@ -195,6 +203,8 @@ class Controller:
                 # At most once: remember it first (a replacement is not idempotent when it is
                 # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
                 self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
+                pool = pool_of(node, self.config.safety)
+                self.replacements.given_back(node, pool=pool, now=now)
                 self.cluster.replace(node.name, reason=rec.reason)
                 if getattr(self.cluster, "replace_removes_node", False):
                     # The node object is gone with its record: say so, so that layer 4 stops
@@ -288,22 +298,27 @@ class Controller:
         except ClusterError as e:  # an event is not worth failing a transition for
             self._api_error(e)
 
-    def _breaker_changed(self, changed: str, now: datetime) -> None:
-        st = self.breaker.status
-        reason = st.reason if changed == "open" else self.breaker.closed_reason
-        log.warning("circuit breaker %s: %s", changed, reason)
+    def _breaker_changed(self, change: Change, now: datetime) -> None:
+        """A cause opened or closed: a warning, a `breaker` event naming the suspected
+        change, and the trip counter."""
+        log.warning("circuit breaker %s (%s): %s", change.state, change.cause, change.reason)
         if self.events is not None:
-            causes = st.causes if changed == "open" else self.breaker.closed_causes
+            data = {"state": change.state, "reason": change.reason, "causes": [change.cause]}
             self.events.write(
                 Event(
                     ts=now.timestamp(),
                     kind=Kind.BREAKER.value,
                     source="controller",
-                    data={"state": changed, "reason": reason, "causes": causes},
+                    data={**data, **change.detail},
                 )
             )
-        if self.metrics and changed == "open":
+        if self.metrics and change.state == "open":
             self.metrics.breaker_trips.inc()
+        sig = self.breaker.signatures.get(change.cause)
+        if change.state == "open" and sig is not None and not self.config.dry_run:
+            # a cluster event people see (`kubectl get events`), on the burst's first node
+            self._cluster_event(sig.burst.nodes[0], "gpuvigilBreakerOpen",
+                                f"circuit breaker: {change.reason}", True)  # fmt: skip
 
     def _api_error(self, e: ClusterError) -> None:
         if self.metrics:
@@ -345,12 +360,28 @@ class Controller:
         m.nodes_total.set(len(nodes))
         m.nodes_in_service.set(in_service)
         m.breaker_open.set(1 if self.breaker.status.open else 0)
+        self._export_signatures(m)
         m.held.set(held)
         for pool in gate.size:
             m.budget_in_use.labels(pool).set(gate.in_use[pool])
             m.budget_limit.labels(pool).set(gate.limit(pool))
         m.reconcile_duration.observe(time.perf_counter() - started)
         m.last_reconcile.set(time.time())
+
+    def _export_signatures(self, m: ControllerMetrics) -> None:
+        """One series per open cause, labelled with what it concentrates on (the alert
+        names the suspected change from these labels)."""
+        now: dict[tuple[str, str, str], int] = {}
+        for sig in self.breaker.signatures.values():
+            s = sig.signature
+            now[(s.code if s.check != "*" else "*", s.attribute, s.value)] = sig.nodes
+        for cause in self.breaker.stale.values():
+            now[("STALE", self.config.safety.pool_label, cause.pool)] = cause.stale
+        for labels in self._signatures - set(now):
+            m.breaker_signature.remove(*labels)
+        for labels, nodes in now.items():
+            m.breaker_signature.labels(*labels).set(nodes)
+        self._signatures = set(now)
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -378,8 +409,16 @@ def _remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:
         out.append(("DRAIN", "succeeded"))
     if old.state in (State.REMEDIATING, State.VALIDATING) and new.failures > old.failures:
         out.append(((old.step or Action.NONE).value, "failed"))
-    if old.state is State.REMEDIATING and new.state is State.VALIDATING and old.step:
+    # a replacement counts only once the new machine validates
+    step_done = old.state is State.REMEDIATING and new.state is State.VALIDATING
+    if step_done and old.step and old.step is not Action.REPLACE:
         out.append((old.step.value, "succeeded"))
+    if (
+        old.state is State.VALIDATING
+        and new.state is State.HEALTHY
+        and (old.step is Action.REPLACE or old.replaces)
+    ):
+        out.append((Action.REPLACE.value, "succeeded"))
     if new.state is State.REMEDIATING and new.request_id != old.request_id and new.step:
         out.append((new.step.value, "started"))
     return out

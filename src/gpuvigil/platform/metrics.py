@@ -20,6 +20,7 @@ class ControllerMetrics:
     remediations: Counter
     breaker_open: Gauge
     breaker_trips: Counter
+    breaker_signature: Gauge
     budget_in_use: Gauge
     budget_limit: Gauge
     reconcile_duration: Histogram
@@ -60,6 +61,14 @@ def build(registry: CollectorRegistry) -> ControllerMetrics:
         breaker_trips=Counter(
             "gpuvigil_circuit_breaker_trips_total",
             "Times the circuit breaker opened.",
+            registry=registry,
+        ),
+        breaker_signature=Gauge(
+            "gpuvigil_circuit_breaker_signature_nodes",
+            "Nodes showing each cause the circuit breaker holds: a finding code concentrated "
+            "on one node attribute value (attribute empty: fleet-wide; code * : many codes; "
+            "code STALE: the pool's reports are stale), i.e. the suspected change.",
+            ["code", "attribute", "value"],
             registry=registry,
         ),
         budget_in_use=Gauge(

@@ -56,7 +56,14 @@ class Record(BaseModel):
     step: Action | None = None  # the ladder step in progress (REMEDIATING) or last taken
     request_id: str = ""  # id of the request for `step`: the agent acts once per id
     issued: str = ""  # the request id the controller confirmed it sent (not re-sent after)
-    boot_id: str = ""  # the node's boot id when a REBOOT was requested (verifies it)
+    boot_id: str = ""  # the node's boot id when a step was requested (verifies a reboot)
+    provider_id: str = ""  # the machine's provider id when a step was requested (a REPLACE
+    # counts only when another machine stands behind the node: docs/controller.md)
+    replaces: str = ""  # this new machine answers the replacement of that node (it counts
+    # when this one passes validation)
+    # The circuit breaker's signature (check, code, attribute, value) that holds this node's
+    # findings: a restarted controller reopens it from the nodes that still show it.
+    hold: tuple[str, ...] = ()
     failures: int = 0  # failed steps in this episode (quarantine after K)
     last_step_done_at: datetime | None = None  # escalation: did the problem come back soon?
     last_action_at: datetime | None = None  # per-node cooldown
@@ -165,8 +172,13 @@ class NodeView:
     preflight: Preflight | None = None
     agent_result: AgentResult | None = None
     boot_id: str = ""
+    provider_id: str = ""  # the machine behind the node (k8s spec.providerID), if known
     version: str = ""  # the adapter's optimistic-concurrency token (resourceVersion)
     preflight_supported: bool = True  # False where the cluster has no preflight channel
+    replace_supported: bool = True  # False where nothing can replace a machine (no hook)
+    # Facts about the node other than its labels that the circuit breaker groups findings
+    # by (k8s nodeInfo: kernel-version, os-image; Slurm: features, kernel-version).
+    attributes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def blocked_by_someone_else(self) -> bool:

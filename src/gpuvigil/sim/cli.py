@@ -7,26 +7,19 @@ from typing import Any
 
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.platform.controller import ControllerConfig
-from gpuvigil.platform.safety import SafetyConfig as SafetySettings
 from gpuvigil.sim.detect import Layer1
-from gpuvigil.sim.faults import LLAMA3_INTERRUPTIONS, Storm
+from gpuvigil.sim.faults import LLAMA3_INTERRUPTIONS
 from gpuvigil.sim.jobs import WORKLOADS
 from gpuvigil.sim.record import Recorder
 from gpuvigil.sim.results import Results, table
-from gpuvigil.sim.run import simulate
-from gpuvigil.sim.scenarios import SCENARIOS
+from gpuvigil.sim.run import simulate, storm_controller
+from gpuvigil.sim.scenarios import LAYERS, SCENARIOS
+
+__all__ = ["UsageError", "print_results", "run_all", "storm_controller"]
 
 
 class UsageError(ValueError):
     """A bad option value; the command prints it and exits 2."""
-
-
-def storm_controller() -> ControllerConfig:
-    """The storm pairs' controller: a realistic large fleet's budget (10% of the pool, and
-    a rate limit that does not bind first), so what differs between the pair is the
-    breaker, not the default budget of 2 nodes at a time."""
-    safety = SafetySettings(max_disrupted=10**6, max_disrupted_percent=10.0, max_actions=10**6)
-    return ControllerConfig(safety=safety)
 
 
 def run_all(
@@ -42,32 +35,25 @@ def run_all(
     progress: Callable[[str, float], None] | None = None,
     recorders: dict[str, Recorder] | None = None,
 ) -> dict[str, Results]:
-    """Every requested run, keyed by name: the scenarios, then the storm pair."""
+    """Every requested run, keyed by name: the registry's scenarios in order (the fleet
+    events only with `storm` and the mixed workload), then `<scenario>+policy`."""
     if scenario != "all" and scenario not in SCENARIOS:
-        raise UsageError(f"unknown scenario {scenario!r} (baseline, node, platform, full, all)")
+        names = ", ".join([*SCENARIOS, "all"])
+        raise UsageError(f"unknown scenario {scenario!r} ({names})")
     if workload not in WORKLOADS:
         raise UsageError(f"unknown workload {workload!r} ({', '.join(WORKLOADS)})")
     if nodes is not None and nodes < 1:
         raise UsageError("--nodes must be at least 1")
     if days is not None and days <= 0:
         raise UsageError("--days must be positive")
-    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    events = storm and workload == "mixed"
+    names = [n for n in SCENARIOS if n in LAYERS or events] if scenario == "all" else [scenario]
     kw = {"nodes": nodes, "days": days, "seed": seed, "workload": workload}
     runs: list[tuple[str, dict[str, object]]] = [(n, {"scenario": n}) for n in names]
     if policy is not None or node_config is not None:  # the user's policy next to the default
         user = {"controller": policy, "layer1": Layer1(node_config) if node_config else None}
         runs += [(f"{n}+policy", {"scenario": n, **user}) for n in names
-                 if SCENARIOS[n].layer1]  # fmt: skip
-    if storm and scenario == "all" and workload == "mixed":
-        at = min(10.0, (days or 30.0) / 3) * 86400.0
-        budget = {"controller": storm_controller()}
-        for prefix, kind in (("storm", "tool"), ("driver-storm", "driver")):
-            s = Storm(at_s=at, kind=kind)
-            runs += [
-                (f"{prefix}+breaker", {"scenario": "full", "storm": s, "breaker": True, **budget}),
-                (f"{prefix}-no-breaker",
-                 {"scenario": "full", "storm": s, "breaker": False, **budget}),
-            ]  # fmt: skip
+                 if n in LAYERS and SCENARIOS[n].layer1]  # fmt: skip
     out: dict[str, Results] = {}
     for name, extra in runs:
         cb = None if progress is None else (lambda f, name=name: progress(name, f))

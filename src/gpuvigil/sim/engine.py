@@ -25,6 +25,7 @@ from gpuvigil.sim.faults import (
     Effect,
     FaultKind,
     FaultModel,
+    Silence,
     Storm,
 )
 from gpuvigil.sim.fleet import FaultInstance, Fleet, Node, NodeState
@@ -35,7 +36,7 @@ from gpuvigil.sim.results import Results, Tally
 from gpuvigil.sim.scenarios import Scenario, SimConfig
 
 FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
-EXPIRE = 13  # after episodes' CONTROL_PASS .. PUBLISH
+EXPIRE = 15  # after episodes' CONTROL_PASS .. SILENCE_END
 
 
 class Engine(lifecycle.Lifecycle, episodes.Episodes):
@@ -50,6 +51,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         config: SimConfig | None = None,
         model: FaultModel | None = None,
         storm: Storm | None = None,
+        silence: Silence | None = None,
         breaker: bool = True,
         controller: ControllerConfig | None = None,
         layer1: Layer1 | None = None,
@@ -64,13 +66,15 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self.storm_hit: set[int] = set()  # nodes the storm's upgrade reached, until the fix
         self.seed = seed
         self.rng = random.Random(f"{seed}:delays")
-        self.fleet = Fleet(nodes, random.Random(f"{seed}:placement"))
+        places, cfg = random.Random(f"{seed}:placement"), self.cfg
+        self.fleet = Fleet(nodes, places, pool_nodes=cfg.pool_nodes, rack_nodes=cfg.rack_nodes)
         self.by_name = {n.name: n.id for n in self.fleet.nodes}
         self.platform = Platform(
-            total=nodes, config=controller, reset_s=self.cfg.reset_gpu_s,
-            reboot_s=self.cfg.reboot_s, preflight_s=self.cfg.validate_s, breaker=breaker,
-            events=recorder,
+            machines=[(n.name, n.labels, n.facts) for n in self.fleet.nodes], config=controller,
+            reset_s=self.cfg.reset_gpu_s, reboot_s=self.cfg.reboot_s,
+            preflight_s=self.cfg.validate_s, breaker=breaker, events=recorder,
         ) if scenario.layer2 else None  # fmt: skip
+        self.silent: set[int] | None = None  # during a silence: nodes whose report waits
         self._pass_at: float | None = None
         self.layer1 = layer1 or Layer1()
         self.rec = recorder or Recorder()
@@ -96,6 +100,9 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         if storm is not None and storm.at_s < self.horizon:
             self.push(storm.at_s, STORM, None)
             self.push(storm.at_s + storm.fixed_after_s, STORM_FIX, None)
+        if silence is not None and self.platform is not None and silence.at_s < self.horizon:
+            self.push(silence.at_s, episodes.SILENCE, None)
+            self.push(silence.at_s + silence.duration_s, episodes.SILENCE_END, None)
 
     # --- the loop -----------------------------------------------------------------------
     def push(self, t: float, kind: int, obj: object, tag: int = 0) -> None:
@@ -111,6 +118,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_ARRIVE: self.on_control_arrive,
             episodes.CONTROL_HUMAN: self.on_control_human,
             episodes.PUBLISH: self.on_publish,
+            episodes.SILENCE: self.on_silence, episodes.SILENCE_END: self.on_silence_end,
             EXPIRE: self.on_expire,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))

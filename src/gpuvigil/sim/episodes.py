@@ -14,7 +14,7 @@ from gpuvigil.core.findings import Action, Finding
 from gpuvigil.platform.state import State
 from gpuvigil.sim.faults import BAD_DRIVER, BOOT_NOISE, Cause, Effect
 from gpuvigil.sim.fleet import Node, NodeState
-from gpuvigil.sim.platform import sample_fixed_by
+from gpuvigil.sim.platform import SLACK_S, sample_fixed_by
 
 if TYPE_CHECKING:
     from gpuvigil.sim.engine import Engine
@@ -35,6 +35,9 @@ class Episodes:
 
     def publish(self: Engine, node: Node, t: float) -> None:
         """The node's agent reports every fault on it that a check has seen so far."""
+        if self.silent is not None:  # its report waits for the silence to end
+            self.silent.add(node.id)
+            return
         findings: list[Finding] = []
         fixed: list[Action | None] = []
         for fi in node.faults:
@@ -75,11 +78,15 @@ class Episodes:
                                reason="drain: controller", graceful=graceful)  # fmt: skip
         for name in wake.replaced:
             node = self.fleet.nodes[self.by_name[name]]
+            if not node.machine_fault:
+                self.tally.false["replace"] += 1
             self.set_state(node, NodeState.REPAIR, t)
             self.clear_faults(node, t)  # a new machine
             self.push(t + self.cfg.replace_s, CONTROL_ARRIVE, node, 0)
         for name in wake.quarantined:
             node = self.fleet.nodes[self.by_name[name]]
+            if not node.machine_fault:
+                self.tally.false["quarantine"] += 1
             self.push(t + self._human_repair(node), CONTROL_HUMAN, node, node.repair_epoch)
         for name, state in wake.states.items():
             node = self.fleet.nodes[self.by_name[name]]
@@ -143,12 +150,28 @@ class Episodes:
         self.platform.release(node.name)
         self.control_pass(t)
 
+    def went_out(self: Engine, node: Node, to: NodeState) -> None:
+        """Count an out-of-service episode of a machine with nothing a repair cures: a
+        cordon, or a drain once its work is moved off (a cordon that drains is a drain)."""
+        if node.state is NodeState.UP:
+            node.out = "" if node.machine_fault else ("drain" if to is NodeState.REPAIR
+                                                      else "cordon")  # fmt: skip
+        elif node.out and to is NodeState.REPAIR:
+            node.out = "drain"
+
+    def came_back(self: Engine, node: Node) -> None:
+        if node.out:
+            self.tally.false[node.out] += 1
+            node.out = ""
+
     def set_state(self: Engine, node: Node, state: NodeState, t: float) -> None:
         was = node.state
         if was is state or was is NodeState.DOWN:
             return
-        if was is NodeState.UP and not any(f.kind.cause is not Cause.TOOLING for f in node.faults):
-            self.tally.false_drains += 1
+        if state is NodeState.UP:
+            self.came_back(node)
+        else:
+            self.went_out(node, state)
         node.state = state
         if state is NodeState.UP:
             if node.job is None:
@@ -192,6 +215,22 @@ class Episodes:
         node.recovering.clear()
         self.rec.state(t, node.name, "HEALTHY", "back in service")
 
+    # --- a silence: every agent stops reporting, then comes back ---------------------------
+    def on_silence(self: Engine, t: float, *_: Any) -> None:
+        self.silent = set()
+        self.platform.at(t)
+        self.platform.silence(n.name for n in self.fleet.nodes)
+        stale = self.platform.config.policy.heartbeat_stale_s
+        self.push(t + stale + SLACK_S, CONTROL_PASS, None, 0)  # the reports turn stale
+
+    def on_silence_end(self: Engine, t: float, *_: Any) -> None:
+        waiting, self.silent = self.silent or set(), None
+        self.platform.at(t)
+        self.platform.speak()
+        for nid in sorted(waiting):
+            self.publish(self.fleet.nodes[nid], t)
+        self.control_pass(t)
+
     def maybe_boot_noise(self: Engine, node: Node, t: float) -> None:
         noise = self.draws("boot", node.id, node.repair_epoch).random()
         if self.sc.layer1 and noise < self.model.boot_noise_probability:
@@ -211,5 +250,5 @@ def lifetime_s(findings: tuple[Finding, ...], *, default_s: float = 3600.0) -> f
     return max(spans, default=default_s)
 
 
-CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH = 9, 10, 11, 12
+CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH, SILENCE, SILENCE_END = 9, 10, 11, 12, 13, 14
 DETECT_EV = 1

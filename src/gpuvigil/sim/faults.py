@@ -69,6 +69,13 @@ class FaultKind:
     source: str = "assumption"
     calibrated: bool = False  # counted in the Llama 3 calibration
 
+    @property
+    def on_machine(self) -> bool:
+        """The machine itself has something a repair cures (a hung tool included). A
+        missing binary, a bad driver image and boot noise leave a healthy machine: taking
+        it out of service for them is a false positive."""
+        return self.persistent and bool(self.fix)
+
 
 def _llama(share_pct: float) -> float:
     return share_pct * PER_SHARE
@@ -257,13 +264,34 @@ BOOT_NOISE_PROBABILITY = 0.2
 
 @dataclass(frozen=True)
 class Storm:
-    """A fleet-wide breakage: an upgrade drops a binary (or ships a bad driver) on a
-    fraction of the fleet, until the rollback lands."""
+    """A bad change: an upgrade drops a binary (a new OS image) or ships a bad driver on a
+    fraction of the fleet (or of one pool), until the rollback lands. The nodes it reaches
+    carry the new image or driver version, as their labels would say."""
 
     at_s: float = 10 * 86400.0
     fraction: float = 0.25
     fixed_after_s: float = 6 * 3600.0  # the rollback lands after this long
     kind: str = "tool"  # "tool": a binary is missing (fail closed); "driver": GPUs read lost
+    pool: bool = False  # True: the fraction of one pool (a per-pool rollout), not the fleet
+
+    @property
+    def change(self) -> tuple[str, str]:
+        """The node attribute the upgrade changes, and its new value."""
+        return STORM_CHANGES[self.kind]
+
+
+# What each storm's upgrade changes on the nodes it reaches (sim.fleet.BASE_FACTS before).
+STORM_CHANGES = {"tool": ("os-image", "Ubuntu 22.04.5 LTS (2026-01 image)"),
+                 "driver": ("driver-version", "560.35.03")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Silence:
+    """Every agent's reports stop reaching the controller for a while (an API outage, an
+    agent rollout gone wrong, a partition): the machines and their jobs are fine."""
+
+    at_s: float
+    duration_s: float = 2 * 3600.0
 
 
 @dataclass

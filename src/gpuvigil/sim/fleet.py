@@ -47,22 +47,52 @@ class Node:
     recovering: list[FaultInstance] = field(default_factory=list)  # fixed, not yet in service
     repair_epoch: int = 0
     last_step: str = "REPLACE"  # the repair under way (a person's repair: parts swapped)
+    labels: dict[str, str] = field(default_factory=dict)  # pool, zone, rack, instance type
+    facts: dict[str, str] = field(default_factory=dict)  # driver, kernel, OS image
+    out: str = ""  # while out of service with no fault on the machine: "cordon" | "drain"
 
     @property
     def name(self) -> str:
         return f"node-{self.id:05d}"
 
     @property
+    def machine_fault(self) -> bool:
+        """Something on the machine a repair cures (a missing tool or a bad driver image
+        leaves the machine fine)."""
+        return any(f.kind.on_machine for f in self.faults)
+
+    @property
     def healthy(self) -> bool:
-        """In service with no hardware fault (a broken tool leaves the machine fine)."""
+        """In service with no hardware fault (availability): a broken tool, even a hung one,
+        leaves the node doing its work."""
         return self.state is NodeState.UP and all(
             f.kind.cause is Cause.TOOLING for f in self.faults
         )
 
 
+# Every simulated machine runs this software until a storm's upgrade changes it.
+BASE_FACTS = {"driver-version": "550.54.15", "kernel-version": "5.15.0-1051-aws",
+              "os-image": "Ubuntu 22.04.4 LTS"}  # fmt: skip
+
+
+def labels(i: int, *, pool_nodes: int, rack_nodes: int) -> dict[str, str]:
+    """A node's labels: pools of `pool_nodes` (each in one of three zones), racks of
+    `rack_nodes`, one instance type."""
+    pool = i // pool_nodes
+    return {"gpuvigil.io/pool": f"pool-{pool}", "topology.kubernetes.io/zone": f"zone-{pool % 3}",
+            "gpuvigil.io/rack": f"rack-{i // rack_nodes}",
+            "node.kubernetes.io/instance-type": "p5.48xlarge"}  # fmt: skip
+
+
 class Fleet:
-    def __init__(self, size: int, rng: random.Random) -> None:
-        self.nodes = [Node(i) for i in range(size)]
+    def __init__(
+        self, size: int, rng: random.Random, *, pool_nodes: int = 64, rack_nodes: int = 4
+    ) -> None:
+        self.nodes = [
+            Node(i, labels=labels(i, pool_nodes=pool_nodes, rack_nodes=rack_nodes),
+                 facts=dict(BASE_FACTS))
+            for i in range(size)
+        ]  # fmt: skip
         self._rng = rng
         self._free: list[int] = list(range(size))
         self._pos: dict[int, int] = {i: i for i in range(size)}

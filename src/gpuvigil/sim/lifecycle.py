@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action
 from gpuvigil.sim import restart
-from gpuvigil.sim.faults import STORM_KINDS, TOOL_MISSING, Cause, Effect
-from gpuvigil.sim.fleet import FaultInstance, Node, NodeState
+from gpuvigil.sim.faults import STORM_KINDS, Cause, Effect
+from gpuvigil.sim.fleet import BASE_FACTS, FaultInstance, Node, NodeState
 from gpuvigil.sim.jobs import Job, JobState
 
 if TYPE_CHECKING:
@@ -48,8 +48,7 @@ class Lifecycle:
     def cordon(self: Engine, node: Node, t: float, *, reason: str) -> None:
         if node.state is not NodeState.UP:
             return
-        if not any(f.kind.cause is not Cause.TOOLING for f in node.faults):
-            self.tally.false_drains += 1
+        self.went_out(node, NodeState.CORDONED)
         node.state = NodeState.CORDONED
         self.fleet.remove_free(node.id)
         self.fleet.mark(node, t)
@@ -57,9 +56,7 @@ class Lifecycle:
 
     def take_out(self: Engine, node: Node, t: float, *, reason: str,
                  graceful: bool = False) -> None:  # fmt: skip
-        was = node.state
-        if was is NodeState.UP and not any(f.kind.cause is not Cause.TOOLING for f in node.faults):
-            self.tally.false_drains += 1
+        self.went_out(node, NodeState.REPAIR)
         node.state = NodeState.REPAIR
         node.repair_epoch += 1
         self.fleet.remove_free(node.id)
@@ -104,6 +101,7 @@ class Lifecycle:
             self.interrupt(self.jobs[node.job], t, fi, reason="repair")
         self.rec.remediation(t, node.name, node.last_step, result="succeeded", reason="repaired")
         self.clear_faults(node, t)
+        self.came_back(node)
         node.state = NodeState.UP
         self.fleet.add_free(node.id)
         self.fleet.mark(node, t)
@@ -116,16 +114,35 @@ class Lifecycle:
 
     # --- the storm ----------------------------------------------------------------------
     def on_storm(self: Engine, t: float, _: Any, __: int) -> None:
-        n = len(self.fleet.nodes)
+        """The upgrade lands: on a fraction of the fleet, or of one pool (a rollout); the
+        nodes it reaches carry the new image or driver version from now on."""
+        if self.storm is None:
+            return
         rng = self.draws("storm")
-        hit = rng.sample(range(n), int(self.storm.fraction * n)) if self.storm else []
+        ids = [n.id for n in self.fleet.nodes]
+        if self.storm.pool:
+            pools = sorted({n.labels["gpuvigil.io/pool"] for n in self.fleet.nodes})
+            pool = pools[rng.randrange(len(pools))]
+            ids = [n.id for n in self.fleet.nodes if n.labels["gpuvigil.io/pool"] == pool]
+        hit = rng.sample(ids, int(self.storm.fraction * len(ids)))
         self.storm_hit = set(hit)
+        self.relabel(hit, new=True)
         for nid in sorted(hit):
-            kind = STORM_KINDS[self.storm.kind] if self.storm else TOOL_MISSING
-            self.push(t, FAULT_EV, self._instance(kind, nid, t))
+            self.push(t, FAULT_EV, self._instance(STORM_KINDS[self.storm.kind], nid, t))
+
+    def relabel(self: Engine, ids: list[int], *, new: bool) -> None:
+        """The upgrade (or its rollback) changes what these nodes run."""
+        assert self.storm is not None
+        attribute, value = self.storm.change
+        for nid in ids:
+            node = self.fleet.nodes[nid]
+            node.facts[attribute] = value if new else BASE_FACTS[attribute]
+        if self.platform is not None:
+            self.platform.recount()
 
     def on_storm_fix(self: Engine, t: float, _: Any, __: int) -> None:
         """The rollback lands: the tool is back on every node."""
+        self.relabel(sorted(self.storm_hit), new=False)
         self.storm_hit = set()
         for node in self.fleet.nodes:
             if any(f.kind in STORMS for f in node.faults):
@@ -262,6 +279,7 @@ class Lifecycle:
         if job.failures_in_row >= self.workload.max_failures_in_row:
             job.state = JobState.FAILED
             self.tally.failed += 1
+            self.tally.failed_work += job.work_s * job.gpus
             self.rec.job_end(t, job, ok=False, productive_s=0.0, exit_code=code)
         else:
             job.state = JobState.QUEUED
@@ -282,6 +300,7 @@ class Lifecycle:
         self._settle(job, t)
         job.state = JobState.DONE
         self.tally.finished += 1
+        self.tally.finished_work += job.work_s * job.gpus
         self.tally.productive_s += job.work_s * job.size
         self.rec.job_end(t, job, ok=True, productive_s=job.work_s)
         self.schedule(t)
@@ -292,8 +311,13 @@ class Lifecycle:
                 done = job.done_at(t)
                 self._settle(job, t)
                 self.tally.productive_s += done * job.size
+                self.tally.censored += 1
             elif job.state is JobState.QUEUED and job.restarts:
                 self.tally.productive_s += job.seg_done * job.size
+                self.tally.censored += 1
+        for node in self.fleet.nodes:  # episodes still open count as they stand
+            if node.out:
+                self.tally.false[node.out] += 1
         self.fleet.close(t)
         self.res.faults_undetected = sum(
             1 for n in self.fleet.nodes for f in n.faults

@@ -9,25 +9,28 @@ the simulated fleet. The controller runs when something changes and at the polic
 deadline (grace, request due, preflight), not every `interval_s`: cost grows with events.
 
 Only nodes in an episode are listed (a HEALTHY node with nothing to report gets no
-decision but "healthy"); the list's len() is the fleet size, so the breaker's share of
-unhealthy nodes is taken over the whole fleet, and the budget is fixed to the limit the
-safety rules give for the whole pool.
+decision but "healthy"); the list's len() is the fleet size and its `census` counts every
+node's attributes (pool, zone, rack, driver, kernel, image), so the budget per pool and the
+breaker's test see the whole fleet. During a silence every node is listed, its report
+frozen at the silence's start.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from gpuvigil.core.findings import Action, Finding, NodeReport
 from gpuvigil.core.wire import summarize
 from gpuvigil.platform import policy as policy_mod
+from gpuvigil.platform.breaker import HELD
 from gpuvigil.platform.clusters.memory import EPOCH, MemoryCluster, Pod
 from gpuvigil.platform.controller import Controller, ControllerConfig
-from gpuvigil.platform.safety import PoolLimit, pool_limit
+from gpuvigil.platform.signatures import attributes_of, count
 from gpuvigil.platform.state import NodeView, State
 
 LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
@@ -36,11 +39,15 @@ SLACK_S = 0.01
 
 
 class FleetList(list[NodeView]):
-    """The listed (active) nodes; len() answers the size of the whole fleet."""
+    """The listed (active) nodes; len() answers the size of the whole fleet, `census` its
+    attributes (`platform.signatures.census` reads it)."""
 
-    def __init__(self, views: Iterable[NodeView], total: int) -> None:
+    def __init__(
+        self, views: Iterable[NodeView], total: int, census: Counter[tuple[str, str]]
+    ) -> None:
         super().__init__(views)
         self.total = total
+        self.census = census
 
     def __len__(self) -> int:
         return max(self.total, super().__len__())
@@ -56,6 +63,7 @@ class SimCluster(MemoryCluster):
         super().__init__(reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s)
         self.total = total
         self.active: set[str] = set()
+        self.census: Counter[tuple[str, str]] = Counter()
 
     def _only_active(self) -> dict:
         return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
@@ -66,10 +74,12 @@ class SimCluster(MemoryCluster):
             views = super().list_nodes()
         finally:
             self.nodes = full
-        return FleetList(views, self.total)
+        return FleetList(views, self.total, self.census)
 
     def advance(self, seconds: float) -> None:
-        full, self.nodes = self.nodes, self._only_active()
+        # a silent agent neither publishes nor answers requests
+        full = self.nodes
+        self.nodes = {n: v for n, v in self._only_active().items() if v.agent_alive}
         try:
             super().advance(seconds)
         finally:
@@ -103,7 +113,7 @@ class Platform:
     def __init__(
         self,
         *,
-        total: int,
+        machines: list[tuple[str, dict[str, str], dict[str, str]]],
         config: ControllerConfig | None,
         reset_s: float,
         reboot_s: float,
@@ -112,20 +122,17 @@ class Platform:
         events: object | None = None,
     ) -> None:
         cfg = config or ControllerConfig()
-        safety = cfg.safety
-        # the pool's limit over the whole fleet, as the safety rules compute it
-        limit = pool_limit("default", total, safety)
-        updates: dict[str, object] = {
-            "pools": {"default": PoolLimit(max_disrupted=limit, max_disrupted_percent=100)}
-        }
-        if not breaker:
-            updates |= {"breaker_unhealthy_percent": 100.0, "breaker_same_check_nodes": 10**9,
-                        "breaker_min_nodes": 10**9}  # fmt: skip
-        cfg = cfg.model_copy(update={"safety": safety.model_copy(update=updates)})
+        if not breaker:  # the control run: no cause ever trips
+            off = {"breaker_min_nodes": 10**9, "breaker_stale_min_nodes": 10**9}
+            cfg = cfg.model_copy(update={"safety": cfg.safety.model_copy(update=off)})
         self.config = cfg
         self.cluster = SimCluster(
-            total=total, reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s
+            total=len(machines), reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s
         )
+        # name -> (labels, facts): the same dicts the engine's nodes carry
+        self.machines = {name: (labels, facts) for name, labels, facts in machines}
+        self.recount()
+        self.silent_since: datetime | None = None
         self.controller = Controller(
             self.cluster,
             config=cfg,
@@ -138,6 +145,49 @@ class Platform:
         logging.getLogger("gpuvigil.controller").setLevel(logging.ERROR)
 
     # --- the world side -------------------------------------------------------------------
+    def recount(self) -> None:
+        """The fleet's attribute census (after a storm changed a driver or an image)."""
+        safety = self.config.safety
+        self.cluster.census = count(
+            attributes_of(labels, facts, pool=labels.get(safety.pool_label, "default"),
+                          config=safety)
+            for labels, facts in self.machines.values()
+        )  # fmt: skip
+        for name, node in self.cluster.nodes.items():
+            if name in self.machines:
+                node.attributes = dict(self.machines[name][1])
+                node.version += 1
+
+    def _add(self, name: str) -> None:
+        labels, facts = self.machines.get(name, ({}, {}))
+        pool = labels.get(self.config.safety.pool_label, "default")
+        self.cluster.add_node(name, pool=pool, labels=labels, attributes=facts)
+
+    def _hush(self, name: str) -> None:
+        """During a silence the controller keeps seeing the report from before it."""
+        node = self.cluster.nodes.get(name)
+        if node is not None and self.silent_since is not None:
+            node.heartbeat_at = self.silent_since
+            node.agent_alive = False
+
+    def silence(self, names: Iterable[str]) -> None:
+        """Every agent stops reporting: each node is listed with its last report."""
+        self.silent_since = self.cluster.clock.now()
+        for name in names:
+            if name not in self.cluster.nodes:
+                self._add(name)
+            self._hush(name)
+            self.cluster.active.add(name)
+
+    def speak(self) -> None:
+        """The reports are back: every agent publishes again."""
+        self.silent_since = None
+        now = self.cluster.clock.now()
+        for node in self.cluster.nodes.values():
+            node.agent_alive = True
+            node.heartbeat_at = now
+            node.version += 1
+
     def at(self, t: float) -> None:
         if t > self.t:
             self.cluster.advance(t - self.t)
@@ -147,15 +197,17 @@ class Platform:
                 running: bool) -> None:  # fmt: skip
         """The node's agent publishes these problems (they clear when `fixed_by` runs)."""
         if name not in self.cluster.nodes:
-            self.cluster.add_node(name)
+            self._add(name)
         summary = summarize(NodeReport(node=name, findings=tuple(findings)))
         self.cluster.set_findings(name, list(summary.findings), fixed_by=fixed_by)
+        self._hush(name)
         self.set_running(name, running=running)
         self.cluster.active.add(name)
 
     def clear(self, name: str) -> None:
         if name in self.cluster.nodes:
             self.cluster.clear_findings(name)
+            self._hush(name)
 
     def set_running(self, name: str, *, running: bool) -> None:
         node = self.cluster.nodes.get(name)
@@ -185,6 +237,7 @@ class Platform:
             # record (a real cluster's replacement is a new Node), so drop it here.
             node.record_raw = None
             node.heartbeat_at = self.cluster.clock.now()
+            self._hush(name)
             self.cluster.active.add(name)
 
     # --- one pass -------------------------------------------------------------------------
@@ -196,6 +249,8 @@ class Platform:
         result = self.controller.reconcile()
         wake = Wake()
         now = self.cluster.clock.now()
+        # a breaker probe stays listed until the breaker has seen how its repair ended
+        probes = {s.probe for s in self.controller.breaker.signatures.values() if s.probe}
         for name in self.cluster.replaced[replaced_before:]:
             wake.replaced.append(name)
             self.cluster.active.discard(name)  # the new machine arrives replace_s later
@@ -215,7 +270,8 @@ class Platform:
                 nxt = max(nxt, self.t + SLACK_S)
             if nxt is not None and (wake.at is None or nxt < wake.at):
                 wake.at = nxt
-            if d.state is State.HEALTHY and not node.faults and not node.our_taints:
+            quiet = d.state is State.HEALTHY and not node.faults and not node.our_taints
+            if quiet and name not in probes:
                 self.cluster.active.discard(name)
         closes = self._breaker_closes()
         if closes is not None and (wake.at is None or closes < wake.at):
@@ -223,22 +279,31 @@ class Platform:
         return wake
 
     def _breaker_closes(self) -> float | None:
-        """An open breaker whose causes are gone closes `breaker_close_after_s` later: pass
-        then, so it closes on time even when nothing else happens."""
-        st = self.controller.breaker.status
-        if not st.open or st.clear_since is None:
+        """A cause that is gone closes `breaker_close_after_s` later; an open signature
+        starts probing `breaker_probe_after_s` after it opened: pass then, so both happen
+        on time even when nothing else happens."""
+        br, safety = self.controller.breaker, self.config.safety
+        times = [c.clear_since for c in (*br.signatures.values(), *br.stale.values())
+                 if c.clear_since is not None]  # fmt: skip
+        due = [seconds(t - EPOCH) + safety.breaker_close_after_s for t in times]
+        for sig in br.signatures.values():
+            if not sig.probe:
+                since = sig.last_probe_end or sig.opened_at
+                wait = safety.breaker_probe_interval_s if sig.last_probe_end else \
+                    safety.breaker_probe_after_s  # fmt: skip
+                due.append(seconds(since - EPOCH) + wait)
+        if not due:
             return None
-        at = seconds(st.clear_since - EPOCH) + self.config.safety.breaker_close_after_s
-        return max(at + SLACK_S, self.t + SLACK_S)
+        return max(min(due) + SLACK_S, self.t + SLACK_S)
 
     def _next(self, name: str, d: policy_mod.Decision, now: object) -> float | None:
         """When this node's state can next change without news from the world."""
         rec, cfg, node = d.record, self.config.policy, self.cluster.nodes[name]
         since = (rec.since - EPOCH).total_seconds() if rec.since else self.t
-        if d.held:
+        if d.held and not d.held.startswith(HELD):  # the breaker's holds change with news
             return self.t + self.held_retry_s
         if d.state is State.SUSPECT:
-            for limit in (cfg.suspect_grace_s, cfg.suspect_max_s):
+            for limit in sorted((cfg.fatal_grace_s, cfg.suspect_grace_s, cfg.suspect_max_s)):
                 if since + limit > self.t:
                     return since + limit + SLACK_S
             return self.t + self.held_retry_s

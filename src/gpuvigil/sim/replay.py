@@ -143,7 +143,12 @@ def replay(
     out.start, out.end = t0, items[-1][0]
     sink = _Collect(offset=t0 - EPOCH.timestamp())
     cfg = controller or ControllerConfig()
-    platform = Platform(total=max(out.nodes, fleet, 1), config=cfg, reset_s=300.0, reboot_s=1200.0,
+    names = sorted({c[1] for c in items})
+    # nodes the log names without a change still count (budgets and the breaker's
+    # thresholds are shares of the fleet); what they run is not known
+    names += [f"unlisted-{i}" for i in range(max(fleet - len(names), 0))]
+    machines = [(name, {}, {}) for name in names]
+    platform = Platform(machines=machines, config=cfg, reset_s=300.0, reboot_s=1200.0,
                         preflight_s=600.0, events=sink)  # fmt: skip
     i, wake_at = 0, None
     horizon = items[-1][0] - t0 + 6 * 3600.0  # let the last episode play out

@@ -19,7 +19,7 @@ from enum import StrEnum
 
 from gpuvigil.core import exit_codes
 from gpuvigil.sim.scenarios import SimConfig
-from gpuvigil.training.config import WatchdogConfig
+from gpuvigil.training.config import DrainConfig, WatchdogConfig
 from gpuvigil.training.watchdog import derive_timeout
 
 
@@ -62,14 +62,11 @@ def exit_code(
     return 1 if software else None
 
 
-# Training handles SIGTERM (finish the step, save, exit DRAINED) only once its drain lands;
-# until then a drain loses the work since the last checkpoint (assumption 5).
-DRAIN_ON_SIGTERM = False
-
-
 def drain_keeps_work(*, layer3: bool) -> bool:
-    """Does an evicted job save before it leaves? Only where training handles SIGTERM."""
-    return layer3 and DRAIN_ON_SIGTERM
+    """Does an evicted job save before it leaves? Where training's drain is on (its default,
+    `training.drain`): on SIGTERM the ranks finish the step, save and exit DRAINED. The
+    save is assumed to fit the pod's grace period (assumption 5)."""
+    return layer3 and DrainConfig().enabled
 
 
 def counts_against_job(stop: Stop, code: int | None, *, layer2: bool) -> bool:

@@ -20,6 +20,7 @@ from gpuvigil.observe.figures import (
     RATIO,
     SECONDS,
     SETTING,
+    TABLES,
     Figure,
     figure,
     figures_of,
@@ -38,13 +39,21 @@ class Results:
         "unavailable while it carries a hardware fault (seen or not) or is out of service",
         table=1, digits=3,
     )  # fmt: skip
-    job_success_rate: float = figure(
-        1.0, "job success", RATIO, "jobs that finished / jobs that ended (finished or gave up)",
+    # None when no job ended: jobs still running at the end are censored, not successes.
+    job_success_rate: float | None = figure(
+        None, "job success", RATIO, "jobs that finished / jobs that ended (finished or gave "
+        "up); none when no job ended", table=1, digits=2,
+    )  # fmt: skip
+    job_success_by_work: float | None = figure(
+        None, "job success by work", RATIO, "the same weighted by each job's work (the "
+        "GPU-hours it needed): a 256-node job that gave up weighs 256 one-node jobs",
         table=1, digits=2,
     )  # fmt: skip
     goodput: float = figure(
-        1.0, "goodput", RATIO, "productive GPU-time / allocated GPU-time", table=1
-    )
+        1.0, "goodput", RATIO, "productive GPU-time / allocated GPU-time; work lost to "
+        "restarts, hangs and slow nodes, and all the work of a job that gave up, is lost",
+        table=1,
+    )  # fmt: skip
     job_interruptions: int = figure(
         0, "restarts", COUNT, "job restarts for any reason, drains included", table=1
     )
@@ -59,19 +68,33 @@ class Results:
     gpu_hours_lost: float = figure(
         0.0, "GPU-h lost", GPU_HOURS, "allocated minus productive GPU-hours", table=1
     )
+    # Out-of-service episodes of machines with nothing a repair cures (a missing tool, a bad
+    # driver image, boot noise), by how far they went. A person's release is not one.
+    false_cordons: int = figure(
+        0, "false cordons", COUNT, "healthy machines only blocked from new work", table=2
+    )
     false_drains: int = figure(
-        0, "false drains", COUNT, "nodes cordoned, drained or remediated while they had no "
-        "hardware fault", table=1,
+        0, "false drains", COUNT, "healthy machines drained or remediated (cordons not "
+        "counted)", table=1,
     )  # fmt: skip
+    false_quarantines: int = figure(
+        0, "false quarantines", COUNT, "healthy machines handed to a person", table=2
+    )
+    healthy_replaced: int = figure(
+        0, "healthy replaced", COUNT, "healthy machines replaced", table=2
+    )
     jobs_finished: int = figure(0, "jobs finished", COUNT)
     jobs_failed: int = figure(0, "jobs failed", COUNT, "jobs that gave up")
+    jobs_censored: int = figure(
+        0, "jobs censored", COUNT, "jobs started and still running when the run stopped"
+    )
     faults: int = figure(0, "faults", COUNT, "faults that struck a node in service", table=2)
     faults_undetected: int = figure(
         0, "faults undetected", COUNT, "hardware faults still unseen when the run ended"
     )
     remediations: int = figure(0, "remediations", COUNT, "remediation steps started", table=2)
     breaker_trips: int = figure(
-        0, "breaker trips", COUNT, "times the circuit breaker opened", table=2
+        0, "breaker trips", COUNT, "times a breaker signature opened", table=2
     )
     events: int = figure(0, "simulator events", COUNT, "events the engine processed")
     # distinct faults that interrupted a job (the paper's count)
@@ -113,7 +136,10 @@ class Tally:
         self.allocated_s = 0.0
         self.finished = 0
         self.failed = 0
-        self.false_drains = 0
+        self.finished_work = 0.0  # GPU-seconds of work of the jobs that finished
+        self.failed_work = 0.0  # ... that gave up
+        self.censored = 0
+        self.false: Counter[str] = Counter()  # cordon | drain | quarantine | replace
         self.remediations = 0
         self.faults = 0
 
@@ -130,13 +156,18 @@ class Tally:
         total = res.nodes * res.days * 86400.0
         res.node_availability = max(0.0, 1.0 - unavailable_s / total) if total else 1.0
         ended = self.finished + self.failed
-        res.job_success_rate = self.finished / ended if ended else 1.0
+        res.job_success_rate = self.finished / ended if ended else None
+        work = self.finished_work + self.failed_work
+        res.job_success_by_work = self.finished_work / work if work else None
+        res.jobs_censored = self.censored
         res.goodput = self.productive_s / self.allocated_s if self.allocated_s else 1.0
         res.job_interruptions = sum(self.by_cause.values())
         res.mttd_s = sum(self.detect) / len(self.detect) if self.detect else 0.0
         res.mttr_s = sum(self.repair) / len(self.repair) if self.repair else 0.0
         res.gpu_hours_lost = (self.allocated_s - self.productive_s) * gpus_per_node / 3600.0
-        res.false_drains = self.false_drains
+        res.false_cordons, res.false_drains = self.false["cordon"], self.false["drain"]
+        res.false_quarantines = self.false["quarantine"]
+        res.healthy_replaced = self.false["replace"]
         res.jobs_finished, res.jobs_failed = self.finished, self.failed
         res.faults = self.faults
         res.remediations = self.remediations
@@ -147,9 +178,6 @@ class Tally:
         res.interruptions_by_cause = dict(sorted(self.by_cause.items()))
         res.interruptions_by_kind = dict(sorted(self.by_kind.items()))
         return res
-
-
-TABLES = {1: "", 2: "what each run did"}
 
 
 def table(results: dict[str, Results], *, width: int, title: str = "", which: int = 1) -> Any:

@@ -1,8 +1,11 @@
-"""Scenarios (which layers run) and the simulator's settings (`SimConfig`).
+"""The scenario registry (which layers run, and what goes wrong) and the simulator's
+settings (`SimConfig`).
 
-Called by the engine and the CLI. A scenario switches layers on; every timing that is not
-a layer's own setting lives in `SimConfig`, each with the reason for its default (the
-published figures behind them are in docs/simulator.md).
+Called by the engine, `sim.run` and the CLI. A scenario switches layers on and may add a
+fleet event: a bad change (`storm`, a `sim.faults.Storm`) or a silence of every agent.
+Each scenario is one entry of `SCENARIOS`; `gpuvigil simulate` runs them all (the fleet
+events unless `--no-storm`). Every timing that is not a layer's own setting lives in
+`SimConfig`, each with the reason for its default (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
+from gpuvigil.sim.faults import Silence, Storm
+
+DAY = 86400.0
 
 
 @dataclass(frozen=True)
@@ -24,8 +30,28 @@ class Scenario:
     layer3: bool  # training: hang watchdog, warm restart, graceful drain at a checkpoint
     layer4: bool  # observability: the active-check schedule (silent corruption)
     summary: str = ""
+    storm: str = ""  # a bad change on day 10 (or a third in): "tool" | "driver" (sim.faults)
+    storm_fraction: float = 0.25
+    storm_pool: bool = False  # the fraction of one pool, not of the fleet
+    silence_s: float = 0.0  # every agent silent this long, from mid-run
+    breaker: bool = True  # False: the circuit breaker never trips (the storms' control run)
+    wide_budget: bool = False  # a 10% disruption budget (sim.cli.storm_controller)
+
+    @property
+    def fleet_event(self) -> bool:
+        return bool(self.storm or self.silence_s)
+
+    def storm_for(self, days: float) -> Storm | None:
+        if not self.storm:
+            return None
+        return Storm(at_s=min(10.0, days / 3) * DAY, fraction=self.storm_fraction,
+                     kind=self.storm, pool=self.storm_pool)  # fmt: skip
+
+    def silence_for(self, days: float) -> Silence | None:
+        return Silence(at_s=days / 2 * DAY, duration_s=self.silence_s) if self.silence_s else None
 
 
+_FULL = (True, True, True, True)
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -33,15 +59,38 @@ SCENARIOS: dict[str, Scenario] = {
                  "cloud instance checks only: dead machines replaced, failed jobs retried"),
         Scenario("node", True, False, False, False, "layer 1: node checks + cordon"),
         Scenario("platform", True, True, False, False, "layers 1-2: + policy, safety, remediation"),
-        Scenario("full", True, True, True, True, "layers 1-4: + training resilience, observe"),
+        Scenario("full", *_FULL, "layers 1-4: + training resilience, observe"),
+        Scenario("storm+breaker", *_FULL, "an upgrade drops a binary on 25% of the fleet",
+                 storm="tool", wide_budget=True),
+        Scenario("storm-no-breaker", *_FULL, "the same, the breaker never trips",
+                 storm="tool", breaker=False, wide_budget=True),
+        Scenario("driver-storm+breaker", *_FULL,
+                 "a bad driver makes healthy GPUs read lost on 25% of the fleet",
+                 storm="driver", wide_budget=True),
+        Scenario("driver-storm-no-breaker", *_FULL, "the same, the breaker never trips",
+                 storm="driver", breaker=False, wide_budget=True),
+        Scenario("pool-rollout", *_FULL, "a bad driver on 75% of one pool (default budget)",
+                 storm="driver", storm_fraction=0.75, storm_pool=True),
+        Scenario("silence", *_FULL, "every agent silent for 2 h mid-run (an API outage)",
+                 silence_s=2 * 3600.0),
     )
 }  # fmt: skip
+LAYERS = ("baseline", "node", "platform", "full")  # the four layer scenarios
 
 
 class SimConfig(StrictModel):
     """Timings of the simulated world (seconds). Defaults and their reasons:"""
 
     gpus_per_node: int = Field(8, ge=1, description="H100/H200/A100 servers carry 8 GPUs.")
+    pool_nodes: int = Field(
+        64,
+        ge=1,
+        description="Nodes per pool (node group or partition: the disruption "
+        "budget's unit and a rollout's): a 512-node fleet has 8 (assumption).",
+    )
+    rack_nodes: int = Field(
+        4, ge=1, description="8-GPU servers per rack: ~10 kW each in ~40 kW racks (assumption)."
+    )
     instance_check_s: float = Field(
         300.0,
         description="Cloud instance status checks run every minute; an instance is marked "

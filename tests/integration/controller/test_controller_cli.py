@@ -37,7 +37,7 @@ def write_config(tmp_path: Path, selector: str, **extra: Any) -> Path:
         "  interval_s: 0.5",
         "  metrics_port: 0",
         f"  leader_election: {str(extra.pop('leader', False)).lower()}",
-        "  policy: {drain_timeout_s: 3600}",
+        "  policy: {drain_timeout_s: 3600, fatal_grace_s: 0}",
         "  safety: {max_disrupted: 5, max_disrupted_percent: 100}",
         "  kubernetes:",
         f"    node_selector: '{selector}'",

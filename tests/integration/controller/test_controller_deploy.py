@@ -15,6 +15,7 @@ from ctl_helpers import FATAL, agent, kube_cluster  # noqa: F401  (fixtures)
 from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.policy import PolicyConfig
 from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import State
 
@@ -79,7 +80,10 @@ def test_the_controller_works_with_only_its_service_account(kube, deployed, agen
     cluster = KubernetesCluster(
         KubernetesSettings(node_selector=f"fleet={tag}", eviction_grace_s=0), api_client=api
     )
-    cfg = ControllerConfig(safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100))
+    cfg = ControllerConfig(
+        policy=PolicyConfig(fatal_grace_s=0),  # drain at once: this test is about RBAC
+        safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
+    )
     ctl = Controller(cluster, config=cfg)
     for _ in range(3):
         result = ctl.reconcile()

@@ -16,11 +16,15 @@ from ctl_helpers import FATAL, agent, kube_cluster, preflight_passes  # noqa: F4
 from gpuvigil.core import wire
 from gpuvigil.core.findings import utcnow
 from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.policy import PolicyConfig
 from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import State, decode_record
 
 pytestmark = pytest.mark.realparts
-CFG = ControllerConfig(safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100))
+CFG = ControllerConfig(
+    policy=PolicyConfig(fatal_grace_s=0),  # drain at once: these tests are about preflight
+    safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
+)
 
 
 def record(kube: Any, node: str) -> Any:

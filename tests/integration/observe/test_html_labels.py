@@ -84,19 +84,19 @@ def test_a_long_label_widens_its_chart(chromium, tmp_path: Path) -> None:
 
 
 def test_the_html_shows_the_tables_figures(demo_page) -> None:
+    """Each row of each terminal table (the comparison, what each run did) is a row of
+    the HTML's tables, the same numbers written the same way."""
     page, table = demo_page
-    html = page.read_text()
+    html = page.read_text().replace('<span class="k">', "").replace("</span>", "")
     checked = 0
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip("│ ").split("│")]
         if len(cells) > 5 and cells[0] in ("baseline", "full", "driver-storm-no-breaker"):
-            row = re.search(rf"<tr><td>{re.escape(cells[0])}</td>.*?</tr>", html.replace(
-                '<span class="k">', "").replace("</span>", ""))  # fmt: skip
-            assert row, cells[0]
-            shown = re.findall(r"<td[^>]*>([^<]*)</td>", row.group(0))
-            assert shown[1 : len(cells)] == cells[1:], (cells, shown)
+            rows = re.findall(rf"<tr><td>{re.escape(cells[0])}</td>.*?</tr>", html)
+            shown = [re.findall(r"<td[^>]*>([^<]*)</td>", row)[1:] for row in rows]
+            assert cells[1:] in shown, (cells, shown)
             checked += 1
-    assert checked == 3
+    assert checked >= 3
 
 
 def test_the_probe_finds_a_cut_label(chromium, tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ def test_json_report(run_cli, log: Path) -> None:
     assert out["slo"]["drains"] == {
         "total": 1,
         "false_positive": 1,
+        "human_releases": 0,
         "cordons": 0,
         "absorbed_incidents": 0,
     }

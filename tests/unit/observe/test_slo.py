@@ -193,14 +193,51 @@ def test_job_success_and_goodput() -> None:
             productive_gpu_s=700.0,
             allocated_gpu_s=800.0,
         ),
-        E(100, "job.end", job="b", result="failed", exit_code=1),  # goodput from lost_s
-        E(100, "job.end", job="c", result="cancelled"),
+        E(100, "job.end", job="b", result="failed", exit_code=1),  # it gave up: all lost
+        E(100, "job.end", job="c", result="cancelled"),  # goodput from lost_s
     ]
     r = slo.compute(evs, start=0, end=1000)
     assert (r.jobs_succeeded, r.jobs_failed, r.jobs_cancelled, r.job_restarts) == (1, 1, 1, 1)
     assert r.job_success_rate == 0.5
-    # a: 700/800; b: 400 allocated, 4 GPUs x 10 s lost; c: 400 allocated, all productive.
-    assert r.allocated_gpu_s == 1600 and r.productive_gpu_s == 700 + 360 + 400
+    assert r.job_success_by_work == pytest.approx(800 / (800 + 400))  # by GPU-time
+    # a: 700/800; b: 400 allocated, nothing productive (abandoned); c: 400, all productive.
+    assert r.allocated_gpu_s == 1600 and r.productive_gpu_s == 700 + 0 + 400
+
+
+def test_a_restored_breaker_cause_is_not_a_new_trip() -> None:
+    evs = [
+        E(1, "breaker", state="open", causes=["gpu/GPU_LOST@fleet"]),
+        E(2, "breaker", state="open", causes=["gpu/GPU_LOST@fleet"], restored=True),
+    ]
+    assert slo.compute(evs, start=0, end=10).breaker_trips == 1
+
+
+def test_no_ended_job_is_no_verdict_and_running_jobs_are_censored() -> None:
+    """A run whose one job never ends (Llama 3 pre-training) has no job success, not 100%;
+    the job is censored, and its time so far still counts for goodput."""
+    evs = [
+        E(0, "job.start", job="big", gpus=16),
+        E(500, "job.restart", job="big", lost_s=100.0),
+        E(560, "job.start", job="big", gpus=16),  # the next attempt: the same job goes on
+    ]
+    r = slo.compute(evs, start=0, end=1000)
+    assert r.job_success_rate is None and r.job_success_by_work is None
+    assert r.jobs_censored == 1
+    assert r.allocated_gpu_s == 16_000 and r.productive_gpu_s == 16 * 900
+    j = r.to_json()["job_success"]
+    assert j["achieved"] is None and j["censored"] == 1 and j["by_work"] is None
+
+
+def test_a_person_releasing_a_quarantine_is_not_a_false_positive() -> None:
+    """Quarantined, then released by a person (only `gpuvigil release` leaves QUARANTINED):
+    their verdict ends the episode, whatever they found."""
+    evs = _states(
+        (0, "n1", "HEALTHY"), (10, "n1", "DRAINING"), (20, "n1", "QUARANTINED"),
+        (30, "n1", "VALIDATING"), (40, "n1", "HEALTHY"),
+        (50, "n2", "HEALTHY"), (60, "n2", "DRAINING"), (70, "n2", "HEALTHY"),
+    )  # fmt: skip
+    r = slo.compute(evs, start=0, end=100)
+    assert (r.drains, r.human_releases, r.false_positive_drains) == (2, 1, 1)
 
 
 def test_exit_code_decides_the_result_when_result_is_missing() -> None:

@@ -12,7 +12,10 @@ from gpuvigil.platform import metrics as pmetrics
 from gpuvigil.platform.clusters.base import Conflict
 from gpuvigil.platform.clusters.memory import MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.policy import PolicyConfig
 from gpuvigil.platform.state import State
+
+AT_ONCE = ControllerConfig(policy=PolicyConfig(fatal_grace_s=0))  # a fatal finding drains now
 
 
 def fleet(n: int = 4) -> MemoryCluster:
@@ -26,7 +29,8 @@ def test_dry_run_decides_and_records_but_never_acts(tmp_path) -> None:  # type: 
     c = fleet()
     c.set_findings("n1", [FATAL])
     events = EventWriter(tmp_path / "ev.jsonl")
-    ctl = Controller(c, config=ControllerConfig(dry_run=True), clock=c.clock.now, events=events)
+    cfg = AT_ONCE.model_copy(update={"dry_run": True})
+    ctl = Controller(c, config=cfg, clock=c.clock.now, events=events)
     r = ctl.reconcile()
     assert r.decisions["n1"].state is State.DRAINING
     assert not any(c.calls[op] for op in ("store", "block", "drain", "request", "event"))
@@ -45,7 +49,7 @@ def test_excluded_nodes_are_observed_only() -> None:
 def test_metrics_one_series_per_node() -> None:
     c = fleet()
     reg = CollectorRegistry()
-    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    ctl = Controller(c, config=AT_ONCE, clock=c.clock.now, metrics=pmetrics.build(reg))
     ctl.reconcile()
     assert reg.get_sample_value("gpuvigil_nodes", {"state": "HEALTHY"}) == 4
     assert reg.get_sample_value("gpuvigil_nodes_in_service") == 4
@@ -68,7 +72,7 @@ def test_a_conflict_rereads_and_decides_again() -> None:
     c = fleet()
     c.set_findings("n1", [FATAL])
     reg = CollectorRegistry()
-    ctl = Controller(c, clock=c.clock.now, metrics=pmetrics.build(reg))
+    ctl = Controller(c, config=AT_ONCE, clock=c.clock.now, metrics=pmetrics.build(reg))
     c.fail_next("store", Conflict, node="n1")
     r = ctl.reconcile()
     assert "n1" not in r.errors and r.decisions["n1"].state is State.DRAINING
@@ -112,7 +116,13 @@ def test_a_dropped_binary_fleet_wide_is_held_by_the_breaker_not_blocked(tmp_path
     assert reg.get_sample_value("gpuvigil_circuit_breaker_trips_total") == 1
     assert all(not c.nodes[f"n{i}"].actions for i in range(40))  # never blocked
     assert reg.get_sample_value("gpuvigil_nodes_in_service") == 100
+    assert reg.get_sample_value(
+        "gpuvigil_circuit_breaker_signature_nodes",
+        {"code": "DEPENDENCY_MISSING", "attribute": "", "value": ""},
+    ) == 40  # fmt: skip
     c.set_findings("n50", [FATAL])  # a real fault during the storm: blocked and repaired
+    ctl.reconcile()
+    c.advance(121)
     ctl.reconcile()
     assert [a[0] for a in c.nodes["n50"].actions][:2] == ["block", "drain"]
     for i in range(40):
@@ -124,32 +134,37 @@ def test_a_dropped_binary_fleet_wide_is_held_by_the_breaker_not_blocked(tmp_path
     lines = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
     breaker = [e["data"] for e in lines if e["kind"] == "breaker"]
     assert [b["state"] for b in breaker] == ["open", "closed"]
-    assert "check nvml fails closed" in breaker[0]["reason"]
-    assert breaker[0]["causes"] == ["check:nvml"]
-    assert breaker[1]["causes"] == ["check:nvml"]  # what it had held
+    assert "nvml/DEPENDENCY_MISSING on 40 of 100 nodes" in breaker[0]["reason"]
+    assert breaker[0]["causes"] == ["nvml/DEPENDENCY_MISSING@fleet"]
+    assert breaker[0]["code"] == "DEPENDENCY_MISSING" and breaker[0]["nodes"] == 40
+    assert breaker[1]["causes"] == ["nvml/DEPENDENCY_MISSING@fleet"]  # what it had held
+    assert reg.get_sample_value(
+        "gpuvigil_circuit_breaker_signature_nodes",
+        {"code": "DEPENDENCY_MISSING", "attribute": "", "value": ""},
+    ) is None  # fmt: skip
 
 
 def test_blocks_set_for_the_broken_check_are_lifted_when_the_breaker_trips() -> None:
-    """Four nodes fail closed: a handful, so they are blocked (fail closed). Six more
-    follow: now it is the tool, and the blocks gpuvigil set for it alone are lifted."""
+    """Two nodes fail closed: not yet a pattern, so they are blocked (fail closed). Eight
+    more follow: now it is the tool, and the blocks gpuvigil set for it alone are lifted."""
     c = fleet(100)
     ctl = Controller(c, clock=c.clock.now)
-    _storm(c, [f"n{i}" for i in range(4)], ctl, 2)
+    _storm(c, [f"n{i}" for i in range(2)], ctl, 2)
     assert not ctl.breaker.status.open
-    assert all(c.nodes[f"n{i}"].our_taints == {"unhealthy"} for i in range(4))
-    _storm(c, [f"n{i}" for i in range(4, 10)], ctl, 2)
+    assert all(c.nodes[f"n{i}"].our_taints == {"unhealthy"} for i in range(2))
+    _storm(c, [f"n{i}" for i in range(2, 10)], ctl, 2)
     assert ctl.breaker.status.open
     assert all(not c.nodes[f"n{i}"].our_taints for i in range(10))
     assert all(ctl.reconcile().decisions[f"n{i}"].state is State.HEALTHY for i in range(10))
 
 
 def test_without_holding_blocks_a_dropped_binary_blocks_but_never_drains() -> None:
-    """`breaker_hold_blocks_for_tool_breakage: false`: the strict behaviour."""
+    """`breaker_hold_blocks: false`: the strict behaviour."""
     from gpuvigil.platform.safety import SafetyConfig
 
     c = fleet(100)
     reg = CollectorRegistry()
-    cfg = ControllerConfig(safety=SafetyConfig(breaker_hold_blocks_for_tool_breakage=False))
+    cfg = ControllerConfig(safety=SafetyConfig(breaker_hold_blocks=False))
     ctl = Controller(c, config=cfg, clock=c.clock.now, metrics=pmetrics.build(reg))
     _storm(c, [f"n{i}" for i in range(40)], ctl, 30)
     assert reg.get_sample_value("gpuvigil_circuit_breaker_open") == 1

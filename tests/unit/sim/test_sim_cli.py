@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
-FIELDS = ("node_availability", "job_success_rate", "goodput", "job_interruptions", "mttd_s",
-          "mttr_s", "gpu_hours_lost", "false_drains")  # fmt: skip
+FIELDS = ("node_availability", "job_success_rate", "job_success_by_work", "goodput",
+          "job_interruptions", "mttd_s", "mttr_s", "gpu_hours_lost", "false_cordons",
+          "false_drains", "false_quarantines", "healthy_replaced", "breaker_trips",
+          "jobs_censored")  # fmt: skip
 
 
 def test_simulate_json_contract(run_cli):
@@ -13,7 +15,8 @@ def test_simulate_json_contract(run_cli):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     names = ("baseline", "node", "platform", "full", "storm+breaker", "storm-no-breaker",
-             "driver-storm+breaker", "driver-storm-no-breaker")  # fmt: skip
+             "driver-storm+breaker", "driver-storm-no-breaker", "pool-rollout",
+             "silence")  # fmt: skip
     for name in names:
         row = out[name]
         for key in FIELDS:
@@ -37,7 +40,8 @@ def test_demo_prints_the_table_and_writes_the_report(run_cli, tmp_path):
     p = run_cli("demo", "--nodes", "48", "--days", "4", "--report", str(report),
                 "--events", str(events))  # fmt: skip
     assert p.returncode == 0, p.stderr
-    for name in ("baseline", "node", "platform", "full", "storm+breaker"):
+    for name in ("baseline", "node", "platform", "full", "storm+breaker", "pool-rollout",
+                 "silence"):  # fmt: skip
         assert name in p.stdout
     assert str(report.resolve()) in p.stdout.replace("\n", "")
     html = report.read_text()

@@ -73,6 +73,16 @@ def pool_label(labels: dict[str, str]) -> str:
     return labels.get("gpuvigil.io/pool", "default")
 
 
+# nodeInfo fields the circuit breaker may group findings by (a kernel or image rollout).
+NODE_INFO_FACTS = {"kernelVersion": "kernel-version", "osImage": "os-image",
+                   "containerRuntimeVersion": "container-runtime",
+                   "kubeletVersion": "kubelet-version"}  # fmt: skip
+
+
+def node_facts(node_info: dict[str, Any]) -> dict[str, str]:
+    return {name: str(node_info[k]) for k, name in NODE_INFO_FACTS.items() if node_info.get(k)}
+
+
 class KubernetesCluster:
     name = "kubernetes"
     max_concurrency = 16  # the controller may apply decisions to this many nodes at once
@@ -219,7 +229,10 @@ class KubernetesCluster:
             if res and res.get("result") in ("succeeded", "failed")
             else None,
             boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
+            provider_id=str(spec.get("providerID") or ""),
             version=meta.get("resourceVersion", ""),
+            replace_supported=self.settings.replace != "none",
+            attributes=node_facts(status.get("nodeInfo") or {}),
         )
 
     # ---- writing --------------------------------------------------------------------

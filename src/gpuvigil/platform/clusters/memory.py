@@ -79,6 +79,8 @@ class MemNode:
     preflight_asked: datetime | None = None  # when `revalidate` last started a fresh run
     released_at: datetime | None = None  # `mark_released`: what the agent would read
     boot: int = 0
+    provider_id: str = ""  # the machine: a replacement is another one
+    attributes: dict[str, str] = field(default_factory=dict)  # what nodeInfo would say
     version: int = 1
     events: list[tuple[datetime, str, str]] = field(default_factory=list)
     actions: list[tuple[str, str]] = field(default_factory=list)  # (op, detail) done to it
@@ -106,6 +108,7 @@ class MemoryCluster:
         self.auto_preflight = auto_preflight
         self.replace_adds_node = replace_adds_node
         self.replaced: list[str] = []
+        self.machines = 0  # machines handed out so far (provider ids are unique)
         self._failures: list[list[object]] = []  # [op, node|None, error class, times]
 
     # ---- the world side -------------------------------------------------------------
@@ -119,8 +122,12 @@ class MemoryCluster:
         pods: int = 0,
         protected_pods: int = 0,
         unvalidated: bool = False,
+        attributes: dict[str, str] | None = None,
     ) -> MemNode:
-        node = MemNode(name=name, pool=pool, labels=dict(labels or {}))
+        self.machines += 1
+        node = MemNode(name=name, pool=pool, labels=dict(labels or {}),
+                       provider_id=f"memory:///machine-{self.machines}",
+                       attributes=dict(attributes or {}))  # fmt: skip
         node.labels.setdefault("gpuvigil.io/pool", pool)
         node.pods = [Pod(f"{name}-p{i}") for i in range(pods)]
         node.pods += [Pod(f"{name}-pdb{i}", protected=True) for i in range(protected_pods)]
@@ -247,7 +254,9 @@ class MemoryCluster:
             preflight=node.preflight,
             agent_result=node.result,
             boot_id=f"boot-{node.boot}",
+            provider_id=node.provider_id,
             version=str(node.version),
+            attributes=dict(node.attributes),
         )
 
     def list_nodes(self) -> list[NodeView]:
@@ -328,7 +337,8 @@ class MemoryCluster:
         del self.nodes[name]
         self.replaced.append(name)
         if self.replace_adds_node:  # like Karpenter / a node group: a fresh machine arrives
-            self.add_node(name, pool=node.pool, labels=node.labels, unvalidated=True)
+            self.add_node(name, pool=node.pool, labels=node.labels, unvalidated=True,
+                          attributes=node.attributes)  # fmt: skip
 
     def store(self, name: str, record: Record, *, version: str = "") -> None:
         node = self._call("store", name)

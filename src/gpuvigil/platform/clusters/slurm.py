@@ -85,7 +85,26 @@ def _labels(raw: dict[str, Any]) -> dict[str, str]:
     return {"gpuvigil.io/pool": str(parts[0])} if parts else {}
 
 
-def view(raw: dict[str, Any], running: int = 0) -> NodeView:
+def facts(raw: dict[str, Any]) -> dict[str, str]:
+    """What the circuit breaker may group findings by: the node's features (the whole set,
+    and each `key=value` one as an attribute), its kernel and its slurmd version."""
+    feats = raw.get("active_features") or raw.get("features") or []
+    names = sorted({str(f).strip() for f in (feats.split(",") if isinstance(feats, str) else feats)
+                    if str(f).strip()})  # fmt: skip
+    out = {"features": ",".join(names)} if names else {}
+    for f in names:
+        key, sep, value = f.partition("=")
+        if sep and key and value:
+            out[key] = value
+    os_name = str(raw.get("operating_system") or "").split()
+    if len(os_name) >= 2:  # "Linux 5.15.0-91-generic #101-Ubuntu SMP ..."
+        out["kernel-version"] = os_name[1]
+    if raw.get("slurmd_version"):
+        out["slurmd-version"] = str(raw["slurmd_version"])
+    return out
+
+
+def view(raw: dict[str, Any], running: int = 0, *, replace_supported: bool = False) -> NodeView:
     """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output)."""
     flags = _flags(raw)
     reason = str(raw.get("reason") or "")
@@ -130,6 +149,8 @@ def view(raw: dict[str, Any], running: int = 0) -> NodeView:
         boot_id=str(int(boot.timestamp())) if boot else "",
         version="",
         preflight_supported=False,
+        replace_supported=replace_supported,  # only through a hook: else quarantine at once
+        attributes=facts(raw),
     )
 
 
@@ -170,12 +191,14 @@ class SlurmCluster:
         running: Counter[str] = Counter()
         for job in self._jobs():
             running.update(expand_hostlist(str(job.get("nodes") or "")))
-        return [view(n, running[n.get("name")]) for n in self._raw_nodes()]
+        hook = bool(self.settings.replace_hook)
+        return [view(n, running[n.get("name")], replace_supported=hook) for n in self._raw_nodes()]
 
     def get_node(self, name: str) -> NodeView:
         for raw in self._raw_nodes(name):
             if raw.get("name") == name:
-                return view(raw, len(self._jobs(name)))
+                hook = bool(self.settings.replace_hook)
+                return view(raw, len(self._jobs(name)), replace_supported=hook)
         raise Forbidden(f"no Slurm node {name}")
 
     def _update(self, name: str, *fields: str) -> None:

@@ -11,11 +11,14 @@ between the two redoes the same operations (same request id) on its next pass.
 
 States and edges (docs/controller.md has the diagram and the reasons):
 HEALTHY -> SUSPECT (new work blocked) on a FAILED finding -> DRAINING when it persists past
-`suspect_grace_s` or at once when fatal -> REMEDIATING one ladder step (RESET_GPU, REBOOT,
-REPLACE), escalating when the step fails or the problem returns -> VALIDATING (a preflight
-pass newer than the step, and a fresh healthy summary) -> HEALTHY. QUARANTINED for
-INVESTIGATE findings, after `max_failed_steps`, or when validation could not read the node;
-only `release()` (`gpuvigil release NODE`) leaves it.
+`suspect_grace_s` (a hung check too), or `fatal_grace_s` after a fatal one -> REMEDIATING
+one ladder step (RESET_GPU, REBOOT, REPLACE; a hung check stops at REBOOT), escalating when
+the step fails or the problem returns -> VALIDATING (a preflight pass newer than the step,
+and a fresh healthy summary; after REPLACE, only once another machine stands behind the
+node) -> HEALTHY. QUARANTINED for INVESTIGATE findings, after `max_failed_steps` or a spent
+ladder; only `release()` (`gpuvigil release NODE`) leaves it. Staleness alone blocks new
+work and never more: no drain, no step, no quarantine. What the circuit breaker holds
+(`Fleet.held`, `Fleet.stale`) neither blocks nor starts or escalates a repair.
 """
 
 from __future__ import annotations
@@ -48,14 +51,20 @@ __all__ = [
 ]
 
 
-def _next_step(after: Action | None, wanted: Action) -> Action | None:
-    """The ladder step to take: at least `wanted`, and past `after` when a step was tried."""
+UNKNOWN = "unknown: "  # reason prefix of a block set because the node could not be read
+
+
+def _next_step(after: Action | None, wanted: Action, cap: Action | None = None) -> Action | None:
+    """The ladder step to take: at least `wanted`, past `after` when a step was tried, and
+    not beyond `cap` (None when the ladder is spent)."""
     floor = wanted if wanted in LADDER else LADDER[0]
     if after is not None:
         i = LADDER.index(after) + 1 if after in LADDER else 0
         if i >= len(LADDER):
             return None
         floor = max(floor, LADDER[i], key=lambda a: a.rank)
+    if cap is not None and floor.rank > cap.rank:
+        return None
     return floor
 
 
@@ -75,24 +84,41 @@ def _request_id(node: str, step: Action, now: datetime) -> str:
     return f"{node}.{step.value.lower()}.{int(now.timestamp())}"
 
 
+def _new_machine(node: NodeView, rec: Record) -> bool:
+    """Another machine stands behind the node than when the replacement was asked for: a
+    new provider id where both are known, else a new boot id."""
+    if node.provider_id and rec.provider_id:
+        return node.provider_id != rec.provider_id
+    return bool(node.boot_id and rec.boot_id and node.boot_id != rec.boot_id)
+
+
 class _Ctx:
     """Small helper so each state handler reads as its rule."""
 
     def __init__(self, node: NodeView, fleet: Fleet, now: datetime, config: PolicyConfig) -> None:
         self.node, self.fleet, self.now, self.cfg = node, fleet, now, config
         self.rec = node.record or Record()
-        # The breaker's tool cause is honoured where a block is all it could cause (HEALTHY,
-        # SUSPECT); a node being repaired or validated stays strict (fail closed).
-        tolerate = self.rec.state in (State.HEALTHY, State.SUSPECT)
-        held = fleet.tolerated_checks if tolerate else frozenset()
-        self.a = assess(node, now=now, config=config, tolerated=held)
+        self.a = assess(node, now=now, config=config, held=fleet.held)
 
-    def tolerated(self) -> str:
-        """Why findings on the node are not acted on (the breaker's tool cause), or ""."""
-        checks = sorted({p.check for p in self.a.tolerated})
-        if not checks:
-            return ""
-        return f"circuit breaker: check {', '.join(checks)} fails closed fleet-wide (tool breakage)"
+    @property
+    def cap(self) -> Action | None:
+        """The highest ladder step allowed: a hung check alone stops at REBOOT, as does a
+        breaker probe."""
+        caps = [c for c in (self.a.max_step, self.fleet.max_step) if c is not None]
+        return min(caps, key=lambda a: a.rank) if caps else None
+
+    @property
+    def held_only(self) -> bool:
+        """The breaker holds what is wrong with this node, and nothing else is."""
+        return bool(self.a.held) and self.a.readable and not self.a.repairable
+
+    @property
+    def stale(self) -> bool:
+        """Unreadable in a pool the breaker found silent: the monitoring's failure."""
+        return not self.a.readable and bool(self.fleet.stale)
+
+    def held_reason(self) -> str:
+        return self.fleet.held_reason if self.a.held else ""
 
     def keep(self, reason: str = "", *ops: Op, held: str = "") -> Decision:
         block = () if self.node.blocked_by_us else (Op(OpKind.BLOCK),)
@@ -154,6 +180,9 @@ class _Ctx:
                 f"{reason}; {self.rec.failures} failed steps" if step else f"{reason}; ladder ended"
             )
             return self.go(State.QUARANTINED, why)
+        if step is Action.REPLACE and not self.node.replace_supported:
+            return self.go(State.QUARANTINED, f"{reason}; nothing can replace this machine "
+                           "(no replace hook): a person swaps it")  # fmt: skip
         rid = _request_id(self.node.name, step, self.now)
         kind = OpKind.REPLACE if step is Action.REPLACE else OpKind.REQUEST
         op = Op(kind, action=step, request_id=rid, gpus=self.a.gpus)
@@ -164,22 +193,28 @@ class _Ctx:
             step=step,
             request_id=rid,
             boot_id=self.node.boot_id,
+            provider_id=self.node.provider_id,
             last_action_at=self.now,
             **kw,
         )
 
     def fail_step(self, reason: str) -> Decision:
-        if self.fleet.breaker_holds:  # the next step is a new disruption: a fleet event
-            if self.a.readable and not self.a.real:  # e.g. the bad driver was rolled back
-                # validate afresh: a preflight from before the rollback does not count
-                why = f"{reason}; the problem cleared: validating"
-                return self.go(State.VALIDATING, why, since=self.now)
-            return self.keep(f"{reason}; next step held", held=self.fleet.why_not)
+        if self.stale:  # no news is not a failed step: wait for the reports to return
+            return self.keep(f"{reason}; waiting for reports", held=self.fleet.stale)
+        if not self.a.readable:  # never escalate on data we could not read
+            return self.keep(f"{reason}; waiting for a readable summary")
+        if self.held_only:  # what fails is the breaker's cause, not this machine
+            return self.keep(f"{reason}; next step held", held=self.fleet.held_reason)
+        if self.fleet.breaker_open and not self.a.problems and not self.a.held:
+            # e.g. the bad driver was rolled back meanwhile: validate afresh (a preflight
+            # from before the rollback does not count)
+            return self.go(State.VALIDATING, f"{reason}; the problem cleared: validating",
+                           since=self.now)  # fmt: skip
         failures = self.rec.failures + 1
         self.rec = self.rec.model_copy(update={"failures": failures})
         if failures >= self.cfg.max_failed_steps:
             return self.go(State.QUARANTINED, f"{reason}; {failures} failed steps")
-        return self.start_step(_next_step(self.rec.step, self.a.action), reason)
+        return self.start_step(_next_step(self.rec.step, self.a.action, self.cap), reason)
 
 
 def decide(
@@ -191,28 +226,36 @@ def decide(
 ) -> Decision:
     """The next record and operations for `node`; see the module docstring."""
     c = _Ctx(node, fleet or Fleet(), now, config or PolicyConfig())
-    handler = _HANDLERS[c.rec.state]
-    return handler(c)
+    d = _HANDLERS[c.rec.state](c)
+    if d.record.hold != c.fleet.hold_mark:  # remembered on the node, so a restart holds it
+        rec = d.record.model_copy(update={"hold": c.fleet.hold_mark})
+        d = replace(d, record=rec, store=True)
+    return d
 
 
 def _healthy(c: _Ctx) -> Decision:
     a, node = c.a, c.node
-    if node.record is None and node.unvalidated:  # a new node: preflight runs before work
-        return c.go(State.VALIDATING, "new node: waiting for preflight")
+    if node.record is None and c.fleet.returned:  # given back, and the same machine is here
+        return c.go(State.QUARANTINED, c.fleet.returned)
+    if node.record is None and (node.unvalidated or c.fleet.replaces):
+        # a new node (a replacement even without the taint): preflight runs before work
+        why = f"replaces {c.fleet.replaces}: " if c.fleet.replaces else "new node: "
+        return c.go(State.VALIDATING, f"{why}waiting for preflight", replaces=c.fleet.replaces)
     if node.blocked_by_someone_else and not c.cfg.act_on_foreign_blocked:
         who = ", ".join(node.blocked_by_others)
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()  # ours only
         return Decision(c.rec, unblock, f"blocked by someone else ({who}): left alone")
     if not a.readable:
         seen_once = node.health is not None or node.health_error == "unreadable"
-        if c.cfg.block_unknown and not c.fleet.breaker_open and seen_once:
-            return c.go(State.SUSPECT, f"unknown: {a.unknown_reason}")
+        if c.cfg.block_unknown and seen_once and not c.stale:
+            return c.go(State.SUSPECT, f"{UNKNOWN}{a.unknown_reason}")
         unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us else ()
-        return Decision(c.rec, unblock, f"not acted on: {a.unknown_reason}")
+        why = f"{a.unknown_reason}; {c.fleet.stale}" if c.stale else a.unknown_reason
+        return Decision(c.rec, unblock, f"not acted on: {why}", held=c.fleet.stale)
     if a.problems:
         # A new episode; a problem back soon after a step continues the same ladder.
         recent = _age(c.rec.last_step_done_at, now=c.now) <= c.cfg.escalation_window_s
-        if c.rec.last_step_done_at is not None and recent and a.real:
+        if c.rec.last_step_done_at is not None and recent and a.repairable:
             c.rec = c.rec.model_copy(update={"failures": c.rec.failures + 1})
             if c.rec.failures >= c.cfg.max_failed_steps:
                 return c.go(State.QUARANTINED, f"{a.describe()} returned after {c.rec.step}")
@@ -220,32 +263,38 @@ def _healthy(c: _Ctx) -> Decision:
             c.rec = c.rec.model_copy(update={"failures": 0, "step": None})
         if a.action is Action.INVESTIGATE:
             return c.go(State.QUARANTINED, f"needs a human: {a.describe()}")
-        if a.fatal:
+        if a.fatal and c.cfg.fatal_grace_s <= 0:
             return c.drain_or_hold(f"fatal: {a.describe()}")
-        return c.go(State.SUSPECT, a.describe())
+        return c.go(State.SUSPECT, ("fatal: " if a.fatal else "") + a.describe())
+    if c.held_only and not c.fleet.hold_blocks:  # the strict setting: blocked, never acted on
+        return c.go(State.SUSPECT, c.fleet.held_reason)
     unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us or node.unvalidated else ()
-    return Decision(c.rec, unblock, c.tolerated() or "healthy")
+    return Decision(c.rec, unblock, c.held_reason() or "healthy", held=c.held_reason())
 
 
 def _suspect(c: _Ctx) -> Decision:
     a = c.a
     stuck = _age(c.rec.since, c.now) >= c.cfg.suspect_max_s
     if not a.readable:
-        if stuck:
-            return c.go(
-                State.QUARANTINED, f"unknown for {c.cfg.suspect_max_s:.0f} s: {a.unknown_reason}"
-            )
-        return c.keep(f"unknown: {a.unknown_reason}")
+        if c.stale and c.rec.reason.startswith(UNKNOWN):  # blocked for staleness alone
+            return c.go(State.HEALTHY, f"block lifted: {c.fleet.stale}", Op(OpKind.UNBLOCK))
+        # Staleness never quarantines: a dead agent is not a dead GPU, and the block heals
+        # by itself when the reports return.
+        return c.keep(f"{UNKNOWN}{a.unknown_reason}", held=c.fleet.stale)
     if not a.problems:
-        why = c.tolerated()
+        if c.held_only and not c.fleet.hold_blocks:
+            return c.keep(c.fleet.held_reason, held=c.fleet.held_reason)
+        why = c.held_reason()
         return c.go(State.HEALTHY, f"block lifted: {why}" if why else "problem cleared",
                     Op(OpKind.UNBLOCK))  # fmt: skip
     if a.action is Action.INVESTIGATE:
         return c.go(State.QUARANTINED, f"needs a human: {a.describe()}")
-    persisted = _age(c.rec.since, c.now) >= c.cfg.suspect_grace_s
-    if a.fatal or (persisted and a.action.rank >= Action.RESET_GPU.rank):
+    age = _age(c.rec.since, c.now)
+    fatal = a.fatal and age >= c.cfg.fatal_grace_s
+    persisted = age >= c.cfg.suspect_grace_s and a.action.rank >= Action.RESET_GPU.rank
+    if fatal or persisted:
         return c.drain_or_hold(("fatal: " if a.fatal else "persisted: ") + a.describe())
-    if stuck:  # nothing automatic repairs it (a check that cannot run, a RESTART_APP finding)
+    if stuck and not a.repairable:  # nothing automatic repairs it (a check that cannot run)
         return c.go(
             State.QUARANTINED, f"unresolved for {c.cfg.suspect_max_s:.0f} s: {a.describe()}"
         )
@@ -256,16 +305,24 @@ def _draining(c: _Ctx) -> Decision:
     if c.node.running > 0:
         return c.keep("", c._drain_op(c.rec.since or c.now))
     a = c.a
-    if a.readable and not a.problems and not c.rec.fatal:
-        return c.go(State.VALIDATING, "drained; the problem cleared: validating")
-    return c.start_step(_next_step(c.rec.step, a.action), f"drained; {a.describe()}")
+    if c.stale:  # no step on a node nobody can read in a silent pool: wait for reports
+        return c.keep(f"drained; waiting for reports ({a.unknown_reason})", held=c.fleet.stale)
+    if a.readable and not a.problems and (not c.rec.fatal or a.held):
+        # the problem cleared, or what is left is the breaker's cause: validate, no step
+        why = f"; {c.fleet.held_reason}" if a.held else ""
+        return c.go(State.VALIDATING, f"drained; the problem cleared: validating{why}")
+    return c.start_step(_next_step(c.rec.step, a.action, c.cap), f"drained; {a.describe()}")
 
 
 def _remediating(c: _Ctx) -> Decision:
     rec, node = c.rec, c.node
     step = rec.step or Action.RESET_GPU
     res = node.agent_result
-    if step is not Action.REPLACE and res is not None and res.request_id == rec.request_id:
+    if step is Action.REPLACE:
+        if _new_machine(node, rec):  # it counts once the new machine passes preflight
+            return c.go(State.VALIDATING, "a new machine joined: validating",
+                        last_step_done_at=c.now)  # fmt: skip
+    elif res is not None and res.request_id == rec.request_id:
         if not res.succeeded:
             return c.fail_step(f"{step.value} failed: {res.detail}".rstrip(": "))
         if step is Action.REBOOT and rec.boot_id and node.boot_id == rec.boot_id:
@@ -273,7 +330,8 @@ def _remediating(c: _Ctx) -> Decision:
         return c.go(State.VALIDATING, f"{step.value} done: validating", last_step_done_at=c.now)
     if _age(rec.since, c.now) >= _timeout(step, c.cfg):
         if step is Action.REPLACE:
-            return c.go(State.QUARANTINED, "replacement requested but the node is still here")
+            return c.go(State.QUARANTINED, "replacement requested but the same machine is "
+                        "still here")  # fmt: skip
         return c.fail_step(f"{step.value} timed out")
     if rec.issued == rec.request_id:
         return c.keep(f"waiting for {step.value}")
@@ -286,7 +344,7 @@ def _validating(c: _Ctx) -> Decision:
     since = rec.since or c.now
     pf = node.preflight
     fresh_pf = pf is not None and pf.at >= since
-    if a.readable and a.real:
+    if a.readable and a.repairable:
         why = f"{a.describe()} after {rec.step.value}" if rec.step else a.describe()
         if a.action is Action.INVESTIGATE:
             return c.go(State.QUARANTINED, f"needs a human: {why}")
@@ -308,8 +366,9 @@ def _validating(c: _Ctx) -> Decision:
         done = {"failures": rec.failures, "last_step_done_at": rec.last_step_done_at or c.now}
         return c.go(State.HEALTHY, "validated", Op(OpKind.UNBLOCK), **done)
     if _age(since, c.now) >= c.cfg.validation_timeout_s:
-        if not a.readable:  # never escalate on data we could not read: ask a human
-            return c.go(State.QUARANTINED, f"validation timed out; {a.unknown_reason}")
+        if not a.readable:  # never escalate on data we could not read; never quarantine
+            return c.keep(f"validation waits for a readable summary ({a.unknown_reason})",
+                          held=c.fleet.stale)  # fmt: skip
         return c.fail_step("validation timed out")
     if fresh_pf:
         return c.keep("waiting for a healthy summary")

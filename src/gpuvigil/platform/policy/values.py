@@ -25,6 +25,9 @@ class PolicyConfig(StrictModel):
     """Timings of the state machine (seconds). Every default is explained in docs/controller.md."""
 
     suspect_grace_s: float = Field(600.0, ge=0)  # non-fatal problem: drain if it lasts this long
+    # A fatal problem blocks at once and drains this much later, so a fleet-wide burst is
+    # seen by the circuit breaker before any of it is admitted (check + publish interval).
+    fatal_grace_s: float = Field(120.0, ge=0)
     suspect_max_s: float = Field(14400.0, gt=0)  # nothing to repair for this long: quarantine
     block_on_warning: bool = False  # WARNING findings also block new work
     heartbeat_stale_s: float = Field(300.0, gt=0)  # older summaries are unknown, not healthy
@@ -38,6 +41,9 @@ class PolicyConfig(StrictModel):
     escalation_window_s: float = Field(86400.0, ge=0)  # problem back within this -> next step
     max_failed_steps: int = Field(3, ge=1)  # K: then quarantine for a human
     cooldown_s: float = Field(600.0, ge=0)  # between disruptions of the same node
+    # Could-not-run codes that a GPU reset or a reboot cures (a hung tool or driver call):
+    # when they persist they walk the ladder up to REBOOT; quarantine only after it failed.
+    hung_check_codes: list[str] = Field(default_factory=lambda: ["CHECK_TIMEOUT"])
 
 
 class OpKind(StrEnum):
@@ -60,15 +66,22 @@ class Op:
 
 @dataclass(frozen=True)
 class Fleet:
-    """What the safety layer allows this node right now (built per node by the controller)."""
+    """What safety allows this node right now (built per node by `safety.Gate`)."""
 
     may_disrupt: bool = True  # budget left in the node's pool and an action token
-    why_not: str = ""  # the reason when it may not (budget, breaker, rate limit)
-    breaker_open: bool = False
-    breaker_holds: bool = False  # the breaker holds disruptions: no new step, no escalation
-    # Checks the breaker found failing closed fleet-wide (a broken tool, not broken GPUs):
-    # their could-not-run findings alone neither block a node nor keep it blocked.
-    tolerated_checks: frozenset[str] = frozenset()
+    why_not: str = ""  # the reason when it may not (budget, rate limit)
+    # Findings ((check, code)) the circuit breaker holds on this node: an open signature
+    # covers them (a bad change, not this machine). They neither block (`hold_blocks`) nor
+    # start or escalate a repair; `held_reason` names the suspected change.
+    held: frozenset[tuple[str, str]] = frozenset()
+    held_reason: str = ""
+    hold_mark: tuple[str, ...] = ()  # the holding signature, kept on the record (restarts)
+    hold_blocks: bool = True
+    stale: str = ""  # the node's pool is silent (the breaker's stale cause): why
+    max_step: Action | None = None  # the ladder stops here (a breaker probe: REBOOT)
+    returned: str = ""  # this machine was given back for replacement and came back: why
+    replaces: str = ""  # this new node answers the replacement of that node
+    breaker_open: bool = False  # any cause is open, here or elsewhere in the fleet
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,8 @@ class Assessment:
     readable: bool
     unknown_reason: str = ""  # why it is not readable
     problems: tuple[FindingSummary, ...] = field(default_factory=tuple)
-    tolerated: tuple[FindingSummary, ...] = field(default_factory=tuple)  # held by the breaker
+    held: tuple[FindingSummary, ...] = field(default_factory=tuple)  # held by the breaker
+    hung: tuple[FindingSummary, ...] = field(default_factory=tuple)  # problems a reboot cures
 
     @property
     def real(self) -> tuple[FindingSummary, ...]:
@@ -100,12 +114,25 @@ class Assessment:
         return tuple(p for p in self.problems if p.code not in COULD_NOT_RUN)
 
     @property
+    def repairable(self) -> tuple[FindingSummary, ...]:
+        """What a ladder step can cure: real problems and hung checks."""
+        return self.real + self.hung
+
+    @property
     def fatal(self) -> bool:
         return any(p.fatal for p in self.real)
 
     @property
     def action(self) -> Action:
-        return Action.worst(p.action for p in self.real)
+        worst = Action.worst(p.action for p in self.real)
+        if self.hung and worst.rank < Action.RESET_GPU.rank:
+            return Action.RESET_GPU
+        return worst
+
+    @property
+    def max_step(self) -> Action | None:
+        """A hung check alone is cured by a reset or a reboot, never by a new machine."""
+        return Action.REBOOT if self.hung and not self.real else None
 
     @property
     def code(self) -> str:
@@ -114,7 +141,7 @@ class Assessment:
     @property
     def gpus(self) -> tuple[int, ...]:
         out = set()
-        for p in self.real:
+        for p in self.repairable:
             kind, _, idx = p.component.partition(":")
             if kind == "gpu" and idx.isdigit():
                 out.add(int(idx))
@@ -131,10 +158,10 @@ def assess(
     *,
     now: datetime,
     config: PolicyConfig,
-    tolerated: frozenset[str] = frozenset(),
+    held: frozenset[tuple[str, str]] = frozenset(),
 ) -> Assessment:
-    """`tolerated`: checks whose could-not-run findings are left out (the breaker's tool
-    cause); they are kept in `Assessment.tolerated` so the reason can say so."""
+    """`held`: findings the circuit breaker holds ((check, code)); they are left out of the
+    problems and kept in `Assessment.held` so the reason can say so."""
     if node.health is None:
         return Assessment(False, f"health summary {node.health_error or 'absent'}")
     age = freshness.judge(node.heartbeat_at, now=now, max_age_s=config.heartbeat_stale_s)
@@ -142,7 +169,8 @@ def assess(
         return Assessment(False, f"health summary {age.freshness} ({age.describe()})")
     bad = {Status.FAILED, Status.WARNING} if config.block_on_warning else {Status.FAILED}
     problems = [f for f in node.health.findings if f.status in bad]
-    held = [f for f in problems if f.code in COULD_NOT_RUN and f.check in tolerated]
-    problems = [f for f in problems if f not in held]
+    kept = [f for f in problems if f.status is Status.FAILED and (f.check, f.code) in held]
+    problems = [f for f in problems if f not in kept]
     problems.sort(key=lambda f: (-f.action.rank, not f.fatal, -f.status.rank, f.code))
-    return Assessment(True, problems=tuple(problems), tolerated=tuple(held))
+    hung = tuple(f for f in problems if f.code in config.hung_check_codes)
+    return Assessment(True, problems=tuple(problems), held=tuple(kept), hung=hung)
