@@ -81,8 +81,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(report_view.as_json(report) + "\n")
         else:
-            inv = ctx.extras.get("gpu.inventory")
-            if isinstance(inv, GpuInventory):
+            inv = ctx.facts.get(GpuInventory)
+            if inv is not None:
                 typer.echo(report_view.inventory_line(inv))
             report_view.render(
                 report, console=Console(emoji=False, highlight=False), title="gpuvigil check"

@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         except InputError as e:
             typer.echo(f"gpuvigil logscan: {e}", err=True)
             raise typer.Exit(2) from e
-        stats = LineStats()
+        stats = LineStats(count_lines=False)  # not reported: spare the scan
         catalog = load_catalog()
         try:
             with stream:
@@ -178,10 +178,14 @@ def _print_json(events: Iterator[XidEvent], catalog: XidCatalog) -> None:
     sep = "\n  "
     for ev in events:
         out.write(sep)
-        out.write(json.dumps(event_json(ev, catalog.rule(ev.kind, ev.code)), ensure_ascii=False))
+        out.write(_ENCODE(event_json(ev, catalog.rule(ev.kind, ev.code))))
         sep = ",\n  "
     out.write("\n]\n" if sep != "\n  " else "]\n")
     out.flush()
+
+
+# One encoder for every event: json.dumps builds a new one per call when given options.
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
 
 
 TABLE_MAX_ROWS = 1000  # rich lays a table out row by row (~3 ms each); more go plain

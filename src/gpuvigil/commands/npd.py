@@ -67,17 +67,30 @@ def fit(text: str, suffix: str = "", *, limit: int) -> str:
     return text.encode()[:limit].decode("utf-8", errors="ignore")
 
 
-def verdict(report: NodeReport) -> int:
+def verdict(report: NodeReport, *, family: str | None = None) -> int:
+    """0 OK, 1 a problem, 2 unknown. With a family: a FAILED finding of another family that
+    kept the checks from judging at all (no driver, a lost GPU, a check that could not
+    run: the health-check family) makes this family unknown, never healthy."""
     failed = [f for f in report.findings if f.status is Status.FAILED]
+    if family is not None and family != codes.HEALTH_CHECK:
+        if any(f.family == family and not f.could_not_run for f in failed):
+            return 1
+        return 2 if any(f.family in (family, codes.HEALTH_CHECK) for f in failed) else 0
     if any(not f.could_not_run for f in failed):
         return 1
     return 2 if failed else 0
 
 
 def only_family(report: NodeReport, family: str | None) -> NodeReport:
+    """The findings of `family`, plus (fail closed) the FAILED health-check findings that
+    say this family could not be judged; `verdict(..., family=)` reads them as unknown."""
     if family is None:
         return report
-    keep = tuple(f for f in report.findings if f.family == family)
+    keep = tuple(
+        f
+        for f in report.findings
+        if f.family == family or (f.family == codes.HEALTH_CHECK and f.status is Status.FAILED)
+    )
     return report.model_copy(update={"findings": keep})
 
 
@@ -128,7 +141,7 @@ def register(app: typer.Typer) -> None:
             )
         report = only_family(report, family)
         typer.echo(message(report, limit=max_length))
-        raise typer.Exit(verdict(report))
+        raise typer.Exit(verdict(report, family=family))
 
 
 def fresh_report(path: Path, *, max_age_s: float) -> NodeReport | None:

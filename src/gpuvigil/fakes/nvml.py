@@ -6,8 +6,10 @@ name (`node.gpu.nvml_module: gpuvigil.fakes.nvml`) and runs the production code 
 
 The node comes from, in order: `install(node)` (in-process: tests, the simulator), else the
 scenario file named by `GPUVIGIL_FAKE_NVML_SCENARIO` (JSON or YAML, see
-`gpuvigil.fakes.gpu.FakeNode`), re-read whenever the file changes so a test can inject a
-fault into an agent running in another process.
+`gpuvigil.fakes.gpu.FakeNode`), re-read when the file has changed so a test can inject a
+fault into an agent running in another process: checked at init, at the device count, at
+each GPU's handle (where a GPU's reads begin) and while a GPU hangs, not on every one of
+the ~120 calls a GPU's reading takes (that made the fake cost more CPU than the agent).
 
 Failure switches: `FakeNode.library_present=False` -> LibraryNotFound at init,
 `driver_loaded=False` -> DriverNotLoaded, `init_hang` -> nvmlInit blocks; per GPU `lost`
@@ -181,10 +183,15 @@ def install(node: FakeNode | None) -> None:
         _initialized = 0
 
 
-def _node() -> FakeNode:
+def _node(*, fresh: bool = True) -> FakeNode:
+    """The scenario as last written. `fresh=False`: the one read at the GPU's handle call
+    (a driver answers a GPU's reads in microseconds; checking the file on each of the ~120
+    calls a GPU takes made the fake cost more CPU than the agent it feeds)."""
     global _cache
     if _installed is not None:
         return _installed
+    if not fresh and _cache is not None:
+        return _cache[3]
     path = os.environ.get(SCENARIO_ENV)
     if not path:
         # No scenario: behave like a machine without the NVIDIA library.
@@ -201,6 +208,22 @@ def _node() -> FakeNode:
         return node
 
 
+_present_of: tuple[FakeNode, list[FakeGpu]] | None = None
+
+
+def _present(node: FakeNode) -> list[FakeGpu]:
+    """The GPUs on the bus. Kept per scenario load: every NVML call asks, and a real
+    driver answers in C what this Python would otherwise rebuild ~1,000 times a sweep (an
+    installed node, which tests change in place, is read afresh)."""
+    global _present_of
+    if _installed is not None:
+        return [g for g in node.gpus if g.present]
+    cached = _present_of
+    if cached is None or cached[0] is not node:
+        cached = _present_of = (node, [g for g in node.gpus if g.present])
+    return cached[1]
+
+
 @dataclass(frozen=True)
 class _Handle:
     index: int
@@ -210,14 +233,16 @@ def _gpu(handle: _Handle, fn: str) -> FakeGpu:
     """The GPU behind `handle`, after its failure switches for `fn` have had their say."""
     if not _initialized:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    fresh = fn == "nvmlDeviceGetHandleByIndex"  # a GPU's reads start there
     while True:
-        node = _node()
-        gpus = [g for g in node.gpus if g.present]
+        node = _node(fresh=fresh)
+        gpus = _present(node)
         if not isinstance(handle, _Handle) or handle.index >= len(gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         gpu = gpus[handle.index]
         if not gpu.hang:
             break
+        fresh = True
         time.sleep(_HANG_POLL_S)  # a hung driver call; cleared only by rewriting the scenario
     if gpu.lost:
         raise NVMLError(NVML_ERROR_GPU_IS_LOST)

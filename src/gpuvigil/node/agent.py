@@ -23,6 +23,7 @@ from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Finding, NodeReport, utcnow
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
 from gpuvigil.node.metrics import AgentMetrics, observe_report
+from gpuvigil.node.readings import GpuReset, GpuResets
 from gpuvigil.node.scheduler import Scheduler
 from gpuvigil.node.sinks import SinkWorker
 from gpuvigil.node.sinks.http import HttpConfig
@@ -33,6 +34,7 @@ from gpuvigil.node.watchdog import Watchdog
 
 log = logging.getLogger("gpuvigil.agent")
 LOOP_BEAT_S = 5.0  # far below watchdog_timeout_s and /healthz's 10 s loop-age limit
+RERUN_AFTER_RESET = ("gpu",)  # a GPU reset changes what these read (ECC, remaps, recovery)
 
 
 class CheckSchedule(StrictModel):
@@ -109,6 +111,15 @@ class AgentConfig(StrictModel):
         description="Re-publish to every sink at least this often even when "
         "nothing changed (changes are published at once). Sinks that write remote state "
         "throttle further with their own heartbeat_interval_s.",
+    )
+    sink_failure_grace_s: float = Field(
+        300.0,
+        gt=0,
+        description="/healthz fails (503) once a sink has failed every attempt for this "
+        "long: a node name that does not exist, credentials that were revoked or a state "
+        "file that cannot be written are then a restart the supervisor shows "
+        "(CrashLoopBackOff), not a silently stale verdict. Long enough to ride out an API "
+        "server restart.",
     )
     watchdog_timeout_s: float = Field(
         60.0,
@@ -260,6 +271,34 @@ class Agent:
         except OSError as e:
             log.warning("event log write failed: %s", e)
 
+    # --- after a remediation -----------------------------------------------------------------
+    def after_reset(self, reset: GpuReset, *, timeout_s: float = 90.0) -> bool:
+        """A GPU reset succeeded (called on the remediator's thread before it answers
+        `succeeded`). The reset becomes a fact of the kernel-log rule (the reset-class Xids
+        it cured clear), the checks whose readings it changed run again, and this returns
+        once every sink holds a report that has both, so the controller's validation
+        never judges the verdict from before the reset. False when `timeout_s` passed."""
+        if self.kernel is not None:
+            self.kernel.record_reset(reset)
+        else:
+            facts = self.scheduler.ctx.facts
+            facts.put((facts.get(GpuResets) or GpuResets()).with_(reset))
+        end = self.clock() + timeout_s
+        mark = utcnow()
+        self.scheduler.run_soon(RERUN_AFTER_RESET)
+        self._wake.set()
+        while not all(self.scheduler.ran_since(n, mark) for n in RERUN_AFTER_RESET):
+            if self._stop.wait(0.05) or self.clock() > end:
+                return False
+        fresh = utcnow()
+        self._wake.set()
+        while not all(
+            w.published is not None and w.published.generated_at >= fresh for w in self.workers
+        ):
+            if self._stop.wait(0.05) or self.clock() > end:
+                return False
+        return True
+
     # --- health (/healthz) ------------------------------------------------------------------
     def health(self) -> tuple[bool, dict[str, object]]:
         now = self.clock()
@@ -271,6 +310,14 @@ class Agent:
             ok = ok and now - self.started < self.first_publish_timeout_s + fresh_limit
         else:
             ok = ok and pub_age < fresh_limit
+        mono = time.monotonic()
+        failing = {
+            w.sink.name: round(mono - w.failing_since, 1)
+            for w in self.workers
+            if w.failing_since is not None
+        }
+        stuck = {n: s for n, s in failing.items() if s >= self.config.sink_failure_grace_s}
+        ok = ok and not stuck
         status = self.latest.status.value if self.latest else None
         return ok, {
             "ok": ok,
@@ -279,9 +326,12 @@ class Agent:
             "node": self.node,
             "status": status,
             "sinks": {w.sink.name: w.last_error or "ok" for w in self.workers},
+            "sinks_failing_s": failing,
+            "sink_failure_grace_s": self.config.sink_failure_grace_s,
         }
 
     def _shutdown(self) -> None:
+        self.scheduler.close()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.kernel is not None:

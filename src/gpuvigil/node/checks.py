@@ -1,8 +1,12 @@
 """The one registry of node checks, and the wrapper that runs any check fail-closed.
 
 A check is a small function under `@check(...)`, which says how it runs: its group
-(schedule), interval, timeout and what it needs. `run_check` turns a missing need into
-DEPENDENCY_MISSING, an exception into CHECK_ERROR and an overrun into CHECK_TIMEOUT.
+(schedule), interval, timeout and what it needs. A probe's check returns a `Readout`: the
+typed readings it took plus findings about the probe itself (a tool that hung, a source
+that fell back); `run_check` puts the readings into the node's `Facts` and has
+`node.pipeline` judge them, so no probe calls a rule. A site check may return findings
+directly. `run_check` turns a missing need into DEPENDENCY_MISSING, an exception into
+CHECK_ERROR and an overrun into CHECK_TIMEOUT.
 Called by `gpuvigil check`, the agent, preflight and the simulator.
 """
 
@@ -18,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuvigil.core.findings import Action, CheckRun, Finding, Status, utcnow
+from gpuvigil.node.pipeline.facts import Facts
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes.exec import resolve
 
 
@@ -37,13 +43,25 @@ class CheckContext:
     config: Any  # gpuvigil.node.config.NodeConfig
     root: Path = Path("/")  # sysfs and /dev are read below this root
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    extras: dict[str, Any] = field(default_factory=dict)  # per-check state (e.g. counter history)
+    # The node's typed facts: every probe's latest reading (and the one before, for
+    # rates), the remediator's GPU resets, a person's release. Shared by every check,
+    # the kernel-log stream and the sinks of one agent.
+    facts: Facts = field(default_factory=Facts)
 
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
 
 
-CheckFn = Callable[[CheckContext], list[Finding]]
+@dataclass(frozen=True)
+class Readout:
+    """What a probe's check took: typed readings for the rules, and findings about the
+    probe itself (its tool hung, its source fell back) that no rule could know."""
+
+    readings: tuple[object, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+
+CheckFn = Callable[[CheckContext], "list[Finding] | Readout"]
 
 
 @dataclass(frozen=True)
@@ -130,15 +148,38 @@ def run_check(spec: CheckSpec, ctx: CheckContext) -> tuple[list[Finding], CheckR
     return findings, run
 
 
+def call(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
+    """The check's own code, here and now, its outcome as findings; never raises. No
+    deadline: `run_check` puts a thread around it, the agent's scheduler its own threads."""
+    try:
+        value = spec.fn(ctx)
+    except Exception as e:  # noqa: BLE001 - any failure of a check is a finding
+        return [
+            _failed(
+                spec,
+                "CHECK_ERROR",
+                f"check raised {type(e).__name__}: {e}",
+                traceback=traceback.format_exc(limit=5),
+            )
+        ]
+    if isinstance(value, Readout):
+        return _judged(spec, ctx, value)
+    if not isinstance(value, list):
+        return [
+            _failed(spec, "CHECK_ERROR", f"check returned {type(value).__name__}, not findings")
+        ]
+    return value
+
+
+def timed_out(spec: CheckSpec) -> Finding:
+    return _failed(spec, "CHECK_TIMEOUT", f"check did not finish within {spec.timeout_s:g} s")
+
+
 def _call_with_deadline(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
-    box: dict[str, Any] = {}
+    box: dict[str, list[Finding]] = {}
 
     def target() -> None:
-        try:
-            box["value"] = spec.fn(ctx)
-        except Exception as e:  # noqa: BLE001 - any failure of a check is a finding
-            box["error"] = e
-            box["tb"] = traceback.format_exc(limit=5)
+        box["value"] = call(spec, ctx)
 
     # A daemon thread can be abandoned: probes that block in C (NVML) run in a worker
     # process of their own, so an abandoned thread here only ever waits on a subprocess
@@ -146,21 +187,19 @@ def _call_with_deadline(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
     t = threading.Thread(target=target, name=f"check:{spec.name}", daemon=True)
     t.start()
     t.join(spec.timeout_s)
-    if t.is_alive():
-        return [_failed(spec, "CHECK_TIMEOUT", f"check did not finish within {spec.timeout_s:g} s")]
-    if "error" in box:
-        e = box["error"]
-        return [
-            _failed(
-                spec, "CHECK_ERROR", f"check raised {type(e).__name__}: {e}", traceback=box["tb"]
-            )
-        ]
-    value = box.get("value")
-    if not isinstance(value, list):
-        return [
-            _failed(spec, "CHECK_ERROR", f"check returned {type(value).__name__}, not findings")
-        ]
-    return value
+    if t.is_alive() or "value" not in box:
+        return [timed_out(spec)]
+    return box["value"]
+
+
+def _judged(spec: CheckSpec, ctx: CheckContext, readout: Readout) -> list[Finding]:
+    """The rules' findings over the probe's readings, then the probe's own."""
+    for reading in readout.readings:
+        ctx.facts.put(reading)
+    judged = judge(
+        readout.readings, config=ctx.config, now=utcnow(), check=spec.name, facts=ctx.facts
+    )
+    return [*judged, *readout.findings]
 
 
 def _failed(spec: CheckSpec, code: str, message: str, **evidence: Any) -> Finding:

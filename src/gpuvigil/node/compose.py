@@ -187,6 +187,7 @@ def _build_sinks(
                 on_release=kernel.release if kernel else None,
                 on_reject=rejected,
                 state_dir=a.state_dir,
+                on_reset=agent.after_reset,
             )
         )
         where["kubernetes"] = f"node/{node}"

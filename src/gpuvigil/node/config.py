@@ -21,9 +21,13 @@ class GpuConfig(StrictModel):
     # Python module that provides the pynvml API. "pynvml" is nvidia-ml-py, NVIDIA's own
     # binding; tests and the simulator use "gpuvigil.fakes.nvml".
     nvml_module: str = "pynvml"
-    # One NVML sweep of all GPUs. A healthy 8-GPU node answers in well under a second; a
-    # hung driver call never returns, so the worker is killed after this long.
+    # Each GPU's own deadline. A healthy GPU answers all its NVML calls in milliseconds; a
+    # hung driver call never returns, so the worker is killed after this long, that GPU is
+    # CHECK_TIMEOUT, and a new worker reads the GPUs after it (one hung GPU hides nothing).
     nvml_timeout_s: float = Field(default=10.0, gt=0)
+    # The whole NVML snapshot: GPUs still unread when it runs out (several hung GPUs) are
+    # CHECK_TIMEOUT too. Below the `gpu` check's own 60 s deadline.
+    nvml_budget_s: float = Field(default=45.0, gt=0)
     # NVLink links probed per GPU (NVML_NVLINK_MAX_LINKS is 36; probing stops at the first
     # link NVML does not support).
     nvlink_max_links: int = Field(default=36, ge=0, le=36)

@@ -1,9 +1,10 @@
 """The kernel log as a stream, turned into findings: the agent's `kernel_log_stream` check.
 
 Called by the agent. Owns the reader thread (`probes.kmsg_stream`), feeds each record to
-the layer-1 kernel-log parser and the Xid rules (which apply the catalog's boot-noise
-rules to the records since boot and reconcile with NVML's own Xid events), and answers
-`snapshot(now)` with the findings the next report carries: the Xid/SXid findings, plus
+the layer-1 kernel-log parser (`xid_feed`), and answers `snapshot(now)` with the findings
+the next report carries: the `xid` rule's findings over the stream's KernelLog reading,
+judged by `node.pipeline` with the node's facts (the `gpu` check's inventory and NVML's
+own Xid events, the remediator's GPU resets, a person's release), plus
 how trustworthy the stream itself is (no source: FAILED; a fallback source:
 SOURCE_FALLBACK warning; records lost: KMSG_GAP warning for `gap_hold_s`; a reader that
 stopped reading: RESULT_STALE). With a state folder, the events that only a person's
@@ -13,6 +14,7 @@ release clears are kept across reboots (`xid_state`) and dropped at the next rel
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -27,11 +29,20 @@ from gpuvigil.node import xid_feed, xid_state
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.metrics import AgentMetrics
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes import kmsg_stream as ks
-from gpuvigil.node.probes.kernel_log import _boot
+from gpuvigil.node.probes.kernel_log_sources import boot_info
+from gpuvigil.node.readings import (
+    GpuInventory,
+    GpuRef,
+    GpuReset,
+    GpuResets,
+    KnownGpus,
+    Release,
+    gpus_by_bus,
+)
 from gpuvigil.node.scheduler import stale_finding
 
-NVML_XID_EVENTS = "nvml_xid_events"  # gpuvigil.node.probes.nvml.XID_EVENTS_KEY
 CHECK = ks.STREAM_CHECK  # "kernel_log": the stream replaces the one-shot check in the agent
 
 
@@ -86,7 +97,7 @@ class KernelWatch:
         self.started_at = datetime.now(UTC)
         env = ctx.env
         node_cfg = ctx.config
-        boot_id, booted_at = _boot(ctx)
+        boot_id, booted_at = boot_info(ctx)
         if booted_at is None:  # no /proc/stat below the root (a fake tree): this machine's
             booted_at = datetime.now(UTC) - timedelta(
                 seconds=time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -102,8 +113,13 @@ class KernelWatch:
         self._released_remote: datetime | None = None  # set by a sink's thread
         if self.state is not None:
             self.feed.remember(self.state.load())
+            # Resets done earlier in this boot (by an agent since restarted) still count.
+            kept = tuple(r for r in self.state.resets if boot_id and r.boot_id == boot_id)
+            if kept:
+                ctx.facts.put(GpuResets(kept))
         source = None
         if config.enabled:
+            log_cfg = getattr(node_cfg, "kernel_log", None)
             source = ks.open_source(
                 mode=config.source,
                 kmsg_path=config.kmsg_path,
@@ -111,6 +127,8 @@ class KernelWatch:
                 poll_timeout_s=config.poll_timeout_s,
                 env=env,
                 health=self.health,
+                max_bytes=getattr(log_cfg, "max_bytes", ks.DEFAULT_MAX_BYTES),
+                missing_grace_s=max(5.0, 4 * config.poll_interval_s),
             )
         self.stream = ks.KmsgStream(
             source,
@@ -128,26 +146,42 @@ class KernelWatch:
     def stop(self) -> None:
         self.stream.stop()
 
+    def _gpu_map(self) -> dict[str, GpuRef]:
+        facts = self.ctx.facts
+        return gpus_by_bus(facts.get(GpuInventory), facts.get(KnownGpus))
+
     def _on_records(self, records: list[ks.Record], boot: bool) -> None:
         new = self.feed.add(records)
         if self.state is not None and new:
-            self.state.add(self.feed.outliving_reboot(new, self.ctx.extras.get("gpu_map")))
+            self.state.add(self.feed.outliving_reboot(new, self._gpu_map()))
         if self.metrics is not None:
             for ev in new:
                 if ev.kind == "sxid":
                     where = ev.device or ev.bus_id or "nvswitch"
                     self.metrics.sxid_events.labels(str(ev.code), where).inc()
                 else:
-                    ref = (self.ctx.extras.get("gpu_map") or {}).get(ev.bus_id or "")
+                    ref = self._gpu_map().get(ev.bus_id or "")
                     gpu = str(ref.index) if ref else (ev.bus_id or ev.pci_bus_id or "unknown")
                     self.metrics.xid_events.labels(str(ev.code), gpu).inc()
             lost = self.health.gaps - self._gaps_counted
             if lost > 0:
                 self.metrics.kmsg_gaps.inc(lost)
                 self._gaps_counted = self.health.gaps
-        self.ready.set()
+        source = self.stream.source
+        if not (boot and source is not None and source.backlog_left):
+            self.ready.set()  # the records since boot are all in (not just a batch of them)
         if new or boot:
             self.changed.set()
+
+    def record_reset(self, reset: GpuReset) -> None:
+        """A GPU reset succeeded (the remediator, on its thread): a fact of the `xid` rule
+        from now on, kept in the state folder for the rest of this boot."""
+        reset = dataclasses.replace(reset, boot_id=self.feed.boot_id or reset.boot_id)
+        facts = self.ctx.facts
+        facts.put((facts.get(GpuResets) or GpuResets()).with_(reset))
+        if self.state is not None:
+            self.state.add_reset(reset)
+        self.changed.set()
 
     def release(self, at: datetime) -> None:
         """A person released the node at `at` (the Node annotation `RELEASED_ANNOTATION`,
@@ -185,14 +219,18 @@ class KernelWatch:
                 )
             )
         else:
-            # The `gpu` check leaves the GPU map and NVML's own Xid events (its second
-            # source, drained on every run) in the shared context.
+            # The `gpu` check's inventory and NVML's own Xid events (its second source,
+            # drained on every run) and the remediator's resets are in the node's facts.
+            readings: list[object] = [self.feed.reading(h.source)]
+            if released_at is not None:
+                readings.append(Release(released_at))
             out.extend(
-                self.feed.findings(
-                    datetime.now(UTC),
-                    gpus=self.ctx.extras.get("gpu_map"),
-                    nvml_events=tuple(self.ctx.extras.get(NVML_XID_EVENTS, ())),
-                    released_at=released_at,
+                judge(
+                    readings,
+                    config=self.ctx.config,
+                    now=datetime.now(UTC),
+                    check=CHECK,
+                    facts=self.ctx.facts,
                 )
             )
             if h.fallback_from and h.source in ("journal", "dmesg"):
@@ -208,6 +246,20 @@ class KernelWatch:
                 )
             if h.error is not None:
                 out.append(h.error)
+            rewound = [why for t, why in h.rewinds if now - t <= self.config.gap_hold_s]
+            if rewound:
+                out.append(
+                    Finding(
+                        check=CHECK,
+                        status=Status.WARNING,
+                        code="KMSG_GAP",
+                        component="source:file",
+                        message=f"the kernel log file was {rewound[-1]} and is read again from "
+                        f"its start: lines written meanwhile may be missing "
+                        f"({len(rewound)}x in the last {self.config.gap_hold_s:g} s)",
+                        evidence={"why": rewound[-1], "times": len(rewound)},
+                    )
+                )
             recent = [n for t, n in h.gap_events if now - t <= self.config.gap_hold_s]
             if recent:
                 out.append(

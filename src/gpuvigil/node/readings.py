@@ -2,15 +2,22 @@
 
 One module so that rules (which may not import probes) and the simulator (which builds
 readings from simulated hardware) share one definition of each. Sections by source.
+Every reading travels through `node.pipeline` as a typed fact: a rule declares the types
+it reads (`@rule(..., reads=KernelLog, uses=(GpuInventory, GpuResets))`) and the pipeline
+hands it the latest of each, never an untyped dict.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from gpuvigil.node.catalog.instances import InstanceType
 
 # --- GPU: NVML and nvidia-smi (owner: layer-1 GPU work) ------------------------------------
 # Every field is None when the source could not say (not supported, N/A, not reported):
@@ -36,6 +43,11 @@ class NvLinkReading:
     recovery: int | None = None
     crc_flit: int | None = None
     crc_data: int | None = None
+
+
+# NVML errors that mean "this GPU is gone or wedged" (the worker stops asking such a GPU,
+# the readings mark it lost, the rules call it GPU_LOST).
+LOST_ERRORS = frozenset({"GpuIsLost", "Unknown", "ResetRequired"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +140,37 @@ class GpuInventory:
             if ref.index in silent and ref.index not in taken and bus not in refs:
                 refs[bus] = ref
         return refs
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedGpus:
+    """How many GPUs this node must have, and who says so (the count rule's reference)."""
+
+    count: int | None  # None: nothing expected (only what the source attaches is judged)
+    source: str = "none"  # "config" | "catalog:<type>" | "pci-bus" | "none"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSource:
+    """Whether the primary GPU source (NVML) answered, and what stood in for it.
+
+    `primary_error` is NVML's start-up failure (init, binding import); then `used` names
+    the fallback whose GpuInventory is the node's reading ("nvidia-smi"), or "none" with
+    `fallback_error` saying why that failed too.
+    """
+
+    primary_error: ReadError | None = None
+    used: Literal["nvml", "nvidia-smi", "none"] = "nvml"
+    fallback_error: str | None = None
+    module: str = "pynvml"
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlXidEvents:
+    """The Xid events NVML's event set delivered since the agent started (source "nvml"),
+    bounded, oldest first: the kernel-log rule's second source."""
+
+    events: tuple[XidEvent, ...] = ()
 
 
 # --- DCGM (owner: layer-1 GPU work) --------------------------------------------------------
@@ -272,6 +315,7 @@ _BUS_ID = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # a node has a few dozen bus ids; logs repeat them
 def normalize_bus_id(text: str) -> str | None:
     """`PCI:0000:3b:00`, `00000000:3B:00.0`, `3b:00` -> `0000:3b:00.0`; None if not a bus id.
 
@@ -283,6 +327,85 @@ def normalize_bus_id(text: str) -> str | None:
         return None
     domain, bus, dev, fn = m.groups()
     return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn or '0'}"
+
+
+# --- What the node did and what people said (owner: node pipeline) -------------------------
+# Facts no probe reads from the hardware: the agent's own remediation and a person's
+# release. The kernel-log rule reads both, on the polled and on the streamed path.
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReset:
+    """One successful GPU reset by this node's remediator.
+
+    `at` is when the reset *started*: an event logged after that is not known to be cured
+    by it. `gpus` are the GPU indices reset; empty means every GPU (a reset naming none).
+    `bus_ids` are their normalized PCI bus ids when the remediator knew them.
+    """
+
+    at: datetime
+    gpus: tuple[int, ...] = ()
+    bus_ids: tuple[str, ...] = ()
+    boot_id: str | None = None  # the boot it happened in; a reboot supersedes it anyway
+
+    def covers(self, ref: GpuRef | None, bus_id: str | None) -> bool:
+        if not self.gpus and not self.bus_ids:
+            return True
+        if bus_id is not None and bus_id in self.bus_ids:
+            return True
+        return ref is not None and ref.index in self.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class GpuResets:
+    """Every successful GPU reset this boot, oldest first (bounded by the remediator)."""
+
+    resets: tuple[GpuReset, ...] = ()
+
+    def latest(self, bus_id: str | None, gpus: GpuMap) -> datetime | None:
+        """The latest reset that covers the GPU at `bus_id` (normalized), or None."""
+        ref = gpus.get(bus_id or "")
+        times = [r.at for r in self.resets if r.covers(ref, bus_id)]
+        return max(times) if times else None
+
+    def with_(self, reset: GpuReset, *, keep: int = 64) -> GpuResets:
+        return GpuResets((*self.resets, reset)[-keep:])
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A person released the node at `at` (`gpuvigil release`, or `<state_dir>/released-at`):
+    events logged before it no longer count."""
+
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class KnownGpus:
+    """GPUs known by PCI bus id beyond what this moment's inventory says: the `gpu` check's
+    map carried from sweep to sweep (a GPU that stopped answering keeps the bus id an
+    earlier sweep read, `GpuInventory.gpu_map(known=)`), or the GPU readings of a support
+    bundle (`gpuvigil analyze`), which name the GPUs of the kernel log captured beside
+    them. The `xid` and `driver_faults` rules read it with the inventory."""
+
+    by_bus: Mapping[str, GpuRef] = field(default_factory=dict)
+
+
+def gpus_by_bus(inv: GpuInventory | None, known: KnownGpus | None) -> dict[str, GpuRef]:
+    """Normalized bus id -> GPU: this moment's inventory, the known GPUs it is silent about."""
+    before = known.by_bus if known is not None else None
+    if inv is None:
+        return dict(before or {})
+    return inv.gpu_map(known=before)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInstance:
+    """This node's instance type: as configured or read from DMI, and its catalog entry."""
+
+    name: str | None = None
+    entry: tuple[str, InstanceType] | None = None
+    configured: bool = False  # named in the config (an unknown name is then an error)
 
 
 # --- Network fabric and PCIe (owner: fabric/preflight work) --------------------------------
@@ -298,6 +421,19 @@ class NetDev:
     name: str
     operstate: str | None  # "up", "down", "lowerlayerdown", ... (None: unreadable)
     carrier: int | None  # 1 link up, 0 down (None: unreadable, or the interface is down)
+
+
+@dataclass(frozen=True)
+class FabricExpectation:
+    """What this node's fabric should have; any field None is not judged. The `fabric`
+    rule derives it from the config and the instance type, unless one is given as a fact
+    (`gpuvigil analyze --expect-ib N / --expect-efa N`)."""
+
+    kind: str | None = None
+    count: int | None = None
+    rate_gbps: float | None = None
+    instance_type: str | None = None
+    source: str = "none"  # "config" | "catalog:<type>" | "none" | the flag that set it
 
 
 @dataclass(frozen=True)

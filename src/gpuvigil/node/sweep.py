@@ -2,9 +2,9 @@
 the bench; the agent schedules checks by group instead).
 
 `load_checks()` imports every module that registers checks: this list is the one place
-that names them. `run_sweep` runs the checks that feed others first (`gpu` fills
-`CheckContext.extras` with the GPU map and NVML Xid events the `kernel_log` check
-reconciles with the log), then the rest concurrently, each under its own deadline.
+that names them. `run_sweep` runs the checks whose readings other rules use first (`gpu`
+puts the GPU inventory and NVML's Xid events into the node's facts, which the `xid` rule
+reads beside the kernel log), then the rest concurrently, each under its own deadline.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ CHECK_MODULES = (
     "gpuvigil.node.probes.pcie",
 )
 
-# Checks whose results other checks read from the context: run before the rest.
+# Checks whose readings other checks' rules use (through `CheckContext.facts`): run first.
 FIRST = ("gpu",)
 
 

@@ -1,10 +1,10 @@
 """The kernel-log stream's Xid/SXid events, collected for the layer-1 Xid rules.
 
 Called by `kernel_watch`. `XidFeed` parses the stream's records with the layer-1 parser
-and keeps a bounded window of events; `findings` hands them, with NVML's own Xid events
-(drained by the `gpu` check into `CheckContext.extras`), to `node.rules.xid.evaluate`,
-which applies the catalog's boot-noise rules (driver load time, event times) to the
-records read at start and reconciles the kernel-log and NVML copies of one event.
+and keeps a bounded window of events; `reading()` is that window as a KernelLog reading,
+which `kernel_watch` hands to `node.pipeline` like any probe's reading: the `xid` rule
+applies the catalog's boot-noise rules (driver load time, event times) to the records
+read at start and reconciles the kernel-log and NVML copies of one event.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
-from gpuvigil.core.findings import Finding, utcnow
+from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog.xid import XidCatalog
 from gpuvigil.node.probes import kernel_log_parser as parser
 from gpuvigil.node.probes.kmsg_stream import Record
-from gpuvigil.node.readings import GpuRef, XidEvent, XidSource
+from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent, XidSource
 from gpuvigil.node.rules import xid as xid_rules
 
 MAX_EVENTS = 4096  # an Xid storm must not grow memory without bound; the newest are kept
@@ -97,23 +97,15 @@ class XidFeed:
             ev for ev in events if xid_rules.outlives_reboot(ev, catalog=self.catalog, gpus=gpus)
         ]
 
-    def findings(
-        self,
-        now: datetime,
-        *,
-        gpus: Mapping[str, GpuRef] | None = None,
-        nvml_events: Iterable[XidEvent] = (),
-        released_at: datetime | None = None,
-    ) -> list[Finding]:
+    def reading(self, source: str = "kmsg") -> KernelLog:
+        """The events kept so far as one KernelLog reading of this boot."""
         with self._lock:
-            events = [*self.events, *nvml_events]
-        return xid_rules.evaluate(
-            events,
-            catalog=self.catalog,
-            now=now,
-            gpus=gpus,
+            events = tuple(self.events)
+        return KernelLog(
+            events=events,
+            source=_SOURCES.get(source, "file"),
             boot_id=self.boot_id,
+            booted_at=self.booted_at,
             driver_loaded_at=self.driver_loaded_at,
-            released_at=released_at,
-            check=self.check,
+            lines_read=self.lines,
         )

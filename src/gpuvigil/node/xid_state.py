@@ -14,6 +14,10 @@ Fail closed, never crash: a state file that cannot be read or parsed is a WARNIN
 WARNING until a write succeeds. Writes are atomic (temporary file, fsync, rename). The file
 is bounded: at most `MAX_EVENTS` events (the newest), lines cut to `MAX_LINE`, and a file
 larger than `MAX_BYTES` is not read.
+
+The same file keeps this boot's successful GPU resets (`GpuReset`, at most `MAX_RESETS`):
+the kernel log is read again from the boot's start when the agent restarts, and without
+them a reset-class Xid that a reset already cured would come back as FAILED.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.core.wire import decode_time
-from gpuvigil.node.readings import XidEvent
+from gpuvigil.node.readings import GpuReset, XidEvent
 
 log = logging.getLogger("gpuvigil.agent.state")
 EVENTS_FILE = "xid-events.json"
@@ -38,6 +42,7 @@ RELEASE_FILE = "released-at"
 MAX_EVENTS = 256  # a person looks long before this many distinct REPLACE/INVESTIGATE events
 MAX_LINE = 512  # characters kept of `line` and `message`
 MAX_BYTES = 1 << 20  # 256 events of at most ~1.5 KB each fit well below this
+MAX_RESETS = 64
 CODE = "AGENT_STATE"
 _FIELDS = {f.name for f in fields(XidEvent)}
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {
@@ -99,6 +104,26 @@ def decode_event(raw: object) -> XidEvent | None:
         return None
 
 
+def encode_reset(r: GpuReset) -> dict[str, Any]:
+    return {"at": r.at.isoformat(), "gpus": list(r.gpus), "bus_ids": list(r.bus_ids),
+            "boot_id": r.boot_id}  # fmt: skip
+
+
+def decode_reset(raw: object) -> GpuReset | None:
+    """A reset from its stored form; None for anything malformed (never raises)."""
+    if not isinstance(raw, dict):
+        return None
+    at = decode_time(str(raw.get("at") or ""))
+    gpus, bus_ids, boot = raw.get("gpus", []), raw.get("bus_ids", []), raw.get("boot_id")
+    if at is None or not isinstance(gpus, list) or not isinstance(bus_ids, list):
+        return None
+    if not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
+        return None
+    if not all(isinstance(b, str) for b in bus_ids) or not isinstance(boot, str | None):
+        return None
+    return GpuReset(at=at, gpus=tuple(gpus), bus_ids=tuple(bus_ids), boot_id=boot)
+
+
 def _key(ev: XidEvent) -> tuple[object, ...]:
     # The same record read again after an agent restart within one boot is the same event.
     return (ev.kind, ev.code, ev.pci_bus_id, ev.line[:MAX_LINE], ev.boot_id, ev.seq)
@@ -121,6 +146,7 @@ class XidState:
         self.dir = state_dir
         self.path = state_dir / EVENTS_FILE
         self.events: list[XidEvent] = []
+        self.resets: list[GpuReset] = []
         self.released_at: datetime | None = None  # the newest release applied
         self._read_problem: Finding | None = None
         self._write_problem: Finding | None = None
@@ -146,11 +172,21 @@ class XidState:
             log.warning("%s", self._read_problem.message)
             return []
         events = [ev for ev in map(decode_event, doc["events"]) if ev is not None]
+        raw_resets = doc.get("resets") if isinstance(doc.get("resets"), list) else []
+        resets = [r for r in map(decode_reset, raw_resets) if r is not None]
         released = decode_time(str(doc.get("released_at") or ""))
         with self._lock:
             self.events = events[-MAX_EVENTS:]
+            self.resets = resets[-MAX_RESETS:]
             self.released_at = released
             return list(self.events)
+
+    def add_reset(self, reset: GpuReset) -> None:
+        """Keep a successful GPU reset (only this boot's are kept: a reboot supersedes)."""
+        with self._lock:
+            same_boot = [r for r in self.resets if r.boot_id == reset.boot_id]
+            self.resets = [*same_boot, reset][-MAX_RESETS:]
+        self._save()
 
     def add(self, events: Iterable[XidEvent]) -> None:
         with self._lock:
@@ -182,6 +218,7 @@ class XidState:
                 "v": 1,
                 "released_at": self.released_at.isoformat() if self.released_at else None,
                 "events": [encode_event(e) for e in self.events],
+                "resets": [encode_reset(r) for r in self.resets],
             }
         try:
             write_atomic(self.path, json.dumps(doc, separators=(",", ":")).encode())

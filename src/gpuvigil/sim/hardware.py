@@ -1,16 +1,16 @@
 """Simulated hardware through the real layer-1 code: a fault -> what the node agent reports.
 
 Called by `sim.detect.Layer1` once per fault kind (the verdicts are cached there). Each
-fault is built the way the tests build it, then judged by the real parsers and rules:
+fault is built the way the tests build it, read into the real readings and judged by the
+real rules through the one pipeline the agent uses (`node.pipeline.judge`):
 - GPU faults: a fake H100 node (`gpuvigil.fakes.gpu`) with the seeded `Fault` applied,
-  read through the fake NVML by the real NVML worker's reader (in this process), turned into
-  readings by `nvml_readings.inventory_from_lines` and judged by
-  `node.rules.gpu.judge_inventory` with the shipped GPU catalog;
+  read through the fake NVML by the real NVML worker's reader (in this process) and turned
+  into a GpuInventory by `nvml_readings.inventory_from_lines`;
 - Xids (the fake GPU's pending Xids, plus SRAM/GSP faults the fakes do not carry): printed
-  as NVRM kernel-log lines, parsed by `kernel_log_parser.parse_line`, judged by
-  `node.rules.xid.evaluate` with the shipped Xid catalog (boot noise included);
+  as NVRM kernel-log lines, parsed by `kernel_log_parser.parse_line` into a KernelLog
+  (judged with the shipped Xid catalog, boot noise included, and the GPU inventory);
 - network adapters: a fake sysfs tree of a p5-like node (32 EFA adapters), read by the
-  real fabric probe and judged by `node.rules.fabric.judge`;
+  real fabric probe;
 - a hung or missing tool: the real fail-closed check runner (`node.checks.run_check`).
 """
 
@@ -31,19 +31,22 @@ from gpuvigil.fakes.gpu import FakeNode, make_node
 from gpuvigil.fakes.nvidia_smi import render_xml
 from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node import sweep
-from gpuvigil.node.catalog import gpus as gpu_catalog
-from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
 from gpuvigil.node.checks import REGISTRY, CheckContext, Needs, run_check
 from gpuvigil.node.config import NodeConfig
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes import fabric as fabric_probe
 from gpuvigil.node.probes.kernel_log_parser import parse_line
 from gpuvigil.node.probes.nvidia_smi import parse_xml
 from gpuvigil.node.probes.nvml_readings import inventory_from_lines
 from gpuvigil.node.probes.nvml_worker import Worker
-from gpuvigil.node.readings import GpuInventory, GpuRef
-from gpuvigil.node.rules import fabric as fabric_rules
-from gpuvigil.node.rules import gpu as gpu_rules
-from gpuvigil.node.rules import xid as xid_rules
+from gpuvigil.node.readings import (
+    ExpectedGpus,
+    GpuInventory,
+    GpuRef,
+    KernelLog,
+    KnownGpus,
+    NodeInstance,
+)
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BOOTED = NOW - timedelta(days=3)
@@ -77,9 +80,7 @@ def findings_for(fault: str, *, gpu: int, config: NodeConfig | None = None) -> l
     node = make_node(8, model="H100")
     fake_faults.apply(node, f, gpu=gpu, seed=0)
     inv = _nvml_inventory(node)
-    out = gpu_rules.judge_inventory(
-        inv, cfg=cfg.gpu, catalog=gpu_catalog.load(), now=NOW, expect=8, check="gpu"
-    )
+    out = judge([inv, ExpectedGpus(8, "sim")], config=cfg, now=NOW, check="gpu")
     pending = [(g.index, x.code, x.boot) for g in node.gpus for x in g.xids]
     # the agent's last sweep saw the node healthy: a GPU lost since keeps its bus id
     out += _xids(node, pending, cfg, refs=inv.gpu_map(known=_healthy_map()))
@@ -166,21 +167,9 @@ def _xids(
         stamp = at.strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
         lines.append(f"{stamp} host kernel: NVRM: Xid (PCI:{pci}): {code}, pid=4242, "
                      f"name=python, simulated")  # fmt: skip
-    events = [e for e in (parse_line(s) for s in lines) if e is not None]
-    return xid_rules.evaluate(
-        events, catalog=_catalog(cfg), now=NOW, gpus=refs, boot_id="boot-1",
-        driver_loaded_at=driver_loaded,
-    )  # fmt: skip
-
-
-_CATALOGS: dict[str, XidCatalog] = {}
-
-
-def _catalog(cfg: NodeConfig) -> XidCatalog:
-    key = cfg.kernel_log.model_dump_json()
-    if key not in _CATALOGS:
-        _CATALOGS[key] = load_catalog(cfg.kernel_log)
-    return _CATALOGS[key]
+    events = tuple(e for e in (parse_line(s) for s in lines) if e is not None)
+    log = KernelLog(events=events, boot_id="boot-1", driver_loaded_at=driver_loaded)
+    return judge([log, KnownGpus(refs)], config=cfg, now=NOW, check="kernel_log")
 
 
 def _fabric(fault: Fault, cfg: NodeConfig) -> list[Finding]:
@@ -192,9 +181,9 @@ def _fabric(fault: Fault, cfg: NodeConfig) -> list[Finding]:
         else:
             fs.remove_adapter(first)
         reading = fabric_probe.read_fabric(Path(tmp))
-        expected = fabric_rules.FabricExpectation(kind="efa", count=EFA_ADAPTERS,
-                                                  source="config")  # fmt: skip
-        return fabric_rules.judge(reading, expected=expected, config=cfg.fabric)
+        fabric = cfg.fabric.model_copy(update={"kind": "efa", "expect_adapters": EFA_ADAPTERS})
+        node_cfg = cfg.model_copy(update={"fabric": fabric})
+        return judge([reading, NodeInstance()], config=node_cfg, now=NOW, check="fabric")
 
 
 def _tool(*, hang: bool) -> list[Finding]:

@@ -2,11 +2,12 @@
 
 Called by `commands/replay.py`. The input is either an event log (JSONL, `core.events`:
 the `finding.set`/`finding.cleared` events the agents wrote) or kernel logs (one file per
-node, named after it; their Xid lines are judged by the real Xid rules and catalog as the
-history goes). Each node's problems at each moment are published on the simulator's
-in-memory cluster and the real controller decides, with the given policy, budgets and
-breaker, as if it had been running; nothing outside this process is touched. The answer
-is what it would have done: every state change, step and hold, with its reason.
+node, named after it; their Xid lines are judged by the real Xid rule and catalog, through
+the node pipeline, as the history goes). Each node's problems at each moment are published
+on the simulator's in-memory cluster and the real controller decides, with the given
+policy, budgets and breaker, as if it had been running; nothing outside this process is
+touched. The answer is what it would have done: every state change, step and hold, with
+its reason.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any
 
 from gpuvigil.core.events import Event, Kind
 from gpuvigil.core.findings import Action, Finding, Status
-from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.config import NodeConfig
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.probes.kernel_log_parser import scan_bytes
-from gpuvigil.node.rules import xid as xid_rules
+from gpuvigil.node.readings import KernelLog
 from gpuvigil.observe.events import read_events
 from gpuvigil.platform.clusters.memory import EPOCH
 from gpuvigil.platform.controller import ControllerConfig
@@ -106,7 +107,6 @@ def changes_from_events(paths: Iterable[Path]) -> Iterator[Change]:
 
 def changes_from_kernel_logs(paths: Iterable[Path], *, config: NodeConfig) -> Iterator[Change]:
     """Judge each node's Xid lines with the real rules at the time of every line."""
-    catalog = load_catalog(config.kernel_log)
     merged: list[tuple[float, str, Any]] = []
     for p in paths:
         for ev in scan_bytes(p.read_bytes()):
@@ -117,7 +117,8 @@ def changes_from_kernel_logs(paths: Iterable[Path], *, config: NodeConfig) -> It
     for ts, node, ev in merged:
         seen.setdefault(node, []).append(ev)
         now = datetime.fromtimestamp(ts, UTC)
-        found = xid_rules.evaluate(seen[node], catalog=catalog, now=now, boot_id="replay")
+        log = KernelLog(events=tuple(seen[node]), boot_id="replay")
+        found = judge([log], config=config, now=now, check="kernel_log")
         yield ts, node, [f for f in found if f.status is not Status.OK]
 
 

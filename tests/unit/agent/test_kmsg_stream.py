@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,123 @@ def test_the_real_dev_kmsg_is_read_with_increasing_sequence_numbers():
     seqs = [r.seq for r in boot]
     assert all(s is not None for s in seqs) and seqs == sorted(seqs)
     assert all(r.source == "kmsg" and "\n" not in r.text for r in boot)
+
+
+# --- a followed file that changes under the reader -------------------------------------------
+
+XID = "[ 9.0] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=a, DBE"
+
+
+def test_a_file_truncated_and_refilled_within_one_poll_loses_nothing(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] one\n[ 2.0] two\n")
+    health = ks.StreamHealth()
+    src = ks.FollowFile(log, health=health)
+    src.read(first=True, wait_s=0.01)
+    assert src.read(first=True, wait_s=0.01) == [] and not src.backlog_left
+    # Rewritten in place (same inode), longer than before: size alone cannot tell.
+    with log.open("r+b") as fh:
+        fh.truncate(0)
+        fh.write(f"[ 0.1] new boot\n{XID}\n[ 9.5] and more lines after it\n".encode())
+    texts = [r.text for r in src.read(first=False, wait_s=0.01)]
+    assert XID in texts and texts[0] == "[ 0.1] new boot"
+    assert [why for _, why in health.rewinds] == ["rewritten"]
+
+
+def test_a_replaced_file_is_read_from_its_start(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] old\n")
+    health = ks.StreamHealth()
+    src = ks.FollowFile(log, health=health)
+    src.read(first=True, wait_s=0.01)
+    (tmp_path / "new").write_text(f"{XID}\n")
+    os.replace(tmp_path / "new", log)  # logrotate's copy, or a new boot's capture
+    assert [r.text for r in src.read(first=False, wait_s=0.01)] == [XID]
+    assert [why for _, why in health.rewinds] == ["replaced"]
+
+
+def test_a_deleted_file_is_a_failure_after_a_grace(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] one\n")
+    src = ks.FollowFile(log, missing_grace_s=0.2)
+    src.read(first=True, wait_s=0.01)
+    log.unlink()
+    assert src.read(first=False, wait_s=0.01) == []  # rotation in progress: not yet
+    time.sleep(0.25)
+    with pytest.raises(ks.PollFailed) as failed:
+        src.read(first=False, wait_s=0.01)
+    f = failed.value.finding
+    assert f.code == "DEPENDENCY_MISSING" and f.status == "FAILED" and "deleted" in f.message
+    log.write_text(f"{XID}\n")  # back: read from its start
+    assert [r.text for r in src.read(first=False, wait_s=0.01)] == [XID]
+
+
+def test_a_deleted_file_fails_the_agents_stream_check(tmp_path):
+    import threading
+
+    from gpuvigil.node.checks import CheckContext
+    from gpuvigil.node.config import NodeConfig
+    from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
+
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] one\n")
+    ctx = CheckContext(config=NodeConfig(expect_gpus=0), root=tmp_path, env={"PATH": ""})
+    cfg = KernelStreamConfig(source="file", file=log, poll_interval_s=0.05)
+    w = KernelWatch(cfg, ctx=ctx, changed=threading.Event(), metrics=None)
+    w.stream.source.missing_grace_s = 0.2
+    w.start()
+    try:
+        assert w.ready.wait(10)
+        log.unlink()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            bad = [f for f in w.snapshot(time.monotonic())[0] if f.status == "FAILED"]
+            if bad:
+                break
+            time.sleep(0.05)
+        assert [f.code for f in bad] == ["DEPENDENCY_MISSING"]
+    finally:
+        w.stop()
+
+
+def test_the_backlog_is_the_newest_max_bytes_read_in_bounded_batches(tmp_path):
+    log = tmp_path / "kern.log"
+    old = "[ 0.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, GPU has fallen off the bus."
+    filler = "".join(f"[ {i}.0] kernel noise line {i:08d}\n" for i in range(60_000))
+    log.write_text(f"{old}\n{filler}{XID}\n")
+    src = ks.FollowFile(log, max_bytes=1 << 20)
+    batches = []
+    while True:
+        batch = src.read(first=True, wait_s=0.01)
+        batches.append(batch)
+        if not src.backlog_left:
+            break
+    texts = [r.text for b in batches for r in b]
+    assert XID in texts and old not in texts  # only the newest max_bytes
+    sizes = [sum(len(r.text) + 1 for r in b) for b in batches]
+    assert max(sizes) <= ks.BATCH_BYTES + ks.MAX_LINE and len(batches) > 1
+
+
+def test_reading_a_large_backlog_keeps_memory_flat(tmp_path):
+    """Every batch is handed on before the next is read: peak memory is a few batches,
+    not the file (tracemalloc counts Python allocations; the bench measures RSS)."""
+    import tracemalloc
+
+    log = tmp_path / "kern.log"
+    line = "[ 12.345678] some kernel line that is not an Xid at all, padded to 100 bytes ...\n"
+    with log.open("w") as fh:
+        for _ in range(20):
+            fh.write(line * 8000)  # ~14 MB
+    src = ks.FollowFile(log)
+    tracemalloc.start()
+    try:
+        n = 0
+        while True:
+            n += len(src.read(first=True, wait_s=0.01))
+            if not src.backlog_left:
+                break
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert n == 160_000
+    assert peak < 8 * (1 << 20) < log.stat().st_size // 1.5, peak

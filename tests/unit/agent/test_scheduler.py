@@ -151,3 +151,21 @@ def test_first_run_can_be_delayed_for_fleet_wide_splay(register, tmp_path):
     s.tick(t0 + 30.0)
     wait_for(lambda: calls == [1])
     assert s.slots[0].next_due == t0 + 130.0
+
+
+def test_threads_are_kept_between_runs(register, tmp_path):
+    """One thread per check (and one deadline watcher) for the scheduler's life: starting
+    threads on every sweep cost the agent more CPU than the checks' own reads."""
+    calls = []
+    specs = [register(f"t_keep{i}", lambda ctx, i=i: calls.append(i) or [], interval_s=0.05)
+             for i in range(3)]  # fmt: skip
+    s = Scheduler(specs, CheckContext(config=None, root=tmp_path))
+    t = time.monotonic()
+    s.tick(t)
+    wait_for(lambda: len(calls) >= 3)
+    first = {th.ident for th in threading.enumerate() if th.name.startswith("check:t_keep")}
+    for k in range(1, 6):
+        s.tick(t + k * 0.1)
+        wait_for(lambda k=k: len(calls) >= 3 * (k + 1))
+    now = {th.ident for th in threading.enumerate() if th.name.startswith("check:t_keep")}
+    assert len(first) == 3 and now == first

@@ -69,13 +69,17 @@ def test_the_check_catches_a_cut_token() -> None:
         assert_fits(render(30), render(200), width=30)
 
 
-def test_analyze_and_logscan() -> None:
-    assert_fits(*both("analyze", "--kmsg", str(FAULTY / "dmesg.txt"),
-                      "--nvidia-smi-xml", str(FAULTY / "nvidia-smi-q-x.xml"),
-                      "--dcgm-diag", str(FAULTY / "dcgmi-diag-r1.json"),
-                      "--sysfs", str(FAULTY / "sysfs.tar.gz"),
+def test_analyze_and_logscan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Paths relative to the checkout: the layout chosen must not depend on where it lies
+    # (a deep worktree's absolute paths push the inputs table into blocks).
+    monkeypatch.chdir(ROOT)
+    faulty = FAULTY.relative_to(ROOT)
+    assert_fits(*both("analyze", "--kmsg", str(faulty / "dmesg.txt"),
+                      "--nvidia-smi-xml", str(faulty / "nvidia-smi-q-x.xml"),
+                      "--dcgm-diag", str(faulty / "dcgmi-diag-r1.json"),
+                      "--sysfs", str(faulty / "sysfs.tar.gz"),
                       "--instance-type", "p5.48xlarge"))  # fmt: skip
-    narrow, wide = both("logscan", str(FAULTY / "dmesg.txt"))
+    narrow, wide = both("logscan", str(faulty / "dmesg.txt"))
     assert_fits(narrow, wide)
     assert "0000:5d:00" in narrow
 

@@ -105,8 +105,8 @@ def test_scenario_file_reloads_on_change(tmp_path: Path, monkeypatch) -> None:
     faults.apply(n, Fault.GPU_OFF_BUS, gpu=1)
     time.sleep(0.01)
     n.save(path)
-    with pytest.raises(nvml.NVMLError_GpuIsLost):
-        nvml.nvmlDeviceGetName(nvml._Handle(1))
+    with pytest.raises(nvml.NVMLError_GpuIsLost):  # a GPU's reads start at its handle
+        nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(1))
     assert gpu.FakeNode.load(path).to_dict() == n.to_dict()
     nvml.nvmlShutdown()
 

@@ -46,7 +46,83 @@ def test_nonzero_exit_carries_stderr_tail() -> None:
 
 def test_output_is_bounded() -> None:
     r = ex.run(["sh", "-c", "head -c 100000000 /dev/zero"], max_output=1 << 20, timeout_s=30)
-    assert r.ok and len(r.stdout) == 1 << 20 and r.truncated
+    assert len(r.stdout) == 1 << 20 and r.truncated and not r.exited
+
+
+def test_output_over_the_bound_cannot_be_judged() -> None:
+    """A healthy-looking first line plus padding past the cap is not a healthy answer."""
+    r = ex.run(["sh", "-c", "echo 'Health: Pass'; head -c 2000000 /dev/zero | tr '\\0' x"],
+               max_output=1 << 20, timeout_s=30)  # fmt: skip
+    assert r.returncode == 0 and r.text.startswith("Health: Pass")
+    f = ex.failure_finding(r, check="c")
+    assert f is not None and f.code == "CHECK_ERROR" and f.could_not_run
+    assert f.evidence["output_truncated"] is True
+
+
+def test_output_then_death_by_signal_is_check_error() -> None:
+    r = ex.run(["sh", "-c", "echo '<nvidia_smi_log>all fine</nvidia_smi_log>'; kill -KILL $$"])
+    assert r.text.startswith("<nvidia_smi_log>") and not r.exited
+    f = ex.failure_finding(r, check="c")
+    assert f is not None and f.code == "CHECK_ERROR" and "SIGKILL" in f.message
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, within_s: float = 5.0) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_setsid_grandchild_dies_at_the_deadline(tmp_path: Path) -> None:
+    """The tool starts a grandchild in a session of its own (out of the tool's process
+    group), then hangs: at the deadline both die, the escaped grandchild too."""
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' & sleep 60"
+    r = ex.run(["sh", "-c", script], timeout_s=1.0)
+    assert r.error == "timeout"
+    gc = int(pidfile.read_text())
+    assert _wait_gone(gc), f"setsid grandchild {gc} survived the deadline"
+
+
+def test_a_daemon_left_behind_after_a_clean_exit_is_killed(tmp_path: Path) -> None:
+    """The tool daemonises a helper with setsid and exits 0: the helper, re-parented to
+    the runner (a child subreaper), is found by its run mark and killed."""
+    pidfile = tmp_path / "daemon.pid"
+    # A real daemon lets go of its stdio (else the run waits for the pipe's end).
+    detached = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' </dev/null >/dev/null 2>&1"
+    script = f"{detached} & sleep 0.3; exit 0"
+    r = ex.run(["sh", "-c", script], timeout_s=10)
+    assert r.ok
+    daemon = int(pidfile.read_text())
+    assert _wait_gone(daemon), f"daemonised helper {daemon} outlived its tool"
+
+
+def test_other_children_of_the_runner_are_never_touched(tmp_path: Path) -> None:
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        pidfile = tmp_path / "gc.pid"
+        ex.run(["sh", "-c", f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' & sleep 60"],
+               timeout_s=0.5)  # fmt: skip
+        assert _wait_gone(int(pidfile.read_text()))
+        assert other.poll() is None and _alive(other.pid)
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_crash_by_signal() -> None:

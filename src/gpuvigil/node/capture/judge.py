@@ -1,8 +1,9 @@
 """Readers and rules for each kind of capture: bytes -> typed readings -> findings.
 
 `read(kind, data)` turns a document into its readings (the same readings the live checks
-build); `judge(reading, ...)` hands a reading to its rules. This dispatch on the reading's
-type is the seam `node/pipeline` replaces: one path from readings to findings.
+build); `judge(reading, ...)` hands a reading, with the facts `analyze` knows (the GPUs and
+fabric to expect, the GPUs the bundle named), to `node.pipeline`: the same rules, through
+the same path, as the live checks.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding
-from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.config import NodeConfig
+from gpuvigil.node.pipeline.judge import judge as pipeline_judge
 from gpuvigil.node.probes import fabric_tools, kernel_log_capture, nvidia_smi
 from gpuvigil.node.probes.dcgm_discovery import parse_discovery
 from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
 from gpuvigil.node.probes.nvidia_smi_csv import parse_csv
 from gpuvigil.node.probes.nvidia_smi_nvlink import parse_nvlink_status
-from gpuvigil.node.readings import DcgmReport, FabricReading, GpuInventory, GpuRef
-from gpuvigil.node.rules import dcgm as dcgm_rules
-from gpuvigil.node.rules import fabric as fabric_rules
-from gpuvigil.node.rules import gpu as gpu_rules
-from gpuvigil.node.rules.fabric import FabricExpectation
+from gpuvigil.node.readings import (
+    DcgmReport,
+    ExpectedGpus,
+    FabricExpectation,
+    FabricReading,
+    GpuInventory,
+    GpuRef,
+)
 
 Reading = GpuInventory | DcgmReport | FabricReading | kernel_log_capture.Capture
 
@@ -73,20 +77,14 @@ def judge(
     gpus: Mapping[str, GpuRef] | None = None,
 ) -> list[Finding]:
     if isinstance(reading, GpuInventory):
-        return gpu_rules.judge_inventory(
-            reading,
-            cfg=node.gpu,
-            catalog=gpu_catalog.load(),
-            now=reading.observed_at,
-            expect=expect.gpus,
-            check=check,
+        expected = ExpectedGpus(expect.gpus, "analyze" if expect.gpus is not None else "none")
+        return pipeline_judge(
+            [reading, expected], config=node, now=reading.observed_at, check=check
         )
     if isinstance(reading, DcgmReport):
-        rule = dcgm_rules.health if reading.kind == "health" else dcgm_rules.diag
-        return rule(reading, now=now, check=check)
+        return pipeline_judge([reading], config=node, now=now, check=check)
     if isinstance(reading, FabricReading):
         efa = reading.source.startswith("fi_info") or any(a.kind == "efa" for a in reading.adapters)
-        return fabric_rules.judge(
-            reading, expected=expect.efa if efa else expect.ib, config=node.fabric
-        )
+        fabric = expect.efa if efa else expect.ib
+        return pipeline_judge([reading, fabric], config=node, now=now, check=check)
     return kernel_log_capture.judge(reading, cfg=node.kernel_log, gpus=gpus)

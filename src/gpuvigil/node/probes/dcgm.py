@@ -1,6 +1,6 @@
 """DCGM checks: `dcgmi health -c -j` (group "slow") and `dcgmi diag -r N -j` (group
-"diag"), run fail-closed through `probes.exec`, parsed by `probes.dcgm_parse`, judged by
-`rules.dcgm`.
+"diag"), run fail-closed through `probes.exec`, parsed by `probes.dcgm_parse` into a
+DcgmReport that the pipeline's `dcgm` rule judges.
 
 DCGM is optional unless `node.dcgm.required` says otherwise: absent and optional is
 reported as CHECK_DISABLED (the run is marked disabled), absent and required is
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.core.findings import Finding, Status
+from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.probes import exec as ex
 from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
 from gpuvigil.node.readings import DcgmReport
-from gpuvigil.node.rules import dcgm as rules
 
 
 def _absent(ctx: CheckContext, name: str) -> list[Finding] | None:
@@ -53,20 +52,21 @@ def _run(
     argv: list[str],
     timeout_s: float,
     parse: Callable[[bytes], DcgmReport],
-    judge: Callable[..., list[Finding]],
-) -> list[Finding]:
+) -> Readout:
     absent = _absent(ctx, name)
     if absent is not None:
-        return absent
+        return Readout(findings=tuple(absent))
     result = ex.run(argv, timeout_s=timeout_s, env=ctx.env)
     failure = ex.failure_finding(result, check=name, what="dcgmi")
-    # dcgmi exits non-zero when a test fails; its output is then the verdict we want.
-    if failure is not None and (result.error is not None or not result.stdout.strip()):
-        return [failure]
+    # dcgmi exits non-zero when a test fails; its output is then the verdict we want,
+    # unless it died on a signal or its output was cut (then it is no verdict at all).
+    if failure is not None and (not result.exited or not result.stdout.strip()):
+        return Readout(findings=(failure,))
     report = parse(result.stdout)
     if failure is not None and report.overall in (None, "Pass"):
-        return [failure]  # non-zero exit and no failure in the output: not a pass
-    return judge(report, now=utcnow(), check=name)
+        # non-zero exit and no failure in the output: not a pass
+        return Readout(findings=(failure,))
+    return Readout((report,))
 
 
 @check(
@@ -76,7 +76,7 @@ def _run(
     timeout_s=60,
     description="DCGM health watches (dcgmi health -c -j), per GPU and system",
 )
-def dcgm_health(ctx: CheckContext) -> list[Finding]:
+def dcgm_health(ctx: CheckContext) -> Readout:
     cfg = ctx.config.dcgm
     argv = [cfg.binary, "health", "-c", "-j"]
     return _run(
@@ -85,7 +85,6 @@ def dcgm_health(ctx: CheckContext) -> list[Finding]:
         argv=argv,
         timeout_s=cfg.health_timeout_s,
         parse=parse_health,
-        judge=rules.health,
     )
 
 
@@ -96,13 +95,11 @@ def dcgm_health(ctx: CheckContext) -> list[Finding]:
     timeout_s=900,
     description="DCGM diagnostics (dcgmi diag -r N -j), per test and GPU",
 )
-def dcgm_diag(ctx: CheckContext) -> list[Finding]:
+def dcgm_diag(ctx: CheckContext) -> Readout:
     cfg = ctx.config.dcgm
     argv = [cfg.binary, "diag", "-r", str(cfg.diag_level), "-j"]
 
     def parse(out: bytes) -> DcgmReport:
         return parse_diag(out, level=cfg.diag_level)
 
-    return _run(
-        ctx, "dcgm_diag", argv=argv, timeout_s=cfg.diag_timeout_s, parse=parse, judge=rules.diag
-    )
+    return _run(ctx, "dcgm_diag", argv=argv, timeout_s=cfg.diag_timeout_s, parse=parse)

@@ -1,20 +1,32 @@
 """The fail-closed runner: the only way gpuvigil runs an external command.
 
-Argument lists only (never a shell string); a timeout on every call; the child runs in its
-own process group and the whole group is killed on timeout, so a tool whose child hangs
-leaves nothing behind; stdout and stderr are captured with a size bound, so a tool that
-prints gigabytes cannot exhaust memory. Each failure maps once to a finding code.
+Argument lists only (never a shell string); a timeout on every call; stdout and stderr
+are captured with a size bound, so a tool that prints gigabytes cannot exhaust memory.
+Each failure maps once to a finding code, and only a complete, normal exit is a reading:
+output cut at the bound cannot be judged (CHECK_ERROR: "could not tell"), and a tool
+killed by a signal failed whatever it printed first.
+
+The whole process tree dies at the deadline (and after a normal exit, anything the tool
+left behind): the child runs in its own process group, every descendant found under it
+is killed, and so is any process that left the group with `setsid`. For the last, the
+runner makes its process a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a daemonised
+grandchild whose parent exited is re-parented to us instead of to init, and it marks each
+run's environment (`GPUVIGIL_RUN`), so such an orphan is recognised among our children,
+killed and reaped. A cgroup would do the same, but a DaemonSet rarely may create one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuvigil.core.findings import Action, Finding, Status
@@ -22,6 +34,8 @@ from gpuvigil.core.findings import Action, Finding, Status
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024  # per stream; nvidia-smi -q -x on 8 GPUs is ~1 MB
 STDERR_TAIL = 2000
+RUN_MARK = "GPUVIGIL_RUN"  # in each run's environment: finds its setsid escapees
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -36,10 +50,17 @@ class ExecResult:
     error: str | None = None  # "missing" | "timeout" | "oserror"
     truncated: bool = False
     detail: str = ""
+    max_output: int = DEFAULT_MAX_OUTPUT  # the bound `truncated` refers to
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.returncode == 0
+
+    @property
+    def exited(self) -> bool:
+        """It ran to its own end: exited (any status), not killed by a signal, output whole.
+        Only then may a non-zero exit's output still be read (nvidia-smi with a lost GPU)."""
+        return self.error is None and (self.returncode or 0) >= 0 and not self.truncated
 
     @property
     def text(self) -> str:
@@ -107,13 +128,15 @@ def run(
         return ExecResult(
             argv, None, b"", b"", 0.0, error="missing", detail=f"{argv[:1]} not found"
         )
+    become_subreaper()
+    mark = uuid.uuid4().hex
     try:
         proc = subprocess.Popen(
             [exe, *argv[1:]],
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None,
+            env={**(os.environ if env is None else env), RUN_MARK: mark},
             start_new_session=True,  # own process group: the whole tree dies on timeout
         )
     except OSError as e:
@@ -131,18 +154,15 @@ def run(
     out, err = _Capture(max_output), _Capture(max_output)
     deadline = started + timeout_s
     timed_out = _pump(proc, out, err, deadline)
-    if timed_out:
-        _kill_group(proc)
-    else:
+    if not timed_out:
         remaining = max(0.05, deadline - time.monotonic())
         try:
             proc.wait(timeout=remaining)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
-    # Even after a clean exit, children may linger in the group (a daemonised helper that
-    # hangs); they are ours to clean up.
-    _kill_group(proc, quiet=True)
+    # At the deadline the whole tree dies; after a clean exit, whatever the tool left
+    # behind (a daemonised helper that hangs, in the group or escaped with setsid) too.
+    _kill_tree(proc, mark)
     duration = time.monotonic() - started
     return ExecResult(
         argv,
@@ -153,6 +173,7 @@ def run(
         error="timeout" if timed_out else None,
         truncated=out.truncated or err.truncated,
         detail=f"no exit after {timeout_s:g} s" if timed_out else "",
+        max_output=max_output,
     )
 
 
@@ -180,16 +201,108 @@ def _pump(proc: subprocess.Popen[bytes], out: _Capture, err: _Capture, deadline:
         proc.stderr.close()
 
 
-def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
+_subreaper_lock = threading.Lock()
+_subreaper: bool | None = None
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux 3.4+), once: a
+    tool's grandchild that escapes with `setsid` is then re-parented to us, where
+    `_kill_tree` finds it. False where the kernel or libc does not offer it."""
+    global _subreaper
+    with _subreaper_lock:
+        if _subreaper is None:
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                _subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            except (OSError, AttributeError):
+                _subreaper = False
+        return _subreaper
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (/proc/<pid>/task/<tid>/children; cheap: no /proc scan)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _tree(root: int) -> set[int]:
+    """`root` and every descendant it has now."""
+    seen, todo = {root}, [root]
+    while todo and len(seen) < 10_000:
+        for c in _children(todo.pop()):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return seen
+
+
+def _marked(pid: int, mark: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{RUN_MARK}={mark}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _kill_all(pids: Iterable[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], mark: str) -> None:
+    """SIGKILL the tool's process group, every descendant under it, and every orphan of
+    this run that was re-parented to us (setsid escapees whose parent died), then reap
+    them. Processes of other runs and our other children are never touched."""
+    # Only while it is unreaped is its pid surely still the tool's (never kill a reused pid).
+    doomed = _tree(proc.pid) if proc.poll() is None else set()
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        if not quiet:
-            proc.kill()
+        pass
+    _kill_all(doomed)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:  # a process in uninterruptible sleep (D state)
         pass
+    me = os.getpid()
+    for _ in range(5):  # killed parents re-parent their children to us: sweep until none
+        mine = [c for c in _children(me) if c != proc.pid]
+        ours = {c for c in mine if c in doomed or _marked(c, mark)}
+        escaped = set().union(*(_tree(c) for c in ours)) - doomed if ours else set()
+        if not ours and not escaped:
+            break
+        doomed |= ours | escaped
+        _kill_all(ours | escaped)
+        _reap(ours)
+
+
+def _reap(pids: set[int], *, within_s: float = 1.0) -> None:
+    """Collect the exit of killed children of ours (never blocking on one stuck in D)."""
+    left, end = set(pids), time.monotonic() + within_s
+    while left and time.monotonic() < end:
+        for c in list(left):
+            try:
+                done, _ = os.waitpid(c, os.WNOHANG)
+            except ChildProcessError:
+                done = c
+            if done:
+                left.discard(c)
+        if left:
+            time.sleep(0.01)
 
 
 def failure_finding(
@@ -201,15 +314,22 @@ def failure_finding(
 ) -> Finding | None:
     """The fail-closed finding for a command that did not succeed, or None when it did."""
     tool = what or os.path.basename(result.argv[0]) if result.argv else "command"
+    rc = result.returncode
     if result.error == "missing":
         code, msg = "DEPENDENCY_MISSING", f"{tool} is not installed or not executable"
     elif result.error == "timeout":
         code, msg = "CHECK_TIMEOUT", f"{tool} did not finish within {result.duration_s:.1f} s"
     elif result.error is not None:
         code, msg = "CHECK_ERROR", f"{tool} could not be started: {result.detail}"
-    elif result.returncode != 0:
+    elif rc is not None and rc < 0:
+        # Whatever it printed before, a tool that died is not a verdict.
+        code, msg = "CHECK_ERROR", f"{tool} was killed by {_signal_name(-rc)}"
+    elif rc != 0:
         tail = result.stderr_tail(300)
-        code, msg = "CHECK_ERROR", f"{tool} exited with status {result.returncode}: {tail}"
+        code, msg = "CHECK_ERROR", f"{tool} exited with status {rc}: {tail}"
+    elif result.truncated:
+        cut = f"{tool} printed more than {result.max_output} bytes"
+        code, msg = "CHECK_ERROR", f"{cut}: the output was cut, so it cannot be judged"
     else:
         return None
     return Finding(
@@ -237,3 +357,10 @@ def unparsable_finding(
         message=f"{os.path.basename(result.argv[0])} printed output that does not parse: {problem}",
         evidence=ev,
     )
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"

@@ -5,8 +5,11 @@ report `DGX H100`). Called by the fabric check, preflight and anyone needing the
 
 from __future__ import annotations
 
+import json
+
 from gpuvigil.node.catalog.instances import InstanceCatalog, InstanceType, load_catalog
 from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.readings import NodeInstance
 
 DMI_PRODUCT = "sys/devices/virtual/dmi/id/product_name"
 
@@ -23,13 +26,17 @@ def detect(ctx: CheckContext) -> str | None:
     return text or None
 
 
+_catalogs: dict[str, InstanceCatalog] = {}
+
+
 def catalog(ctx: CheckContext) -> InstanceCatalog:
-    """The catalog with this config's overrides, cached per context (it is validated once)."""
-    cached = ctx.extras.get("instance.catalog")
+    """The catalog with this config's overrides, validated once per distinct override."""
+    fabric = getattr(ctx.config, "fabric", None)
+    overrides = getattr(fabric, "instances", None) or None
+    key = json.dumps(overrides, sort_keys=True, default=str)
+    cached = _catalogs.get(key)
     if cached is None:
-        fabric = getattr(ctx.config, "fabric", None)
-        cached = load_catalog(getattr(fabric, "instances", None) or None)
-        ctx.extras["instance.catalog"] = cached
+        cached = _catalogs[key] = load_catalog(overrides)
     return cached
 
 
@@ -37,3 +44,9 @@ def lookup(ctx: CheckContext) -> tuple[str | None, tuple[str, InstanceType] | No
     """(the detected name, its catalog entry or None)."""
     name = detect(ctx)
     return name, catalog(ctx).lookup(name)
+
+
+def node_instance(ctx: CheckContext) -> NodeInstance:
+    """This node's instance type as a fact for the rules."""
+    name, entry = lookup(ctx)
+    return NodeInstance(name, entry, configured=bool(getattr(ctx.config, "instance_type", None)))

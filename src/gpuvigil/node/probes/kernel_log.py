@@ -2,19 +2,16 @@
 
 Reads the current boot's kernel log once - a non-blocking read of /dev/kmsg, `dmesg`, or
 `journalctl -k` (in the order `node.kernel_log.sources` gives), or one configured file -
-into a `KernelLog` reading, then hands it to the pure rules (`node.rules.xid`). A source
-that is missing, hangs, crashes or prints garbage is skipped for the next one with a
-SOURCE_FALLBACK warning that says which source broke and how; when every source fails the
-check fails closed with each source's own finding.
+into a `KernelLog` reading, which the pipeline's `xid` rule judges with the node's other
+facts (the GPU inventory for the GPU map, NVML's own Xid events, the remediator's GPU
+resets, a person's release). A source that is missing, hangs, crashes or prints garbage
+is skipped for the next one with a SOURCE_FALLBACK warning that says which source broke
+and how; when every source fails the check fails closed with each source's own finding.
 
-Called by `gpuvigil check`, the agent's fast loop and preflight (through the registry).
-The agent's streaming follower of /dev/kmsg uses the parser beside this module
-(`kernel_log_parser.parse_kmsg_record`), re-exported here.
-
-Seams in `CheckContext.extras` (set by whoever knows them; all optional):
-`gpu_map` (normalized bus id -> GpuRef, from the GPU readings), `nvml_xid_events`
-(XidEvents with source "nvml"), `gpu_resets` (bus id -> datetime of the last reset),
-`released_at` (when a person last released the node).
+Called by `gpuvigil check`, the agent when its stream is off, and preflight (through the
+registry); `analyze_capture` (a capture in memory, through `kernel_log_capture`) by tests
+and tools. The agent's streaming follower of /dev/kmsg uses the parser beside this module
+(`kernel_log_parser.parse_kmsg_record`).
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.catalog.xid import load_catalog
-from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.config import KernelLogConfig
 from gpuvigil.node.probes import kernel_faults, kernel_log_capture
 from gpuvigil.node.probes.kernel_log_parser import (
@@ -48,8 +44,6 @@ from gpuvigil.node.probes.kernel_log_sources import (
 )
 from gpuvigil.node.probes.log_lines import find_lines
 from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
-from gpuvigil.node.rules import driver_faults
-from gpuvigil.node.rules import xid as xid_rules
 
 __all__ = [
     "analyze_capture",
@@ -69,11 +63,6 @@ class SourceFailure:
     finding: Finding
 
 
-# The agent's kernel-log stream (node.kernel_watch) imported this name before the sources
-# moved to kernel_log_sources; kept so that import keeps working.
-_boot = boot_info
-
-
 @check(
     CHECK,
     group="fast",
@@ -82,23 +71,13 @@ _boot = boot_info
     timeout_s=60,
     description="Xid/SXid events in the kernel log (/dev/kmsg, dmesg, journalctl or a file)",
 )
-def kernel_log_check(ctx: CheckContext) -> list[Finding]:
+def kernel_log_check(ctx: CheckContext) -> Readout:
     cfg = _config(ctx)
     now = utcnow()
     log, failures = read_kernel_log(ctx, cfg=cfg, now=now)
     if log is None:
-        return [f.finding for f in failures]
-    findings = xid_rules.evaluate_log(
-        log,
-        catalog=load_catalog(cfg),
-        now=now,
-        gpus=ctx.extras.get("gpu_map"),
-        extra_events=tuple(ctx.extras.get("nvml_xid_events", ())),
-        resets=ctx.extras.get("gpu_resets"),
-        released_at=ctx.extras.get("released_at"),
-        check=CHECK,
-    )
-    findings += driver_faults.evaluate(log, now=now, gpus=ctx.extras.get("gpu_map"))
+        return Readout(findings=tuple(f.finding for f in failures))
+    findings: list[Finding] = []
     if failures:
         findings.append(_fallback_finding(log, failures))
     if log.gaps:
@@ -112,7 +91,7 @@ def kernel_log_check(ctx: CheckContext) -> list[Finding]:
                 evidence={"gaps": log.gaps, "source": log.source},
             )
         )
-    return findings
+    return Readout((log,), tuple(findings))
 
 
 def _config(ctx: CheckContext) -> KernelLogConfig:

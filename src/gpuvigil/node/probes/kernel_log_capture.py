@@ -1,5 +1,6 @@
 """A captured kernel log (a file, a pipe, a support bundle's dmesg) read as one stream ->
-the KernelLog reading, judged as of the capture's end. I/O-free: it reads what it is given.
+the KernelLog reading, judged by `node.pipeline` as of the capture's end. I/O-free: it
+reads what it is given.
 
 One pass in chunks (`log_lines`), so a 200 MB log costs a chunk of memory, not 200 MB.
 What it keeps: every Xid/SXid event, the latest driver load, the GPU failures logged
@@ -19,7 +20,6 @@ from datetime import datetime, tzinfo
 from typing import BinaryIO
 
 from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.config import KernelLogConfig
 from gpuvigil.node.probes import kernel_faults
 from gpuvigil.node.probes.kernel_log_parser import (
@@ -31,9 +31,7 @@ from gpuvigil.node.probes.kernel_log_parser import (
     stamp_before,
 )
 from gpuvigil.node.probes.log_lines import LineStats, iter_lines
-from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
-from gpuvigil.node.rules import driver_faults
-from gpuvigil.node.rules import xid as xid_rules
+from gpuvigil.node.readings import GpuRef, KernelLog, KnownGpus, XidEvent
 
 CHECK = "kernel_log"
 _XID = b"Xid ("
@@ -104,12 +102,18 @@ def judge(
     gpus: Mapping[str, GpuRef] | None = None,
     now: datetime | None = None,
 ) -> list[Finding]:
-    """The Xid rules and the driver-fault rules as of `now` (default: the capture's end),
-    plus "could not tell" for a capture that was not a readable kernel log or was cut."""
+    """The pipeline's kernel-log rules (`xid`, `driver_faults`) as of `now` (default: the
+    capture's end), plus "could not tell" for a capture that was not a readable kernel log
+    or was cut. `gpus`: the GPUs the bundle's GPU readings named, by bus id."""
+    # Imported here: `logscan` reads captures through this module and never judges them.
+    from gpuvigil.node.config import NodeConfig
+    from gpuvigil.node.pipeline.judge import judge as pipeline_judge
+
     end = now or capture.end or utcnow()
-    log = capture.log
-    out = xid_rules.evaluate_log(log, catalog=load_catalog(cfg), now=end, gpus=gpus, check=CHECK)
-    out += driver_faults.evaluate(log, now=end, gpus=gpus, check=CHECK)
+    readings: list[object] = [capture.log]
+    if gpus:
+        readings.append(KnownGpus(dict(gpus)))
+    out = pipeline_judge(readings, config=NodeConfig(kernel_log=cfg), now=end, check=CHECK)
     stats = capture.stats
     if capture.unreadable:
         out.append(_could_not_tell(capture.unreadable, stats))

@@ -12,9 +12,16 @@ Sources, in the order `auto` tries them:
 - `dmesg` polled by time stamp, then `journalctl -k` polled with a cursor (bounded runs
   through the fail-closed runner rather than a `-f` child that could hang unseen).
   Using either says so: a SOURCE_FALLBACK warning naming why /dev/kmsg failed.
-- a plain file (`--kmsg-file`): existing content as the records since boot, then lines
-  appended later (truncation or replacement re-reads from the start), for trying the
-  agent anywhere and for tests.
+- a plain file (`--kmsg-file`): its newest `node.kernel_log.max_bytes` as the records
+  since boot, then lines appended later, for trying the agent anywhere and for tests. A
+  file truncated, rewritten in place (even refilled past where we were, within one poll:
+  the bytes before our position are checked each time) or replaced by another is read
+  again from its start, and said so (a KMSG_GAP warning: lines may be missing); one that
+  stays deleted is a failure (nothing new can be read); a writer that outruns the reader
+  by more than `max_bytes` is skipped ahead, counted as lost lines.
+
+Memory stays constant whatever the source holds or how fast it grows: every read takes at
+most `BATCH_BYTES` / `BATCH_RECORDS`, and the reader hands each batch on before the next.
 """
 
 from __future__ import annotations
@@ -31,11 +38,18 @@ from pathlib import Path
 
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.probes.file_watch import FileWatch
 
 STREAM_CHECK = "kernel_log"  # the stream stands in for the one-shot check of that name
 _KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;")
 _DMESG_TS = re.compile(r"^\[\s*(\d+\.\d+)\]")
 MAX_LINE = 64 * 1024  # the kernel's records are < 1 KiB; a runaway file line is cut here
+BATCH_BYTES = 1 << 20  # at most this much read per call: memory stays flat under a flood
+BATCH_RECORDS = 10_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # node.kernel_log.max_bytes
+FINGERPRINT = 64  # bytes before the read position, checked for an in-place rewrite
+FINGERPRINT_EVERY = 10  # ... on every poll that finds data, and every 10th idle one
+KMSG_BEAT_S = 5.0  # /dev/kmsg wakes on records; between them, a liveness beat this often
 
 
 @dataclass(frozen=True)
@@ -62,10 +76,12 @@ class StreamHealth:
     alive_at: float = field(default_factory=time.monotonic)
     error: Finding | None = None  # the latest poll failed (journalctl/dmesg), until it works
     records: int = 0
+    rewinds: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, why)
 
 
 class Source:
     name = "none"
+    backlog_left = False  # the records since boot are not all read yet (read in batches)
 
     def read(self, *, first: bool, wait_s: float) -> list[Record]:
         """Records available now (after waiting up to `wait_s` for some). Raises OSError
@@ -79,7 +95,17 @@ class Source:
 class DevKmsg(Source):
     name = "kmsg"
 
-    def __init__(self, path: Path | None, *, health: StreamHealth, fd: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        health: StreamHealth,
+        fd: int | None = None,
+        beat_s: float | None = None,
+    ) -> None:
+        # `beat_s`: the longest idle wait (records wake the reader at once); None: the
+        # caller's poll interval.
+        self.beat_s = beat_s
         # `fd`: an already open record source (tests use a SOCK_SEQPACKET socket, which
         # keeps record boundaries the way /dev/kmsg does).
         self.fd = (
@@ -92,10 +118,12 @@ class DevKmsg(Source):
     def read(self, *, first: bool, wait_s: float) -> list[Record]:
         out: list[Record] = []
         if not first:
-            ready, _, _ = select.select([self.fd], [], [], wait_s)
+            # Records wake the select at once; without them only the liveness beat does.
+            ready, _, _ = select.select([self.fd], [], [], max(wait_s, self.beat_s or 0.0))
             if not ready:
                 return out
-        while len(out) < (1_000_000 if first else 10_000):
+        size, self.backlog_left = 0, False
+        while len(out) < BATCH_RECORDS and size < BATCH_BYTES:
             try:
                 data = os.read(self.fd, 8192)
             except BlockingIOError:
@@ -107,7 +135,10 @@ class DevKmsg(Source):
                 raise
             if not data:
                 break
+            size += len(data)
             self._take(data.decode("utf-8", errors="replace"), out)
+        else:
+            self.backlog_left = first  # more records wait: the next read goes on at once
         return out
 
     def _take(self, text: str, out: list[Record]) -> None:
@@ -133,20 +164,99 @@ class DevKmsg(Source):
 class FollowFile(Source):
     name = "file"
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        health: StreamHealth | None = None,
+        missing_grace_s: float = 5.0,
+    ) -> None:
+        self.path, self.max_bytes = path, max_bytes
+        self.health = health or StreamHealth()
+        self.missing_grace_s = missing_grace_s
+        self.missing_since: float | None = None
         self.fh = open(path, "rb")  # noqa: SIM115 - held open for the agent's life
-        self.ino = os.fstat(self.fh.fileno()).st_ino
+        self._start(tail=True)
+        self.watch = FileWatch(path)
+
+    def _start(self, *, tail: bool) -> None:
+        """Read from the start, or (`tail`) from the newest `max_bytes` on a line start."""
+        st = os.fstat(self.fh.fileno())
+        self.ino, self.dev = st.st_ino, st.st_dev
+        start = max(0, st.st_size - self.max_bytes) if tail else 0
+        self.fh.seek(start)
+        if start:
+            self.fh.readline(MAX_LINE)  # the rest of a cut line
         self.partial = b""
+        self.backlog_left = True
+
+    def _reopen(self, why: str) -> None:
+        self.fh.close()
+        self.fh = open(self.path, "rb")  # noqa: SIM115
+        self._start(tail=True)
+        self.watch.rewatch()
+        self.health.rewinds.append((time.monotonic(), why))
+
+    def _moved_under_us(self) -> tuple[str | None, int]:
+        """Why the file must be read again from its start, if it must (deleted after a
+        grace for rotation, replaced, truncated, or rewritten in place), and its size.
+        One stat(2) per poll; the bytes before our position are compared (one pread) when
+        the file grew, and every `FINGERPRINT_EVERY` polls when it did not."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            now = time.monotonic()
+            self.missing_since = self.missing_since or now
+            if now - self.missing_since >= self.missing_grace_s:
+                raise PollFailed(self._deleted(now - self.missing_since)) from None
+            return None, -1
+        except OSError:
+            return None, -1
+        if self.missing_since is not None:
+            self.missing_since = None
+            return "replaced", st.st_size  # deleted, then created again
+        if (st.st_ino, st.st_dev) != (self.ino, self.dev):
+            return "replaced", st.st_size
+        pos = self.fh.tell()
+        if st.st_size < pos:
+            return "truncated", st.st_size
+        self._idle = 0 if st.st_size > pos else self._idle + 1
+        seen = self._seen
+        check = st.st_size > pos or self._idle % FINGERPRINT_EVERY == 0
+        if seen and check and os.pread(self.fh.fileno(), len(seen), pos - len(seen)) != seen:
+            return "rewritten", st.st_size
+        return None, st.st_size
+
+    def _deleted(self, for_s: float) -> Finding:
+        return Finding(
+            check=STREAM_CHECK,
+            status=Status.FAILED,
+            code="DEPENDENCY_MISSING",
+            component=f"file:{self.path}",
+            message=f"the kernel log file {self.path} was deleted {for_s:.0f} s ago: "
+            "nothing logged from now on can be read",
+            evidence={"path": str(self.path), "missing_for_s": round(for_s, 1)},
+        )
 
     def read(self, *, first: bool, wait_s: float) -> list[Record]:
-        data = self.fh.read()
-        if not data and not first:
-            self._reopen_if_replaced()
-            time.sleep(wait_s)
-            data = self.fh.read()
-        if not data:
+        why, size = self._moved_under_us()
+        if why is not None:
+            self._reopen(why)
+        elif not first and 0 <= size <= self.fh.tell():
+            # Nothing new: with inotify sleep until the file changes (or a liveness beat),
+            # else poll again after `wait_s`.
+            self.watch.wait(max(wait_s, KMSG_BEAT_S) if self.watch.active else wait_s)
             return []
+        self._skip_if_outrun()
+        data = self.fh.read(BATCH_BYTES)
+        if not data:
+            self.backlog_left = False
+            if first:
+                return []
+            time.sleep(wait_s)
+            return []
+        self._seen = data[-FINGERPRINT:]
         data, self.partial = self.partial + data, b""
         lines = data.split(b"\n")
         self.partial = lines.pop()  # an unterminated last line waits for its newline
@@ -155,17 +265,24 @@ class FollowFile(Source):
             self.partial = b""
         return [_text_record(ln.decode("utf-8", errors="replace"), "file") for ln in lines if ln]
 
-    def _reopen_if_replaced(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return  # gone for now (rotation in progress): keep the old handle
-        if st.st_ino != self.ino or st.st_size < self.fh.tell():
-            self.fh.close()
-            self.fh = open(self.path, "rb")  # noqa: SIM115
-            self.ino, self.partial = st.st_ino, b""
+    _seen = b""  # the last bytes read: still there before our position unless rewritten
+    _idle = 0  # polls in a row that found nothing new
+
+    def _skip_if_outrun(self) -> None:
+        """A writer more than `max_bytes` ahead: skip to its newest `max_bytes`, counting
+        the lines skipped as lost (as /dev/kmsg does when its ring buffer is overrun)."""
+        pos, size = self.fh.tell(), os.fstat(self.fh.fileno()).st_size
+        if size - pos <= self.max_bytes:
+            return
+        self.fh.seek(size - self.max_bytes)
+        self.fh.readline(MAX_LINE)
+        self.partial, self._seen = b"", b""
+        lost = max(1, (size - self.max_bytes - pos) // 100)  # ~100 bytes a kernel line
+        self.health.gaps += lost
+        self.health.gap_events.append((time.monotonic(), lost))
 
     def close(self) -> None:
+        self.watch.close()
         self.fh.close()
 
 
@@ -239,6 +356,8 @@ def open_source(
     poll_timeout_s: float,
     env: dict[str, str],
     health: StreamHealth,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    missing_grace_s: float = 5.0,
 ) -> Source | None:
     """The first source that works, recording why earlier ones did not."""
     if file is not None or mode == "file":
@@ -246,7 +365,9 @@ def open_source(
             health.fallback_from.append(("file", "kernel_log.source is file but no file set"))
             return None
         try:
-            return FollowFile(file)
+            return FollowFile(
+                file, max_bytes=max_bytes, health=health, missing_grace_s=missing_grace_s
+            )
         except OSError as e:
             health.fallback_from.append((str(file), e.strerror or str(e)))
             return None
@@ -261,7 +382,7 @@ def open_source(
     for name in order:
         if name == "kmsg":
             try:
-                return DevKmsg(kmsg_path, health=health)
+                return DevKmsg(kmsg_path, health=health, beat_s=KMSG_BEAT_S)
             except OSError as e:
                 health.fallback_from.append((str(kmsg_path), e.strerror or str(e)))
         elif ex.resolve("journalctl" if name == "journal" else "dmesg", env.get("PATH")):
@@ -303,6 +424,11 @@ class KmsgStream:
             self.health.alive_at = time.monotonic()
             try:
                 records = self.source.read(first=first, wait_s=self.poll_interval_s)
+                if first and self.source.backlog_left:
+                    # The records since boot, one bounded batch at a time.
+                    self.health.records += len(records)
+                    self.on_records(records, True)
+                    continue
                 self.health.error = None
             except PollFailed as e:
                 self.health.error = e.finding

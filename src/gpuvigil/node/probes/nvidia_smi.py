@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from datetime import datetime
 
-from gpuvigil.core.findings import Finding, Status, utcnow
+from gpuvigil.core.findings import Finding, utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import exec as ex
@@ -32,7 +32,6 @@ from gpuvigil.node.readings import (
     GpuReading,
     ReadError,
 )
-from gpuvigil.node.rules import gpu as gpu_rules
 
 ARGV = ("nvidia-smi", "-q", "-x")
 _NUM = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
@@ -298,9 +297,10 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
     both = result.stdout + b"\n" + result.stderr  # nvidia-smi prints its errors on stdout
     if failure is not None:
         # nvidia-smi exits non-zero when one GPU is lost but still prints the others, and
-        # when it has something definite to say (lost GPU, no driver, no devices).
+        # when it has something definite to say (lost GPU, no driver, no devices); a run
+        # killed by a signal or cut at the output bound is no reading at all.
         said = nvidia_smi_errors.scan(both.decode("utf-8", errors="replace"))
-        if result.error is None and (b"<nvidia_smi_log" in result.stdout or said.lost):
+        if result.exited and (b"<nvidia_smi_log" in result.stdout or said.lost):
             return parse_xml(both), None
         return None, failure
     inv = parse_xml(both)
@@ -309,31 +309,11 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
     return inv, None
 
 
-def fallback_findings(
-    ctx: CheckContext, *, reason: str, expect: int | None
-) -> tuple[list[Finding], str]:
-    """NVML is unusable: judge the GPUs from nvidia-smi instead, saying so."""
-    cfg = ctx.config.gpu
-    inv, failure = collect(ctx, timeout_s=cfg.nvidia_smi_timeout_s)
+def fallback_inventory(ctx: CheckContext) -> tuple[GpuInventory | None, str]:
+    """NVML is unusable: the GPUs as nvidia-smi sees them, or None and why it failed too.
+    The `gpu` check records which source stood in (`GpuSource`); the rules judge it."""
+    inv, failure = collect(ctx, timeout_s=ctx.config.gpu.nvidia_smi_timeout_s)
     if inv is None:
         assert failure is not None
-        return [], f"nvidia-smi fallback failed too ({failure.code}: {failure.message})"
-    now = utcnow()
-    note = Finding(
-        check="gpu",
-        status=Status.WARNING,
-        code="SOURCE_FALLBACK",
-        message=f"NVML unusable ({reason}); GPUs read from nvidia-smi -q -x instead",
-        evidence={"primary": "nvml", "fallback": "nvidia-smi", "reason": reason},
-        observed_at=now,
-    )
-    findings = gpu_rules.judge_inventory(
-        inv,
-        cfg=cfg,
-        catalog=gpu_catalog.load(),
-        now=now,
-        expect=expect,
-        check="gpu",
-    )
-    ctx.extras["gpu.inventory"] = inv
-    return [note, *findings], "judged from nvidia-smi instead"
+        return None, f"nvidia-smi fallback failed too ({failure.code}: {failure.message})"
+    return inv, "judged from nvidia-smi instead"

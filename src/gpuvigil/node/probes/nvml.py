@@ -1,11 +1,13 @@
 """The `gpu` check: GPUs through NVML, every call in a worker process that can be killed.
 
 NVML calls can block forever inside the driver (a wedged GPU, a driver in recovery), so
-they run in the NVML worker (`probes.nvml_client`), kept warm between sweeps. A hang is
-CHECK_TIMEOUT naming the GPU that did not answer; NVML failing to initialise on a node
-that should have GPUs is DRIVER_UNAVAILABLE, after which `nvidia-smi -q -x` is tried as
-the fallback (SOURCE_FALLBACK). The readings go to the pure rules (`rules.gpu`); the GPU
-map and NVML's Xid events go to the kernel-log check through `CheckContext.extras`.
+they run in the NVML worker (`probes.nvml_client`), kept warm between sweeps. Each GPU has
+its own deadline: a GPU that hangs is read as a Timeout of that GPU (CHECK_TIMEOUT on
+`gpu:N`) and the next GPUs are read by a fresh worker, so one hung GPU hides nothing. NVML
+failing to start is recorded as the `GpuSource` fact, after which `nvidia-smi -q -x` is
+tried as the fallback. The readings (GpuInventory, ExpectedGpus, GpuSource and NVML's
+own Xid events) go to the node's facts and the pipeline's GPU and Xid rules; this module
+imports no rule.
 
 Called through the registry by `gpuvigil check`, the agent, preflight and the bench.
 """
@@ -16,19 +18,22 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding, Status, utcnow
-from gpuvigil.node.catalog import gpus as gpu_catalog
-from gpuvigil.node.checks import CheckContext, check
+from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.probes import instance
 from gpuvigil.node.probes.nvml_client import Answer, NvmlClient, client_for, close_all
-from gpuvigil.node.probes.pcie import read_pcie
-from gpuvigil.node.readings import GpuInventory, ReadError, XidEvent, normalize_bus_id
-from gpuvigil.node.rules import gpu as gpu_rules
+from gpuvigil.node.probes.pcie import gpu_addresses
+from gpuvigil.node.readings import (
+    ExpectedGpus,
+    GpuInventory,
+    GpuSource,
+    KnownGpus,
+    NvmlXidEvents,
+    ReadError,
+    XidEvent,
+    normalize_bus_id,
+)
 
 __all__ = ["Answer", "NvmlClient", "client_for", "close_all", "gpu_check"]
-
-
-# --- The check -----------------------------------------------------------------------------
-PREVIOUS_KEY = "gpu.previous_inventory"
 
 
 @check(
@@ -38,40 +43,39 @@ PREVIOUS_KEY = "gpu.previous_inventory"
     timeout_s=60,
     description="GPUs via NVML: count, lost, ECC, remapped rows, thermal, PCIe, NVLink",
 )
-def gpu_check(ctx: CheckContext) -> list[Finding]:
+def gpu_check(ctx: CheckContext) -> Readout:
     cfg = ctx.config.gpu
-    expect = expected_gpus(ctx)
-    now = utcnow()
+    expected = expected_gpus(ctx)
     client = client_for(cfg.nvml_module, ctx.env)
-    inv, answer = client.snapshot(timeout_s=cfg.nvml_timeout_s, max_links=cfg.nvlink_max_links)
-    if answer.failure == "init" and answer.init_error is not None:
-        return _without_nvml(ctx, answer.init_error, expect=expect)
-    out: list[Finding] = []
-    if answer.failure:
-        out.append(_worker_failure(answer, inv, timeout_s=cfg.nvml_timeout_s))
-        # A GPU cut short by the hang is not "missing": judge count only on a full answer.
-        expect = None
-    previous = ctx.extras.get(PREVIOUS_KEY)
-    if not answer.failure:
-        ctx.extras[PREVIOUS_KEY] = inv
-    out += gpu_rules.judge_inventory(
-        inv,
-        cfg=cfg,
-        catalog=gpu_catalog.load(),
-        now=now,
-        expect=expect,
-        previous=previous if isinstance(previous, GpuInventory) else None,
-        check="gpu",
+    inv, answer = client.snapshot(
+        timeout_s=cfg.nvml_timeout_s,
+        max_links=cfg.nvlink_max_links,
+        budget_s=cfg.nvml_budget_s,
+        events=True,
     )
-    ctx.extras["gpu.inventory"] = inv
-    known = ctx.extras.get("gpu_map")  # last sweep's: a GPU lost since keeps its bus id
-    ctx.extras["gpu_map"] = inv.gpu_map(known=known if isinstance(known, dict) else None)
-    if not answer.failure:
-        out += _drain_xid_events(client, ctx, timeout_s=cfg.nvml_timeout_s)
-    return out
+    if answer.failure == "init" and answer.init_error is not None:
+        return _without_nvml(ctx, answer.init_error, expected=expected)
+    findings: list[Finding] = []
+    if answer.failure:
+        findings.append(_worker_failure(answer, inv, timeout_s=cfg.nvml_timeout_s))
+        # A GPU cut short by the failure is not "missing": judge count only on a full answer.
+        expected = ExpectedGpus(None, f"not judged: {answer.failure}")
+    # The GPU map carried from sweep to sweep: a GPU that stopped answering keeps the bus
+    # id an earlier sweep read, so its Xids stay on gpu:<index>.
+    before = ctx.facts.get(KnownGpus)
+    known = KnownGpus(inv.gpu_map(known=before.by_bus if before else None))
+    readings: list[object] = [inv, expected, GpuSource(module=cfg.nvml_module), known]
+    # NVML's Xid events came with the answer, unless a GPU hung (registering for them would
+    # hang on it too; the kernel log, the primary source, still reports its Xids).
+    if not answer.failure and not answer.hung:
+        buses = {r.index: r.bus_id for r in known.by_bus.values()}
+        new = xid_events_from_answer(answer, at=utcnow(), buses=buses)
+        events = _kept_xid_events(ctx, new)
+        if events is not None:
+            readings.append(events)
+    return Readout(tuple(readings), tuple(findings))
 
 
-XID_EVENTS_KEY = "nvml_xid_events"  # the kernel_log check reconciles these with the log
 MAX_KEPT_EVENTS = 1000
 
 
@@ -105,25 +109,17 @@ def xid_events_from_answer(
     return out
 
 
-def _drain_xid_events(client: NvmlClient, ctx: CheckContext, *, timeout_s: float) -> list[Finding]:
-    """Collect Xid events NVML queued since the last sweep (the first call registers).
-
-    A worker kept warm (the agent) sees every Xid from its start; a one-shot `check`
-    only registers, and relies on the kernel log for earlier events.
-    """
-    answer = client.request({"op": "events", "timeout_ms": 0}, timeout_s=timeout_s)
-    if answer.failure:
-        return [_worker_failure(answer, GpuInventory("nvml", utcnow()), timeout_s=timeout_s)]
-    refs = ctx.extras.get("gpu_map")
-    buses = {r.index: r.bus_id for r in refs.values()} if isinstance(refs, dict) else None
-    events = xid_events_from_answer(answer, at=utcnow(), buses=buses)
-    if events:
-        kept = [*ctx.extras.get(XID_EVENTS_KEY, ()), *events][-MAX_KEPT_EVENTS:]
-        ctx.extras[XID_EVENTS_KEY] = kept
-    return []
+def _kept_xid_events(ctx: CheckContext, events: list[XidEvent]) -> NvmlXidEvents | None:
+    """The events NVML queued since the last sweep added to the ones kept so far (None when
+    there are none new). A worker kept warm (the agent) sees every Xid from its start; a
+    one-shot `check` only registers, and relies on the kernel log for earlier events."""
+    if not events:
+        return None
+    kept = ctx.facts.get(NvmlXidEvents) or NvmlXidEvents()
+    return NvmlXidEvents((*kept.events, *events)[-MAX_KEPT_EVENTS:])
 
 
-def expected_gpus(ctx: CheckContext) -> int | None:
+def expected_gpus(ctx: CheckContext) -> ExpectedGpus:
     """`node.expect_gpus`, else the instance type's GPU count from the catalog, else the
     NVIDIA GPUs on the PCI bus (sysfs: a second source, so a GPU whose driver did not bind
     is still missed), else None (then only what NVML says is attached is judged).
@@ -131,17 +127,17 @@ def expected_gpus(ctx: CheckContext) -> int | None:
     A PCI bus without NVIDIA GPUs gives None, not 0: a node is only GPU-less when the
     config says so (`--expect-gpus 0`), never because a broken bus shows nothing."""
     if ctx.config.expect_gpus is not None:
-        return int(ctx.config.expect_gpus)
+        return ExpectedGpus(int(ctx.config.expect_gpus), "config")
     _, entry = instance.lookup(ctx)
     if entry is not None:
-        return entry[1].gpus
-    on_bus = sum(1 for link in read_pcie(ctx.root).links if link.role == "gpu")
-    return on_bus or None
+        return ExpectedGpus(entry[1].gpus, f"catalog:{entry[0]}")
+    on_bus = len(gpu_addresses(ctx.root))
+    return ExpectedGpus(on_bus or None, "pci-bus" if on_bus else "none")
 
 
 def _worker_failure(answer: Answer, inv: GpuInventory, *, timeout_s: float) -> Finding:
     done = {g.index for g in inv.gpus}
-    hung = next((i for i in range(len(done) + 1) if i not in done), None)
+    hung = next((i for i in range(len(done) + 1) if i not in done), None) if done else None
     timeout = answer.failure == "timeout"
     return Finding(
         check="gpu",
@@ -163,37 +159,20 @@ def _worker_failure(answer: Answer, inv: GpuInventory, *, timeout_s: float) -> F
     )
 
 
-def _without_nvml(ctx: CheckContext, error: ReadError, *, expect: int | None) -> list[Finding]:
-    """NVML is unusable: say so, then try nvidia-smi so the node is still judged.
-
-    A missing Python binding (ImportError) with a working nvidia-smi is only a fallback
-    (the driver is fine); a failing NVML library or driver is DRIVER_UNAVAILABLE.
-    """
+def _without_nvml(ctx: CheckContext, error: ReadError, *, expected: ExpectedGpus) -> Readout:
+    """NVML is unusable: record why (`GpuSource`), then try nvidia-smi so the node is
+    still judged. The `gpu` rule says what that means (a missing binding with a working
+    nvidia-smi is only a fallback; a failing NVML library or driver is DRIVER_UNAVAILABLE)."""
     from gpuvigil.node.probes import nvidia_smi
 
-    if expect == 0:
-        return []
-    now = utcnow()
-    fallback: list[Finding] = []
-    note = "nvidia-smi fallback disabled"
-    if ctx.config.gpu.nvidia_smi_fallback:
-        reason = f"{error.error}: {error.message}"
-        fallback, note = nvidia_smi.fallback_findings(ctx, reason=reason, expect=expect)
-    if error.error == "ImportError":
-        if fallback:
-            return fallback
-        return [
-            Finding(
-                check="gpu",
-                status=Status.FAILED,
-                code="DEPENDENCY_MISSING",
-                message=f"the NVML binding {ctx.config.gpu.nvml_module!r} cannot be imported "
-                f"({error.message}); {note}",
-                evidence={"module": ctx.config.gpu.nvml_module, "error": error.message},
-                observed_at=now,
-            )
-        ]
-    unavailable = gpu_rules.driver_unavailable(
-        error, expect=expect, now=now, check="gpu", fallback=note
-    )
-    return unavailable + fallback
+    module = ctx.config.gpu.nvml_module
+    empty = GpuInventory("nvml", utcnow())
+    if expected.count == 0:
+        return Readout((empty, expected, GpuSource(error, "none", "no GPUs expected", module)))
+    if not ctx.config.gpu.nvidia_smi_fallback:
+        source = GpuSource(error, "none", "nvidia-smi fallback disabled", module)
+        return Readout((empty, expected, source))
+    inv, why = nvidia_smi.fallback_inventory(ctx)
+    if inv is None:
+        return Readout((empty, expected, GpuSource(error, "none", why, module)))
+    return Readout((inv, expected, GpuSource(error, "nvidia-smi", None, module)))

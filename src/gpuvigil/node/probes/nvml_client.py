@@ -42,6 +42,7 @@ class Answer:
     detail: str = ""
     init_error: ReadError | None = None
     elapsed_s: float = 0.0
+    hung: list[int] = field(default_factory=list)  # GPUs that missed their own deadline
 
 
 class NvmlClient:
@@ -118,8 +119,9 @@ class NvmlClient:
         return self._proc.pid if self._proc else None
 
     # --- requests ----------------------------------------------------------------------
-    def request(self, req: dict[str, Any], *, timeout_s: float) -> Answer:
-        """Send one request; collect lines until `done`; kill the worker on a deadline."""
+    def request(self, req: dict[str, Any], *, timeout_s: float, per_line: bool = False) -> Answer:
+        """Send one request; collect lines until `done`; kill the worker on a deadline.
+        `per_line`: the deadline restarts with every line (each GPU gets `timeout_s`)."""
         with self._lock:
             t0 = time.monotonic()
             deadline = t0 + timeout_s
@@ -136,13 +138,15 @@ class NvmlClient:
             except OSError as e:
                 self.close()
                 return Answer(failure="crash", detail=f"worker pipe: {e}")
-            answer = self._read_until(deadline, lambda obj: bool(obj.get("done")))
+            answer = self._read_until(
+                deadline, lambda obj: bool(obj.get("done")), per_line_s=timeout_s if per_line else 0
+            )
             if answer.failure:
                 self.close()
             answer.elapsed_s = time.monotonic() - t0
             return answer
 
-    def _read_until(self, deadline: float, last: Any) -> Answer:
+    def _read_until(self, deadline: float, last: Any, *, per_line_s: float = 0) -> Answer:
         assert self._proc is not None and self._proc.stdout is not None
         answer = Answer()
         fd = self._proc.stdout.fileno()
@@ -161,6 +165,8 @@ class NvmlClient:
                         answer.lines.append(obj)
                         if last(obj):
                             return answer
+                        if per_line_s:
+                            deadline = time.monotonic() + per_line_s
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return Answer(answer.lines, "timeout", "NVML did not answer in time")
@@ -186,11 +192,64 @@ class NvmlClient:
         self._stderr.seek(max(0, size - 1000))
         return self._stderr.read().decode("utf-8", errors="replace").strip()
 
-    def snapshot(self, *, timeout_s: float, max_links: int = 36) -> tuple[GpuInventory, Answer]:
-        """All GPUs, as far as NVML answered before the deadline."""
+    def snapshot(
+        self,
+        *,
+        timeout_s: float,
+        max_links: int = 36,
+        budget_s: float | None = None,
+        events: bool = False,
+    ) -> tuple[GpuInventory, Answer]:
+        """Every GPU, each under its own deadline `timeout_s`.
+
+        A GPU that does not answer in time is read as a Timeout of that GPU alone: the
+        worker (stuck in the driver on it) is killed and a new one goes on with the next
+        GPU, so one hung GPU hides nothing about the others. `budget_s` bounds the whole
+        snapshot; GPUs it leaves unread are Timeouts too. A hang before the device count
+        (nvmlInit, nvmlDeviceGetCount) is the answer's own failure: no GPU can be named.
+        `events`: NVML's pending Xid events come in the same answer (an `events` line),
+        asked only of the first worker: registering them touches every GPU, a hung one too.
+        """
         observed_at = utcnow()
-        answer = self.request({"op": "snapshot", "max_links": max_links}, timeout_s=timeout_s)
-        return inventory_from_lines(answer.lines, observed_at=observed_at), answer
+        end = time.monotonic() + (budget_s if budget_s is not None else 4 * timeout_s)
+        lines: list[dict[str, Any]] = []
+        hung: list[int] = []
+        start, count = 0, None
+        while True:
+            req = {"op": "snapshot", "max_links": max_links, "start": start}
+            answer = self.request(
+                req | {"events": events and start == 0},
+                timeout_s=min(timeout_s, max(0.05, end - time.monotonic())),
+                per_line=True,
+            )
+            lines += answer.lines
+            header = [o["count"] for o in answer.lines if "count" in o and "gpu" not in o]
+            if answer.failure != "timeout" or not header or not isinstance(header[0], int):
+                break  # done, crashed, or hung before it could name a GPU
+            count = header[0]
+            answered = [o["gpu"] for o in answer.lines if isinstance(o.get("gpu"), int)]
+            stuck = max(answered, default=start - 1) + 1
+            hung.append(stuck)
+            start = stuck + 1
+            if start >= count or time.monotonic() >= end:
+                answer = Answer(lines=answer.lines)  # every GPU accounted for, below
+                break
+        if count is not None:
+            # Every GPU gets an answer of its own: the ones that hung, and any the budget
+            # left unread (never silently dropped, which would read as missing GPUs).
+            read = {o["gpu"] for o in lines if isinstance(o.get("gpu"), int)}
+            for i in range(count):
+                if i not in read:
+                    why = (
+                        f"GPU {i} did not answer within {timeout_s:g} s; the NVML worker was "
+                        "killed and the other GPUs read by a new one"
+                        if i in hung
+                        else "not read: the snapshot's time budget ran out on hung GPUs"
+                    )
+                    lines.append({"gpu": i, "timeout": {"field": "gpu", "message": why}})
+        answer.hung = hung
+        answer.elapsed_s = (utcnow() - observed_at).total_seconds()
+        return inventory_from_lines(lines, observed_at=observed_at), answer
 
 
 # --- Warm clients, one per (module, scenario), shared by the agent's sweeps ---------------

@@ -10,8 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gpuvigil.node.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
-from gpuvigil.node.rules.gpu import LOST_ERRORS
+from gpuvigil.node.readings import LOST_ERRORS, GpuInventory, GpuReading, NvLinkReading, ReadError
 
 # nvmlDeviceArchitecture_t -> family name used by the catalogs.
 ARCHITECTURES = {
@@ -140,9 +139,16 @@ def gpu_from_raw(index: int, raw: dict[str, Any]) -> GpuReading:
     )
 
 
+_LINK_FIELDS = ("state", "replay", "recovery", "crc_flit", "crc_data")
+
+
 def _link(entry: dict[str, Any], r: _Reader) -> NvLinkReading:
-    sub = _Reader(entry)
     link = entry.get("link") if isinstance(entry.get("link"), int) else -1
+    values = [entry.get(k) for k in _LINK_FIELDS]
+    if all(type(v) is int for v in values):  # the common case: every counter answered
+        state, replay, recovery, crc_flit, crc_data = values
+        return NvLinkReading(link, bool(state), replay, recovery, crc_flit, crc_data)
+    sub = _Reader(entry)
     state = sub.flag("state")
     reading = NvLinkReading(
         link=link,
@@ -169,40 +175,51 @@ def _opt_float(value: int | None) -> float | None:
 
 
 def inventory_from_lines(lines: list[dict[str, Any]], *, observed_at: datetime) -> GpuInventory:
-    """The worker's answer to one snapshot request (possibly cut short by a hang)."""
-    gpus: list[GpuReading] = []
+    """The worker's answers to a snapshot (possibly several requests, when a GPU that hung
+    was skipped: the client adds a `{"gpu": i, "timeout": ...}` line for it)."""
+    gpus: dict[int, GpuReading] = {}
     errors: list[ReadError] = []
     count: int | None = None
     driver: str | None = None
     for line in lines:
         if not isinstance(line, dict):
             continue
-        if line.get("done"):
+        if line.get("done") or ("count" in line and "gpu" not in line):
             c, d = line.get("count"), line.get("driver_version")
-            count = c if isinstance(c, int) else None
-            driver = d if isinstance(d, str) else None
-            if _is_err(c):
+            count = c if isinstance(c, int) else count
+            driver = d if isinstance(d, str) else driver
+            if _is_err(c) and line.get("done"):
                 errors.append(ReadError("device_count", str(c.get("name")), str(c.get("message"))))
             continue
         index = line.get("gpu")
         if not isinstance(index, int):
             continue
-        if "handle_error" in line:
-            e = line["handle_error"] if isinstance(line["handle_error"], dict) else {}
-            err = ReadError("handle", str(e.get("name")), str(e.get("message", "")))
-            lost = err.error in LOST_ERRORS
-            gpus.append(GpuReading(index=index, lost=lost, errors=(err,)))
-        elif isinstance(line.get("raw"), dict):
-            try:
-                gpus.append(gpu_from_raw(index, line["raw"]))
-            except Exception as e:  # noqa: BLE001 - a malformed answer is an error, not a crash
-                err = ReadError("raw", "Unparsable", f"{type(e).__name__}: {e}")
-                gpus.append(GpuReading(index=index, errors=(err,)))
+        reading = _gpu_line(index, line)
+        if reading is not None:
+            gpus[index] = reading
     return GpuInventory(
         source="nvml",
         observed_at=observed_at,
-        gpus=tuple(gpus),
+        gpus=tuple(gpus[i] for i in sorted(gpus)),
         count=count,
         driver_version=driver,
         errors=tuple(errors),
     )
+
+
+def _gpu_line(index: int, line: dict[str, Any]) -> GpuReading | None:
+    if "timeout" in line:
+        t = line["timeout"] if isinstance(line["timeout"], dict) else {}
+        err = ReadError(str(t.get("field", "gpu")), "Timeout", str(t.get("message", "")))
+        return GpuReading(index=index, errors=(err,))
+    if "handle_error" in line:
+        e = line["handle_error"] if isinstance(line["handle_error"], dict) else {}
+        err = ReadError("handle", str(e.get("name")), str(e.get("message", "")))
+        return GpuReading(index=index, lost=err.error in LOST_ERRORS, errors=(err,))
+    if isinstance(line.get("raw"), dict):
+        try:
+            return gpu_from_raw(index, line["raw"])
+        except Exception as e:  # noqa: BLE001 - a malformed answer is an error, not a crash
+            err = ReadError("raw", "Unparsable", f"{type(e).__name__}: {e}")
+            return GpuReading(index=index, errors=(err,))
+    return None

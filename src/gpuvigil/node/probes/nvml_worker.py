@@ -7,11 +7,14 @@ speaks JSON lines: on start it prints `{"ready": ...}` or `{"init_error": ...}`;
 request line it answers with one line per GPU and a final `{"done": ...}` line, so the
 parent keeps every GPU read before a hang and knows which GPU hung.
 
-Requests: `{"op": "snapshot", "max_links": 36}` and `{"op": "events", "timeout_ms": 0,
-"max_events": 1000}`. Values are raw NVML answers; an NVML error becomes
-`{"__err__": code, "name": "GpuIsLost"}`. Converting raw values into readings is the
-parent's job (pure, tested without a subprocess). Kept free of gpuvigil imports so it
-starts in tens of milliseconds.
+Requests: `{"op": "snapshot", "max_links": 36, "start": 0, "events": true}` (the events:
+pending Xid events after the GPUs) and `{"op": "events",
+"timeout_ms": 0, "max_events": 1000}`. A snapshot answers the device count first (a line
+with `count` and no `gpu`), then one line per GPU from `start` on, so the parent can give
+each GPU its own deadline and, when one hangs, start a new worker at the next GPU. Values
+are raw NVML answers; an NVML error becomes `{"__err__": code, "name": "GpuIsLost"}`.
+Converting raw values into readings is the parent's job (pure, tested without a
+subprocess). Kept free of gpuvigil imports so it starts in tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -125,13 +128,19 @@ class Worker:
         n = self.nvml
         count = self.call(n.nvmlDeviceGetCount)
         driver = self.call(n.nvmlSystemGetDriverVersion)
+        emit({"count": count, "driver_version": driver})
         if isinstance(count, int):
-            for i in range(count):
+            for i in range(max(0, int(req.get("start", 0))), count):
                 emit(self.gpu(i, int(req.get("max_links", 36))))
+        if req.get("events"):  # NVML's Xid events in the same round trip
+            emit({"events": self.drain(req)})
         emit({"done": True, "count": count, "driver_version": driver})
 
     def events(self, req: dict[str, Any]) -> None:
-        """Drain pending Xid events (registering for them on the first call)."""
+        emit({"done": True, "events": self.drain(req)})
+
+    def drain(self, req: dict[str, Any]) -> list[dict[str, Any]]:
+        """Pending Xid events (registering for them on the first call)."""
         n, out = self.nvml, []
         if self.event_set is None:
             self.event_set = n.nvmlEventSetCreate()
@@ -159,7 +168,7 @@ class Worker:
                     "xid": int(ev.eventData),
                 }
             )
-        emit({"done": True, "events": out})
+        return out
 
 
 def _plain(value: Any) -> Any:

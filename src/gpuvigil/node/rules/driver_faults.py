@@ -4,7 +4,8 @@ A GPU that fell off the bus is GPU_LOST, one the driver could not initialise is
 GPU_INIT_FAILED (both fatal: only a reboot cures them, so the reader keeps only what the
 log shows since its last boot), an NVLink that did not train is NVLINK_DOWN. One finding
 per (code, component); the component is the GPU when the bus id maps to one, else
-`pci:<bus>`, else `node`. Called by the kernel_log check and `gpuvigil analyze`.
+`pci:<bus>`, else `node`. Registered as the `driver_faults` rule over a KernelLog:
+`node.pipeline` feeds it for the kernel_log check, the agent's stream and `analyze`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
-from gpuvigil.node.readings import DriverFault, GpuRef, KernelLog
+from gpuvigil.node.pipeline.registry import Inputs, rule
+from gpuvigil.node.readings import (
+    DriverFault,
+    GpuInventory,
+    GpuRef,
+    KernelLog,
+    KnownGpus,
+    gpus_by_bus,
+)
 
 # kind -> (code, action, fatal, what it means)
 _VERDICT = {
@@ -68,6 +78,19 @@ def evaluate(
         )
     out.sort(key=lambda f: (f.code, f.component))
     return out
+
+
+@rule(
+    "driver_faults",
+    reads=KernelLog,
+    uses=(GpuInventory, KnownGpus),
+    family=(codes.HEALTH_CHECK, codes.GPU_INTERCONNECT),
+)
+def driver_faults_rule(log: KernelLog, on: Inputs) -> list[Finding]:
+    """GPU failures the driver logged without an Xid: fallen off the bus, not initialised,
+    an NVLink that did not train."""
+    gpus = gpus_by_bus(on.get(GpuInventory), on.get(KnownGpus))
+    return evaluate(log, now=on.now, gpus=gpus, check=on.check)
 
 
 def _component(fault: DriverFault, gpus: Mapping[str, GpuRef]) -> str:

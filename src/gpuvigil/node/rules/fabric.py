@@ -1,19 +1,28 @@
 """Pure rules: a FabricReading (and the one before it) -> findings.
 
-Called by the `fabric` check (`node/probes/fabric.py`), by `gpuvigil analyze --sysfs` and by
-the simulator. No I/O, no clock: `now` comes from the reading.
+Registered as the `fabric` rule: `node.pipeline` feeds it for the `fabric` check
+(`node/probes/fabric.py`), `gpuvigil analyze --sysfs` and the simulator. No I/O, no
+clock: `now` comes from the reading; what the node should have comes from the config and
+the instance type (`NodeInstance`).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 from typing import Any
 
+from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.instances import InstanceType
 from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading
+from gpuvigil.node.pipeline.registry import Inputs, rule
+from gpuvigil.node.readings import (
+    FabricAdapter,
+    FabricExpectation,
+    FabricPort,
+    FabricReading,
+    NodeInstance,
+)
 
 CHECK = "fabric"
 # Widths of the IB PortCounters (IBTA): a counter at its maximum has saturated and can no
@@ -33,17 +42,6 @@ COUNTER_MAX = {
     "VL15_dropped": 0xFFFF,
 }
 MIN_INTERVAL_S = 1.0  # two readings closer than this give no meaningful rate
-
-
-@dataclass(frozen=True)
-class FabricExpectation:
-    """What this node should have; any field None is not judged."""
-
-    kind: str | None = None
-    count: int | None = None
-    rate_gbps: float | None = None
-    instance_type: str | None = None
-    source: str = "none"  # "config" | "catalog:<type>" | "none"
 
 
 def expectation(
@@ -82,6 +80,36 @@ def compute_adapters(
         elif expected.kind is None or a.kind == expected.kind:
             out.append(a)
     return out
+
+
+@rule(
+    "fabric",
+    reads=FabricReading,
+    uses=(NodeInstance, FabricExpectation),
+    family=codes.NETWORK_FABRIC,
+)
+def fabric_rule(reading: FabricReading, on: Inputs) -> list[Finding]:
+    """RDMA adapters (EFA/InfiniBand/RoCE): count, port state, rate, error-counter rates."""
+    cfg: FabricConfig = on.config.fabric
+    node = on.get(NodeInstance) or NodeInstance()
+    out: list[Finding] = []
+    if node.configured and node.entry is None and cfg.expect_adapters is None:
+        # Asked to judge against a type we do not know (a typo, a new type): failing
+        # closed beats silently not counting. A DMI name we do not know is not an error:
+        # it is any generic server's model name.
+        out.append(
+            Finding(
+                check=CHECK,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                message=f"instance type {node.name!r} is not in the catalog: add it under "
+                "node.fabric.instances or set node.fabric.expect_adapters",
+                evidence={"instance_type": node.name},
+                observed_at=reading.taken_at,
+            )
+        )
+    expected = on.get(FabricExpectation) or expectation(cfg, node.entry)
+    return out + judge(reading, expected=expected, config=cfg, previous=on.previous())
 
 
 def judge(

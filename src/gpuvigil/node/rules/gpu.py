@@ -1,22 +1,34 @@
-"""GPU presence and reachability (count, lost, driver, read errors), and the one entry point
-that judges a whole GPU inventory with every GPU rule. Pure.
+"""GPU presence and reachability (count, lost, driver, read errors), and the four rules
+that judge a whole GPU inventory (`gpu`, `gpu_memory`, `gpu_thermal`, `gpu_links`). Pure.
 
-Called by the NVML check, the nvidia-smi fallback, `gpuvigil analyze` and the simulator:
-the same readings always get the same findings, whatever their source.
+Fed by `node.pipeline` for the NVML check, the nvidia-smi fallback, `gpuvigil analyze` and
+the simulator: the same readings always get the same findings, whatever their source.
+Each GPU is judged on its own readings: one that did not answer (CHECK_TIMEOUT on that
+GPU) hides nothing about the others.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
+from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.catalog.gpus import GpuCatalog
 from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
+from gpuvigil.node.pipeline.registry import Inputs, rule
+from gpuvigil.node.readings import (
+    LOST_ERRORS,
+    ExpectedGpus,
+    GpuInventory,
+    GpuReading,
+    GpuSource,
+    ReadError,
+)
 from gpuvigil.node.rules import gpu_pcie, memory, nvlink, thermal
 
-# NVML errors that mean "this GPU is gone or wedged" (also the worker's list).
-LOST_ERRORS = {"GpuIsLost", "Unknown", "ResetRequired"}
 # Source errors that mean "the driver is not usable" (nvidia-smi's own words, mapped to
 # NVML's names by `probes.nvidia_smi_errors`): DRIVER_UNAVAILABLE, not a generic error.
 DRIVER_ERRORS = {"DriverNotLoaded", "LibRmVersionMismatch", "Uninitialized", "LibraryNotFound"}
@@ -88,13 +100,15 @@ def reachability(gpu: GpuReading, *, now: datetime, check: str) -> list[Finding]
     ):
         if errs:
             fields = ", ".join(sorted({e.field for e in errs}))
+            # A hung GPU's reading says which deadline it missed: say that, not "Timeout".
+            why = errs[0].message if code == "CHECK_TIMEOUT" and errs[0].message else errs[0].error
             out.append(
                 Finding(
                     check=check,
                     status=Status.FAILED,
                     code=code,
                     component=gpu.component,
-                    message=f"could not read {fields}: {errs[0].error}",
+                    message=f"could not read {fields}: {why}",
                     evidence={**ev, "errors": [_err(e) for e in errs]},
                     observed_at=now,
                 )
@@ -154,6 +168,65 @@ def inventory_errors(inv: GpuInventory, *, now: datetime, check: str) -> list[Fi
     ]
 
 
+def presence(inv: GpuInventory, *, expect: int | None, now: datetime, check: str) -> list[Finding]:
+    """Count, the source's own errors, and each GPU's reachability and recovery verdict."""
+    out = count(inv, expect=expect, now=now, check=check)
+    out += inventory_errors(inv, now=now, check=check)
+    for e in inv.errors:
+        if e.error in DRIVER_ERRORS:
+            out += driver_unavailable(e, expect=expect, now=now, check=check)
+    for gpu in inv.gpus:
+        out += reachability(gpu, now=now, check=check)
+        if not gpu.lost:
+            out += recovery(gpu, now=now, check=check)
+    return out
+
+
+def _answered(inv: GpuInventory) -> list[GpuReading]:
+    return [g for g in inv.gpus if not g.lost]
+
+
+def _each_gpu(
+    evaluate: Callable[..., list[Finding]],
+    inv: GpuInventory,
+    *,
+    cfg: GpuConfig,
+    catalog: GpuCatalog,
+    now: datetime,
+    check: str,
+) -> list[Finding]:
+    return [
+        f
+        for g in _answered(inv)
+        for f in evaluate(g, cfg=cfg, product=catalog.lookup(g.name), now=now, check=check)
+    ]
+
+
+def memory_all(inv: GpuInventory, **kw: Any) -> list[Finding]:
+    return _each_gpu(memory.evaluate, inv, **kw)
+
+
+def thermal_all(inv: GpuInventory, **kw: Any) -> list[Finding]:
+    return _each_gpu(thermal.evaluate, inv, **kw)
+
+
+def links_all(
+    inv: GpuInventory,
+    previous: GpuInventory | None,
+    *,
+    cfg: GpuConfig,
+    catalog: GpuCatalog,
+    now: datetime,
+    check: str,
+) -> list[Finding]:
+    out: list[Finding] = []
+    for g in _answered(inv):
+        product = catalog.lookup(g.name)
+        out += gpu_pcie.evaluate(g, cfg=cfg, product=product, now=now, check=check)
+        out += nvlink.links_down(g, product=product, now=now, check=check)
+    return out + nvlink.error_rates(inv, previous, cfg=cfg, check=check)
+
+
 def judge_inventory(
     inv: GpuInventory,
     *,
@@ -164,24 +237,98 @@ def judge_inventory(
     previous: GpuInventory | None = None,
     check: str = "gpu",
 ) -> list[Finding]:
-    """Every GPU rule over one inventory (`previous`: the last one, for NVLink rates)."""
-    out = count(inv, expect=expect, now=now, check=check)
-    out += inventory_errors(inv, now=now, check=check)
-    for e in inv.errors:
-        if e.error in DRIVER_ERRORS:
-            out += driver_unavailable(e, expect=expect, now=now, check=check)
-    for gpu in inv.gpus:
-        out += reachability(gpu, now=now, check=check)
-        if gpu.lost:
-            continue
-        product = catalog.lookup(gpu.name)
-        out += recovery(gpu, now=now, check=check)
-        out += memory.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
-        out += thermal.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
-        out += gpu_pcie.evaluate(gpu, cfg=cfg, product=product, now=now, check=check)
-        out += nvlink.links_down(gpu, product=product, now=now, check=check)
-    out += nvlink.error_rates(inv, previous, cfg=cfg, check=check)
-    return out
+    """Every GPU rule over one inventory (`previous`: the last one, for NVLink rates).
+    The pipeline runs the same four rules; this is for callers holding one inventory."""
+    kw: dict[str, Any] = {"cfg": cfg, "catalog": catalog, "now": now, "check": check}
+    return (
+        presence(inv, expect=expect, now=now, check=check)
+        + memory_all(inv, **kw)
+        + thermal_all(inv, **kw)
+        + links_all(inv, previous, **kw)
+    )
+
+
+# --- the rules the pipeline runs over a GpuInventory --------------------------------------
+
+
+@rule("gpu", reads=GpuInventory, uses=(ExpectedGpus, GpuSource), family=codes.HEALTH_CHECK)
+def gpu_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
+    """GPU count, lost GPUs, unreadable GPUs, the driver's recovery verdict, and whether
+    NVML itself answered (else the fallback source in use, or the driver missing)."""
+    expected = on.get(ExpectedGpus)
+    expect = expected.count if expected is not None else None
+    source = on.get(GpuSource)
+    out = source_findings(source, expect=expect, now=on.now, check=on.check) if source else []
+    if source is not None and source.used == "none":
+        return out  # nothing was read: the source findings are the verdict
+    return out + presence(inv, expect=expect, now=on.now, check=on.check)
+
+
+@rule("gpu_memory", reads=GpuInventory, family=codes.GPU_MEMORY)
+def gpu_memory_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
+    """ECC errors, retired pages and remapped rows of every GPU that answered."""
+    cfg = on.config.gpu
+    return memory_all(inv, cfg=cfg, catalog=gpu_catalog.load(), now=on.now, check=on.check)
+
+
+@rule("gpu_thermal", reads=GpuInventory, family=codes.GPU_THERMAL)
+def gpu_thermal_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
+    """Temperatures against the GPU's own or the catalog's limits, and slowdown reasons."""
+    cfg = on.config.gpu
+    return thermal_all(inv, cfg=cfg, catalog=gpu_catalog.load(), now=on.now, check=on.check)
+
+
+@rule("gpu_links", reads=GpuInventory, family=codes.GPU_INTERCONNECT)
+def gpu_links_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
+    """PCIe width/speed of each GPU, NVLinks down, and NVLink error rates since the
+    previous inventory."""
+    cfg = on.config.gpu
+    return links_all(
+        inv, on.previous(), cfg=cfg, catalog=gpu_catalog.load(), now=on.now, check=on.check
+    )
+
+
+def source_findings(
+    source: GpuSource, *, expect: int | None, now: datetime, check: str
+) -> list[Finding]:
+    """NVML could not start: DRIVER_UNAVAILABLE (or DEPENDENCY_MISSING for a binding that
+    is not installed), and SOURCE_FALLBACK when nvidia-smi stood in."""
+    error = source.primary_error
+    if error is None or expect == 0:
+        return []
+    fallback = (
+        "judged from nvidia-smi instead"
+        if source.used == "nvidia-smi"
+        else (source.fallback_error or "nvidia-smi fallback disabled")
+    )
+    out: list[Finding] = []
+    if source.used == "nvidia-smi":
+        reason = f"{error.error}: {error.message}"
+        out.append(
+            Finding(
+                check=check,
+                status=Status.WARNING,
+                code="SOURCE_FALLBACK",
+                message=f"NVML unusable ({reason}); GPUs read from nvidia-smi -q -x instead",
+                evidence={"primary": "nvml", "fallback": "nvidia-smi", "reason": reason},
+                observed_at=now,
+            )
+        )
+    if error.error == "ImportError":
+        if source.used == "nvidia-smi":
+            return out  # the driver is fine; only the Python binding is missing
+        return [
+            Finding(
+                check=check,
+                status=Status.FAILED,
+                code="DEPENDENCY_MISSING",
+                message=f"the NVML binding {source.module!r} cannot be imported "
+                f"({error.message}); {fallback}",
+                evidence={"module": source.module, "error": error.message},
+                observed_at=now,
+            )
+        ]
+    return driver_unavailable(error, expect=expect, now=now, check=check, fallback=fallback) + out
 
 
 def driver_unavailable(

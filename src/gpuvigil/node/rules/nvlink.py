@@ -1,9 +1,9 @@
 """NVLink: per-link state, and error counters judged as rates between two readings. Pure.
 
 The counters (CRC flit/data, replay, recovery) only grow until the driver reloads, so a
-total says little; a rate says the link is degrading now. The caller keeps the previous
-inventory (the agent in `CheckContext.extras`) and passes it in. A counter that went down
-means the driver reloaded: no rate from that pair.
+total says little; a rate says the link is degrading now. The previous inventory comes
+from the node's facts (`node.pipeline`: the reading before the latest) or the caller. A
+counter that went down means the driver reloaded: no rate from that pair.
 """
 
 from __future__ import annotations

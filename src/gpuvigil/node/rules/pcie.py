@@ -1,11 +1,14 @@
 """Pure rules: a PcieReading -> PCIE_DEGRADED findings (current vs maximum link).
 
-Called by the `pcie` check (`node/probes/pcie.py`), `gpuvigil analyze` and the simulator.
+Registered as the `pcie` rule: `node.pipeline` feeds it for the `pcie` check
+(`node/probes/pcie.py`), `gpuvigil analyze` and the simulator.
 """
 
 from __future__ import annotations
 
+from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.pipeline.registry import Inputs, rule
 from gpuvigil.node.readings import PcieLink, PcieReading
 
 CHECK = "pcie"
@@ -13,6 +16,13 @@ CHECK = "pcie"
 
 def component(link: PcieLink) -> str:
     return link.name
+
+
+@rule("pcie", reads=PcieReading, family=codes.GPU_INTERCONNECT)
+def pcie_rule(reading: PcieReading, on: Inputs) -> list[Finding]:
+    """PCIe links of GPUs and network adapters: current against maximum speed and width."""
+    fabric = getattr(on.config, "fabric", None)
+    return judge(reading, judge_gpu_speed=bool(getattr(fabric, "pcie_judge_gpu_speed", False)))
 
 
 def judge(reading: PcieReading, *, judge_gpu_speed: bool = False) -> list[Finding]:

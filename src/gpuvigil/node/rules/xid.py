@@ -1,8 +1,10 @@
 """Pure rules: Xid/SXid events + catalog + GPU map + now -> XID_<n> / SXID_<n> findings.
 
-Called by the kernel_log check, the agent (with the events its /dev/kmsg follower and NVML
-event loop collected), `gpuvigil analyze` and the simulator. Never reads the clock or the
-world: the boot id, driver load time and GPU resets come in as arguments.
+Registered as the `xid` rule over a KernelLog reading: `node.pipeline` feeds it for the
+kernel_log check, the agent's stream (with the events its /dev/kmsg follower and NVML's
+event loop collected), `gpuvigil analyze`, the simulator and replay. Never reads the clock
+or the world: the boot id, driver load time, the GPU map, NVML's events, the remediator's
+GPU resets (`GpuResets`) and a person's release (`Release`) come in as typed facts.
 
 What it decides, per event and then per (code, component):
 - reconciliation: an NVML event and a kernel-log event of the same code on the same GPU
@@ -22,9 +24,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
-from gpuvigil.node.catalog.xid import Outcome, Rule, XidCatalog
-from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
+from gpuvigil.node.catalog.xid import CatalogOverrides, Outcome, Rule, XidCatalog, load_catalog
+from gpuvigil.node.pipeline.registry import Inputs, rule
+from gpuvigil.node.readings import (
+    GpuInventory,
+    GpuRef,
+    GpuResets,
+    KernelLog,
+    KnownGpus,
+    NvmlXidEvents,
+    Release,
+    XidEvent,
+    gpus_by_bus,
+)
 from gpuvigil.node.rules.xid_reconcile import MATCH_S, Seen, reconcile
 
 EVIDENCE_LINES = 5  # the first and the latest lines are kept; the count says the rest
@@ -43,18 +57,18 @@ def evaluate(
     gpus: Mapping[str, GpuRef] | None = None,
     boot_id: str | None = None,
     driver_loaded_at: datetime | None = None,
-    resets: Mapping[str, datetime] | None = None,
+    resets: GpuResets | None = None,
     released_at: datetime | None = None,
     check: str = "kernel_log",
     match_s: float = MATCH_S,
 ) -> list[Finding]:
     """Findings for `events` as of `now`, one per (code, component), worst first.
 
-    `gpus` maps normalized PCI bus ids to GPUs; `resets` maps normalized bus ids to the
-    latest reset of that GPU; `released_at` is when a person last released the node.
+    `gpus` maps normalized PCI bus ids to GPUs; `resets` are this boot's successful GPU
+    resets; `released_at` is when a person last released the node.
     """
     gpus = gpus or {}
-    resets = resets or {}
+    resets = resets or GpuResets()
     seen = reconcile(events, match_s=match_s)
     groups: dict[tuple[str, int, str], list[Seen]] = {}
     for s in seen:
@@ -75,7 +89,7 @@ def evaluate(
                 rule,
                 boot_id=boot_id,
                 driver_loaded_at=driver_loaded_at,
-                resets=resets,
+                reset=resets.latest(s.event.bus_id, gpus) if s.event.kind == "xid" else None,
                 released_at=released_at,
             )
             and not _boot_noise(s.event, noise, driver_loaded_at, catalog.boot_noise_window_s)
@@ -95,7 +109,7 @@ def evaluate_log(
     now: datetime,
     gpus: Mapping[str, GpuRef] | None = None,
     extra_events: Sequence[XidEvent] = (),
-    resets: Mapping[str, datetime] | None = None,
+    resets: GpuResets | None = None,
     released_at: datetime | None = None,
     check: str = "kernel_log",
 ) -> list[Finding]:
@@ -114,6 +128,47 @@ def evaluate_log(
         resets=resets,
         released_at=released_at,
         check=check,
+    )
+
+
+_CATALOGS: dict[str, XidCatalog] = {}
+
+
+def catalog_of(config: Any) -> XidCatalog:
+    """The Xid catalog with the node config's overrides, built once per distinct set of
+    overrides (the agent's stream judges on every publish)."""
+    overrides: CatalogOverrides | None = getattr(config, "kernel_log", None)
+    if overrides is None:
+        return load_catalog()
+    key = overrides.model_dump_json(exclude_unset=True)
+    found = _CATALOGS.get(key)
+    if found is None:
+        if len(_CATALOGS) > 16:
+            _CATALOGS.clear()
+        found = _CATALOGS[key] = load_catalog(overrides)
+    return found
+
+
+@rule(
+    "xid",
+    reads=KernelLog,
+    uses=(GpuInventory, KnownGpus, NvmlXidEvents, GpuResets, Release),
+    family=codes.GPU_XID,
+)
+def xid_rule(log: KernelLog, on: Inputs) -> list[Finding]:
+    """Xid/SXid events of this boot (and those kept from earlier ones), reconciled with
+    NVML's, cleared by what each calls for: a GPU reset, a reboot, a person's release."""
+    nvml = on.get(NvmlXidEvents)
+    release = on.get(Release)
+    return evaluate_log(
+        log,
+        catalog=catalog_of(on.config),
+        now=on.now,
+        gpus=gpus_by_bus(on.get(GpuInventory), on.get(KnownGpus)),
+        extra_events=nvml.events if nvml is not None else (),
+        resets=on.get(GpuResets),
+        released_at=release.at if release is not None else None,
+        check=on.check,
     )
 
 
@@ -138,7 +193,7 @@ def _cleared(
     *,
     boot_id: str | None,
     driver_loaded_at: datetime | None,
-    resets: Mapping[str, datetime],
+    reset: datetime | None,
     released_at: datetime | None,
 ) -> bool:
     action = Action.worst([rule.outcome_for(ev.message).action, _escalated_action(rule)])
@@ -149,7 +204,6 @@ def _cleared(
     if rebooted and action in _CLEARED_BY_REBOOT:
         return True
     if action in _CLEARED_BY_RESET and t is not None:
-        reset = resets.get(ev.bus_id or "") if ev.kind == "xid" else None
         if driver_loaded_at is not None and driver_loaded_at > t:
             return True
         if reset is not None and reset > t:

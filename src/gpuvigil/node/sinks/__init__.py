@@ -3,7 +3,8 @@
 Called by the agent. Every sink runs on a `SinkWorker` thread of its own holding only the
 latest report, so a slow or failing sink (an API server that does not answer) never
 delays the checks, the other sinks or the agent's loop; failures are retried with capped
-exponential backoff, always with the newest report.
+exponential backoff, always with the newest report. A sink that keeps failing is the
+agent's liveness problem (`Agent.health`: /healthz fails after `sink_failure_grace_s`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class SinkWorker:
         self._stop = False
         self.last_success: float | None = None  # monotonic
         self.last_error: str | None = None
+        self.published: NodeReport | None = None  # the latest report this sink took
+        self.failing_since: float | None = None  # monotonic: first failure since a success
         self.thread = threading.Thread(target=self._loop, name=f"sink:{sink.name}", daemon=True)
 
     def start(self) -> None:
@@ -79,6 +82,7 @@ class SinkWorker:
                 self.sink.publish(report)
             except Exception as e:  # noqa: BLE001 - any sink failure is retried, never fatal
                 self.last_error = f"{type(e).__name__}: {e}"
+                self.failing_since = self.failing_since or time.monotonic()
                 log.warning("sink %s failed (retry in %.1f s): %s", self.sink.name, delay, e)
                 if self._on_error:
                     self._on_error(self.sink.name, e)
@@ -90,5 +94,6 @@ class SinkWorker:
                 continue
             delay = self.backoff_initial_s
             self.last_success, self.last_error = time.monotonic(), None
+            self.published, self.failing_since = report, None
             if self._on_success:
                 self._on_success(self.sink.name)

@@ -33,7 +33,7 @@ from pydantic import Field
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator, decode
+from gpuvigil.node.sinks.remediation import OnReset, RemediationConfig, Remediator, decode
 from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig
 
 log = logging.getLogger("gpuvigil.agent.kubernetes")
@@ -129,6 +129,7 @@ class KubernetesSink:
         on_release: Callable[[datetime], None] | None = None,
         on_reject: Callable[[str, str], None] | None = None,
         state_dir: Path | None = None,
+        on_reset: OnReset | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -140,7 +141,7 @@ class KubernetesSink:
             raise ValueError(f"kubernetes sink: {e}") from e
         self.api = client.CoreV1Api(api_client)
         self.config, self.node = config, node
-        self.remediator = Remediator(config.remediation, env=env)
+        self.remediator = Remediator(config.remediation, env=env, on_reset=on_reset)
         self.trust = Trust(config.trust, node=node, on_reject=on_reject)
         self.ledger = Ledger(state_dir)
         self._on_remediation = on_remediation  # (action, result) when a request finishes

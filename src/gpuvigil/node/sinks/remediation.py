@@ -8,6 +8,11 @@ replaced by the GPU index. Idempotent by request id: the result is written as `s
 *before* the command runs, so an agent restarted mid-action never runs it twice; a
 REBOOT counts as done only when the boot id has changed since it was started.
 Runs on its own thread so a 2-minute GPU reset never holds up publishing.
+
+A successful RESET_GPU is recorded (`on_reset`, a typed `GpuReset`: when it started, which
+GPUs) before `succeeded` is answered: the agent makes it a fact of the kernel-log rule,
+which then clears the reset-class Xids logged before it, re-reads the GPUs and publishes,
+so the controller's validation sees the cured node, not the Xid the reset cured.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pydantic import Field
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.probes import exec as ex
+from gpuvigil.node.readings import GpuReset
 
 log = logging.getLogger("gpuvigil.agent.remediation")
 ACTIONS = ("RESET_GPU", "REBOOT")
@@ -77,11 +83,18 @@ def decode(text: str | None) -> dict[str, Any] | None:
 
 
 Answer = Callable[[dict[str, Any]], None]
+OnReset = Callable[[GpuReset], None]  # blocking: returns once the node's verdict has it
 
 
 class Remediator:
-    def __init__(self, config: RemediationConfig, *, env: dict[str, str] | None = None) -> None:
-        self.config, self.env = config, env
+    def __init__(
+        self,
+        config: RemediationConfig,
+        *,
+        env: dict[str, str] | None = None,
+        on_reset: OnReset | None = None,
+    ) -> None:
+        self.config, self.env, self.on_reset = config, env, on_reset
         self._busy: str | None = None
         self._done: dict[str, dict[str, Any]] = {}  # results to re-send if a write failed
         self._lock = threading.Lock()
@@ -151,8 +164,17 @@ class Remediator:
 
     def _act(self, req: dict[str, Any], answer: Answer) -> None:
         ok, detail = False, "remediation crashed"
+        started = utcnow()
         try:
             ok, detail = self._run(req)
+            if ok and req["action"] == "RESET_GPU" and self.on_reset is not None:
+                self.on_reset(
+                    GpuReset(
+                        at=started,
+                        gpus=tuple(_gpus(req)),
+                        boot_id=read_boot_id(self.config.boot_id_path) or None,
+                    )
+                )
         finally:
             if req["action"] == "REBOOT" and ok:
                 # `succeeded` is written once the boot id has changed; stay busy so the
@@ -172,7 +194,7 @@ class Remediator:
         if req["action"] == "REBOOT":
             plans = [c.reboot_argv]
         else:
-            gpus = [g for g in req.get("gpus") or [] if isinstance(g, int) and g >= 0]
+            gpus = _gpus(req)
             plans = [[a.replace("{gpu}", str(g)) for a in c.reset_gpu_argv] for g in gpus] or [
                 c.reset_all_argv
             ]
@@ -187,3 +209,9 @@ class Remediator:
                 return False, f"{' '.join(argv)}: {bad.code}: {bad.message}"
             details.append(" ".join(argv))
         return True, "ran: " + "; ".join(details)
+
+
+def _gpus(req: dict[str, Any]) -> list[int]:
+    """The GPU indices a request names (none: every GPU)."""
+    gpus = req.get("gpus") or []
+    return [g for g in gpus if isinstance(g, int) and not isinstance(g, bool) and g >= 0]

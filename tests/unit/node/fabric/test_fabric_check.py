@@ -12,6 +12,7 @@ from gpuvigil.core.findings import Finding, Status
 from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import fabric as probe
+from gpuvigil.node.readings import FabricReading
 
 pytest_plugins = ["fabric_fixtures"]  # this folder's fixtures (see fabric_fixtures.py)
 
@@ -29,10 +30,9 @@ def codes(findings: list[Finding]) -> list[tuple[str, str]]:
 
 def age_previous(ctx: CheckContext, seconds: float) -> None:
     """Pretend the last reading was taken `seconds` ago (rates need elapsed time)."""
-    prev = ctx.extras[probe.PREVIOUS_KEY]
-    ctx.extras[probe.PREVIOUS_KEY] = dataclasses.replace(
-        prev, taken_at=prev.taken_at - timedelta(seconds=seconds)
-    )
+    prev = ctx.facts.get(FabricReading)
+    assert prev is not None
+    ctx.facts.put(dataclasses.replace(prev, taken_at=prev.taken_at - timedelta(seconds=seconds)))
 
 
 def test_healthy_ib_node_passes(ib_node, make_ctx, run_named):

@@ -172,7 +172,7 @@ def test_health_passes_through_the_binary(fake_bin) -> None:
         ),
         ('#!/bin/sh\necho \'{"not": "dcgm"}\'\n', "CHECK_ERROR"),
         ("#!/bin/sh\necho '{\"body\": {}}'\nexit 3\n", "CHECK_ERROR"),
-        ("#!/bin/sh\nhead -c 100000000 /dev/zero\n", "CHECK_ERROR"),
+        ("#!/bin/sh\nhead -c 100000000 /dev/zero\n", "CHECK_ERROR"),  # cut: could not tell
     ],
     ids=["hang", "hanging-child", "crash", "no-hostengine", "garbage", "exit-no-verdict", "100MB"],
 )

@@ -12,6 +12,7 @@ from gpuvigil.fakes import faults
 from gpuvigil.fakes.faults import Fault
 from gpuvigil.node.checks import REGISTRY, run_check
 from gpuvigil.node.probes import nvml
+from gpuvigil.node.readings import GpuInventory, NvmlXidEvents
 
 
 def codes(findings):
@@ -109,15 +110,49 @@ def test_hang_is_check_timeout_and_worker_replaced(scenario, make_ctx) -> None:
     ctx = make_ctx(nvml_timeout_s=1.5)
     t0 = time.monotonic()
     findings, run = run_gpu(ctx)
-    assert time.monotonic() - t0 < 5
-    assert ("CHECK_TIMEOUT", "gpu:4") in codes(findings)
+    assert time.monotonic() - t0 < 6
+    assert codes(findings) == [("CHECK_TIMEOUT", "gpu:4")]  # and nothing else is missing
     assert run.status == "FAILED"
     client = nvml.client_for("gpuvigil.fakes.nvml", ctx.env)
-    assert client.pid is None  # the hung worker was killed
+    assert client.starts == 2  # the hung worker was killed; a new one read GPUs 5-7
     node.gpus[4].hang = False
     node.save(path)
     findings, _ = run_gpu(ctx)
     assert findings == [] and client.starts == 2
+
+
+def test_a_hung_gpu_hides_nothing_on_a_later_gpu(scenario, make_ctx) -> None:
+    """GPU 2 hangs in the driver and GPU 5 has an uncorrectable ECC error: each GPU has
+    its own deadline, so both are reported on their own GPU and every GPU is accounted
+    for (no GPU_COUNT_LOW, no node-wide timeout)."""
+    node, path = scenario
+    node.gpus[2].hang = True
+    faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=5)
+    node.save(path)
+    ctx = make_ctx(nvml_timeout_s=1.5)
+    findings, _ = run_gpu(ctx)
+    got = codes(findings)
+    assert ("CHECK_TIMEOUT", "gpu:2") in got
+    assert ("ECC_UNCORRECTED_VOLATILE", "gpu:5") in got
+    assert {component for _, component in got} == {"gpu:2", "gpu:5"}
+    inv = ctx.facts.get(GpuInventory)
+    assert inv is not None and [g.index for g in inv.gpus] == list(range(8))
+    assert [e.error for e in inv.gpus[2].errors] == ["Timeout"]
+    hung = next(f for f in findings if f.component == "gpu:2")
+    assert "GPU 2 did not answer within 1.5 s" in hung.message, hung.message
+    assert inv.gpus[6].ecc_volatile_uncorrected == 0  # read after the hang, by a new worker
+
+
+def test_hung_gpus_past_the_budget_are_each_a_timeout(scenario, make_ctx) -> None:
+    node, path = scenario
+    for i in (1, 2, 3):
+        node.gpus[i].hang = True
+    node.save(path)
+    ctx = make_ctx(nvml_timeout_s=1.0, nvml_budget_s=1.8)
+    findings, _ = run_gpu(ctx)
+    timed_out = {c for code, c in codes(findings) if code == "CHECK_TIMEOUT"}
+    assert {"gpu:1", "gpu:2"} <= timed_out  # GPU 2's own deadline, or the budget's end
+    assert not any(code == "GPU_COUNT_LOW" for code, _ in codes(findings))
 
 
 def test_warm_worker_is_reused(make_ctx) -> None:
@@ -209,14 +244,15 @@ def test_xid_events_reach_the_kernel_log_seam(scenario, make_ctx) -> None:
     node, path = scenario
     ctx = make_ctx()
     assert run_gpu(ctx)[0] == []  # registers for events
-    assert ctx.extras["gpu_map"]["0000:18:00.0"].family == "hopper"
+    inv = ctx.facts.get(GpuInventory)
+    assert inv is not None and inv.gpu_map()["0000:18:00.0"].family == "hopper"
     faults.apply(node, Fault.APP_XID_43, gpu=6)
     node.save(path)
     run_gpu(ctx)
-    (ev,) = ctx.extras["nvml_xid_events"]
+    (ev,) = ctx.facts.get(NvmlXidEvents).events
     assert (ev.code, ev.source, ev.bus_id, ev.code_name) == (43, "nvml", "0000:ba:00.0", "XID_43")
     run_gpu(ctx)
-    assert len(ctx.extras["nvml_xid_events"]) == 1  # delivered once
+    assert len(ctx.facts.get(NvmlXidEvents).events) == 1  # delivered once
 
 
 def test_gpus_on_the_pci_bus_are_the_expectation_without_config(scenario, make_ctx, tmp_path):

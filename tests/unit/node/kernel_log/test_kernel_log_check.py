@@ -13,7 +13,7 @@ from gpuvigil.core.findings import Status
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.config import KernelLogConfig, NodeConfig
 from gpuvigil.node.probes import kernel_log
-from gpuvigil.node.readings import GpuRef, gpu_map
+from gpuvigil.node.readings import GpuInventory, GpuReading
 
 NOW = datetime.now(UTC)
 BTIME = int(NOW.timestamp()) - 1000  # booted ~17 min ago
@@ -111,10 +111,15 @@ def test_kmsg_driver_load_clears_reset_class_events(root, fake_bin):
     assert codes(findings) == [("XID_48", "pci:0000:3b:00.0", "FAILED")]
 
 
-def test_gpu_map_from_extras(root, fake_bin):
+def hopper(index: int, bus: str) -> GpuInventory:
+    gpu = GpuReading(index=index, pci_bus_id=bus, architecture="Hopper")
+    return GpuInventory("nvml", datetime.now(UTC), gpus=(gpu,))
+
+
+def test_gpu_map_from_the_gpu_inventory_fact(root, fake_bin):
     (root / "dev/kmsg").write_text(KMSG_OK)
     ctx = ctx_for(root, fake_bin)
-    ctx.extras["gpu_map"] = gpu_map([GpuRef(index=5, bus_id="0000:3b:00.0", family="hopper")])
+    ctx.facts.put(hopper(5, "00000000:3B:00.0"))  # what the `gpu` check leaves
     findings, _ = run(ctx)
     assert codes(findings) == [("XID_13", "gpu:5", "WARNING")]
 
@@ -278,8 +283,8 @@ def test_analyze_capture_judges_as_of_the_capture_end():
     assert [(f.code, f.status.value) for f in got] == [("XID_48", "FAILED"), ("XID_13", "WARNING")]
     later = datetime(2025, 1, 21, 4, 0, tzinfo=UTC)  # Xid 13's hour has passed
     assert [f.code for f in kernel_log.analyze_capture(cap, now=later)] == ["XID_48"]
-    gpus = gpu_map([GpuRef(index=2, bus_id="0000:1b:00.0", family="ampere")])
-    assert kernel_log.analyze_capture(cap, gpus=gpus)[0].component == "gpu:2"
+    inv = hopper(2, "00000000:1B:00.0")
+    assert kernel_log.analyze_capture(cap, gpus=inv.gpu_map())[0].component == "gpu:2"
 
 
 def test_analyze_capture_of_the_corpus(corpus):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.node.catalog.xid import CatalogOverrides, load_catalog
 from gpuvigil.node.probes.kernel_log_parser import parse_line
-from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent, gpu_map
+from gpuvigil.node.readings import GpuRef, GpuReset, GpuResets, KernelLog, XidEvent, gpu_map
 from gpuvigil.node.rules.xid import evaluate, evaluate_log, reconcile
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -98,13 +98,13 @@ CASES = [
         "reset-class xid cleared by a reset of that gpu",
         [xid(48, ago_s=600), xid(95, gpu=7, ago_s=600)],
         [("XID_95", "gpu:7", Status.FAILED, Action.RESET_GPU)],
-        {"resets": {"0000:3b:00.0": NOW - timedelta(seconds=60)}},
+        {"resets": GpuResets((GpuReset(NOW - timedelta(seconds=60), bus_ids=("0000:3b:00.0",)),))},
     ),
     Case(
         "a reset before the event does not clear it",
         [xid(48, ago_s=600)],
         [("XID_48", "gpu:3", Status.FAILED, Action.RESET_GPU)],
-        {"resets": {"0000:3b:00.0": NOW - timedelta(seconds=900)}},
+        {"resets": GpuResets((GpuReset(NOW - timedelta(seconds=900), gpus=(3,)),))},
     ),
     Case(
         "a reset does not clear a reboot-class xid",
