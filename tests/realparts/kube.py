@@ -17,6 +17,19 @@ from gpuvigil.lab.control_plane import ControlPlane, missing
 from realparts.procs import wait_until
 
 TOKEN = "gpuvigil-test-admin-token"
+# Admins whose writes the API server's audit log records (request bodies included), for
+# tests that must know who wrote what, when, by the server's clock (split brain). Everyone
+# else is not audited: the log stays small.
+AUDITED = tuple(f"gpuvigil-audited-{i}" for i in range(4))
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Request
+  users: [{}]
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+""".format(", ".join(f'"{u}"' for u in AUDITED))
 
 
 def available() -> tuple[bool, str]:
@@ -30,10 +43,12 @@ class KubeCluster:
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
-        self.cp = ControlPlane(workdir, controllers=None, token=TOKEN, context="test")
+        self.cp = ControlPlane(workdir, controllers=None, token=TOKEN, context="test",
+                               users=AUDITED, audit_policy=AUDIT_POLICY)  # fmt: skip
         self.port = self.cp.port
         self.url = self.cp.url
         self.kubeconfig = self.cp.kubeconfig
+        self.audit_log = self.cp.audit_log
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -41,6 +56,21 @@ class KubeCluster:
 
     def stop(self) -> None:
         self.cp.stop()
+
+    def audited_kubeconfig(self, user: str) -> Path:
+        """A kubeconfig for one of `AUDITED`: its writes are in `audit_events()`."""
+        return self.cp.kubeconfig_for(user)
+
+    def audit_events(self, users: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The audit log's completed requests by these users, in the order written."""
+        import json
+
+        out = []
+        for line in self.audit_log.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("stage") == "ResponseComplete" and ev["user"]["username"] in users:
+                out.append(ev)
+        return out
 
     def start_scheduler(self) -> None:
         """A real kube-scheduler: it honours NoSchedule taints and nvidia.com/gpu capacity."""

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,35 +104,37 @@ def register(app: typer.Typer) -> None:
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         adapter = open_or_exit(cfg)
-        if not cfg.dry_run and hasattr(adapter, "signer"):  # in the background: start at once
-            threading.Thread(target=_publish_key, args=(adapter,), daemon=True).start()
         registry = CollectorRegistry()
         metrics = pmetrics.build(registry)
         events = EventWriter(cfg.events_path) if cfg.events_path else None
+        me = identity or f"{socket.gethostname()}-{os.getpid()}"
+        # A dry run writes nothing, not even the lease: every dry-run replica observes and
+        # logs. Anything that writes holds the lease first (--once too).
+        elector = None if cfg.dry_run else _elector(cfg, adapter, me, metrics)
         ctl = Controller(
-            adapter, config=cfg, metrics=metrics, events=events,
-            identity=identity or f"{socket.gethostname()}-{os.getpid()}",
-        )  # fmt: skip
+            adapter, config=cfg, metrics=metrics, events=events, identity=me, elector=elector
+        )
+        if not cfg.dry_run and hasattr(adapter, "signer"):  # in the background: start at once
+            threading.Thread(target=_publish_key, args=(adapter,), daemon=True).start()
         if once:
-            result = ctl.reconcile()
-            if not result.listed:
-                typer.echo("could not list the nodes", err=True)
-                raise typer.Exit(2)
-            for name, d in sorted(result.decisions.items()):
-                ops = ",".join(op.kind.value for op in d.ops) or "-"
-                typer.echo(f"{name}\t{d.state.value}\t{ops}\t{d.held or d.reason}")
+            _once(ctl, elector)
             return
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        is_leader, thread = _leader(cfg, adapter, ctl.identity, metrics, stop)
+        thread = None
+        if elector is not None and elector.elect:
+            thread = threading.Thread(target=elector.run, args=(stop,), name="leader", daemon=True)
+            thread.start()
         if cfg.metrics_port:
             app = serve.health_app(
-                registry, last_pass=lambda: ctl.last_pass_at, is_leader=is_leader,
+                registry, last_pass=lambda: ctl.last_pass_at, is_leader=ctl.is_leader,
                 stale_after_s=max(120.0, 6 * cfg.interval_s),
+                watch_age=getattr(adapter, "watch_age_s", None),
+                watch_stale_s=getattr(cfg.kubernetes, "watch_stale_s", 0.0),
             )  # fmt: skip
             serve.serve(app, port=cfg.metrics_port)
-        ctl.run(stop, is_leader=is_leader)
+        ctl.run(stop)
         if thread is not None:
             thread.join(timeout=10)  # it gives the Lease up, so a standby starts at once
         if events:
@@ -141,30 +144,58 @@ def register(app: typer.Typer) -> None:
 def _publish_key(adapter: Any) -> None:
     """Have the signing key (and the agents' copy of its public half) before the first
     request; a failure here is retried at the first request, and said now."""
-    from gpuvigil.platform.clusters.base import ClusterError
+    from gpuvigil.platform.clusters.base import ClusterError, Fenced
 
     try:
         adapter.signer()
+    except Fenced:
+        return  # a standby, or not yet leader: the key is loaded at the first request
     except ClusterError as e:
         logging.getLogger("gpuvigil.controller").warning(
             "signing key not available yet (%s): remediation requests wait for it", e
         )
 
 
-def _leader(
-    cfg: Any, adapter: Any, identity: str, metrics: Any, stop: threading.Event
-) -> tuple[Any, threading.Thread | None]:
-    """Kubernetes with leader election: a Lease thread; otherwise always the leader. A dry
-    run writes nothing, not even the Lease: every dry-run replica observes and logs."""
-    if cfg.cluster != "kubernetes" or not cfg.leader_election or cfg.dry_run:
-        return (lambda: True), None
+def _elector(cfg: Any, adapter: Any, identity: str, metrics: Any) -> Any:
+    """The leader elector over the cluster's lease (a Kubernetes Lease; lease files on
+    Slurm); with `leader_election: false`, a lone controller that is always the leader."""
     from gpuvigil.platform.leader import LeaderElector
 
-    k = cfg.kubernetes
-    elector = LeaderElector(
-        adapter.lease_store(), identity=identity, lease_duration_s=k.lease_duration_s,
-        renew_s=k.lease_renew_s, on_change=lambda lead: metrics.is_leader.set(int(lead)),
+    try:
+        store = adapter.lease_store()
+    except Exception as e:
+        typer.echo(f"cannot open the leader lease: {e}", err=True)
+        raise typer.Exit(2) from e
+    return LeaderElector(
+        store, identity=identity, settings=cfg.lease, elect=cfg.leader_election,
+        on_change=lambda lead: metrics.is_leader.set(int(lead)),
     )  # fmt: skip
-    thread = threading.Thread(target=elector.run, args=(stop,), name="leader", daemon=True)
-    thread.start()
-    return elector.is_leader, thread
+
+
+def _once(ctl: Any, elector: Any) -> None:
+    """One pass, printed. A pass that writes takes the lease first (waiting at most one
+    lease duration for a holder that stopped renewing), so it never acts beside a running
+    controller; it gives the lease back after."""
+    if elector is not None and elector.elect:
+        deadline = time.monotonic() + elector.settings.duration_s + elector.settings.retry_s
+        while not elector.try_acquire_or_renew():
+            if time.monotonic() > deadline:
+                lease = elector.store.get()
+                holder = lease.spec.get("holderIdentity") if lease else "?"
+                typer.echo(
+                    f"another controller holds the lease ({holder}): stop it, or use --dry-run",
+                    err=True,
+                )
+                raise typer.Exit(2)
+            time.sleep(elector.settings.retry_s)
+    try:
+        result = ctl.reconcile()
+    finally:
+        if elector is not None:
+            elector.release()
+    if not result.listed:
+        typer.echo("could not list the nodes", err=True)
+        raise typer.Exit(2)
+    for name, d in sorted(result.decisions.items()):
+        ops = ",".join(op.kind.value for op in d.ops) or "-"
+        typer.echo(f"{name}\t{d.state.value}\t{ops}\t{d.held or d.reason}")

@@ -10,8 +10,8 @@ import typer
 
 SCENARIO_HELP = (
     "baseline | node | platform | full | storm+breaker | storm-no-breaker | "
-    "driver-storm+breaker | driver-storm-no-breaker | pool-rollout | silence | all "
-    "(default: all; the fleet events unless --no-storm)."
+    "driver-storm+breaker | driver-storm-no-breaker | pool-rollout | silence | split-brain | "
+    "api-outage | all (default: all; the fleet events unless --no-storm)."
 )
 
 

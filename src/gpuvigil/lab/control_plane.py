@@ -44,7 +44,11 @@ class ControlPlane:
         controllers: str | None = "daemonset,job",
         token: str | None = None,
         context: str = "lab",
+        users: tuple[str, ...] = (),
+        audit_policy: str | None = None,
     ) -> None:
+        """`users`: more admins, each with the token `<user>-token`; `audit_policy`: the API
+        server's audit policy (its log is `audit_log`), none by default."""
         self.dir = workdir
         self.controllers = controllers
         self.port = free_port()
@@ -53,6 +57,8 @@ class ControlPlane:
         self.kubeconfig = workdir / "kubeconfig"
         self.context = context  # the kubeconfig's cluster, user and context name
         self.procs: dict[str, Proc] = {}
+        self.users, self.audit_policy = users, audit_policy
+        self.audit_log = workdir / "audit.log"
 
     def start(self, *, timeout_s: float = 60, scheduler: bool = True) -> None:
         """etcd and the API server (ready when this returns), then the scheduler and the
@@ -80,7 +86,15 @@ class ControlPlane:
             capture_output=True,
             timeout=30,
         )
-        (d / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
+        (d / "tokens.csv").write_text(
+            f'{self.token},admin,admin,"system:masters"\n'
+            + "".join(f'{u}-token,{u},{u},"system:masters"\n' for u in self.users)
+        )
+        audit: list[str] = []
+        if self.audit_policy:
+            (d / "audit-policy.yaml").write_text(self.audit_policy)
+            audit = ["--audit-policy-file", str(d / "audit-policy.yaml"), "--audit-log-path",
+                     str(self.audit_log), "--audit-log-maxbackup", "0"]  # fmt: skip
         self.procs["kube-apiserver"] = Proc(
             [
                 str(KUBE_BIN / "kube-apiserver"),
@@ -102,6 +116,7 @@ class ControlPlane:
                 "--disable-admission-plugins", "ServiceAccount",
                 "--enable-priority-and-fairness=false",
                 "--allow-privileged=true",  # the agent DaemonSet runs privileged
+                *audit,
                 "--logtostderr", "--v=0",
             ],
             log=d / "logs/kube-apiserver.log",
@@ -151,8 +166,14 @@ class ControlPlane:
         with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
             return bool(r.status == 200)
 
-    def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(
+    def kubeconfig_for(self, user: str) -> Path:
+        """A kubeconfig for one of `users`."""
+        assert user in self.users, user
+        return self._write_kubeconfig(self.dir / f"kubeconfig-{user}", f"{user}-token")
+
+    def _write_kubeconfig(self, path: Path | None = None, token: str | None = None) -> Path:
+        path = path or self.kubeconfig
+        path.write_text(
             f"""apiVersion: v1
 kind: Config
 clusters:
@@ -160,14 +181,15 @@ clusters:
   cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
 users:
 - name: admin
-  user: {{token: "{self.token}"}}
+  user: {{token: "{token or self.token}"}}
 contexts:
 - name: {self.context}
   context: {{cluster: {self.context}, user: admin}}
 current-context: {self.context}
 """
         )
-        self.kubeconfig.chmod(0o600)
+        path.chmod(0o600)
+        return path
 
     def dead(self) -> list[str]:
         """Components that exited (the lab stops rather than follow a broken cluster)."""

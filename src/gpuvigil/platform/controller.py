@@ -2,11 +2,19 @@
 
 Level-based: every pass lists the nodes, reads each one's stored record and health summary
 from the cluster, asks the pure policy (`platform.policy.decide`) what the node should be,
-and makes it so. Nothing is remembered between passes that matters for correctness (only
-the breaker's hysteresis and which events were already said), so a killed controller
-resumes exactly where the records on the nodes say it was. Per node, the record is stored
-before the operations it implies; the operations are idempotent (blocks, drains, requests
-with a fixed id), so a pass repeated after a crash never repeats a step.
+and makes it so (`platform.apply`). Nothing is remembered between passes that matters for
+correctness (the breaker's hysteresis, which events were already said, and a memo of
+decisions whose inputs have not changed), so a killed controller resumes exactly where the
+records on the nodes say it was.
+
+A pass decides again only for nodes whose inputs changed (`platform.memo`): a node whose
+view (the adapter's `NodeView`, resourceVersion included) and `Fleet` are as last time keeps
+its no-op decision while the policy, asked ahead, gives the same answer.
+
+Every write passes the leader elector's fence (`platform.leader`): a replica that is not
+the leader, or whose leadership may have lapsed, sends nothing and stops the pass. The
+disruption budget is taken and given back in the budget ledger (`platform.budget`) by one
+compare-and-swap per pass, between the pass's other writes and its new disruptions.
 
 Called by `commands/controller.py` (the loop), by the tests and the benchmark (one
 `reconcile()` at a time against `clusters.memory`), and by the simulator.
@@ -14,6 +22,7 @@ Called by `commands/controller.py` (the loop), by the tests and the benchmark (o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,28 +31,32 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
-from gpuvigil.core.events import Event, EventWriter, Kind
-from gpuvigil.core.findings import Action, utcnow
-from gpuvigil.core.states import REMOVED
-from gpuvigil.platform.breaker import Breaker, Change
+from gpuvigil.core.events import EventWriter
+from gpuvigil.core.findings import utcnow
+from gpuvigil.platform.announce import Announcer
+from gpuvigil.platform.apply import apply
+from gpuvigil.platform.breaker import Breaker
+from gpuvigil.platform.budget import Ledger
 from gpuvigil.platform.clusters.base import (
     Cluster,
     ClusterError,
     Conflict,
+    Fenced,
     NodeView,
     Unavailable,
 )
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
+from gpuvigil.platform.leader import LeaderElector, LeaseSettings
+from gpuvigil.platform.memo import DecisionMemo
 from gpuvigil.platform.metrics import ControllerMetrics
-from gpuvigil.platform.policy import Decision, OpKind, PolicyConfig, decide
+from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
-from gpuvigil.platform.state import Record, State
 
 log = logging.getLogger("gpuvigil.controller")
 
@@ -57,7 +70,9 @@ class ControllerConfig(StrictModel):
     dry_run: bool = False  # decide and record (events, metrics, log), never act
     events_path: Path | None = None  # JSONL event log (core.events); None: none written
     metrics_port: int = Field(9403, ge=0, le=65535)  # 0: no metrics endpoint
-    leader_election: bool = True  # Kubernetes: one active replica through a Lease
+    leader_election: bool = True  # one acting replica (Kubernetes Lease; Slurm lease files)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    recheck_s: float = Field(60.0, gt=0)  # an unchanged node's no-op decision is reused this long
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
@@ -73,6 +88,11 @@ class PassResult:
     errors: dict[str, str] = field(default_factory=dict)
     listed: bool = True
     breaker_open: bool = False
+    decided: int = 0  # nodes the policy ran for (the rest reused an unchanged decision)
+    fenced: bool = False  # the pass stopped: this replica may not act
+
+
+Work = tuple[NodeView, Decision, Fleet]
 
 
 class Controller:
@@ -85,20 +105,31 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         events: EventWriter | None = None,
         identity: str = "controller",
+        elector: LeaderElector | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.cluster = cluster
         self.config = config or ControllerConfig()
         self.clock = clock
         self.metrics = metrics
-        self.events = events
         self.identity = identity
         policy, safety = self.config.policy, self.config.safety
         self.breaker = Breaker(safety, heartbeat_stale_s=policy.heartbeat_stale_s)
         self.replacements = Replacements(timeout_s=policy.replace_timeout_s)
-        self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
-        self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
-        self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
-        self._announced: set[str] = set()  # nodes whose state this process has put on record
+        self.voice = Announcer(cluster, dry_run=self.config.dry_run, metrics=metrics, events=events)
+        store = getattr(cluster, "lease_store", None)
+        if elector is None and store is not None:  # a lone controller: never fenced
+            elector = LeaderElector(store(), identity=identity, elect=False)
+        self.elector = elector
+        self.ledger: Ledger | None = None
+        if elector is not None:
+            cluster.fence = elector.fence
+            grace = 2 * self.config.lease.duration_s  # past any write of a deposed leader
+            # durations on the controller's own clock when it was given one (virtual time)
+            mono = monotonic or (time.monotonic if clock is utcnow else lambda: clock().timestamp())
+            self.ledger = Ledger(elector, orphan_grace_s=grace, monotonic=mono)
+        self._memo = DecisionMemo(recheck_s=self.config.recheck_s)
+        self._fenced = threading.Event()  # set when a write hit the fence mid-pass
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
     # ---- one pass -------------------------------------------------------------------
@@ -107,30 +138,36 @@ class Controller:
         started = time.perf_counter()
         now = self.clock()
         result = PassResult(at=now)
+        self._fenced.clear()
         try:
+            self.cluster.fence()  # a replica that may not act does not even look
             nodes = self.cluster.list_nodes()
+            slots = self.ledger.read() if self.ledger is not None else {}
         except ClusterError as e:  # act on nothing we could not read
-            self._api_error(e)
+            self.voice.api_error(e)
             log.warning("cannot list nodes: %s", e)
-            result.listed = False
+            result.listed, result.fenced = False, isinstance(e, Fenced)
             return result
-        self._announce(nodes, now)
+        self.voice.observed(nodes, now)
         for change in self.breaker.update(nodes, now=now):
-            self._breaker_changed(change, now)
+            self.voice.breaker_changed(self.breaker, change, now)
         result.breaker_open = self.breaker.status.open
         safety = self.config.safety
         for gone in self.replacements.observe(nodes, now=now, pool_of=lambda v: pool_of(v, safety)):
             log.warning("node %s was given back for replacement at %s and no new machine "
                         "joined pool %s since", gone.node, gone.at, gone.pool)  # fmt: skip
-        gate = Gate(safety, nodes, now=now, breaker=self.breaker, replacements=self.replacements)
+        gate = Gate(
+            safety, nodes, now=now, breaker=self.breaker, replacements=self.replacements,
+            reserved=slots,
+        )  # fmt: skip
         held = 0
-        work: list[tuple[NodeView, Decision, Any]] = []
+        work: list[Work] = []
         for node in nodes:
             if excluded(node, self.config.safety):
-                self._say(node.name, "excluded by label: observed, never acted on", now)
+                self.voice.say(node.name, "excluded by label: observed, never acted on", now)
                 continue
             fleet = gate.fleet_for(node)
-            d = decide(node, fleet=fleet, now=now, config=self.config.policy)
+            d = self._decide(node, fleet, now, result)
             result.decisions[node.name] = d
             if d.disruptive:
                 gate.consume(node)
@@ -138,257 +175,156 @@ class Controller:
                 gate.release(node)
             if d.held:
                 held += 1
-                self._say(node.name, f"held: {d.held}", now)
+                self.voice.say(node.name, f"held: {d.held}", now)
             if d.store or d.ops:
                 work.append((node, d, fleet))
-        # Decisions are made in order (the budget is consumed in order); applying them is
-        # independent per node, so an adapter that allows it does it concurrently.
-        workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
-        if workers > 1 and len(work) > 1:
-            with ThreadPoolExecutor(workers, thread_name_prefix="apply") as pool:
-                list(pool.map(lambda w: self._apply_one(*w, now, result), work))
-        else:
-            for w in work:
-                self._apply_one(*w, now, result)
-        self._export(nodes, result, gate, held, started)
+        self._memo.forget_absent({n.name for n in nodes})
+        # Everything but new disruptions first (a node leaving the budget frees its slot
+        # in this pass), then one compare-and-swap of the budget ledger, then the
+        # disruptions it admitted.
+        now_work = [w for w in work if not w[1].disruptive]
+        applied = self._apply_all(now_work, now, result)
+        disruptions = self._settle(
+            work, applied=applied, nodes=nodes, slots=slots, gate=gate, now=now, result=result
+        )
+        self._apply_all(disruptions, now, result)
+        self.voice.export(
+            nodes, result, gate=gate, breaker=self.breaker, held=held, started=started
+        )
+        result.fenced = self._fenced.is_set()
         self.last_pass_at = time.time()
         return result
 
-    def _apply_one(
-        self, node: NodeView, d: Decision, fleet: Any, now: datetime, result: PassResult
-    ) -> None:
-        try:
+    def _given_back(self, node: NodeView, now: datetime) -> None:
+        """A machine goes back for replacement: the ledger waits for a new one to join."""
+        self.replacements.given_back(node, pool=pool_of(node, self.config.safety), now=now)
+
+    def _decide(self, node: NodeView, fleet: Fleet, now: datetime, result: PassResult) -> Decision:
+        """The policy's decision, or the memo's when the node's inputs are unchanged."""
+        d = self._memo.get(node, fleet, now)
+        if d is not None:
+            return d
+        policy = self.config.policy
+        d = decide(node, fleet=fleet, now=now, config=policy)
+        result.decided += 1
+        self._memo.put(
+            node, fleet, now, d, lambda v, t: decide(v, fleet=fleet, now=t, config=policy)
+        )
+        return d
+
+    def _apply_all(self, work: list[Work], now: datetime, result: PassResult) -> list[Work]:
+        """Apply decisions (concurrently where the adapter allows); returns what was applied
+        (the decision that was, after a conflict's re-read)."""
+        done: list[Work] = []
+
+        def one(w: Work) -> None:
+            node, d, fleet = w
+            if self._fenced.is_set():
+                return
             try:
-                self._apply(node, d, now)
-            except Conflict:  # changed since the list (a heartbeat): re-read, decide again
-                fresh = self.cluster.get_node(node.name)
-                again = decide(fresh, fleet=fleet, now=now, config=self.config.policy)
-                if again.disruptive and not d.disruptive:
-                    return  # its budget was not counted in this pass: the next pass decides
-                result.decisions[node.name] = again
-                self._apply(fresh, again, now)
-        except ClusterError as e:
-            self._api_error(e)
-            result.errors[node.name] = f"{e.kind}: {e}"
-            log.info("node %s: %s (%s); next pass retries", node.name, e, e.kind)
+                applied = apply(
+                    self.cluster, node, d, fleet=fleet, now=now, policy=self.config.policy,
+                    voice=self.voice, dry_run=self.config.dry_run, given_back=self._given_back,
+                )  # fmt: skip
+            except Fenced as e:
+                self._fenced.set()
+                self.voice.api_error(e)
+                result.errors[node.name] = f"{e.kind}: {e}"
+                log.warning("stopping the pass: %s", e)
+                return
+            except ClusterError as e:
+                self.voice.api_error(e)
+                result.errors[node.name] = f"{e.kind}: {e}"
+                log.info("node %s: %s (%s); next pass retries", node.name, e, e.kind)
+                return
+            if applied is not None:
+                result.decisions[node.name] = applied
+                done.append((node, applied, fleet))
 
-    def _apply(self, node: NodeView, d: Decision, now: datetime) -> None:
-        old = node.record or Record()
-        if self.config.dry_run:
-            if d.store:
-                self._transition(node, old, d, now)
-            return
-        if d.store:
-            self.cluster.store(node.name, d.record, version=node.version)
-            self._transition(node, old, d, now)  # said once: only after the store held
-        rec = d.record
-        for op in d.ops:
-            if op.kind is OpKind.BLOCK:
-                self.cluster.block(node.name, reason=rec.tag())
-            elif op.kind is OpKind.UNBLOCK:
-                self.cluster.unblock(node.name)
-            elif op.kind is OpKind.DRAIN:
-                assert op.deadline is not None
-                st = self.cluster.drain(node.name, deadline=op.deadline, reason=rec.reason)
-                if st.forced:
-                    self._event(
-                        node.name,
-                        Kind.REMEDIATION,
-                        now,
-                        action="DRAIN",
-                        result="forced",
-                        reason=f"{st.forced} left at the deadline",
-                    )
-            elif op.kind is OpKind.REPLACE:
-                # At most once: remember it first (a replacement is not idempotent when it is
-                # a hook); a crash right here leaves a timeout and a quarantine, not a repeat.
-                self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
-                pool = pool_of(node, self.config.safety)
-                self.replacements.given_back(node, pool=pool, now=now)
-                self.cluster.replace(node.name, reason=rec.reason)
-                if getattr(self.cluster, "replace_removes_node", False):
-                    # The node object is gone with its record: say so, so that layer 4 stops
-                    # counting a machine that left the fleet (its successor joins anew).
-                    self._event(node.name, Kind.NODE_STATE, now, **{
-                        "from": rec.state.value, "to": REMOVED, "reason": "replaced: node "
-                        "deleted", "dry_run": False})  # fmt: skip
-                    self._announced.discard(node.name)  # a successor of that name is new
-            elif op.kind is OpKind.REVALIDATE:
-                # At least once: revalidate deletes only preflight pods older than `since`,
-                # so a repeat after a crash here never kills the fresh run.
-                assert rec.since is not None
-                self.cluster.revalidate(node.name, since=rec.since)
-                self.cluster.store(node.name, rec.model_copy(update={"preflight_for": rec.since}))
-            elif op.kind is OpKind.REQUEST:
-                assert op.action is not None
-                self.cluster.request(
-                    node.name, action=op.action, request_id=op.request_id, gpus=list(op.gpus)
+        workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
+        if workers > 1 and len(work) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="apply") as pool:
+                list(pool.map(one, work))
+        else:
+            for w in work:
+                one(w)
+        return done
+
+    def _settle(
+        self,
+        work: list[Work],
+        *,
+        applied: list[Work],
+        nodes: list[NodeView],
+        slots: dict[str, str],
+        gate: Gate,
+        now: datetime,
+        result: PassResult,
+    ) -> list[Work]:
+        """One compare-and-swap of the budget ledger: give back the slots of nodes whose
+        stored record left the budget, adopt and drop what the records say, and take a
+        slot for each new disruption. Returns the disruptions that got one; the others are
+        decided again as held."""
+        disruptive = [w for w in work if w[1].disruptive]
+        if self.ledger is None or self.config.dry_run or self._fenced.is_set():
+            return [] if self._fenced.is_set() else disruptive
+        safety = self.config.safety
+        admit = {n.name: pool_of(n, safety) for n, _, _ in disruptive}
+        # records that left the budget; and replaced machines: gone (a node still there is
+        # in the budget by its record and adopted again next pass)
+        left = {
+            n.name
+            for n, d, _ in applied
+            if (d.store and not d.record.in_budget)
+            or any(op.kind is OpKind.REPLACE for op in d.ops)
+        }
+        in_budget = {
+            n.name: pool_of(n, safety)
+            for n in nodes
+            if n.record is not None and n.record.in_budget and n.name not in left
+        }
+        adopt = {k: v for k, v in in_budget.items() if k not in slots}
+        drop = self.ledger.orphans(slots, set(in_budget) | set(admit)) | (left & set(slots))
+        admitted: set[str] = set()
+        if admit or adopt or drop:
+            try:
+                admitted = self.ledger.settle(
+                    admit=admit, adopt=adopt, drop=drop,
+                    limits={p: gate.limit(p) for p in gate.size},
+                )  # fmt: skip
+            except Fenced as e:
+                self._fenced.set()
+                self.voice.api_error(e)
+                return []
+            except ClusterError as e:  # no slot without the ledger: hold this pass's
+                self.voice.api_error(e)
+                log.warning(
+                    "the budget ledger (the leader Lease) cannot be written: %s; no new "
+                    "disruption until it can",
+                    e,
                 )
-                # At least once: the agent acts once per id, so a resend after a crash is safe.
-                self.cluster.store(node.name, rec.model_copy(update={"issued": op.request_id}))
-
-    # ---- what it says about itself ---------------------------------------------------
-
-    def _transition(self, node: NodeView, old: Record, d: Decision, now: datetime) -> None:
-        new = d.record
-        if new.state is not old.state:
-            verb = "would move" if self.config.dry_run else "moved"
-            msg = f"{verb} {old.state.value} -> {new.state.value}: {d.reason}"
-            log.info("node %s: %s", node.name, msg)
-            self._event(
-                node.name,
-                Kind.NODE_STATE,
-                now,
-                **{
-                    "from": old.state.value,
-                    "to": new.state.value,
-                    "reason": d.reason,
-                    "dry_run": self.config.dry_run,
-                },
-            )
-            if not self.config.dry_run:
-                warn = new.state in (State.QUARANTINED, State.DRAINING, State.REMEDIATING)
-                self._cluster_event(node.name, f"gpuvigil{new.state.value.title()}", msg, warn)
-        for action, res in _remediation_results(old, new):
-            if self.metrics:
-                self.metrics.remediations.labels(action, res).inc()
-            self._event(
-                node.name, Kind.REMEDIATION, now, action=action, result=res, reason=d.reason
-            )
-
-    def _announce(self, nodes: list[NodeView], now: datetime) -> None:
-        """One `node.state` event (`from: null`) per node the first time this process sees
-        it, so availability counts nodes that never change state, and a restarted
-        controller's log stands on its own."""
-        for node in nodes:
-            if node.name in self._announced:
+        out: list[Work] = []
+        for node, d, fleet in disruptive:
+            if node.name in admitted:
+                out.append((node, d, fleet))
                 continue
-            self._announced.add(node.name)
-            state = (node.record or Record()).state
-            self._event(
-                node.name,
-                Kind.NODE_STATE,
-                now,
-                **{
-                    "from": None,
-                    "to": state.value,
-                    "reason": "observed",
-                    "dry_run": self.config.dry_run,
-                },
-            )
-
-    def _say(self, name: str, message: str, now: datetime) -> None:
-        if self._said.get(name) == message:
-            return
-        self._said[name] = message
-        log.info("node %s: %s", name, message)
-        self._event(name, Kind.REMEDIATION, now, action="NONE", result="skipped", reason=message)
-
-    def _event(self, node: str, kind: Kind, now: datetime, **data: object) -> None:
-        if self.events is not None:
-            self.events.write(
-                Event(
-                    ts=now.timestamp(), kind=kind.value, source="controller", node=node, data=data
-                )
-            )
-
-    def _cluster_event(self, node: str, reason: str, message: str, warning: bool) -> None:
-        try:
-            self.cluster.record_event(node, reason=reason, message=message, warning=warning)
-        except ClusterError as e:  # an event is not worth failing a transition for
-            self._api_error(e)
-
-    def _breaker_changed(self, change: Change, now: datetime) -> None:
-        """A cause opened or closed: a warning, a `breaker` event naming the suspected
-        change, and the trip counter."""
-        log.warning("circuit breaker %s (%s): %s", change.state, change.cause, change.reason)
-        if self.events is not None:
-            data = {"state": change.state, "reason": change.reason, "causes": [change.cause]}
-            self.events.write(
-                Event(
-                    ts=now.timestamp(),
-                    kind=Kind.BREAKER.value,
-                    source="controller",
-                    data={**data, **change.detail},
-                )
-            )
-        if self.metrics and change.state == "open":
-            self.metrics.breaker_trips.inc()
-        sig = self.breaker.signatures.get(change.cause)
-        if change.state == "open" and sig is not None and not self.config.dry_run:
-            # a cluster event people see (`kubectl get events`), on the burst's first node
-            self._cluster_event(sig.burst.nodes[0], "gpuvigilBreakerOpen",
-                                f"circuit breaker: {change.reason}", True)  # fmt: skip
-
-    def _api_error(self, e: ClusterError) -> None:
-        if self.metrics:
-            self.metrics.api_errors.labels(e.kind).inc()
-
-    def _export(
-        self, nodes: list[NodeView], result: PassResult, gate: Gate, held: int, started: float
-    ) -> None:
-        m = self.metrics
-        if m is None:
-            return
-        counts = dict.fromkeys(State, 0)
-        in_service = 0
-        for node in nodes:
-            d = result.decisions.get(node.name)
-            state = d.state if d else (node.record.state if node.record else State.HEALTHY)
-            counts[state] += 1
-            if (
-                state is State.HEALTHY
-                and not node.blocked_by_someone_else
-                and not (
-                    node.blocked_by_us
-                    and d is not None
-                    and all(op.kind is not OpKind.UNBLOCK for op in d.ops)
-                )
-            ):
-                in_service += 1
-            prev = self._shown.get(node.name)
-            if prev is not state:
-                if prev is not None:
-                    m.node_state.remove(node.name, prev.value)
-                m.node_state.labels(node.name, state.value).set(1)
-                self._shown[node.name] = state
-        present = {n.name for n in nodes}
-        for gone in [n for n in self._shown if n not in present]:
-            m.node_state.remove(gone, self._shown.pop(gone).value)
-        for state, count in counts.items():
-            m.nodes.labels(state.value).set(count)
-        m.nodes_total.set(len(nodes))
-        m.nodes_in_service.set(in_service)
-        m.breaker_open.set(1 if self.breaker.status.open else 0)
-        self._export_signatures(m)
-        m.held.set(held)
-        for pool in gate.size:
-            m.budget_in_use.labels(pool).set(gate.in_use[pool])
-            m.budget_limit.labels(pool).set(gate.limit(pool))
-        m.reconcile_duration.observe(time.perf_counter() - started)
-        m.last_reconcile.set(time.time())
-
-    def _export_signatures(self, m: ControllerMetrics) -> None:
-        """One series per open cause, labelled with what it concentrates on (the alert
-        names the suspected change from these labels)."""
-        now: dict[tuple[str, str, str], int] = {}
-        for sig in self.breaker.signatures.values():
-            s = sig.signature
-            now[(s.code if s.check != "*" else "*", s.attribute, s.value)] = sig.nodes
-        for cause in self.breaker.stale.values():
-            now[("STALE", self.config.safety.pool_label, cause.pool)] = cause.stale
-        for labels in self._signatures - set(now):
-            m.breaker_signature.remove(*labels)
-        for labels, nodes in now.items():
-            m.breaker_signature.labels(*labels).set(nodes)
-        self._signatures = set(now)
+            why = "disruption budget: no slot in the budget ledger (another replica took it)"
+            held = decide(node, fleet=dataclasses.replace(fleet, may_disrupt=False, why_not=why),
+                          now=now, config=self.config.policy)  # fmt: skip
+            result.decisions[node.name] = held
+            if held.store or held.ops:
+                self._apply_all([(node, held, fleet)], now, result)
+        return out
 
     # ---- the loop ---------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, *, is_leader: Callable[[], bool] = lambda: True) -> None:
+    def is_leader(self) -> bool:
+        return self.elector.is_leader() if self.elector is not None else True
+
+    def run(self, stop: threading.Event) -> None:
         """Reconcile every `interval_s` while leader, until `stop` is set."""
         while not stop.is_set():
-            leader = is_leader()
+            leader = self.is_leader()
             if self.metrics:
                 self.metrics.is_leader.set(1 if leader else 0)
             if leader:
@@ -398,30 +334,6 @@ class Controller:
                     log.exception("reconcile pass failed")
             # A standby looks again within a second, so it takes over as soon as it leads.
             stop.wait(self.config.interval_s if leader else min(1.0, self.config.interval_s))
-
-
-def _remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:
-    """(action, result) pairs for gpuvigil_remediations_total from one transition."""
-    out: list[tuple[str, str]] = []
-    if new.state is State.DRAINING and old.state is not State.DRAINING:
-        out.append(("DRAIN", "started"))
-    if old.state is State.DRAINING and new.state is not State.DRAINING:
-        out.append(("DRAIN", "succeeded"))
-    if old.state in (State.REMEDIATING, State.VALIDATING) and new.failures > old.failures:
-        out.append(((old.step or Action.NONE).value, "failed"))
-    # a replacement counts only once the new machine validates
-    step_done = old.state is State.REMEDIATING and new.state is State.VALIDATING
-    if step_done and old.step and old.step is not Action.REPLACE:
-        out.append((old.step.value, "succeeded"))
-    if (
-        old.state is State.VALIDATING
-        and new.state is State.HEALTHY
-        and (old.step is Action.REPLACE or old.replaces)
-    ):
-        out.append((Action.REPLACE.value, "succeeded"))
-    if new.state is State.REMEDIATING and new.request_id != old.request_id and new.step:
-        out.append((new.step.value, "started"))
-    return out
 
 
 __all__ = ["Conflict", "Controller", "ControllerConfig", "PassResult", "Unavailable", "pool_of"]

@@ -28,6 +28,8 @@ class ControllerMetrics:
     api_errors: Counter
     last_reconcile: Gauge
     held: Gauge
+    decisions: Counter
+    watch_age: Gauge
 
 
 def build(registry: CollectorRegistry) -> ControllerMetrics:
@@ -96,7 +98,7 @@ def build(registry: CollectorRegistry) -> ControllerMetrics:
         ),
         api_errors=Counter(
             "gpuvigil_controller_api_errors_total",
-            "Cluster API errors by kind (conflict, unavailable, forbidden).",
+            "Cluster API errors by kind (conflict, unavailable, forbidden, fenced).",
             ["kind"],
             registry=registry,
         ),
@@ -108,6 +110,18 @@ def build(registry: CollectorRegistry) -> ControllerMetrics:
         held=Gauge(
             "gpuvigil_disruptions_held",
             "Nodes needing a disruption that safety (budget, rate, breaker, cooldown) holds back.",
+            registry=registry,
+        ),
+        decisions=Counter(
+            "gpuvigil_controller_decisions_total",
+            "Node decisions per pass: decided (the policy ran) or reused (inputs unchanged).",
+            ["kind"],
+            registry=registry,
+        ),
+        watch_age=Gauge(
+            "gpuvigil_controller_watch_last_event_age_seconds",
+            "Seconds since the node watch last delivered anything (an event, a bookmark, a "
+            "fresh list); Kubernetes only.",
             registry=registry,
         ),
     )

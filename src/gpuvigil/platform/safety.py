@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -111,8 +111,10 @@ def episode_start(record: Record | None) -> datetime | None:
 
 
 class Gate:
-    """One pass's safety accounting: budget per pool and rate tokens, from stored records;
-    and, per node, what the breaker holds and what a replacement ledger says."""
+    """One pass's safety accounting: budget per pool and rate tokens, from stored records
+    and the budget ledger's slots (`reserved`: node -> pool, `platform.budget`; a node counts
+    once whether its record, its slot or both hold the budget); and, per node, what the
+    breaker holds and what a replacement ledger says."""
 
     def __init__(
         self,
@@ -122,6 +124,7 @@ class Gate:
         now: datetime,
         breaker: Breaker | None = None,
         replacements: Replacements | None = None,
+        reserved: Mapping[str, str] | None = None,
     ) -> None:
         from gpuvigil.platform.signatures import census
 
@@ -129,6 +132,7 @@ class Gate:
         self.breaker = breaker
         self.replacements = replacements
         self.in_use: Counter[str] = Counter()
+        slots = dict(reserved or {})
         own = getattr(nodes, "census", None)  # a list that knows the whole fleet (simulator)
         self.size: Counter[str] = Counter()
         if own is not None:
@@ -142,13 +146,20 @@ class Gate:
             rec = v.record
             if rec is not None and rec.in_budget:
                 self.in_use[pool] += 1
+                slots.pop(v.name, None)
             last = rec.last_action_at if rec is not None else None
             if last is not None and (now - last).total_seconds() < config.rate_window_s:
                 recent += 1
+        for pool in slots.values():  # slots whose record does not show it (yet)
+            self.in_use[pool] += 1
         self.tokens = max(0, config.max_actions - recent)
+        # once per pass: every node of a pool asks for the same limit
+        self._limits = {p: pool_limit(p, n, config) for p, n in self.size.items()}
 
     def limit(self, pool: str) -> int:
-        return pool_limit(pool, self.size[pool], self.config)
+        if pool not in self._limits:
+            self._limits[pool] = pool_limit(pool, self.size[pool], self.config)
+        return self._limits[pool]
 
     def fleet_for(self, node: NodeView) -> Fleet:
         from gpuvigil.platform.breaker import PROBE_MAX_STEP, Hold

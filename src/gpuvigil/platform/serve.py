@@ -3,7 +3,9 @@
 Started by `gpuvigil controller`. `/healthz` fails (503) when the reconcile loop has not
 finished a pass for `stale_after_s` while this replica leads: a stuck loop (a hung API call
 past its timeout, a deadlock) gets the pod restarted instead of silently stopping all
-remediation. A standby is healthy while its loop runs.
+remediation. It also fails when the node watch (Kubernetes) has heard nothing for
+`watch_stale_s`: a stalled watch is a blind controller (kopf #585, #957). A standby is
+healthy while its loop runs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def health_app(
     is_leader: Callable[[], bool],
     stale_after_s: float,
     clock: Callable[[], float] = time.time,
+    watch_age: Callable[[], float] | None = None,
+    watch_stale_s: float = 0.0,
 ) -> Callable[..., Iterable[bytes]]:
     metrics = make_wsgi_app(registry)
 
@@ -43,6 +47,10 @@ def health_app(
         if is_leader() and age > stale_after_s:
             start("503 Service Unavailable", [("Content-Type", "text/plain")])
             return [f"no reconcile pass for {age:.0f} s\n".encode()]
+        heard = watch_age() if watch_age is not None else 0.0
+        if watch_stale_s and heard > watch_stale_s:
+            start("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [f"the node watch heard nothing for {heard:.0f} s\n".encode()]
         start("200 OK", [("Content-Type", "text/plain")])
         return [b"ok\n"]
 

@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -104,9 +105,16 @@ class Record(BaseModel):
 
 
 def decode_record(text: str | None) -> Record | None:
-    """Record from its stored JSON; None for absent or garbage (never raises)."""
+    """Record from its stored JSON; None for absent or garbage (never raises). Records are
+    immutable, so one decoded per distinct text is shared: a controller re-reads the same
+    records pass after pass."""
     if not text:
         return None
+    return _decode_record(text)
+
+
+@lru_cache(maxsize=16384)
+def _decode_record(text: str) -> Record | None:
     try:
         return Record.model_validate(json.loads(text))
     except (ValueError, ValidationError, TypeError):

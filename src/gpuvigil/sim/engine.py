@@ -17,6 +17,7 @@ from collections.abc import Callable
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.controller import ControllerConfig
 from gpuvigil.sim import episodes, lifecycle
+from gpuvigil.sim.adversity import ATTACKS
 from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import (
     BOOT_NOISE,
@@ -69,10 +70,11 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         places, cfg = random.Random(f"{seed}:placement"), self.cfg
         self.fleet = Fleet(nodes, places, pool_nodes=cfg.pool_nodes, rack_nodes=cfg.rack_nodes)
         self.by_name = {n.name: n.id for n in self.fleet.nodes}
+        attack = ATTACKS[scenario.attack](days * DAY) if scenario.attack else None
         self.platform = Platform(
             machines=[(n.name, n.labels, n.facts) for n in self.fleet.nodes], config=controller,
             reset_s=self.cfg.reset_gpu_s, reboot_s=self.cfg.reboot_s,
-            preflight_s=self.cfg.validate_s, breaker=breaker, events=recorder,
+            preflight_s=self.cfg.validate_s, breaker=breaker, events=recorder, adversity=attack,
         ) if scenario.layer2 else None  # fmt: skip
         self.silent: set[int] | None = None  # during a silence: nodes whose report waits
         self._pass_at: float | None = None
@@ -134,6 +136,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
                 next_report = t + self.horizon / 100
         self.finish(self.horizon)
         self.res.events = events
+        if self.platform is not None:
+            self.res.adversity = self.platform.adversity()
         return self.res
 
     def _instance(self, kind: FaultKind, nid: int, onset: float) -> FaultInstance:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -28,10 +28,13 @@ from gpuvigil.core.findings import Action, Finding, NodeReport
 from gpuvigil.core.wire import summarize
 from gpuvigil.platform import policy as policy_mod
 from gpuvigil.platform.breaker import HELD
+from gpuvigil.platform.clusters.base import unfenced
 from gpuvigil.platform.clusters.memory import EPOCH, MemoryCluster, Pod
-from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.controller import Controller, ControllerConfig, PassResult
+from gpuvigil.platform.safety import pool_limit
 from gpuvigil.platform.signatures import attributes_of, count
 from gpuvigil.platform.state import NodeView, State
+from gpuvigil.sim.adversity import ApiOutage, Outage, Replicas, SplitBrain
 
 LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
 # Virtual time has microsecond steps: wake a little after a deadline, never on it.
@@ -59,11 +62,19 @@ class FleetList(list[NodeView]):
 class SimCluster(MemoryCluster):
     """The controller's in-memory cluster, listing and advancing only active nodes."""
 
-    def __init__(self, *, total: int, reset_s: float, reboot_s: float, preflight_s: float):
-        super().__init__(reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s)
+    def __init__(
+        self, *, total: int, reset_s: float, reboot_s: float, preflight_s: float, beat_s: float
+    ):
+        # agents publish every `beat_s` (inside the policy's staleness): a node whose agent
+        # has nothing new stays the same view, and the controller reuses its decision
+        super().__init__(
+            reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s, heartbeat_s=beat_s
+        )
         self.total = total
         self.active: set[str] = set()
         self.census: Counter[tuple[str, str]] = Counter()
+        self.controller_calling = False  # api-outage refuses only the controller's calls
+        self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: nothing lands
 
     def _only_active(self) -> dict:
         return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
@@ -77,9 +88,10 @@ class SimCluster(MemoryCluster):
         return FleetList(views, self.total, self.census)
 
     def advance(self, seconds: float) -> None:
-        # a silent agent neither publishes nor answers requests
-        full = self.nodes
-        self.nodes = {n: v for n, v in self._only_active().items() if v.agent_alive}
+        # a silent agent neither publishes nor answers requests; while the API server is
+        # down (api-outage) nothing a node does reaches it
+        full, down = self.nodes, self.agents_silent()
+        self.nodes = {n: v for n, v in self._only_active().items() if v.agent_alive and not down}
         try:
             super().advance(seconds)
         finally:
@@ -120,6 +132,7 @@ class Platform:
         preflight_s: float,
         breaker: bool = True,
         events: object | None = None,
+        adversity: ApiOutage | SplitBrain | None = None,
     ) -> None:
         cfg = config or ControllerConfig()
         if not breaker:  # the control run: no cause ever trips
@@ -127,22 +140,40 @@ class Platform:
             cfg = cfg.model_copy(update={"safety": cfg.safety.model_copy(update=off)})
         self.config = cfg
         self.cluster = SimCluster(
-            total=len(machines), reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s
-        )
+            total=len(machines), reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
+            beat_s=0.8 * cfg.policy.heartbeat_stale_s,
+        )  # fmt: skip
         # name -> (labels, facts): the same dicts the engine's nodes carry
         self.machines = {name: (labels, facts) for name, labels, facts in machines}
         self.recount()
         self.silent_since: datetime | None = None
-        self.controller = Controller(
-            self.cluster,
-            config=cfg,
-            clock=self.cluster.clock.now,
-            events=events,  # type: ignore[arg-type]
-        )
+
+        def make(cluster: SimCluster, **kw: object) -> Controller:
+            return Controller(cluster, config=cfg, events=events, **kw)  # type: ignore[arg-type]
+
         self.t = 0.0
+        self.outage = self.replicas = None
+        if isinstance(adversity, SplitBrain):
+            self.replicas = Replicas(
+                self.cluster, make=make, settings=cfg.lease, spec=adversity,
+                limits=self.limits(), now=lambda: self.t,
+            )  # fmt: skip
+            self.controller = self.replicas.ctl["a"]
+        else:
+            self.controller = make(self.cluster, clock=self.cluster.clock.now)
+        if isinstance(adversity, ApiOutage):
+            self.outage = Outage(self.cluster, adversity, lambda: self.t)
         self.passes = 0
         self.held_retry_s = max(cfg.interval_s, 60.0)
-        logging.getLogger("gpuvigil.controller").setLevel(logging.ERROR)
+        for name in ("gpuvigil.controller", "gpuvigil.leader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+    def limits(self) -> dict[str, int]:
+        """Each pool's disruption budget, as the safety rules compute it for its size."""
+        safety = self.config.safety
+        sizes = Counter(labels.get(safety.pool_label, "default") for labels, _ in
+                        self.machines.values())  # fmt: skip
+        return {pool: pool_limit(pool, n, safety) for pool, n in sizes.items()}
 
     # --- the world side -------------------------------------------------------------------
     def recount(self) -> None:
@@ -200,6 +231,8 @@ class Platform:
             self._add(name)
         summary = summarize(NodeReport(node=name, findings=tuple(findings)))
         self.cluster.set_findings(name, list(summary.findings), fixed_by=fixed_by)
+        if self.replicas is not None:
+            self.replicas.news = True
         self._hush(name)
         self.set_running(name, running=running)
         self.cluster.active.add(name)
@@ -224,9 +257,11 @@ class Platform:
         if node is None:
             return
         self.cluster.clear_findings(name)
-        view = self.cluster.get_node(name)
+        person = self.cluster.replica()  # a person's write: no controller's fence
+        person.fence = unfenced
+        view = person.get_node(name)
         rec = policy_mod.release(view.record, now=self.cluster.clock.now(), who="sim")
-        self.cluster.store(name, rec)
+        person.store(name, rec)
 
     def arrive(self, name: str) -> None:
         """A replacement machine has arrived: it takes part again (and validates)."""
@@ -246,9 +281,11 @@ class Platform:
         before = {n: len(self.cluster.nodes[n].evicted) for n in self.cluster.active
                   if n in self.cluster.nodes}  # fmt: skip
         replaced_before = len(self.cluster.replaced)
-        result = self.controller.reconcile()
+        result = self._pass()
         wake = Wake()
         now = self.cluster.clock.now()
+        if not result.listed:  # it acted on nothing: look again soon
+            wake.at = self.t + self.held_retry_s
         # a breaker probe stays listed until the breaker has seen how its repair ended
         probes = {s.probe for s in self.controller.breaker.signatures.values() if s.probe}
         for name in self.cluster.replaced[replaced_before:]:
@@ -276,7 +313,34 @@ class Platform:
         closes = self._breaker_closes()
         if closes is not None and (wake.at is None or closes < wake.at):
             wake.at = closes
+        attack = self.replicas or self.outage
+        extra = attack.wake(self.t) if attack is not None else None
+        if extra is not None and (wake.at is None or extra < wake.at):
+            wake.at = max(extra, self.t + SLACK_S)
         return wake
+
+    def _pass(self) -> PassResult:
+        """The controller's pass; under `split-brain` each replica that leads passes (the
+        decisions merged, the later replica's last)."""
+        if self.replicas is not None:
+            results = self.replicas.reconcile()
+            merged = PassResult(at=self.cluster.clock.now())
+            for r in results:
+                merged.decisions.update(r.decisions)
+            return merged
+        self.cluster.controller_calling = True
+        try:
+            result = self.controller.reconcile()
+        finally:
+            self.cluster.controller_calling = False
+        if self.outage is not None:
+            self.outage.passed(result)
+        return result
+
+    def adversity(self) -> dict[str, object]:
+        """What an attack saw (Results.adversity); empty without one."""
+        attack = self.replicas or self.outage
+        return attack.report() if attack is not None else {}
 
     def _breaker_closes(self) -> float | None:
         """A cause that is gone closes `breaker_close_after_s` later; an open signature

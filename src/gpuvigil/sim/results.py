@@ -112,6 +112,9 @@ class Results:
     interruptions_by_kind: dict[str, int] = field(default_factory=dict)
     attribution: dict[str, int] = field(default_factory=dict)
     slo: dict[str, Any] = field(default_factory=dict)  # layer 4's logged figures, by key
+    # what `split-brain` / `api-outage` saw (sim.adversity): writes by a non-holder, budget
+    # overruns, fenced writes, leader changes; refused calls and failed passes
+    adversity: dict[str, Any] = field(default_factory=dict)
     wall_s: float = figure(0.0, "wall time", SECONDS, "how long the run took to simulate")
 
     def to_json(self) -> dict[str, Any]:

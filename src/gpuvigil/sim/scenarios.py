@@ -30,6 +30,7 @@ class Scenario:
     layer3: bool  # training: hang watchdog, warm restart, graceful drain at a checkpoint
     layer4: bool  # observability: the active-check schedule (silent corruption)
     summary: str = ""
+    attack: str = ""  # sim.adversity: "split-brain" | "api-outage"
     storm: str = ""  # a bad change on day 10 (or a third in): "tool" | "driver" (sim.faults)
     storm_fraction: float = 0.25
     storm_pool: bool = False  # the fraction of one pool, not of the fleet
@@ -73,6 +74,11 @@ SCENARIOS: dict[str, Scenario] = {
                  storm="driver", storm_fraction=0.75, storm_pool=True),
         Scenario("silence", *_FULL, "every agent silent for 2 h mid-run (an API outage)",
                  silence_s=2 * 3600.0),
+        Scenario("split-brain", *_FULL,
+                 "two controllers 20 s apart; the leader stalls mid-pass every 6 h",
+                 attack="split-brain"),
+        Scenario("api-outage", *_FULL, "the API server down 30 min mid-run",
+                 attack="api-outage"),
     )
 }  # fmt: skip
 LAYERS = ("baseline", "node", "platform", "full")  # the four layer scenarios

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -147,12 +147,23 @@ def agent(kube: Any) -> Agent:
 
 
 @pytest.fixture
-def kube_cluster(kube: Any) -> Callable[..., Any]:
+def kube_cluster(kube: Any) -> Iterator[Callable[..., Any]]:
     from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
     from gpuvigil.platform.clusters.settings import KubernetesSettings
 
+    made: list[KubernetesCluster] = []
+
     def make(**kw: Any) -> KubernetesCluster:
         kw.setdefault("eviction_grace_s", 0)
-        return KubernetesCluster(KubernetesSettings(**kw), api_client=kube.api_client())
+        # each test's own Lease (its budget ledger): tests share one API server
+        kw.setdefault("lease_namespace", kube.namespace("lease"))
+        # A LIST each pass: these tests change a node and reconcile at once, and a watch's
+        # picture lags by milliseconds (test_watch.py tests the watch itself)
+        kw.setdefault("watch", False)
+        c = KubernetesCluster(KubernetesSettings(**kw), api_client=kube.api_client())
+        made.append(c)
+        return c
 
-    return make
+    yield make
+    for c in made:  # their node watches hold a connection each
+        c.close()

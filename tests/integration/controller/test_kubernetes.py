@@ -183,6 +183,7 @@ def test_full_ladder_and_a_humans_cordon(kube, kube_cluster, agent) -> None:  # 
     assert taints(kube, bad).isdisjoint({wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT})
     assert kube.core().read_node(names[1]).spec.unschedulable is True
     assert state_of(kube, names[1]) is None  # never touched
+    assert c.events.flush(30)  # Events are sent by a background thread
     events = kube.core().list_namespaced_event(
         "default", field_selector=f"involvedObject.name={bad}"
     )

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.realparts
 def test_after_preflight_a_workload_gets_every_gpu(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
     kube.start_scheduler()
     tag = uuid.uuid4().hex[:6]
-    node = kube.create_node(f"gpu-{tag}", labels={"fleet": tag}, gpus=4, taints=[
-        {"key": wire.UNVALIDATED_TAINT, "effect": "NoSchedule"}])
+    node = kube.create_node(
+        f"gpu-{tag}",
+        labels={"fleet": tag},
+        gpus=4,
+        taints=[{"key": wire.UNVALIDATED_TAINT, "effect": "NoSchedule"}],
+    )
     v1 = kube.core()
     v1.patch_node(node, {"metadata": {"annotations": {wire.HEALTH_ANNOTATION: health()}}})
     ctl = Controller(kube_cluster(node_selector=f"fleet={tag}"))
@@ -32,7 +36,8 @@ def test_after_preflight_a_workload_gets_every_gpu(kube, kube_cluster, agent) ->
         from gpuvigil.platform.clusters.k8s_preflight import label_value
 
         pods = v1.list_namespaced_pod(
-            "gpuvigil", label_selector=f"gpuvigil.io/node={label_value(node)}").items
+            "gpuvigil", label_selector=f"gpuvigil.io/node={label_value(node)}"
+        ).items
         return pods and pods[0].spec.node_name == node and pods[0]
 
     wait_for(run, 30, "the scheduler to place the preflight pod on its node")
@@ -50,5 +55,8 @@ def test_after_preflight_a_workload_gets_every_gpu(kube, kube_cluster, agent) ->
         "metadata": {"name": "all-gpus"}, "spec": {"nodeSelector": {"fleet": tag},
         "containers": [{"name": "c", "image": "x",
                         "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})  # fmt: skip
-    wait_for(lambda: v1.read_namespaced_pod("all-gpus", ns).spec.node_name == node, 30,
-             "the scheduler to give the workload all 4 GPUs of the node")
+    wait_for(
+        lambda: v1.read_namespaced_pod("all-gpus", ns).spec.node_name == node,
+        30,
+        "the scheduler to give the workload all 4 GPUs of the node",
+    )

@@ -42,8 +42,17 @@ def answer_requests(kube: Any, node: str) -> None:
     res = json.loads(ann.get(wire.RESULT_ANNOTATION) or "null")
     if req and (not res or res.get("id") != req["id"]):
         done = {"id": req["id"], "result": "succeeded", "at": utcnow().isoformat()}
-        v1.patch_node(node, {"metadata": {"annotations": {
-            wire.RESULT_ANNOTATION: json.dumps(done), wire.HEALTH_ANNOTATION: health()}}})
+        v1.patch_node(
+            node,
+            {
+                "metadata": {
+                    "annotations": {
+                        wire.RESULT_ANNOTATION: json.dumps(done),
+                        wire.HEALTH_ANNOTATION: health(),
+                    }
+                }
+            },
+        )
 
 
 def runs(kube: Any, node: str) -> list[Any]:
@@ -120,7 +129,8 @@ def test_a_failed_run_is_a_failed_step_and_the_next_validation_replaces_the_pod(
     assert record(kube, node).state is State.VALIDATING
     names = [p.metadata.name for p in runs(kube, node)]
     assert first.metadata.name not in names or any(
-        p.metadata.deletion_timestamp for p in runs(kube, node)
+        p.metadata.deletion_timestamp
+        for p in runs(kube, node)
         if p.metadata.name == first.metadata.name
     )
     assert len([n for n in names if n != first.metadata.name]) == 1

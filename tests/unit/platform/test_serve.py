@@ -44,3 +44,26 @@ def test_healthz_and_metrics() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_healthz_fails_on_a_stale_node_watch() -> None:
+    age = {"s": 5.0}
+    app = serve.health_app(
+        CollectorRegistry(),
+        last_pass=lambda: 1000.0,
+        is_leader=lambda: True,
+        stale_after_s=120,
+        clock=lambda: 1000.0,
+        watch_age=lambda: age["s"],
+        watch_stale_s=180,
+    )
+    server = serve.serve(app, port=0, host="127.0.0.1")
+    try:
+        port = server.server_port
+        assert get(port, "/healthz") == (200, "ok\n")
+        age["s"] = 200.0  # a stalled watch is a blind controller
+        code, body = get(port, "/healthz")
+        assert code == 503 and "node watch heard nothing for 200 s" in body
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -2,7 +2,14 @@
 
 Three implementations: `kubernetes.KubernetesCluster`, `slurm.SlurmCluster` and
 `memory.MemoryCluster` (deterministic, virtual time; the tests', the benchmark's and the
-simulator's cluster). The controller (`platform.controller`) is the only caller.
+simulator's cluster). The controller (`platform.controller`) is the only caller. The same
+tests run against all three (tests/integration/controller/test_contract.py).
+
+Every write first asks the adapter's `fence` (set by the controller to its leader
+elector's `fence`): it raises `Fenced` when this replica may no longer act, and otherwise
+returns how many seconds are left before another replica could take over, which caps the
+write's own timeout. Each adapter also offers `lease_store()`: the one object replicas
+elect a leader and keep the disruption budget in (`platform.leader`, `platform.budget`).
 
 Errors say what to do next (after controller-runtime / kopf): `Conflict` -> re-read the
 node and retry; `Unavailable` -> retry later and act on nothing in the meantime;
@@ -13,9 +20,11 @@ restarted controller redo the step it may or may not have finished.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.state import (
@@ -32,13 +41,18 @@ __all__ = [
     "ClusterError",
     "Conflict",
     "DrainStatus",
+    "Fence",
+    "Fenced",
     "Forbidden",
+    "LeaseObject",
+    "LeaseStore",
     "NodeView",
     "NotFound",
     "Preflight",
     "Record",
     "State",
     "Unavailable",
+    "unfenced",
 ]
 
 
@@ -70,6 +84,48 @@ class NotFound(Forbidden):
     """The object does not exist (HTTP 404): terminal, and for a delete, already done."""
 
 
+class Fenced(ClusterError):
+    """This replica may not act now (it is not the leader, or its leadership may have
+    lapsed): the write was not sent. Stop the pass; the next one starts from the level."""
+
+    kind = "fenced"
+
+
+Fence = Callable[[], float]
+
+
+def unfenced() -> float:
+    """The fence of a lone controller (no election): always free to act."""
+    return math.inf
+
+
+@dataclass(frozen=True)
+class LeaseObject:
+    """The election object as stored: a coordination.k8s.io Lease's `spec` (holderIdentity,
+    leaseDurationSeconds, acquireTime, renewTime, leaseTransitions), its annotations (where
+    the disruption budget lives) and the store's version token (changes on every write)."""
+
+    spec: Mapping[str, Any]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    version: str = ""
+
+
+class LeaseStore(Protocol):
+    """Compare-and-swap storage of one `LeaseObject` (k8s: a Lease; Slurm: versioned files
+    beside the StateSaveLocation; memory: a dict). Writes return the object written."""
+
+    def get(self) -> LeaseObject | None: ...
+    def create(self, spec: Mapping[str, Any], annotations: Mapping[str, str]) -> LeaseObject:
+        """Conflict when it exists already."""
+        ...
+
+    def replace(
+        self, spec: Mapping[str, Any], annotations: Mapping[str, str], *, version: str
+    ) -> LeaseObject:
+        """Conflict when it changed since `version` was read."""
+        ...
+
+
 @dataclass(frozen=True)
 class DrainStatus:
     """Progress of moving running work off a node.
@@ -92,10 +148,15 @@ class Cluster(Protocol):
     """The one interface to a cluster. Names are node names; reasons are for people."""
 
     name: str  # "kubernetes" | "slurm" | "memory"
+    fence: Fence  # asked before every write; see the module docstring
     # Optional: `max_concurrency` (int, default 1): how many nodes the controller may act on
     # at once. The memory cluster keeps 1 so that runs stay deterministic.
     # Optional: `replace_removes_node` (bool, default False): `replace` deletes the node
     # object (k8s delete-node), so the controller reports it REMOVED (`core.states`).
+
+    def lease_store(self) -> LeaseStore:
+        """Where replicas elect a leader and keep the disruption budget."""
+        ...
 
     def list_nodes(self) -> list[NodeView]:
         """Every node with its health summary, stored record, blocks and running work."""
@@ -141,9 +202,10 @@ class Cluster(Protocol):
         """Give the node back for replacement (k8s: delete the Node, or a hook command)."""
         ...
 
-    def store(self, name: str, record: Record, *, version: str = "") -> None:
+    def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
         """Write gpuvigil's record onto the node; `version` non-empty -> Conflict if the
-        node changed since that read."""
+        node changed since that read (`NodeView.version`). `block`: also keep new work off,
+        in the same write where the cluster allows (one API call instead of two)."""
         ...
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:

@@ -20,8 +20,14 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpuvigil.core.findings import utcnow
-from gpuvigil.platform.clusters.base import ClusterError, DrainStatus, Forbidden, Unavailable
-from gpuvigil.platform.clusters.k8s_api import api_call, map_error
+from gpuvigil.platform.clusters.base import (
+    ClusterError,
+    DrainStatus,
+    Fenced,
+    Forbidden,
+    Unavailable,
+)
+from gpuvigil.platform.clusters.k8s_api import map_error
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
@@ -47,8 +53,12 @@ class Drainer:
         settings: KubernetesSettings,
         calls: Counter[str],
         pages: Callable[..., Iterator[dict[str, Any]]],
+        *,
+        write: Callable[..., Any],
+        fence: Callable[[], float],
     ) -> None:
         self.core, self.settings, self.calls, self._pages = core, settings, calls, pages
+        self._write, self._fence = write, fence  # every write is fenced (clusters.base)
         self.timeout = settings.request_timeout_s
         self._eviction_version: str | None = None  # learnt on first use: policy/v1 or v1beta1
 
@@ -78,15 +88,15 @@ class Drainer:
                     blocked += 1
                 continue
             self._mark(ns, pname, f"{reason} (drain deadline passed)")
-            self.calls["delete_pod"] += 1
             try:
-                api_call(
-                    lambda ns=ns, pname=pname: self.core.delete_namespaced_pod(
+                self._write(
+                    "delete_pod",
+                    lambda t, ns=ns, pname=pname: self.core.delete_namespaced_pod(
                         pname,
                         ns,
                         grace_period_seconds=grace_s,
-                        _request_timeout=self.timeout,
-                    )
+                        _request_timeout=t,
+                    ),
                 )
                 forced += 1
             except Forbidden:
@@ -113,10 +123,11 @@ class Drainer:
             }
             if grace_s is not None:
                 body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
+            left = self._fence()
             self.calls["evict"] += 1
             try:
                 self.core.create_namespaced_pod_eviction(
-                    pod, ns, body, _request_timeout=self.timeout
+                    pod, ns, body, _request_timeout=min(self.timeout, max(0.1, left))
                 )
                 self._eviction_version = version
                 return True
@@ -142,14 +153,14 @@ class Drainer:
             "message": message[:512],
             "lastTransitionTime": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-        self.calls["mark_pod"] += 1
         try:
-            api_call(
-                lambda: self.core.patch_namespaced_pod_status(
-                    pod, ns, {"status": {"conditions": [cond]}}, _request_timeout=self.timeout
-                )
+            self._write(
+                "mark_pod",
+                lambda t: self.core.patch_namespaced_pod_status(
+                    pod, ns, {"status": {"conditions": [cond]}}, _request_timeout=t
+                ),
             )
+        except Fenced:
+            raise
         except ClusterError as e:  # gone already, or no permission: the eviction stands
             log.info("could not mark %s/%s as DisruptionTarget: %s", ns, pod, e)
-
-    # ---- leader election storage ---------------------------------------------------------

@@ -8,7 +8,8 @@ Used by `clusters.kubernetes` and, through `KubernetesCluster.lease_store()`, by
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from gpuvigil.platform.clusters.base import (
     ClusterError,
     Conflict,
     Forbidden,
+    LeaseObject,
     NotFound,
     Unavailable,
 )
@@ -85,14 +87,39 @@ def load_api_client(settings: KubernetesSettings) -> client.ApiClient:
 
 
 class LeaseStore:
-    """coordination.k8s.io/v1 Lease reads and writes for `platform.leader` (raw dicts)."""
+    """The coordination.k8s.io/v1 Lease `platform.leader` elects over and `platform.budget`
+    keeps the disruption budget in (its annotations). Raw JSON in and out."""
 
-    def __init__(self, api_client: Any, settings: KubernetesSettings) -> None:
+    def __init__(
+        self, api_client: Any, settings: KubernetesSettings, *, calls: Counter[str] | None = None
+    ) -> None:
         self.api = client.CoordinationV1Api(api_client)
         self.ns, self.name = settings.lease_namespace, settings.lease_name
         self.timeout = settings.request_timeout_s
+        self.calls = calls if calls is not None else Counter()
 
-    def get(self) -> dict[str, Any] | None:
+    def _object(self, resp: Any) -> LeaseObject:
+        raw = json.loads(resp.data)
+        meta = raw.get("metadata") or {}
+        return LeaseObject(
+            dict(raw.get("spec") or {}),
+            dict(meta.get("annotations") or {}),
+            str(meta.get("resourceVersion") or ""),
+        )
+
+    def _body(self, spec: Mapping[str, Any], ann: Mapping[str, str], version: str = "") -> Any:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.ns, "annotations": dict(ann)}
+        if version:
+            meta["resourceVersion"] = version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": dict(spec),
+        }
+
+    def get(self) -> LeaseObject | None:
+        self.calls["lease_get"] += 1
         try:
             resp = api_call(
                 lambda: self.api.read_namespaced_lease(
@@ -101,28 +128,29 @@ class LeaseStore:
             )
         except NotFound:
             return None
-        return json.loads(resp.data)
+        return self._object(resp)
 
-    def create(self, spec: dict[str, Any]) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.ns},
-            "spec": spec,
-        }
-        api_call(
-            lambda: self.api.create_namespaced_lease(self.ns, body, _request_timeout=self.timeout)
+    def create(self, spec: Mapping[str, Any], annotations: Mapping[str, str]) -> LeaseObject:
+        self.calls["lease_write"] += 1
+        body = self._body(spec, annotations)
+        return self._object(
+            api_call(
+                lambda: self.api.create_namespaced_lease(
+                    self.ns, body, _preload_content=False, _request_timeout=self.timeout
+                )
+            )
         )
 
-    def replace(self, spec: dict[str, Any], *, version: str) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.ns, "resourceVersion": version},
-            "spec": spec,
-        }
-        api_call(
-            lambda: self.api.replace_namespaced_lease(
-                self.name, self.ns, body, _request_timeout=self.timeout
+    def replace(
+        self, spec: Mapping[str, Any], annotations: Mapping[str, str], *, version: str
+    ) -> LeaseObject:
+        """PUT with the resourceVersion read: 409 (Conflict) when anyone wrote since."""
+        self.calls["lease_write"] += 1
+        body = self._body(spec, annotations, version)
+        return self._object(
+            api_call(
+                lambda: self.api.replace_namespaced_lease(
+                    self.name, self.ns, body, _preload_content=False, _request_timeout=self.timeout
+                )
             )
         )

@@ -143,8 +143,11 @@ class PreflightPods:
         settings: Any,  # KubernetesSettings
         calls: Any,
         pages: Callable[..., Iterator[dict[str, Any]]],
+        *,
+        write: Callable[..., Any],
     ) -> None:
         self.core, self.settings, self.calls, self._pages = core, settings, calls, pages
+        self._write = write  # the adapter's: fenced (clusters.base), counted, timed
         self.timeout = settings.request_timeout_s
 
     @property
@@ -215,22 +218,22 @@ class PreflightPods:
         body = build_pod(
             template, node=node, since=since, gpus=gpus, gpu_resource=self.settings.gpu_resource
         )
-        self.calls["create_preflight_pod"] += 1
         try:
-            api_call(
-                lambda: self.core.create_namespaced_pod(ns, body, _request_timeout=self.timeout)
+            self._write(
+                "create_preflight_pod",
+                lambda t: self.core.create_namespaced_pod(ns, body, _request_timeout=t),
             )
         except Conflict:
             return 0  # this validation's run exists already
         return 1
 
     def _delete(self, name: str) -> None:
-        self.calls["delete_preflight_pod"] += 1
         try:
-            api_call(
-                lambda: self.core.delete_namespaced_pod(
-                    name, self.settings.preflight_namespace, _request_timeout=self.timeout
-                )
+            self._write(
+                "delete_preflight_pod",
+                lambda t: self.core.delete_namespaced_pod(
+                    name, self.settings.preflight_namespace, _request_timeout=t
+                ),
             )
         except NotFound:
             pass  # gone already

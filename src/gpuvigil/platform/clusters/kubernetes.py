@@ -16,7 +16,13 @@ Called by the controller (`gpuvigil controller --cluster kubernetes`), `gpuvigil
 - revalidate: create this validation's preflight pod (`k8s_preflight`: a pod that runs to
   completion and frees its GPUs; its exit, written by the node's kubelet, is the result);
 - state: the JSON record in the `gpuvigil.io/state` annotation, written with the
-  resourceVersion read (a 409 is `Conflict`).
+  resourceVersion read (a 409 is `Conflict`); with the block taint in the same PATCH when
+  the decision blocks (one write per node in a fault storm, not two);
+- read: one LIST, then a WATCH (`clusters.k8s_watch`); a node's `NodeView` is rebuilt only
+  when its resourceVersion (or its running-pod count) changed;
+- Events: queued and sent by one background thread, as client-go's recorder does (a fault
+  storm's thousand Events do not hold up its decisions); a full queue drops and counts;
+- every write asks `fence` first and caps its timeout with what the fence returns.
 
 Lists use raw JSON (`_preload_content=False`): deserialising 5,000 nodes into client
 objects costs seconds; `json.loads` costs milliseconds.
@@ -27,11 +33,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 
@@ -44,12 +49,14 @@ from gpuvigil.platform.clusters.base import (
     AgentResult,
     Conflict,
     DrainStatus,
+    Fence,
     Forbidden,
     NodeView,
     NotFound,
     Preflight,
     Record,
     Unavailable,
+    unfenced,
 )
 from gpuvigil.platform.clusters.eviction import Drainer, workload
 from gpuvigil.platform.clusters.k8s_api import (
@@ -59,14 +66,18 @@ from gpuvigil.platform.clusters.k8s_api import (
     load_api_client,
     when,
 )
+from gpuvigil.platform.clusters.k8s_events import EventRecorder
 from gpuvigil.platform.clusters.k8s_keys import load_signer
 from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
+from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.state import STATE_ANNOTATION, State, decode_record
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
 OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
+BLOCK_TAINT = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
+T = TypeVar("T")
 
 
 def pool_label(labels: dict[str, str]) -> str:
@@ -86,6 +97,7 @@ def node_facts(node_info: dict[str, Any]) -> dict[str, str]:
 class KubernetesCluster:
     name = "kubernetes"
     max_concurrency = 16  # the controller may apply decisions to this many nodes at once
+    fence: Fence = staticmethod(unfenced)  # the controller sets its leader elector's
 
     def __init__(
         self, settings: KubernetesSettings | None = None, *, api_client: Any = None
@@ -94,18 +106,33 @@ class KubernetesCluster:
         self.api_client = api_client or load_api_client(self.settings)
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = self.settings.request_timeout_s
-        self._seen: dict[str, tuple[list[dict[str, Any]], str]] = {}
-        self._pools: dict[str, str] = {}  # node -> pool, as last read (a drain's grace period)
-        self._lock = threading.Lock()
         self.calls: Counter[str] = Counter()
-        self.drainer = Drainer(self.core, self.settings, self.calls, self._pages)
-        self.preflight = PreflightPods(self.core, self.settings, self.calls, self._pages)
+        self.watch = NodeWatch(self.core, self.settings, self.calls)
+        # name -> (resourceVersion, running pods, preflight result, view)
+        self._views: dict[str, tuple[str, int, Preflight | None, NodeView]] = {}
+        self._lock = threading.Lock()
+        self.drainer = Drainer(
+            self.core, self.settings, self.calls, self._pages, write=self._write,
+            fence=lambda: self.fence(),  # noqa: PLW0108  (the controller sets it later)
+        )  # fmt: skip
+        self.preflight = PreflightPods(
+            self.core, self.settings, self.calls, self._pages, write=self._write
+        )
+        self.events = EventRecorder(self.core, self.settings, write=self._write)
         self._signer: Signer | None = None
+
+    def _write(self, op: str, call: Callable[[float], T]) -> T:
+        """Every write: the fence first (raises Fenced, sending nothing), then the call
+        with a timeout no longer than the time the fence says this replica has left."""
+        left = self.fence()
+        self.calls[op] += 1
+        return api_call(lambda: call(min(self.timeout, max(0.1, left))))
 
     def signer(self) -> Signer:
         """The key agents trust (`k8s_keys`): loaded, or created and published, once."""
         with self._lock:
             if self._signer is None:
+                self.fence()  # it may create the key: a write like any other
                 self._signer = load_signer(self.core, self.settings)
             return self._signer
 
@@ -146,16 +173,32 @@ class KubernetesCluster:
         return counts
 
     def list_nodes(self) -> list[NodeView]:
-        sel = {"label_selector": self.settings.node_selector} if self.settings.node_selector else {}
-        nodes = list(self._pages("list_nodes", self.core.list_node, **sel))
-        for raw in nodes:
-            self._remember(raw)
+        nodes = self.watch.nodes()
         running = self._counts(nodes)
         runs = self.preflight.results()
-        return [
-            self._view(n, running[n["metadata"]["name"]], runs.get(n["metadata"]["name"]))
-            for n in nodes
-        ]
+        views: list[NodeView] = []
+        cache = self._views
+        for raw in nodes:
+            name = raw["metadata"]["name"]
+            rv = str(raw["metadata"].get("resourceVersion") or "")
+            n, pf = running[name], runs.get(name)
+            hit = cache.get(name)
+            if hit is None or hit[0] != rv or hit[1] != n or hit[2] != pf:
+                hit = (rv, n, pf, self._view(raw, n, pf))
+                cache[name] = hit
+            views.append(hit[3])
+        if len(cache) > len(nodes):
+            present = {n["metadata"]["name"] for n in nodes}
+            self._views = {k: v for k, v in cache.items() if k in present}
+        return views
+
+    def close(self) -> None:
+        """Stop the node watch (tests; a process that exits needs nothing)."""
+        self.watch.stop()
+
+    def watch_age_s(self) -> float:
+        """Seconds since the node watch last heard anything (metrics, /healthz)."""
+        return self.watch.age_s()
 
     def _counts(self, nodes: list[dict[str, Any]]) -> Counter[str]:
         """Running pods per node. Only a DRAINING node's count matters to the policy, so by
@@ -178,7 +221,7 @@ class KubernetesCluster:
 
     def get_node(self, name: str) -> NodeView:
         raw = self._raw("get_node", self.core.read_node, name)
-        self._remember(raw)
+        self.watch.remember(raw)
         return self._view(raw, self._running(name)[name], self.preflight.results().get(name))
 
     def _view(self, raw: dict[str, Any], running: int, preflight: Preflight | None) -> NodeView:
@@ -238,39 +281,27 @@ class KubernetesCluster:
     # ---- writing --------------------------------------------------------------------
 
     def _patch_node(self, op: str, name: str, body: dict[str, Any]) -> None:
-        self.calls[op] += 1
-        resp = api_call(
-            lambda: self.core.patch_node(
-                name, body, _preload_content=False, _request_timeout=self.timeout
-            )
+        resp = self._write(
+            op,
+            lambda t: self.core.patch_node(name, body, _preload_content=False, _request_timeout=t),
         )
-        self._remember(json.loads(resp.data))
+        self.watch.remember(json.loads(resp.data))
 
-    def _remember(self, raw: dict[str, Any]) -> None:
-        """The node's taints and resourceVersion as last seen (a list, a get, our own patch
-        response), so a taint change needs no extra GET; a stale entry costs one Conflict."""
-        meta = raw.get("metadata") or {}
-        if meta.get("name"):
-            with self._lock:
-                self._seen[meta["name"]] = (
-                    list(raw.get("spec", {}).get("taints") or []),
-                    meta.get("resourceVersion", ""),
-                )
-                self._pools[meta["name"]] = pool_label(meta.get("labels") or {})
+    def _latest(self, name: str, *, fresh: bool) -> tuple[list[dict[str, Any]], str]:
+        """The node's taints and resourceVersion: from the watch's cache (which our own
+        patch responses update), or read now; a stale one costs a Conflict and a re-read."""
+        raw = None if fresh else self.watch.get(name)
+        if raw is None:
+            raw = self._raw("get_node", self.core.read_node, name)
+            self.watch.remember(raw)
+        return list(raw.get("spec", {}).get("taints") or []), raw["metadata"]["resourceVersion"]
 
     def _set_taints(self, name: str, change: Callable[[list[dict[str, Any]]], list[Any]]) -> None:
         """Read-modify-write of the taint list with the resourceVersion (no lost updates)."""
         for attempt in range(3):
-            with self._lock:
-                seen = self._seen.pop(name, None) if attempt == 0 else None
-            if seen is None:
-                raw = self._raw("get_node", self.core.read_node, name)
-                seen = (raw.get("spec", {}).get("taints") or [], raw["metadata"]["resourceVersion"])
-            taints, version = seen
+            taints, version = self._latest(name, fresh=attempt > 0)
             new = change(list(taints))
             if new == taints:
-                with self._lock:
-                    self._seen[name] = seen
                 return
             body = {"metadata": {"resourceVersion": version}, "spec": {"taints": new}}
             try:
@@ -281,19 +312,25 @@ class KubernetesCluster:
                     raise
 
     def block(self, name: str, *, reason: str) -> None:
-        taint = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
-        self._set_taints(
-            name, lambda ts: ts if any(t.get("key") == taint["key"] for t in ts) else [*ts, taint]
-        )
+        self._set_taints(name, _with_block)
 
     def unblock(self, name: str) -> None:
         self._set_taints(name, lambda ts: [t for t in ts if t.get("key") not in OUR_TAINTS])
 
-    def store(self, name: str, record: Record, *, version: str = "") -> None:
+    def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
         meta: dict[str, Any] = {"annotations": {STATE_ANNOTATION: record.encode()}}
+        body: dict[str, Any] = {"metadata": meta}
         if version:
             meta["resourceVersion"] = version
-        self._patch_node("store", name, {"metadata": meta})
+        if block:
+            # The taint list is replaced whole, so it must be the one of `version`: with a
+            # version the API server refuses (409) a list from any other.
+            taints, seen = self._latest(name, fresh=not version)
+            meta["resourceVersion"] = version or seen
+            new = _with_block(taints)
+            if new != taints:
+                body["spec"] = {"taints": new}
+        self._patch_node("store", name, body)
 
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         if action not in (Action.RESET_GPU, Action.REBOOT):
@@ -325,44 +362,40 @@ class KubernetesCluster:
             argv = [a.replace("{node}", name) for a in self.settings.replace_hook]
             if not argv:
                 raise Forbidden("controller.kubernetes.replace_hook is empty")
-            res = execp.run(argv, timeout_s=self.settings.hook_timeout_s)
+            left = self.fence()
+            self.calls["replace_hook"] += 1
+            res = execp.run(argv, timeout_s=min(self.settings.hook_timeout_s, left))
             if not res.ok:
                 raise Unavailable(
                     f"replace hook failed: {res.error or res.returncode} {res.stderr_tail(300)}"
                 )
             return
-        self.calls["delete_node"] += 1
         try:
-            api_call(lambda: self.core.delete_node(name, _request_timeout=self.timeout))
+            self._write("delete_node", lambda t: self.core.delete_node(name, _request_timeout=t))
         except NotFound:
             pass  # already gone, which is what we wanted
+        self.watch.forget(name)
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
-        now = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
-        ns = self.settings.event_namespace
-        body = {
-            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": ns},
-            "involvedObject": {"kind": "Node", "name": name, "apiVersion": "v1", "uid": name},
-            "reason": reason[:128],
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "gpuvigil-controller"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        self.calls["event"] += 1
-        api_call(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout))
+        """Queued; the recorder's thread creates the Event (fenced like any write)."""
+        self.events.record(name, reason=reason, message=message, warning=warning)
 
     # ---- draining -------------------------------------------------------------------
 
     def lease_store(self) -> LeaseStore:
-        return LeaseStore(self.api_client, self.settings)
+        return LeaseStore(self.api_client, self.settings, calls=self.calls)
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        with self._lock:
-            pool = self._pools.get(name)
-        if pool is None:
+        raw = self.watch.get(name)  # the node as last seen, for its pool label
+        if raw is not None:
+            pool = pool_label(raw["metadata"].get("labels") or {})
+        else:
             pool = self.get_node(name).pool
         grace = self.settings.eviction_grace_for(pool)
         return self.drainer.drain(name, deadline=deadline, reason=reason, grace_s=grace)
+
+
+def _with_block(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if any(t.get("key") == BLOCK_TAINT["key"] for t in taints):
+        return taints
+    return [*taints, dict(BLOCK_TAINT)]

@@ -5,7 +5,10 @@ the semantics that matter of the real adapters: gpuvigil's blocks are distinct f
 everyone else's (a cordon, a foreign taint), evictions can be refused by a disruption budget
 until the deadline, the node's agent answers a remediation request once per id after a
 delay, a reboot changes the boot id, stores are optimistic (`Conflict` on a stale version),
-and every call is counted (`calls`) so API calls per decision can be measured.
+and every call is counted (`calls`) so API calls per decision can be measured. Writes ask
+`fence` first, and `lease_store()` is an in-memory Lease (compare-and-swap on a version)
+that several controllers over one `MemoryCluster` share: the split-brain tests and the
+simulator's `split-brain` scenario elect over it.
 
 The "world" side (tests, simulator) uses `add_node`, `set_findings`, `cordon`, `fail_next`,
 `advance` and friends; the controller uses only the `Cluster` methods. Preflight runs by
@@ -15,9 +18,12 @@ anywhere else only after `revalidate`, `preflight_s` later.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary, HealthSummary, decode_health
@@ -26,11 +32,14 @@ from gpuvigil.platform.clusters.base import (
     ClusterError,
     Conflict,
     DrainStatus,
+    Fence,
     Forbidden,
+    LeaseObject,
     NodeView,
     Preflight,
     Record,
     Unavailable,
+    unfenced,
 )
 from gpuvigil.platform.state import State, decode_record
 
@@ -77,6 +86,9 @@ class MemNode:
     result: AgentResult | None = None
     preflight: Preflight | None = None
     preflight_asked: datetime | None = None  # when `revalidate` last started a fresh run
+    # ... and for which validation (its `since`, on the controller's clock): like the
+    # Kubernetes adapter's pod name, a key, never compared with this cluster's clock
+    preflight_for: datetime | None = None
     released_at: datetime | None = None  # `mark_released`: what the agent would read
     boot: int = 0
     provider_id: str = ""  # the machine: a replacement is another one
@@ -86,10 +98,44 @@ class MemNode:
     actions: list[tuple[str, str]] = field(default_factory=list)  # (op, detail) done to it
 
 
+class MemoryLease:
+    """An in-memory `LeaseStore`: the version changes on every write; calls are counted
+    (and can be made to fail) through the cluster, as `lease_get` / `lease_write`."""
+
+    def __init__(self, cluster: MemoryCluster) -> None:
+        self.cluster = cluster
+        self.obj: LeaseObject | None = None
+        self._rv = 0
+
+    def get(self) -> LeaseObject | None:
+        self.cluster._call("lease_get")
+        return self.obj
+
+    def _write(self, spec: Mapping[str, Any], annotations: Mapping[str, str]) -> LeaseObject:
+        self._rv += 1
+        self.obj = LeaseObject(dict(spec), dict(annotations), str(self._rv))
+        return self.obj
+
+    def create(self, spec: Mapping[str, Any], annotations: Mapping[str, str]) -> LeaseObject:
+        self.cluster._call("lease_write")
+        if self.obj is not None:
+            raise Conflict("the lease exists")
+        return self._write(spec, annotations)
+
+    def replace(
+        self, spec: Mapping[str, Any], annotations: Mapping[str, str], *, version: str
+    ) -> LeaseObject:
+        self.cluster._call("lease_write")
+        if self.obj is None or self.obj.version != version:
+            raise Conflict(f"the lease changed since version {version}")
+        return self._write(spec, annotations)
+
+
 class MemoryCluster:
     """The `Cluster` interface over dicts; see the module docstring."""
 
     name = "memory"
+    fence: Fence = staticmethod(unfenced)
 
     def __init__(
         self,
@@ -100,16 +146,22 @@ class MemoryCluster:
         preflight_s: float = 60.0,
         auto_preflight: bool = True,
         replace_adds_node: bool = True,
+        heartbeat_s: float = 0.0,
     ) -> None:
         self.clock = clock or VirtualClock()
         self.nodes: dict[str, MemNode] = {}
         self.calls: Counter[str] = Counter()
         self.reset_s, self.reboot_s, self.preflight_s = reset_s, reboot_s, preflight_s
         self.auto_preflight = auto_preflight
+        # A live agent publishes every `heartbeat_s` (0: at every `advance`), as the real
+        # one does every interval: between beats its node does not change.
+        self.heartbeat_s = heartbeat_s
         self.replace_adds_node = replace_adds_node
         self.replaced: list[str] = []
         self.machines = 0  # machines handed out so far (provider ids are unique)
         self._failures: list[list[object]] = []  # [op, node|None, error class, times]
+        self.lease = MemoryLease(self)
+        self._views: dict[str, tuple[tuple[object, ...], NodeView]] = {}
 
     # ---- the world side -------------------------------------------------------------
 
@@ -188,14 +240,14 @@ class MemoryCluster:
                 node.result = AgentResult(rid, succeeded=True, at=now, detail=action.value)
                 node.version += 1
             if node.agent_alive:
-                node.heartbeat_at = now
+                node.heartbeat_at = self._beat(node.heartbeat_at, now)
             rec = decode_record(node.record_raw)
             if rec is None or rec.state is not State.VALIDATING or rec.since is None:
                 continue
             # Like Kubernetes: a new node validates as it joins; on any other
             # node preflight runs again only when the controller asked (`revalidate`).
             started = rec.since if "unvalidated" in node.our_taints else None
-            if node.preflight_asked is not None and node.preflight_asked >= rec.since:
+            if node.preflight_for == rec.since and node.preflight_asked is not None:
                 started = node.preflight_asked
             if (
                 self.auto_preflight
@@ -206,10 +258,22 @@ class MemoryCluster:
                 node.preflight = Preflight(passed=not node.faults, at=now)
                 node.version += 1
 
+    def _beat(self, last: datetime | None, now: datetime) -> datetime:
+        """The time of the agent's latest publish at `now`."""
+        if not self.heartbeat_s or last is None:
+            return now
+        beats = int((now - last).total_seconds() // self.heartbeat_s)
+        return last + timedelta(seconds=beats * self.heartbeat_s)
+
     def summary(self, node: MemNode) -> HealthSummary:
         worst = Status.worst(f.status for f in node.faults)
-        return HealthSummary(
-            generated_at=node.heartbeat_at or self.clock.now(), status=worst, findings=node.faults
+        # the findings are FindingSummary already: no need to validate them again
+        return HealthSummary.model_construct(
+            v=1,
+            generated_at=node.heartbeat_at or self.clock.now(),
+            status=worst,
+            findings=list(node.faults),
+            truncated=0,
         )
 
     # ---- the Cluster interface ------------------------------------------------------
@@ -220,7 +284,7 @@ class MemoryCluster:
             f_op, f_node, error, times = entry
             if times and f_op in (op, "*") and (not f_node or f_node == name):
                 entry[3] = int(times) - 1  # type: ignore[call-overload]
-                self._failures = [e for e in self._failures if e[3]]
+                self._failures[:] = [e for e in self._failures if e[3]]  # shared by replicas
                 raise error(f"injected {error.__name__} on {op}")  # type: ignore[operator]
         if name is None:
             return None
@@ -229,7 +293,33 @@ class MemoryCluster:
             raise Forbidden(f"node {name} not found")
         return node
 
+    def _write(self, op: str, name: str) -> MemNode:
+        """A write: the fence first (a fenced controller sends nothing), then the call."""
+        self.fence()
+        node = self._call(op, name)
+        assert node is not None
+        return node
+
+    def lease_store(self) -> MemoryLease:
+        return self.lease
+
+    def replica(self) -> MemoryCluster:
+        """Another controller's handle on this same cluster: shares every node, the
+        clock, the call counts and the Lease, and has its own `fence`."""
+        return copy.copy(self)
+
     def _view(self, node: MemNode) -> NodeView:
+        """Built again only when something it shows changed (the simulator lists the same
+        nodes pass after pass)."""
+        key = (node.version, node.heartbeat_at, len(node.pods), node.record_raw, node.health_raw)
+        hit = self._views.get(node.name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        view = self._build_view(node)
+        self._views[node.name] = (key, view)
+        return view
+
+    def _build_view(self, node: MemNode) -> NodeView:
         if node.health_raw is not None:
             health = decode_health(node.health_raw)
             health_error = None if health else ("absent" if not node.health_raw else "unreadable")
@@ -269,24 +359,21 @@ class MemoryCluster:
         return self._view(node)
 
     def block(self, name: str, *, reason: str) -> None:
-        node = self._call("block", name)
-        assert node is not None
+        node = self._write("block", name)
         if "unhealthy" not in node.our_taints:
             node.our_taints.add("unhealthy")
             node.version += 1
             node.actions.append(("block", reason))
 
     def unblock(self, name: str) -> None:
-        node = self._call("unblock", name)
-        assert node is not None
+        node = self._write("unblock", name)
         if node.our_taints:
             node.our_taints.clear()  # ours only: other_blocks are never touched
             node.version += 1
             node.actions.append(("unblock", ""))
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        node = self._call("drain", name)
-        assert node is not None
+        node = self._write("drain", name)
         past = self.clock.now() >= deadline
         kept, blocked, forced = [], 0, 0
         for pod in node.pods:
@@ -304,8 +391,7 @@ class MemoryCluster:
         return DrainStatus(remaining=len(kept), blocked=blocked, forced=forced)
 
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
-        node = self._call("request", name)
-        assert node is not None
+        node = self._write("request", name)
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"the agent cannot {action.value}")
         if request_id in node.answered or (node.request and node.request[0] == request_id):
@@ -317,40 +403,40 @@ class MemoryCluster:
         node.actions.append(("request", f"{action.value} {request_id}"))
 
     def mark_released(self, name: str, *, at: datetime) -> None:
-        node = self._call("released", name)
-        assert node is not None
+        node = self._write("released", name)
         node.released_at = at
         node.version += 1
 
     def revalidate(self, name: str, *, since: datetime) -> int:
-        node = self._call("revalidate", name)
-        assert node is not None
-        if node.preflight_asked is not None and node.preflight_asked >= since:
+        node = self._write("revalidate", name)
+        if node.preflight_for == since:
             return 0  # the fresh run for this validation is under way
-        node.preflight_asked = self.clock.now()
+        node.preflight_asked, node.preflight_for = self.clock.now(), since
         node.actions.append(("revalidate", ""))
         return 1
 
     def replace(self, name: str, *, reason: str) -> None:
-        node = self._call("replace", name)
-        assert node is not None
+        node = self._write("replace", name)
         del self.nodes[name]
         self.replaced.append(name)
         if self.replace_adds_node:  # like Karpenter / a node group: a fresh machine arrives
             self.add_node(name, pool=node.pool, labels=node.labels, unvalidated=True,
                           attributes=node.attributes)  # fmt: skip
 
-    def store(self, name: str, record: Record, *, version: str = "") -> None:
-        node = self._call("store", name)
-        assert node is not None
+    def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
+        node = self._write("store", name)
         if version and version != str(node.version):
             raise Conflict(f"node {name} changed (have {version}, now {node.version})")
         text = record.encode()
-        if text != node.record_raw:
-            node.record_raw = text
+        changed = text != node.record_raw
+        node.record_raw = text
+        if block and "unhealthy" not in node.our_taints:
+            node.our_taints.add("unhealthy")
+            node.actions.append(("block", record.tag()))
+            changed = True
+        if changed:
             node.version += 1
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
-        node = self._call("event", name)
-        assert node is not None
+        node = self._write("event", name)
         node.events.append((self.clock.now(), reason, message))

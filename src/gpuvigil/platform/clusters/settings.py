@@ -50,10 +50,12 @@ class KubernetesSettings(StrictModel):
     signing_key_secret: str = "gpuvigil-controller-key"
     trust_configmap: str = "gpuvigil-trust"
     event_namespace: str = "default"  # Node events live in "default" by convention
-    lease_namespace: str = "gpuvigil"
+    event_queue: int = Field(1000, ge=0)  # Events waiting to be sent; more are dropped
+    lease_namespace: str = "gpuvigil"  # the leader Lease (timings: controller.lease)
     lease_name: str = "gpuvigil-controller"
-    lease_duration_s: float = Field(15.0, gt=0)  # a standby takes over this long after death
-    lease_renew_s: float = Field(5.0, gt=0)  # the leader renews this often
+    watch: bool = True  # keep the nodes from one LIST and a WATCH instead of listing each pass
+    watch_timeout_s: float = Field(60.0, gt=0)  # the server ends each watch after this
+    watch_stale_s: float = Field(180.0, gt=0)  # nothing heard this long: act on nothing
 
 
 class SlurmSettings(StrictModel):
@@ -64,3 +66,6 @@ class SlurmSettings(StrictModel):
     replace_hook: list[str] = Field(default_factory=list)  # argv; "{node}" is substituted
     hook_timeout_s: float = Field(120.0, gt=0)
     conf: str | None = None  # SLURM_CONF for the commands; None: Slurm's default
+    # The leader election's lease files: a folder every controller host shares (None:
+    # `gpuvigil-lease` in slurmctld's StateSaveLocation, which HA setups share already).
+    lease_dir: str | None = None

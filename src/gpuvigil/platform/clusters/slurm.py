@@ -20,10 +20,19 @@ Called by the controller (`gpuvigil controller --cluster slurm`), `gpuvigil node
   nextstate=RESUME reason=<tag> NODE`. Because the reason is not Slurm's own "Reboot ASAP",
   Slurm keeps the DRAIN after the reboot, so the node stays blocked until it validates.
   Success = the reboot flags are gone and BootTime is newer than the request.
+- version: Slurm has no resourceVersion and no conditional update, so a node's version is a
+  digest of the fields gpuvigil reads (state, flags, reason, comment, extra, boot time);
+  `store` reads the node just before writing and raises Conflict when the digest moved,
+  which narrows a lost update to the one scontrol call after that read;
+- every write (scontrol update/reboot/requeue, scancel, the replace hook) asks `fence`
+  first; the lease lives in files (`clusters.slurm_lease`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 from collections import Counter
 from datetime import UTC, datetime
@@ -35,17 +44,30 @@ from gpuvigil.node.probes import exec as execp
 from gpuvigil.node.slurm_client import SlurmClient, SlurmError
 from gpuvigil.platform.clusters.base import (
     AgentResult,
+    Conflict,
     DrainStatus,
+    Fence,
     Forbidden,
     NodeView,
     Record,
     Unavailable,
+    unfenced,
 )
 from gpuvigil.platform.clusters.settings import SlurmSettings
+from gpuvigil.platform.clusters.slurm_lease import FileLease
 from gpuvigil.platform.state import TAG_PREFIX, State, decode_record, parse_tag
 
 REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"}
+# what a write by gpuvigil, its agent or a person changes (load and memory figures do not)
+VERSIONED = ("state", "state_flags", "reason", "comment", "extra", "boot_time", "partitions")
+WRITES = {"update", "reboot", "requeue"}  # scontrol subcommands that change something
+
+
+def version_of(raw: dict[str, Any]) -> str:
+    """The node's version token: a digest of the fields in VERSIONED."""
+    text = json.dumps([raw.get(k) for k in VERSIONED], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -147,7 +169,7 @@ def view(raw: dict[str, Any], running: int = 0, *, replace_supported: bool = Fal
         running=running,
         agent_result=result,
         boot_id=str(int(boot.timestamp())) if boot else "",
-        version="",
+        version=version_of(raw),
         preflight_supported=False,
         replace_supported=replace_supported,  # only through a hook: else quarantine at once
         attributes=facts(raw),
@@ -156,6 +178,7 @@ def view(raw: dict[str, Any], running: int = 0, *, replace_supported: bool = Fal
 
 class SlurmCluster:
     name = "slurm"
+    fence: Fence = staticmethod(unfenced)  # the controller sets its leader elector's
 
     def __init__(self, settings: SlurmSettings | None = None) -> None:
         self.settings = settings or SlurmSettings()
@@ -165,10 +188,14 @@ class SlurmCluster:
             timeout_s=self.settings.timeout_s,
         )
         self.calls = self.client.calls
+        self._lease: FileLease | None = None
 
     def _run(self, tool: str, *args: str) -> str:
+        timeout = None
+        if tool == "scancel" or (tool == "scontrol" and args and args[0] in WRITES):
+            timeout = max(0.1, self.fence())  # a write: fenced first, within the lease left
         try:
-            return self.client.run(tool, *args)
+            return self.client.run(tool, *args, timeout_s=timeout)
         except SlurmError as e:
             raise (Forbidden if e.kind in ("missing", "refused") else Unavailable)(str(e)) from e
 
@@ -215,14 +242,29 @@ class SlurmCluster:
         if v.blocked_by_us and not v.blocked_by_someone_else:
             self._update(name, "State=RESUME")
 
-    def store(self, name: str, record: Record, *, version: str = "") -> None:
-        self._update(name, f"Comment={record.encode()}")
-        v = self.get_node(name)
-        raw_tag = record.tag()
-        if v.blocked_by_us and record.state.blocks and v.record and v.record.tag() != raw_tag:
-            raw = next((n for n in self._raw_nodes(name) if n.get("name") == name), {})
-            if not _flags(raw) & REBOOT_FLAGS:  # Slurm owns the reason while rebooting
-                self._update(name, "State=DRAIN", f"Reason={raw_tag}")
+    def _raw_one(self, name: str) -> dict[str, Any]:
+        for raw in self._raw_nodes(name):
+            if raw.get("name") == name:
+                return raw
+        raise Forbidden(f"no Slurm node {name}")
+
+    def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
+        """The record in the Comment, and the drain reason kept to the record's tag (with
+        `block`, the drain itself) in the same scontrol call."""
+        raw = self._raw_one(name)
+        if version and version_of(raw) != version:
+            raise Conflict(f"node {name} changed since it was read")
+        v = view(raw)
+        fields = [f"Comment={record.encode()}"]
+        tag = record.tag()
+        if (block and not v.blocked_by_us and not v.blocked_by_someone_else) or (
+            v.blocked_by_us
+            and record.state.blocks
+            and (v.record is None or v.record.tag() != tag)
+            and not _flags(raw) & REBOOT_FLAGS  # Slurm owns the reason while rebooting
+        ):
+            fields += ["State=DRAIN", f"Reason={tag}"]
+        self._update(name, *fields)
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
         jobs = self._jobs(name)
@@ -246,9 +288,7 @@ class SlurmCluster:
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"Slurm cannot {action.value}")
-        raw = next((n for n in self._raw_nodes(name) if n.get("name") == name), None)
-        if raw is None:
-            raise Forbidden(f"no Slurm node {name}")
+        raw = self._raw_one(name)
         if _flags(raw) & REBOOT_FLAGS:
             return  # already asked (a resend after a restart)
         tag = f"{TAG_PREFIX}{State.REMEDIATING.value}:{action.value}:{request_id}"
@@ -271,10 +311,26 @@ class SlurmCluster:
         argv = [a.replace("{node}", name) for a in self.settings.replace_hook]
         if not argv:
             raise Forbidden("no replace hook configured (controller.slurm.replace_hook)")
-        res = execp.run(argv, timeout_s=self.settings.hook_timeout_s)
+        left = self.fence()
+        self.calls["replace_hook"] += 1
+        res = execp.run(argv, timeout_s=min(self.settings.hook_timeout_s, left))
         if not res.ok:
             raise Unavailable(f"replace hook: {res.error or res.returncode} {res.stderr_tail()}")
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         """Slurm has no event object: the controller's event log and log lines carry it."""
         self.calls["event"] += 1
+
+    def lease_store(self) -> FileLease:
+        """The lease files in `lease_dir`, or `gpuvigil-lease` in the StateSaveLocation
+        that `scontrol show config` names (asked on first use)."""
+        if self._lease is None:
+            self._lease = FileLease(self.settings.lease_dir or self._default_lease_dir)
+        return self._lease
+
+    def _default_lease_dir(self) -> str:
+        out = self._run("scontrol", "show", "config")
+        m = re.search(r"^StateSaveLocation\s*=\s*(\S+)", out, re.MULTILINE)
+        if m is None:
+            raise Unavailable("scontrol show config names no StateSaveLocation")
+        return os.path.join(m.group(1), "gpuvigil-lease")
