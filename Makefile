@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CPU build of PyTorch; a bare `torch` would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test venv system-deps kube lint unit clean image
+.PHONY: demo lab test venv system-deps kube lint unit clean image
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ image: venv system-deps
 
 demo: venv
 	$(VENV)/bin/gpuvigil demo
+
+# Faults through the whole platform on real parts (docs/lab.md): make lab FAULT=xid79,
+# or several in one lab: make lab FAULT="xid48 xid79"
+FAULT ?= xid48
+lab: venv kube
+	$(VENV)/bin/gpuvigil lab $(foreach f,$(FAULT),--fault $(f))
 
 lint: venv
 	$(VENV)/bin/ruff check $(wildcard src tests bench examples)

@@ -58,12 +58,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "made, and why."),
     "demo": ("demo", "Simulate a GPU fleet with and without gpuvigil, print what each layer "
              "buys, and write the HTML report of the run with every layer on."),
+    "lab": ("lab", "Inject one fault into the whole platform running on this machine, on "
+            "real parts, and show what every part did about it, second by second."),
 }  # fmt: skip
 
 HELP = (
     "Keeps GPU fleets fit for gang training: fail-closed node checks (check, analyze, "
     "logscan, agent, preflight), safe remediation (controller, nodes, release), and the "
-    "numbers that prove it (report, simulate, demo).\n\n"
+    "numbers that prove it (report, simulate, demo, lab).\n\n"
     "Try it without a GPU: gpuvigil demo"
 )
 # Lines that start so are commands to paste (examples): kept one per line.

@@ -7,21 +7,15 @@ Eviction is served as policy/v1beta1 only by this version.
 
 from __future__ import annotations
 
-import os
-import shutil
-import ssl
 import subprocess
 import tempfile
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
-from realparts.procs import Proc, free_port, wait_until
+from gpuvigil.lab.control_plane import ControlPlane, missing
+from realparts.procs import wait_until
 
-KUBE_BIN = Path(
-    os.environ.get("GPUVIGIL_KUBE_BIN", str(Path.home() / ".cache/gpuvigil/k8s-1.20.2"))
-)
 TOKEN = "gpuvigil-test-admin-token"
 # Admins whose writes the API server's audit log records (request bodies included), for
 # tests that must know who wrote what, when, by the server's clock (split brain). Everyone
@@ -39,130 +33,33 @@ rules:
 
 
 def available() -> tuple[bool, str]:
-    if not (KUBE_BIN / "kube-apiserver").exists():
-        return False, f"kube-apiserver not built in {KUBE_BIN} (make kube)"
-    for b in ("etcd", "openssl"):
-        if shutil.which(b) is None:
-            return False, f"{b} not installed"
-    return True, ""
+    why = missing()
+    return why is None, why or ""
 
 
 class KubeCluster:
-    """etcd + kube-apiserver; optional scheduler and disruption controller on demand."""
+    """etcd + kube-apiserver (`gpuvigil.lab.control_plane`, the lab's own); the scheduler
+    and the disruption controller on demand."""
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
-        self.procs: list[Proc] = []
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.kubeconfig = workdir / "kubeconfig"
-        self.audit_log = workdir / "audit.log"
-        self._extra: dict[str, Proc] = {}
+        self.cp = ControlPlane(workdir, controllers=None, token=TOKEN, context="test",
+                               users=AUDITED, audit_policy=AUDIT_POLICY)  # fmt: skip
+        self.port = self.cp.port
+        self.url = self.cp.url
+        self.kubeconfig = self.cp.kubeconfig
+        self.audit_log = self.cp.audit_log
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        d = self.dir
-        etcd_port, peer_port = free_port(), free_port()
-        self.procs.append(
-            Proc(
-                [
-                    "etcd",
-                    "--data-dir", str(d / "etcd"),
-                    "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                    "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                    "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                    "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-                    "--unsafe-no-fsync",
-                ],
-                log=d / "etcd.log",
-            )
-        )  # fmt: skip
-        sa_key = d / "sa.key"
-        subprocess.run(
-            ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True
-        )
-        (d / "tokens.csv").write_text(
-            f'{TOKEN},admin,admin,"system:masters"\n'
-            + "".join(f'{u}-token,{u},{u},"system:masters"\n' for u in AUDITED)
-        )
-        (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
-        (d / "certs").mkdir(exist_ok=True)
-        self.procs.append(
-            Proc(
-                [
-                    str(KUBE_BIN / "kube-apiserver"),
-                    "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-                    "--bind-address", "127.0.0.1",
-                    "--secure-port", str(self.port),
-                    "--insecure-port", "0",
-                    "--cert-dir", str(d / "certs"),
-                    "--token-auth-file", str(d / "tokens.csv"),
-                    # As on kubeadm/EKS/GKE clusters: kubelets (system:node:<name>) may
-                    # write only their own Node and their own pods' status.
-                    "--authorization-mode", "Node,RBAC",
-                    "--enable-admission-plugins", "NodeRestriction",
-                    "--service-account-key-file", str(sa_key),
-                    "--service-account-signing-key-file", str(sa_key),
-                    "--service-account-issuer", "https://kubernetes.default.svc",
-                    "--api-audiences", "https://kubernetes.default.svc",
-                    "--service-cluster-ip-range", "10.96.0.0/24",
-                    "--disable-admission-plugins", "ServiceAccount",
-                    "--enable-priority-and-fairness=false",
-                    "--audit-policy-file", str(d / "audit-policy.yaml"),
-                    "--audit-log-path", str(self.audit_log),
-                    "--audit-log-maxbackup", "0",
-                    # As on every real cluster (kubeadm, EKS, GKE): node agents such as
-                    # node-problem-detector and gpuvigil's DaemonSet run privileged.
-                    "--allow-privileged=true",
-                    "--logtostderr", "--v=0",
-                ],
-                log=d / "apiserver.log",
-            )
-        )  # fmt: skip
-        self._write_kubeconfig()
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-
-        def ready() -> bool:
-            if not self.procs[-1].alive():
-                raise RuntimeError("kube-apiserver exited:\n" + self.procs[-1].log_tail())
-            req = urllib.request.Request(
-                f"{self.url}/readyz", headers={"Authorization": f"Bearer {TOKEN}"}
-            )
-            with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
-                return r.status == 200
-
-        wait_until(ready, timeout=60, interval=0.2, what="kube-apiserver /readyz")
+        self.cp.start(scheduler=False)
 
     def stop(self) -> None:
-        for p in list(self._extra.values()) + self.procs[::-1]:
-            p.stop()
-        self._extra.clear()
-
-    def _write_kubeconfig(self, path: Path | None = None, token: str = TOKEN) -> Path:
-        path = path or self.kubeconfig
-        path.write_text(
-            f"""apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
-users:
-- name: admin
-  user: {{token: "{token}"}}
-contexts:
-- name: test
-  context: {{cluster: test, user: admin}}
-current-context: test
-"""
-        )
-        return path
+        self.cp.stop()
 
     def audited_kubeconfig(self, user: str) -> Path:
         """A kubeconfig for one of `AUDITED`: its writes are in `audit_events()`."""
-        assert user in AUDITED, user
-        return self._write_kubeconfig(self.dir / f"kubeconfig-{user}", f"{user}-token")
+        return self.cp.kubeconfig_for(user)
 
     def audit_events(self, users: tuple[str, ...]) -> list[dict[str, Any]]:
         """The audit log's completed requests by these users, in the order written."""
@@ -177,28 +74,11 @@ current-context: test
 
     def start_scheduler(self) -> None:
         """A real kube-scheduler: it honours NoSchedule taints and nvidia.com/gpu capacity."""
-        if "scheduler" not in self._extra:
-            self._extra["scheduler"] = Proc(
-                [
-                    str(KUBE_BIN / "kube-scheduler"),
-                    "--kubeconfig", str(self.kubeconfig),
-                    "--leader-elect=false", "--port=0", "--secure-port=0",
-                ],
-                log=self.dir / "scheduler.log",
-            )  # fmt: skip
+        self.cp.start_scheduler()
 
     def start_disruption_controller(self) -> None:
         """kube-controller-manager with only the disruption controller: PDBs give 429."""
-        if "kcm" not in self._extra:
-            self._extra["kcm"] = Proc(
-                [
-                    str(KUBE_BIN / "kube-controller-manager"),
-                    "--kubeconfig", str(self.kubeconfig),
-                    "--controllers=disruption",
-                    "--leader-elect=false", "--port=0", "--secure-port=0",
-                ],
-                log=self.dir / "kcm.log",
-            )  # fmt: skip
+        self.cp.start_controllers("disruption")
 
     # -- clients and helpers ---------------------------------------------------------------
     def api_client(self, token: str = TOKEN) -> Any:
@@ -343,8 +223,13 @@ current-context: test
 
         try:
             client.NodeV1Api(self.api_client()).create_runtime_class(
-                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": "nvidia"},
+                    "handler": "nvidia",
+                }
+            )
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -388,17 +273,33 @@ current-context: test
                     _preload_content=False,
                 )
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            terminated = {"exitCode": exit_code, "startedAt": now, "finishedAt": now,
-                          "message": message, "reason": "Completed" if exit_code == 0 else "Error"}
-            v1.patch_namespaced_pod_status(name, namespace, {"status": {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "startTime": now,
-                "containerStatuses": [{
-                    "name": pod.spec.containers[0].name, "ready": False, "restartCount": 0,
-                    "image": pod.spec.containers[0].image, "imageID": "",
-                    "state": {"terminated": terminated},
-                }],
-            }})
+            terminated = {
+                "exitCode": exit_code,
+                "startedAt": now,
+                "finishedAt": now,
+                "message": message,
+                "reason": "Completed" if exit_code == 0 else "Error",
+            }
+            v1.patch_namespaced_pod_status(
+                name,
+                namespace,
+                {
+                    "status": {
+                        "phase": "Succeeded" if exit_code == 0 else "Failed",
+                        "startTime": now,
+                        "containerStatuses": [
+                            {
+                                "name": pod.spec.containers[0].name,
+                                "ready": False,
+                                "restartCount": 0,
+                                "image": pod.spec.containers[0].image,
+                                "imageID": "",
+                                "state": {"terminated": terminated},
+                            }
+                        ],
+                    }
+                },
+            )
             done.append(name)
         return done
 

@@ -9,7 +9,6 @@ unknown, where gpuvigil uses 2 for "a check could not run") and the first
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +16,7 @@ import typer
 
 from gpuvigil import config as gconfig
 from gpuvigil.commands import options
-from gpuvigil.core import codes, freshness
+from gpuvigil.core import codes, freshness, naming
 from gpuvigil.core.findings import NodeReport, Status, utcnow
 
 NPD_DEFAULT_MAX_OUTPUT = 80  # node-problem-detector's default max_output_length
@@ -174,12 +173,7 @@ def run_once(
     cfg = gconfig.load(config, overrides=over, sections=("node", "agent"))
     root = sysfs_root or cfg.agent.sysfs_root
     ctx = CheckContext(config=cfg.node, root=root, env=dict(os.environ))
-    name = (
-        node
-        or cfg.agent.node_name
-        or os.environ.get("NODE_NAME")
-        or socket.gethostname().split(".")[0]
-    )
+    name = naming.node_name(node or cfg.agent.node_name)
     specs = select(names=names) if names else select(groups=("fast",))
     report = run_sweep(ctx, node=name, specs=specs)
     unknown = [n for n in names or () if n not in REGISTRY]

@@ -7,7 +7,6 @@ exits 0 (passed), 1 (a problem found) or 2 (a check could not run), like `gpuvig
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -115,7 +114,8 @@ def register(app: typer.Typer) -> None:
         node_name: Annotated[
             str | None,
             typer.Option(
-                "--node-name", help="Node name in the report (default $NODE_NAME/hostname)."
+                "--node-name",
+                help="Node name in the report (default $NODE_NAME, else the short host name).",
             ),
         ] = None,
         sysfs_root: Annotated[
@@ -170,7 +170,7 @@ def register(app: typer.Typer) -> None:
         except (ConfigError, ValueError) as e:
             typer.echo(f"gpuvigil preflight: {e}", err=True)
             raise typer.Exit(2) from e
-        name = node_name_of(cfg, node_name or os.environ.get("NODE_NAME") or None)
+        name = node_name_of(cfg, node_name)
         with terminal.progress(quiet=as_json) as progress:
             result = run_preflight(cfg, root=sysfs_root, node_name=name, progress=progress)
         if result_file is not None:

@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
         maintenance_state: Annotated[
             list[str] | None,
             typer.Option(
-                help="State that counts as planned maintenance (repeatable; default MAINTENANCE)."
+                help="A state your own tooling writes that counts as planned maintenance "
+                "(repeatable; default none: `node.maintenance` events mark maintenance)."
             ),
         ] = None,
         lookback: Annotated[
@@ -140,8 +141,8 @@ def register(app: typer.Typer) -> None:
                 end=end_ts,
                 targets=Targets(availability=availability_target, job_success=job_success_target),
                 config=SloConfig(
-                    in_service_states=frozenset(in_service_state or ["HEALTHY"]),
-                    maintenance_states=frozenset(maintenance_state or ["MAINTENANCE"]),
+                    in_service_states=frozenset(in_service_state or SloConfig.in_service_states),
+                    maintenance_states=frozenset(maintenance_state or ()),
                 ),
                 stats=stats,
                 lookback_s=lookback_s or 0.0,

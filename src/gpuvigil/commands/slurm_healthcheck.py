@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +10,7 @@ import typer
 from gpuvigil import config as gconfig
 from gpuvigil.commands import options
 from gpuvigil.commands.npd import fresh_report, run_once
-from gpuvigil.core import freshness
+from gpuvigil.core import freshness, naming
 from gpuvigil.node.sinks.state_file import DEFAULT_PATH
 
 HELP = (
@@ -66,7 +64,7 @@ def register(app: typer.Typer) -> None:
         if drain_on not in ("fatal", "failed"):
             typer.echo("--drain-on must be fatal or failed", err=True)
             raise typer.Exit(2)
-        name = node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        name = naming.node_name(node_name)
         report = fresh_report(state_file, max_age_s=max_age)
         source = f"agent report {state_file}"
         if report is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Charged(StrEnum):
@@ -120,3 +121,77 @@ def charged(code: int) -> Charged:
 def spared(retry: Retry = Retry.IGNORE) -> tuple[int, ...]:
     """The codes a retry policy treats this way, sorted (for podFailurePolicy rules)."""
     return tuple(sorted(c for c, e in TABLE.items() if c != SUCCESS and e.retry is retry))
+
+
+def pod_failure_policy(*, container: str | None = None) -> dict[str, object]:
+    """A Kubernetes Job's `podFailurePolicy` from this table: a pod the platform disrupted
+    (the `DisruptionTarget` condition gpuvigil's drain sets) and the codes whose `retry` is
+    IGNORE are retried without using up `backoffLimit`; FAIL codes end the job. The shipped
+    example (`deploy/kubernetes/examples/training-job.yaml`) holds exactly this."""
+
+    def on_codes(codes: tuple[int, ...]) -> dict[str, object]:
+        req: dict[str, object] = {"operator": "In", "values": list(codes)}
+        if container is not None:
+            req = {"containerName": container, **req}
+        return req
+
+    rules: list[dict[str, object]] = [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    ]
+    if spared(Retry.IGNORE):
+        rules.append({"action": "Ignore", "onExitCodes": on_codes(spared(Retry.IGNORE))})
+    if spared(Retry.FAIL):
+        rules.append({"action": "FailJob", "onExitCodes": on_codes(spared(Retry.FAIL))})
+    return {"rules": rules}
+
+
+def policy_action(policy: dict[str, Any] | None, pod_status: dict[str, Any]) -> str:
+    """What a Job's podFailurePolicy does with one failed pod: "Ignore", "Count" or
+    "FailJob". Kubernetes' algorithm (kubernetes/kubernetes, pkg/controller/job/
+    pod_failure_policy.go, `matchPodFailurePolicy`), for the lab's job controller and the
+    simulator's retries: rules in order, the first that matches decides; onExitCodes looks
+    at terminated containers (app, then init) with a non-zero code, restricted to
+    `containerName` when given; onPodConditions matches a condition of that type whose
+    status is the pattern's (default True); no match, or no policy, counts."""
+    for rule in (policy or {}).get("rules") or []:
+        action = rule.get("action")
+        if action not in ("Ignore", "Count", "FailJob"):
+            continue  # unknown actions are skipped, as the API asks clients to
+        if rule.get("onExitCodes") is not None:
+            if _exit_code_matches(pod_status, rule["onExitCodes"]):
+                return str(action)
+        elif rule.get("onPodConditions") is not None:
+            for cond in pod_status.get("conditions") or []:
+                for pattern in rule["onPodConditions"]:
+                    want = pattern.get("status", "True")
+                    if cond.get("type") == pattern.get("type") and cond.get("status") == want:
+                        return str(action)
+    return "Count"
+
+
+def _exit_code_matches(pod_status: dict[str, Any], req: dict[str, Any]) -> bool:
+    values = set(req.get("values") or [])
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for cs in pod_status.get(key) or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term is None or req.get("containerName") not in (None, cs.get("name")):
+                continue
+            code = term.get("exitCode", 0)
+            if code != 0 and (
+                (req.get("operator") == "In" and code in values)
+                or (req.get("operator") == "NotIn" and code not in values)
+            ):
+                return True
+    return False
+
+
+def pod_status(code: int, *, disrupted: bool = False, container: str = "trainer") -> dict[str, Any]:
+    """A failed pod's status as the policy reads it: one container's exit code, and the
+    DisruptionTarget condition when the platform evicted it."""
+    status: dict[str, Any] = {
+        "phase": "Failed",
+        "containerStatuses": [{"name": container, "state": {"terminated": {"exitCode": code}}}],
+    }
+    if disrupted:
+        status["conditions"] = [{"type": "DisruptionTarget", "status": "True"}]
+    return status

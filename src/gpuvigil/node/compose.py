@@ -10,13 +10,13 @@ import importlib
 import logging
 import os
 import random
-import socket
 import threading
 import time
 
 from prometheus_client import CollectorRegistry
 
 from gpuvigil import __version__
+from gpuvigil.core import naming
 from gpuvigil.core.events import EventWriter
 from gpuvigil.node import sweep
 from gpuvigil.node.agent import Agent, AgentConfig
@@ -35,7 +35,7 @@ REPLACED_BY_STREAM = ("kernel_log",)
 
 
 def node_name(config: AgentConfig, env: dict[str, str]) -> str:
-    return config.node_name or env.get("NODE_NAME") or socket.gethostname().split(".")[0]
+    return naming.node_name(config.node_name, env=env)
 
 
 def schedule(config: AgentConfig) -> tuple[list[CheckSpec], list[str]]:

@@ -10,10 +10,10 @@ reads beside the kernel log), then the rest concurrently, each under its own dea
 from __future__ import annotations
 
 import importlib
-import socket
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from gpuvigil.core import naming
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, run_check
 
@@ -86,7 +86,7 @@ def run_sweep(
             results += list(pool.map(lambda s: run_check(s, ctx), rest))
     findings = tuple(f for fs, _ in results for f in fs)
     return NodeReport(
-        node=node or socket.gethostname(),
+        node=naming.node_name(node),
         findings=findings,
         checks=tuple(run for _, run in results),
     )

@@ -5,8 +5,11 @@ Called by `gpuvigil report` (through `observe.summary`) and the simulator's repo
 `job.end` it gathers the evidence on the job's nodes and the job itself from `lookback_s`
 before to `grace_s` after the failure (detection lags the crash: an Xid is logged, then the
 agent reports it on its next pass), then `classify` — a pure function — picks the cause
-with the first matching rule of `RULES`. Memory: a short evidence ring per node and per
-running job, and the failures still inside their grace period.
+with the first matching rule of `RULES`, then by the job's exit code as the one exit-code
+table (`core.exit_codes`) charges it. Which Xids are the application's doing comes from the
+Xid catalog (`node.catalog.xid`: the codes whose action is RESTART_APP). Memory: a short
+evidence ring per node and per running job, and the failures still inside their grace
+period.
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuvigil.core import codes
+from gpuvigil.core import codes, exit_codes
 from gpuvigil.core.events import Event, Kind
+from gpuvigil.core.exit_codes import Charged, Retry
+from gpuvigil.core.findings import Action
+from gpuvigil.core.states import State
+from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
 
 HARDWARE, NETWORK, STORAGE, HANG, USER, UNKNOWN = (
     "hardware",
@@ -35,13 +42,18 @@ HW_FAMILIES = frozenset(
 HW_HEALTH_CODES = frozenset(
     {"GPU_LOST", "GPU_COUNT_LOW", "DCGM_HEALTH_FAIL", "DCGM_DIAG_FAIL", "GPU_SDC", "GPU_SLOW"}
 )
-# Xids NVIDIA lists as usually caused by the application (graphics engine exception, MMU
-# fault, GPU stopped processing) or as the cleanup after another error: not hardware.
-APP_XIDS = frozenset({"XID_13", "XID_31", "XID_43", "XID_45"})
 SEVERE_ACTIONS = frozenset({"RESET_GPU", "REBOOT", "REPLACE", "INVESTIGATE"})
-# Node states that do not take work away from a job (returning, validating, planned).
-NOT_A_DRAIN = (None, "HEALTHY", "VALIDATING", "MAINTENANCE")
-SIGNAL_EXIT = 128  # exit codes above this mean "killed by a signal", not the program's error
+# A node moved to one of these around a failure had a problem the controller saw (blocked
+# or drained); a node returning through VALIDATING had not (`core.states`).
+TROUBLED = frozenset(s.value for s in State if s.blocks and s is not State.VALIDATING)
+# What an exit code the table charges to someone other than the program says, when no
+# event explains the failure better (`core.exit_codes.Charged` -> attribution cause).
+CHARGED_CAUSE = {
+    Charged.NODE: HARDWARE,
+    Charged.HANG: HANG,
+    Charged.STORAGE: STORAGE,
+    Charged.DRAIN: UNKNOWN,  # the platform took the node away; only its events say why
+}
 # Words in a restart/end `reason` that hint at a cause when no event proves one.
 REASON_HINTS = (
     (HANG, ("hang", "watchdog", "timeout")),
@@ -110,17 +122,32 @@ def describe_code(code: str) -> str:
     return code
 
 
+def app_xid(code: str, catalog: XidCatalog | None = None) -> bool:
+    """An Xid the catalog says the application causes (its action is RESTART_APP: the node
+    is fine), e.g. 13 (graphics engine exception) or 31 (GPU memory page fault)."""
+    kind, _, num = code.partition("_")
+    if kind != "XID" or not num.isdigit():
+        return False
+    rule = (catalog or load_catalog()).rule("xid", int(num))
+    return rule.known and rule.outcome.action is Action.RESTART_APP
+
+
 def to_evidence(ev: Event) -> Evidence | None:
     """Reduce one event to evidence, or None when it says nothing about failures."""
     d, node = ev.data, ev.node
-    if ev.kind == Kind.FINDING_SET and str(d.get("status", "FAILED")) == "FAILED":
-        code, comp = str(d.get("code", "")), str(d.get("component", "node"))
+    status = str(d.get("status", "FAILED"))
+    code = str(d.get("code", ""))
+    # An application Xid is a WARNING in the catalog (the node is fine): still evidence.
+    if ev.kind == Kind.FINDING_SET and (
+        status == "FAILED" or (status == "WARNING" and app_xid(code))
+    ):
+        comp = str(d.get("component", "node"))
         where = f"{describe_code(code)} on {comp} of {node}"
         strong = bool(d.get("fatal")) or str(d.get("action", "")) in SEVERE_ACTIONS
         family = codes.family_of(code)
         if code in codes.COULD_NOT_RUN:
             kind = "tool"
-        elif code in APP_XIDS:
+        elif app_xid(code):
             kind = "app_xid"
         elif code == "TRAINING_HANG":
             kind = HANG
@@ -135,10 +162,12 @@ def to_evidence(ev: Event) -> Evidence | None:
         return Evidence(ev.ts, HANG, f"hang at step {d.get('step')} ({d.get('where', '?')})", node)
     if ev.kind == Kind.CHECKPOINT and d.get("result") not in (None, "ok", "succeeded"):
         return Evidence(ev.ts, STORAGE, f"checkpoint {d.get('result')} at step {d.get('step')}")
+    to = d.get("to")
     if (
         ev.kind == Kind.NODE_STATE
-        and d.get("to") not in NOT_A_DRAIN
-        and d.get("dry_run") is not True
+        and isinstance(to, str)
+        and to in TROUBLED
+        and not d.get("dry_run")
     ):
         why = str(d.get("reason") or "no reason")
         # A drain for a check that could not run is tool breakage, not hardware evidence.
@@ -214,13 +243,25 @@ def classify(f: Failure, evidence: Iterable[Evidence]) -> Attribution:
                 component=e.component,
                 code=e.code,
             )
+    code = f.exit_code
+    charge = exit_codes.charged(code) if code is not None else None
+    if charge in CHARGED_CAUSE:
+        assert code is not None and charge is not None
+        meaning = exit_codes.lookup(code).meaning
+        return Attribution(
+            **base,
+            cause=CHARGED_CAUSE[charge],
+            confidence=0.3 if charge is Charged.DRAIN else 0.7,
+            summary=f"exit code {code} ({meaning})",
+            node=f.node,
+        )
     reason = f.reason.lower()
     for cause, words in REASON_HINTS:
         if any(w in reason for w in words):
             return Attribution(
                 **base, cause=cause, confidence=0.4, summary=f"reason: {f.reason}", node=f.node
             )
-    if f.exit_code is not None and 0 < f.exit_code < SIGNAL_EXIT:
+    if charge is Charged.USER:
         app = _pick(ev, "app_xid")
         conf = 0.8 if app else 0.7
         text = f"exit code {f.exit_code}, no hardware evidence"
@@ -294,8 +335,12 @@ class Attributor:
         exit_code = exit_code if type(exit_code) is int else None
         if ev.kind == Kind.JOB_END:
             ok = d.get("result", "succeeded" if exit_code in (0, None) else "failed")
-            nodes = self._job_nodes.pop(job, frozenset())
-            job_ev = self._job_ev.pop(job, deque())
+            # An attempt that exits with a code the table retries for free (drained, a node
+            # refused) is followed by a restart of the same job: keep what the job ran on.
+            retried = exit_code is not None and exit_codes.lookup(exit_code).retry is Retry.IGNORE
+            take = self._job_nodes.get if retried else self._job_nodes.pop
+            nodes = take(job, frozenset())
+            job_ev = (self._job_ev.get if retried else self._job_ev.pop)(job, deque())
             if ok in ("succeeded", "cancelled"):
                 return
         else:

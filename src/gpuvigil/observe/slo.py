@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuvigil.core.events import Event, Kind
+from gpuvigil.core.states import REMOVED, State
 from gpuvigil.observe.slo_report import SloReport, Targets
 from gpuvigil.observe.timeline import Timeline
 
@@ -27,14 +28,16 @@ __all__ = ["SloConfig", "SloReport", "SloTracker", "Targets", "compute"]
 
 @dataclass(frozen=True)
 class SloConfig:
-    """How controller states map to availability; override to match your policy's states."""
+    """How node states map to availability. The defaults are the controller's states
+    (`core.states`); planned maintenance comes from `node.maintenance` events, and a
+    site whose own tooling writes `node.state` events names its states here."""
 
-    in_service_states: frozenset[str] = frozenset({"HEALTHY"})
-    maintenance_states: frozenset[str] = frozenset({"MAINTENANCE"})
-    removed_states: frozenset[str] = frozenset({"REMOVED"})
+    in_service_states: frozenset[str] = frozenset(s.value for s in State if s.in_service)
+    maintenance_states: frozenset[str] = frozenset()
+    removed_states: frozenset[str] = frozenset({REMOVED})
     # States that mean running work was (being) moved off: an episode that reaches one is a
     # drain; one that only blocked new work (SUSPECT) is a cordon.
-    drain_states: frozenset[str] = frozenset({"DRAINING", "DRAINED", "REMEDIATING", "QUARANTINED"})
+    drain_states: frozenset[str] = frozenset(s.value for s in State if s.takes_work_away)
     # Remediations that repair a node (a drain ended by one of these is not a false positive).
     repair_actions: frozenset[str] = frozenset({"RESET_GPU", "REBOOT", "REPLACE"})
     # States only a person ends (`gpuvigil release`): an episode that reached one ended on a

@@ -79,17 +79,19 @@ class _Fleet:
                                 reason="worker lost", lost_s=lost)  # fmt: skip
                 self.at(now + 1, restart)
         t = detect + 5
-        self.at(t, _line(t, "node.state", "controller", node=node, to="DRAINED", reason=code,
+        self.at(t, _line(t, "node.state", "controller", node=node, to="DRAINING", reason=code,
                          **{"from": "HEALTHY"}))  # fmt: skip
         found = code != "CHECK_TIMEOUT"
         fix = t + r.uniform(600, 4 * 3600 if action != "REPLACE" else 48 * 3600)
+        self.at(t + 60, _line(t + 60, "node.state", "controller", node=node, to="REMEDIATING",
+                              reason=code, **{"from": "DRAINING"}))  # fmt: skip
         self.at(t + 60, _line(t + 60, "remediation", "controller", node=node, action=action,
                               result="started", reason=code))  # fmt: skip
         self.at(fix - 1, _line(fix - 1, "remediation", "agent", node=node, action=action,
                                result="succeeded", reason=code, found=found))  # fmt: skip
         self.at(fix, _line(fix, "finding.cleared", "agent", node=node, **fs))
         self.at(fix + 1, _line(fix + 1, "node.state", "controller", node=node, to="HEALTHY",
-                               reason="remediated", **{"from": "DRAINED"}))  # fmt: skip
+                               reason="remediated", **{"from": "REMEDIATING"}))  # fmt: skip
         self.at(fix + 1.5, _line(fix + 1.5, "_free", "gen", node=node))
 
     def maintenance(self, now: float) -> None:

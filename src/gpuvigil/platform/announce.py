@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Action
+from gpuvigil.core.states import REMOVED
 from gpuvigil.platform.breaker import Breaker, Change
 from gpuvigil.platform.clusters.base import Cluster, ClusterError, NodeView
 from gpuvigil.platform.metrics import ControllerMetrics
@@ -82,6 +83,15 @@ class Announcer:
                 now,
                 **{"from": None, "to": state.value, "reason": "observed", "dry_run": self.dry_run},
             )
+
+    def removed(self, node: NodeView, old: Record, now: datetime) -> None:
+        """A replacement deleted the node object, and its record with it: say so (`node.state`
+        to REMOVED, `core.states`), so layer 4 stops counting a machine that left the fleet;
+        a successor of that name is announced anew."""
+        self.event(node.name, Kind.NODE_STATE, now, **{
+            "from": old.state.value, "to": REMOVED, "reason": "replaced: node deleted",
+            "dry_run": False})  # fmt: skip
+        self._announced.discard(node.name)
 
     def say(self, name: str, message: str, now: datetime) -> None:
         if self._said.get(name) == message:

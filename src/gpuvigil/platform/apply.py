@@ -93,6 +93,8 @@ def _apply(
             if given_back is not None:  # a replacement counts once a new machine joins
                 given_back(node, now)
             cluster.replace(node.name, reason=rec.reason)
+            if getattr(cluster, "replace_removes_node", False):
+                voice.removed(node, rec, now)
         elif op.kind is OpKind.REVALIDATE:
             # At least once: revalidate deletes only preflight pods older than `since`,
             # so a repeat after a crash here never kills the fresh run.

@@ -10,7 +10,6 @@ pod's exit reports (`clusters.k8s_preflight`).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gpuvigil.core import naming
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, utcnow
 from gpuvigil.node import sweep
@@ -137,8 +137,8 @@ def run_fast(
 
 
 def node_name_of(config: Any, node_name: str | None = None) -> str:
-    """The node a preflight run reports on."""
-    return node_name or config.preflight.node_name or socket.gethostname()
+    """The node a preflight run reports on (`core.naming`: the one way to name a node)."""
+    return naming.node_name(node_name or config.preflight.node_name)
 
 
 def run_preflight(

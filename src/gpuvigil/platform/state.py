@@ -1,5 +1,6 @@
-"""The controller's per-node values: the policy state, the record stored on the node, and
-`NodeView` (what a cluster adapter reads about one node).
+"""The controller's per-node values: the record stored on the node, and `NodeView` (what a
+cluster adapter reads about one node). The policy states are core's (`core.states.State`,
+re-exported here).
 
 Pure data, no I/O: the policy (`platform.policy`) reads these, the cluster adapters
 (`platform.clusters.*`) build and store them, the simulator and `gpuvigil nodes` show them.
@@ -16,40 +17,21 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuvigil.core import states
 from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.states import State
 from gpuvigil.core.wire import DOMAIN, HealthSummary
 
 STATE_ANNOTATION = f"{DOMAIN}/state"
-TAG_PREFIX = "gpuvigil:"  # Slurm drain reasons written by gpuvigil start with this
+TAG_PREFIX = states.TAG_PREFIX  # Slurm drain reasons written by gpuvigil start with this
 HISTORY_LIMIT = 12  # transitions kept on the node (annotation size stays ~2 KB)
 
 # The remediation ladder: each step is tried once per episode, in this order.
 LADDER: tuple[Action, ...] = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
-
-
-class State(StrEnum):
-    """Where a node is in its remediation; see docs/controller.md for the diagram."""
-
-    HEALTHY = "HEALTHY"  # in service (unless someone else blocks it)
-    SUSPECT = "SUSPECT"  # a problem: new work blocked, running work continues
-    DRAINING = "DRAINING"  # running work is being moved off
-    REMEDIATING = "REMEDIATING"  # a ladder step (reset, reboot, replace) is in progress
-    VALIDATING = "VALIDATING"  # preflight must pass before new work lands
-    QUARANTINED = "QUARANTINED"  # needs a human: `gpuvigil release NODE`
-
-    @property
-    def disruptive(self) -> bool:
-        """States that count against the disruption budget."""
-        return self in (State.DRAINING, State.REMEDIATING)
-
-    @property
-    def blocks(self) -> bool:
-        return self is not State.HEALTHY
 
 
 class Transition(BaseModel):
@@ -102,8 +84,7 @@ class Record(BaseModel):
 
     def tag(self) -> str:
         """Short form for Slurm drain reasons and logs: `gpuvigil:<state>:<step>:<code>`."""
-        step = self.step.value if self.step is not None else "-"
-        return f"{TAG_PREFIX}{self.state.value}:{step}:{self.code or '-'}"
+        return states.tag(self.state, self.step.value if self.step else None, self.code)
 
     def encode(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
@@ -141,19 +122,16 @@ def _decode_record(text: str) -> Record | None:
 
 
 def parse_tag(text: str | None) -> tuple[State, Action | None, str] | None:
-    """`gpuvigil:<state>:<step>:<code>` -> (state, step, code); None when not ours or garbage."""
-    if not text or not text.startswith(TAG_PREFIX):
+    """`gpuvigil:<state>:<step>:<code>` (`core.states.tag`) -> (state, step, code); None
+    when not ours or garbage."""
+    got = states.parse_tag(text)
+    if got is None:
         return None
-    parts = text[len(TAG_PREFIX) :].split(":")
-    if len(parts) < 3:
-        return None
+    state, step, code = got
     try:
-        state = State(parts[0])
-        step = None if parts[1] == "-" else Action(parts[1])
+        return state, None if step is None else Action(step), code
     except ValueError:
         return None
-    code = ":".join(parts[2:])
-    return state, step, "" if code == "-" else code
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class Job:
     interruptions: int = 0
     restarts: int = 0
     hung_since: float | None = None
+    in_place: bool = False  # the last restart is torchrun's, on the same nodes (sim.restart)
     end_reason: str = ""
 
     @property

@@ -42,7 +42,6 @@ class Lifecycle:
         node, step = obj
         if node.repair_epoch != epoch or node.state is not NodeState.CORDONED or not node.faults:
             return
-        # layer 3 drains at a checkpoint: nothing is lost but the restart
         self.take_out(node, t, reason="drain", graceful=self.sc.layer3)
         self.remediate(node, t, step or Action.REBOOT)
 
@@ -196,7 +195,7 @@ class Lifecycle:
             self.fleet.nodes[nid].job = job.id
         job.state = JobState.RUNNING
         job.alloc_since = t
-        cost = restart.restart_cost_s(self.cfg, warm=self.sc.layer3 and job.restarts > 0)
+        cost = restart.restart_cost_s(self.cfg, warm=job.restarts > 0 and job.in_place)
         job.restarts += 1
         job.run_start = job.seg_start = t + cost
         job.start_secured = job.seg_done
@@ -249,6 +248,13 @@ class Lifecycle:
                   graceful: bool = False) -> None:  # fmt: skip
         if job.state is not JobState.RUNNING:
             return
+        layer2, layer3 = self.sc.layer2, self.sc.layer3
+        stop = restart.stop_of(reason, hang=fi is not None and fi.kind.effect is Effect.HANG)
+        # A drain keeps the work only where training saves on SIGTERM (sim.restart).
+        graceful = graceful and stop is restart.Stop.EVICTED and restart.drain_keeps_work(
+            layer3=layer3)  # fmt: skip
+        software = fi is None or not fi.kind.persistent
+        code = restart.exit_code(stop, layer3=layer3, graceful=graceful, software=software)
         keep = job.done_at(t) if graceful else job.secured_at(t)
         progressed = keep > job.start_secured + 1e-6
         self._settle(job, t)
@@ -256,6 +262,8 @@ class Lifecycle:
         job.hung_since = None
         job.epoch += 1
         job.interruptions += 1
+        job.in_place = restart.restarts_in_place(
+            stop, node_fine=fi is None or not fi.kind.persistent, layer3=layer3)  # fmt: skip
         cause = fi.kind.cause.value if fi is not None else "drain"
         self.tally.interruption(cause=cause, kind=fi.kind.name if fi else "drain")
         if fi is not None and not fi.interrupted_job:
@@ -263,17 +271,16 @@ class Lifecycle:
             self.tally.fault_interruption(cause=cause, calibrated=fi.kind.calibrated)
         if progressed:
             job.failures_in_row = 0
-        if not reason.startswith("drain") and restart.counts_against_job(fi, layer3=self.sc.layer3):
-            job.failures_in_row += 1  # a drain is the platform's doing, not the job's
+        if restart.counts_against_job(stop, code, layer2=layer2):
+            job.failures_in_row += 1
         blamed = f"node-{fi.node:05d}" if fi is not None else None
-        code = restart.exit_code(fi, layer3=self.sc.layer3, graceful=graceful)
-        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t), node=blamed,
-                             exit_code=code)  # fmt: skip
+        self.rec.job_restart(t, job, reason=reason, lost_s=t - job.last_checkpoint(t),
+                             node=blamed, exit_code=code)  # fmt: skip
         if job.failures_in_row >= self.workload.max_failures_in_row:
             job.state = JobState.FAILED
             self.tally.failed += 1
             self.tally.failed_work += job.work_s * job.gpus
-            self.rec.job_end(t, job, ok=False, productive_s=0.0)
+            self.rec.job_end(t, job, ok=False, productive_s=0.0, exit_code=code)
         else:
             job.state = JobState.QUEUED
             self.push(t + self.cfg.requeue_delay_s, ARRIVE_EV, job, 1)

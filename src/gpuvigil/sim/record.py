@@ -50,7 +50,9 @@ class Recorder:
         exit_code: int | None = None,
     ) -> None: ...
     def hang(self, t: float, job: Job, *, node: str, timeout_s: float) -> None: ...
-    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None: ...
+    def job_end(
+        self, t: float, job: Job, *, ok: bool, productive_s: float, exit_code: int | None = 0
+    ) -> None: ...
     def finish(self, t: float, res: Results) -> None: ...
 
     def summary(self) -> dict[str, Any]:
@@ -128,10 +130,12 @@ class EventRecorder(Recorder):
                    step=None, waited_s=timeout_s, timeout_s=timeout_s, where="collective",
                    in_collective=True, reason="timeout")  # fmt: skip
 
-    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float) -> None:
+    def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float,
+                exit_code: int | None = 0) -> None:  # fmt: skip
         allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
+        code = {"exit_code": exit_code} if exit_code is not None else {}
         self._emit(t, Kind.JOB_END, job=f"job-{job.id}", source="training",
-                   result="succeeded" if ok else "failed", exit_code=0 if ok else 1,
+                   result="succeeded" if ok else "failed", **code,
                    productive_gpu_s=productive_s * job.gpus, allocated_gpu_s=allocated)  # fmt: skip
 
     def finish(self, t: float, res: Results) -> None:

@@ -1,24 +1,35 @@
-"""Layer-3 restart semantics inside the simulator (called by `sim.lifecycle`).
+"""Layer-3 restart semantics inside the simulator, taken from the code that has them (called
+by `sim.lifecycle` and `sim.episodes`).
 
-A restart loses the work since the last checkpoint plus the restart cost. With layer 3
-(`full`): the hang watchdog (`training.config.WatchdogConfig`) ends a hung step after
-max(min_timeout_s, factor x p99 step time) instead of the collective timeout; a restart is
-in place (warm); a drain waits for a checkpoint, so it loses no work; and a worker stopped
-for its node (the health gate's `NODE_UNHEALTHY`/`NODE_STATE_UNKNOWN`, or a node fault the
-controller drains) exits with a code the job's retry policy does not count against it.
+Every interruption ends the job's processes with the exit code the real code exits with
+(`exit_code`, from the one table `core.exit_codes`), and spends the job's retry budget as
+the shipped Job's podFailurePolicy says (`counts_against_job`: the policy is
+`core.exit_codes.pod_failure_policy`, judged by `core.exit_codes.policy_action`, Kubernetes'
+own algorithm). With layer 3 (`full`): a hang ends at the training watchdog's timeout
+(`training.watchdog.derive_timeout`) with its exit code, and torchrun restarts the group in
+place (`restart_cost_s(warm=True)`) when no node was taken away. What the simulator models
+instead of running code (a crash's exit code, PyTorch's collective timeout, restart costs)
+is listed in docs/simulator.md ("What the simulator assumes"); a test keeps that honest.
 """
 
 from __future__ import annotations
 
-from gpuvigil.core import exit_codes
-from gpuvigil.sim.faults import Cause, Effect
-from gpuvigil.sim.fleet import FaultInstance
-from gpuvigil.sim.scenarios import SimConfig
-from gpuvigil.training.config import WatchdogConfig
+import signal
+from enum import StrEnum
 
-# Exit codes a retry policy treats as "the node's fault" (e.g. a Kubernetes Job's
-# podFailurePolicy rule with action Ignore): the health gate's two refusals.
-NODE_EXIT_CODES = (exit_codes.NODE_UNHEALTHY, exit_codes.NODE_STATE_UNKNOWN)
+from gpuvigil.core import exit_codes
+from gpuvigil.sim.scenarios import SimConfig
+from gpuvigil.training.config import DrainConfig, WatchdogConfig
+from gpuvigil.training.watchdog import derive_timeout
+
+
+class Stop(StrEnum):
+    """Why a job's processes stopped."""
+
+    CRASH = "crash"  # the program died: a failed GPU's CUDA error, or a bug
+    HANG = "hang"  # a collective never completed; something ended the step
+    EVICTED = "evicted"  # gpuvigil's controller drained the node (DisruptionTarget, SIGTERM)
+    TAKEN = "taken"  # a person or the cloud took the node (SIGTERM, no DisruptionTarget)
 
 
 def restart_cost_s(config: SimConfig, *, warm: bool) -> float:
@@ -28,34 +39,63 @@ def restart_cost_s(config: SimConfig, *, warm: bool) -> float:
 def hang_timeout_s(
     config: SimConfig, *, layer3: bool, watchdog: WatchdogConfig | None = None
 ) -> float:
-    """How long a hung job sits before something ends it."""
+    """How long a hung job sits before something ends it: PyTorch's collective timeout, or
+    the training watchdog's own timeout over a run of steps at the p99 step time."""
     if not layer3:
         return config.nccl_timeout_s
     wd = watchdog or WatchdogConfig()
-    if wd.timeout_s is not None:
-        return wd.timeout_s
-    return max(wd.min_timeout_s, wd.factor * config.step_p99_s)
+    return derive_timeout([config.step_p99_s] * wd.warmup_steps, wd)
 
 
-def counts_against_job(fi: FaultInstance | None, *, layer3: bool) -> bool:
-    """Does this interruption use up the job's retry budget?"""
-    if not layer3 or fi is None:
-        return True
-    hardware = fi.kind.persistent and fi.kind.cause is not Cause.TOOLING
-    return not hardware  # a node fault exits with a node exit code: not the job's failure
-
-
-def exit_code(fi: FaultInstance | None, *, layer3: bool, graceful: bool) -> int | None:
-    """The exit code a restart's workers end with, where the code that ends them sets one:
-    layer 3's graceful drain exits DRAINED and its hang watchdog exits HANG; a program that
-    crashed on a software fault exits with its own error (1). None where they were killed
-    (a dead host, a collective timeout's abort, a drain without layer 3): only other
-    evidence can say why (`core.exit_codes`)."""
-    if graceful and layer3:
-        return exit_codes.DRAINED
-    if fi is None:
-        return None
-    if fi.kind.effect is Effect.HANG:
+def exit_code(
+    stop: Stop, *, layer3: bool, graceful: bool = False, software: bool = True
+) -> int | None:
+    """The exit code the job's workers end with, where the code that ends them sets one
+    (`core.exit_codes`): layer 3's hang watchdog exits HANG, its drain (finish the step, save
+    on SIGTERM) DRAINED, and a program that fails on healthy hardware its own error (1).
+    None where the workers are killed (PyTorch's collective timeout aborts them, a SIGTERM
+    nothing handles, a machine that dies): only other evidence can say why."""
+    if stop is Stop.HANG:
         return exit_codes.HANG if layer3 else None
-    software = not fi.kind.persistent and fi.kind.effect is Effect.CRASH
+    if stop in (Stop.EVICTED, Stop.TAKEN):
+        return exit_codes.DRAINED if graceful else None
     return 1 if software else None
+
+
+def drain_keeps_work(*, layer3: bool) -> bool:
+    """Does an evicted job save before it leaves? Where training's drain is on (its default,
+    `training.drain`): on SIGTERM the ranks finish the step, save and exit DRAINED. The
+    save is assumed to fit the pod's grace period (assumption 5)."""
+    return layer3 and DrainConfig().enabled
+
+
+def counts_against_job(stop: Stop, code: int | None, *, layer2: bool) -> bool:
+    """Does this interruption use up one of the job's retries? Under gpuvigil (layer 2 on)
+    the job runs with the shipped podFailurePolicy: a pod the controller evicted carries
+    DisruptionTarget, and the table's IGNORE codes are spared; otherwise every failure
+    counts. Workers killed without a code of their own read as SIGKILL's."""
+    if not layer2:
+        return True
+    status = exit_codes.pod_status(
+        exit_codes.SIGNAL_BASE + signal.SIGKILL if code is None else code,
+        disrupted=stop is Stop.EVICTED,
+        container="trainer",
+    )
+    policy = exit_codes.pod_failure_policy(container="trainer")
+    return exit_codes.policy_action(policy, status) != "Ignore"
+
+
+def restarts_in_place(stop: Stop, *, node_fine: bool, layer3: bool) -> bool:
+    """torchrun (`--max-restarts`, made reliable by `training.launch`) restarts the group
+    on the same nodes when the program failed on nodes that are fine (a bug, a hang); a
+    node fault or a node taken away needs the scheduler."""
+    return layer3 and node_fine and stop in (Stop.CRASH, Stop.HANG)
+
+
+def stop_of(reason: str, *, hang: bool) -> Stop:
+    """The engine's interruption reasons, as what stopped the processes."""
+    if reason == "drain: controller":
+        return Stop.EVICTED
+    if reason.startswith("drain") or reason == "repair":
+        return Stop.TAKEN
+    return Stop.HANG if hang else Stop.CRASH

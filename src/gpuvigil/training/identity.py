@@ -1,22 +1,22 @@
 """Which job, which node, which events file: decided here once, from config and environment.
 
 Called by `process_group.init` (the ranks) and `launch` (the per-node monitor), so a rank
-and the monitor beside it always name the node and the job alike. The node name follows
-the gpuvigil agent's rule (`training.node_name`, else $NODE_NAME from the Kubernetes
-downward API, else the short host name), so training events, the agent's findings and the
-controller's decisions name the same node.
+and the monitor beside it always name the node and the job alike. The node name is
+`core.naming`'s (`training.node_name`, else the environment the agent also reads, else the
+short host name), so training events, the agent's findings and the controller's decisions
+name the same node.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 
+from gpuvigil.core import naming
 from gpuvigil.training.config import TrainingConfig
 
 
 def node_name(config: TrainingConfig, env: Mapping[str, str]) -> str:
-    return config.node_name or env.get("NODE_NAME") or socket.gethostname().split(".")[0]
+    return naming.node_name(config.node_name, env=env)
 
 
 def job_id(config: TrainingConfig, env: Mapping[str, str]) -> str:

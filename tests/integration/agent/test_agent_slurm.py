@@ -47,7 +47,7 @@ def test_standalone_drains_on_fatal_xid_and_resumes_after_it_clears(start_agent,
     a.machine.log(XID74)
     info = wait_until(lambda: (i := node_info(slurm, "gpu2")) and "DRAIN" in i["State"] and i,
                       10, "gpu2 drained")
-    assert info["Reason"] == "gpuvigil: XID_74 gpu:0"
+    assert info["Reason"] == "gpuvigil:SUSPECT:-:XID_74 gpu:0"
     assert extra_status(slurm, "gpu2") == "FAILED"
     assert "DRAIN" not in node_info(slurm, "gpu1")["State"]  # only its own node
 

@@ -73,7 +73,7 @@ def test_slurm_healthcheck_drains_and_resumes_its_node(run_cli, slurm, tmp_path)
     p = run_cli(*args, env=env)
     assert p.returncode == 1, p.stdout + p.stderr
     info = parse_show_node(slurm.run("scontrol", "show", "node", "gpu4", "-o").stdout)
-    assert "DRAIN" in info["State"] and info["Reason"] == "gpuvigil: GPU_LOST gpu:4"
+    assert "DRAIN" in info["State"] and info["Reason"] == "gpuvigil:SUSPECT:-:GPU_LOST gpu:4"
     write_atomic(state, NodeReport(node="gpu4").model_dump_json().encode())
     p = run_cli(*args, env=env)
     assert p.returncode == 0 and "resumed" in p.stdout, p.stdout + p.stderr

@@ -65,7 +65,7 @@ def test_drain_trigger_prefers_fatal_and_ignores_could_not_run_by_default():
     assert sl.drain_trigger(report(timeout), drain_on="fatal") is None
     assert sl.drain_trigger(report(timeout, XID79), drain_on="fatal") == XID79
     assert sl.drain_trigger(report(timeout), drain_on="failed") == timeout
-    assert sl.drain_reason(XID79) == "gpuvigil: XID_79 gpu:3"
+    assert sl.drain_reason(XID79) == "gpuvigil:SUSPECT:-:XID_79 gpu:3"
 
 
 def test_parse_show_node_keeps_reason_with_spaces():
@@ -102,7 +102,7 @@ def test_standalone_drains_on_fatal_and_resumes_only_its_own_drain(fake_bin, tmp
     cfg = sl.SlurmConfig(enabled=True, mode="standalone", marker_path=tmp_path / "marker")
     node = sl.SlurmNode("gpu1", config=cfg, env=env)
     assert sl.reconcile_drain(node, report(XID79), config=cfg) == "drained"
-    assert state.read_text().splitlines() == ["IDLE+DRAIN", "gpuvigil: XID_79 gpu:3"]
+    assert state.read_text().splitlines() == ["IDLE+DRAIN", "gpuvigil:SUSPECT:-:XID_79 gpu:3"]
     assert sl.reconcile_drain(node, report(XID79), config=cfg) == "already drained"
     assert sl.reconcile_drain(node, report(), config=cfg) == "resumed"
     assert state.read_text().startswith("IDLE\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuvigil.core import exit_codes
 from gpuvigil.observe import attribution as at
 
 from .conftest import make_event as E
@@ -14,7 +15,8 @@ KILLED = E(1000, "job.end", job="j", result="failed", exit_code=137)
 
 
 def _xid(ts: float, code: str = "XID_79", node: str = "node-17", **kw) -> object:
-    return E(ts, "finding.set", node=node, code=code, component="gpu:3", status="FAILED", **kw)
+    kw.setdefault("status", "FAILED")
+    return E(ts, "finding.set", node=node, code=code, component="gpu:3", **kw)
 
 
 CASES = [
@@ -47,8 +49,8 @@ CASES = [
      0.7, "exit code 1, no hardware evidence"),
     ("app-xid-is-user-code", [_xid(990, code="XID_13")], FAILED, "user_code", 0.8,
      "exit code 1, no hardware evidence; Xid 13 on gpu:3 of node-17"),
-    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINED", reason="preflight")],
-     KILLED, "hardware", 0.5, "node-18 -> DRAINED (preflight)"),
+    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINING", reason="preflight")],
+     KILLED, "hardware", 0.5, "node-18 -> DRAINING (preflight)"),
     ("drain-for-tool-breakage", [_xid(980, code="CHECK_TIMEOUT"),
                                  E(985, "node.state", node="node-17", to="DRAINING",
                                    reason="CHECK_TIMEOUT on node")],
@@ -56,6 +58,21 @@ CASES = [
     ("signal-without-evidence", [], KILLED, "unknown", 0.0, "exit code 137, no evidence"),
     ("reason-hint", [], E(1000, "job.end", job="j", result="failed", reason="NCCL timeout"),
      "hang", 0.4, "reason: NCCL timeout"),
+    ("app-xid-warning-from-the-catalog", [_xid(990, code="XID_31", status="WARNING")], FAILED,
+     "user_code", 0.8, "exit code 1, no hardware evidence; Xid 31 on gpu:3 of node-17"),
+    ("health-gate-refused", [], E(1000, "job.end", job="j", result="failed", exit_code=87),
+     "hardware", 0.7, "exit code 87 (health gate: this node is marked unhealthy by the "
+     "gpuvigil agent)"),
+    ("node-state-unknown", [], E(1000, "job.restart", job="j", exit_code=88), "hardware", 0.7,
+     "exit code 88 (health gate: this node's gpuvigil state is missing, stale or unreadable)"),
+    ("watchdog-exit", [], E(1000, "job.restart", job="j", exit_code=86), "hang", 0.7,
+     "exit code 86 (hang watchdog: no step completed within the timeout)"),
+    ("drained-without-evidence", [], E(1000, "job.restart", job="j", exit_code=89), "unknown",
+     0.3, "exit code 89 (drained: stopped on SIGTERM after saving a checkpoint)"),
+    ("drained-for-a-finding", [_xid(990, code="XID_48", action="RESET_GPU", fatal=True),
+                               E(991, "node.state", node="node-17", to="DRAINING")],
+     E(1000, "job.restart", job="j", node="node-17", exit_code=89), "hardware", 0.95,
+     "Xid 48 on gpu:3 of node-17"),
     ("restart-blames-node", [_xid(990, node="node-18", code="XID_48", action="RESET_GPU"),
                              _xid(991, node="node-17", code="XID_63")],
      E(1000, "job.restart", job="j", node="node-18", reason="worker lost", lost_s=30),
@@ -103,3 +120,45 @@ def test_failures_outside_the_window_are_not_reported() -> None:
     evs = [START, FAILED]
     assert at.attribute(evs, start=2000).total == 0
     assert at.attribute(evs, end=500).total == 0
+
+
+@pytest.mark.parametrize("code", sorted(c for c in exit_codes.TABLE if c != 0))
+def test_the_table_decides_who_is_charged(code: int) -> None:
+    """No code the table charges to someone else is ever blamed on the user's program."""
+    evs = [START, E(1000, "job.end", job="j", result="failed", exit_code=code)]
+    got = at.attribute(evs).attributions[0]
+    charged = exit_codes.charged(code)
+    assert (got.cause == "user_code") is (charged is exit_codes.Charged.USER)
+    if charged is not exit_codes.Charged.DRAIN:
+        assert got.cause == charged.value
+
+
+def test_application_xids_come_from_the_catalog() -> None:
+    from gpuvigil.node.catalog.xid import load_catalog
+
+    cat = load_catalog()
+    app = {c for c in cat.codes("xid") if at.app_xid(f"XID_{c}")}
+    assert {13, 31, 45} <= app
+    assert 79 not in app and 48 not in app and 43 not in app  # 43: IGNORE, not the app's
+    assert all(cat.rule("xid", c).outcome.action.value == "RESTART_APP" for c in app)
+
+
+def test_a_state_the_controller_does_not_have_is_no_evidence() -> None:
+    evs = [START, E(990, "node.state", node="node-18", to="DRAINED"), KILLED]
+    got = at.attribute(evs).attributions[0]
+    assert (got.cause, got.evidence) == ("unknown", ())
+
+
+def test_a_drained_attempts_end_keeps_the_jobs_nodes_for_its_restart() -> None:
+    """Training writes job.end (exit 89) when an attempt drains, then job.restart from the
+    next attempt, naming whichever rank it was: the restart still sees the Xid on the node
+    the job ran on (it was forgotten with the job.end)."""
+    evs = [
+        START,
+        _xid(990, node="node-18", fatal=True),
+        E(995, "job.end", job="j", result="failed", exit_code=89),
+        E(1040, "job.restart", job="j", node="node-17", exit_code=89, cause="drain"),
+    ]
+    a = at.attribute(evs, lookback_s=600, grace_s=120)
+    assert [x.cause for x in a.attributions] == ["hardware", "hardware"]
+    assert a.attributions[1].node == "node-18"

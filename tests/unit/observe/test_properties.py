@@ -19,7 +19,7 @@ KEYS = ["to", "from", "in_service", "phase", "code", "component", "status", "act
         "productive_gpu_s", "allocated_gpu_s", "evidence_ts", "step", "dry_run"]  # fmt: skip
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 200), st.floats(allow_nan=True),
-    st.sampled_from(["HEALTHY", "DRAINING", "MAINTENANCE", "SUSPECT", "start", "end",
+    st.sampled_from(["HEALTHY", "DRAINING", "REMOVED", "SUSPECT", "start", "end",
                      "FAILED", "XID_79", "gpu:1", "succeeded", "failed", "REBOOT", "open"]),
     st.lists(st.sampled_from(["n1", "n2", 3]), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),

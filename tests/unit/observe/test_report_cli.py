@@ -26,7 +26,7 @@ def log(tmp_path: Path) -> Path:
                         "evidence_ts": 86390}),
             Event(ts=86410, kind="job.end", source="t", job="j",
                   data={"result": "failed", "exit_code": 1}),
-            Event(ts=86420, kind="node.state", source="c", node="n2", data={"to": "DRAINED"}),
+            Event(ts=86420, kind="node.state", source="c", node="n2", data={"to": "DRAINING"}),
             Event(ts=90000, kind="node.state", source="c", node="n2", data={"to": "HEALTHY"}),
             Event(ts=2 * 86400, kind="node.state", source="c", node="n1", data={"to": "HEALTHY"}),
         ]:  # fmt: skip

@@ -16,7 +16,7 @@ def _states(*rows: tuple[float, str, str]) -> list:
 
 def test_availability_is_in_service_node_time_over_node_time() -> None:
     evs = _states(
-        (0, "n1", "HEALTHY"), (0, "n2", "HEALTHY"), (100, "n2", "DRAINED"), (200, "n2", "HEALTHY")
+        (0, "n1", "HEALTHY"), (0, "n2", "HEALTHY"), (100, "n2", "DRAINING"), (200, "n2", "HEALTHY")
     )
     r = slo.compute(evs, start=0, end=1000)
     assert r.node_seconds == 2000 and r.in_service_seconds == 1900
@@ -39,7 +39,9 @@ def test_planned_maintenance_is_excluded_from_both_sides(maintenance: list) -> N
     evs = sorted(
         _states((0, "n1", "HEALTHY"), (0, "n2", "HEALTHY")) + maintenance, key=lambda e: e.ts
     )
-    r = slo.compute(evs, start=0, end=1000)
+    # A site whose own tooling writes a maintenance state names it (the controller has none).
+    config = slo.SloConfig(maintenance_states=frozenset({"MAINTENANCE"}))
+    r = slo.compute(evs, start=0, end=1000, config=config)
     assert r.maintenance_seconds == 200
     assert r.availability == 1.0
     assert r.drains == 0  # going to maintenance is not a drain
@@ -49,7 +51,7 @@ def test_drain_inside_planned_maintenance_is_not_an_outage() -> None:
     evs = [
         *_states((0, "n1", "HEALTHY")),
         E(10, "node.maintenance", node="n1", phase="start"),
-        *_states((20, "n1", "DRAINED"), (90, "n1", "HEALTHY")),
+        *_states((20, "n1", "DRAINING"), (90, "n1", "HEALTHY")),
         E(100, "node.maintenance", node="n1", phase="end"),
     ]
     r = slo.compute(evs, start=0, end=200)
@@ -57,7 +59,7 @@ def test_drain_inside_planned_maintenance_is_not_an_outage() -> None:
 
 
 def test_state_before_the_window_carries_in_and_events_after_are_ignored() -> None:
-    evs = _states((0, "n1", "DRAINED"), (2000, "n1", "HEALTHY"))
+    evs = _states((0, "n1", "DRAINING"), (2000, "n1", "HEALTHY"))
     r = slo.compute(evs, start=1000, end=1500)
     assert (r.node_seconds, r.in_service_seconds) == (500, 0)
     assert r.drains == 0
@@ -90,7 +92,7 @@ def _drain_episode(*middle) -> list:
     return [
         *_states((0, "n1", "HEALTHY")),
         E(100, "finding.set", node="n1", code="XID_79", component="gpu:3"),
-        *_states((110, "n1", "DRAINED")),
+        *_states((110, "n1", "DRAINING")),
         *middle,
         *_states((400, "n1", "HEALTHY")),
     ]
@@ -248,7 +250,7 @@ def test_budget_burn_and_json() -> None:
     assert budget_burn(0.999, 0.9995) == pytest.approx(2.0)
     assert budget_burn(1.0, 0.9995) == 0.0
     assert budget_burn(None, 0.9995) is None
-    evs = _states((0, "n1", "HEALTHY"), (999, "n1", "DRAINED"))
+    evs = _states((0, "n1", "HEALTHY"), (999, "n1", "DRAINING"))
     out = slo.compute(evs, start=0, end=1000, targets=slo.Targets(availability=0.99)).to_json()
     assert out["availability"]["achieved"] == 0.999
     assert out["availability"]["met"] is True
@@ -257,7 +259,7 @@ def test_budget_burn_and_json() -> None:
 
 
 def test_window_defaults_to_first_and_last_event() -> None:
-    r = slo.compute(_states((10, "n1", "HEALTHY"), (20, "n1", "DRAINED"), (30, "n1", "HEALTHY")))
+    r = slo.compute(_states((10, "n1", "HEALTHY"), (20, "n1", "DRAINING"), (30, "n1", "HEALTHY")))
     assert (r.start, r.end, r.node_seconds, r.in_service_seconds) == (10, 30, 20, 10)
 
 

@@ -87,9 +87,19 @@ def test_hostlist_never_raises_on_garbage() -> None:
         expand_hostlist(text)
 
 
-def test_the_agents_standalone_drain_is_not_ours() -> None:
-    v = view(node(state_flags=["DRAIN"], reason="gpuvigil: XID_79 gpu:3"))
-    assert not v.blocked_by_us and v.blocked_by_others == ("slurm:drain:gpuvigil: XID_79 gpu:3",)
+def test_the_agents_standalone_drain_is_gpuvigils_block() -> None:
+    """One drain policy: the agent's standalone drain carries the controller's tag for a
+    blocked node, so a controller knows it for gpuvigil's (and takes it from there)."""
+    from gpuvigil.core.findings import Action, Finding, Status
+    from gpuvigil.node.sinks.slurm import drain_reason
+
+    f = Finding(check="xid", status=Status.FAILED, code="XID_79", component="gpu:3",
+                message="", action=Action.REBOOT, fatal=True)  # fmt: skip
+    v = view(node(state_flags=["DRAIN"], reason=drain_reason(f)))
+    assert v.blocked_by_us and not v.blocked_by_others
+    assert v.record is not None and v.record.state.value == "SUSPECT"
+    old = view(node(state_flags=["DRAIN"], reason="gpuvigil: XID_79 gpu:3"))  # before: foreign
+    assert not old.blocked_by_us and old.blocked_by_others
 
 
 def test_features_and_kernel_are_attributes_for_the_breaker() -> None:

@@ -4,18 +4,19 @@ Called by the agent through a SinkWorker, and by `gpuvigil slurm-healthcheck`.
 - publish (always): the compact `core.wire` summary goes into the node field
   `core.wire.SLURM_HEALTH_FIELD` (`Extra`, free text since Slurm 22.05, shown by
   `scontrol show node` and `sinfo -O extra`), where the controller reads it;
-- standalone (sites without the controller): a fatal finding drains the node with
-  `Reason="gpuvigil: <code> <component>"`; it is resumed only when the finding has cleared
-  *and* the node is still drained with exactly the reason this agent wrote (remembered in
-  `marker_path`, so a restart does not forget it): a drain by an admin or by anything else
-  is never undone. With the controller, only the controller drains.
-Every command goes through the fail-closed runner with a deadline.
+- standalone (sites without the controller): a fatal finding drains the node with the
+  controller's own reason tag for a blocked node (`core.states.tag`: `gpuvigil:SUSPECT:-:<code>
+  <component>`), so a controller added later knows the drain for gpuvigil's; it is resumed
+  only when the finding has cleared *and* the node is still drained with exactly the reason
+  this agent wrote (remembered in `marker_path`, so a restart does not forget it): a drain
+  by an admin or by anything else is never undone. With the controller, only the
+  controller drains.
+Every command goes through the one Slurm client (`node.slurm_client`): argv lists, deadlines.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Literal
@@ -26,10 +27,11 @@ from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, NodeReport, Status
-from gpuvigil.node.probes import exec as ex
+from gpuvigil.core.states import State, tag
+from gpuvigil.node.slurm_client import SlurmClient, parse_show_node
 
 log = logging.getLogger("gpuvigil.agent.slurm")
-REASON_PREFIX = "gpuvigil: "
+__all__ = ["SlurmConfig", "SlurmNode", "SlurmSink", "parse_show_node", "reconcile_drain"]
 
 
 class SlurmConfig(StrictModel):
@@ -60,7 +62,8 @@ class SlurmConfig(StrictModel):
 
 
 def drain_reason(f: Finding) -> str:
-    return f"{REASON_PREFIX}{f.code} {f.component}"
+    """The controller's tag for a blocked node, naming the finding."""
+    return tag(State.SUSPECT, None, f"{f.code} {f.component}")
 
 
 def drain_trigger(report: NodeReport, *, drain_on: str) -> Finding | None:
@@ -74,52 +77,25 @@ def drain_trigger(report: NodeReport, *, drain_on: str) -> Finding | None:
     return bad[0] if bad else None
 
 
-_FIELD = re.compile(r"(?:^|\s)(\w+)=")
-
-
-def parse_show_node(text: str) -> dict[str, str]:
-    """`scontrol show node X -o` -> {key: value}. Never raises.
-
-    Values may contain spaces (`OS=Linux 6.1 #1 SMP`, `Reason=gpuvigil: XID_79 gpu:3
-    [root@2026-11-30T08:00:00]`), so a value runs to the next ` Key=`; on 22.05 `Reason`
-    comes before `Extra`. The `[user@time]` suffix Slurm adds to a reason is dropped.
-    """
-    lines = text.strip().splitlines()
-    line = lines[0] if lines else ""
-    out: dict[str, str] = {}
-    keys = list(_FIELD.finditer(line))
-    for i, m in enumerate(keys):
-        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
-        out[m.group(1)] = line[m.end() : end].strip()
-    if "Reason" in out:
-        out["Reason"] = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", out["Reason"]).strip()
-    return out
-
-
 class SlurmNode:
-    """scontrol for one node; raises RuntimeError (retried by the SinkWorker) on failure."""
+    """This node's Slurm record through the one Slurm client; a failure raises
+    `SlurmError` (a RuntimeError, retried by the SinkWorker)."""
 
     def __init__(self, name: str, *, config: SlurmConfig, env: dict[str, str] | None = None):
-        self.name, self.config, self.env = name, config, env
-
-    def _run(self, *args: str) -> str:
-        res = ex.run([self.config.scontrol, *args], timeout_s=self.config.timeout_s, env=self.env)
-        bad = ex.failure_finding(res, check="slurm")
-        if bad is not None:
-            raise RuntimeError(bad.message)
-        return res.text
+        self.name = name
+        self.client = SlurmClient(scontrol=config.scontrol, timeout_s=config.timeout_s, env=env)
 
     def show(self) -> dict[str, str]:
-        return parse_show_node(self._run("show", "node", self.name, "-o"))
+        return self.client.show_node(self.name)
 
     def set_field(self, field: str, value: str) -> None:
-        self._run("update", f"NodeName={self.name}", f"{field}={value}")
+        self.client.update(self.name, f"{field}={value}")
 
     def drain(self, reason: str) -> None:
-        self._run("update", f"NodeName={self.name}", "State=DRAIN", f"Reason={reason}")
+        self.client.drain(self.name, reason=reason)
 
     def resume(self) -> None:
-        self._run("update", f"NodeName={self.name}", "State=RESUME")
+        self.client.resume(self.name)
 
 
 def is_drained(info: dict[str, str]) -> bool:

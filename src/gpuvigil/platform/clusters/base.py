@@ -151,6 +151,8 @@ class Cluster(Protocol):
     fence: Fence  # asked before every write; see the module docstring
     # Optional: `max_concurrency` (int, default 1): how many nodes the controller may act on
     # at once. The memory cluster keeps 1 so that runs stay deterministic.
+    # Optional: `replace_removes_node` (bool, default False): `replace` deletes the node
+    # object (k8s delete-node), so the controller reports it REMOVED (`core.states`).
 
     def lease_store(self) -> LeaseStore:
         """Where replicas elect a leader and keep the disruption budget."""

@@ -1,6 +1,11 @@
 """Draining a Kubernetes node: the Eviction API (PodDisruptionBudgets honoured), both
 policy/v1 and policy/v1beta1, the DisruptionTarget pod condition, and removal of what is
 left at the deadline. Used by `clusters.kubernetes.KubernetesCluster.drain`.
+
+The condition is set *before* the eviction (as Kubernetes' own eviction does from 1.26): an
+evicted pod may be gone before a later write lands (a grace period of 0, a kubelet that is
+quick), and a Job's podFailurePolicy must see it on the pod's last state. An eviction a
+PodDisruptionBudget refuses turns it back to False: that pod was not disrupted.
 """
 
 from __future__ import annotations
@@ -57,7 +62,10 @@ class Drainer:
         self.timeout = settings.request_timeout_s
         self._eviction_version: str | None = None  # learnt on first use: policy/v1 or v1beta1
 
-    def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
+    def drain(
+        self, name: str, *, deadline: datetime, reason: str, grace_s: int | None = None
+    ) -> DrainStatus:
+        """`grace_s`: each pod's termination grace period (None: the pod's own)."""
         sel = f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
         pods = [
             p
@@ -74,9 +82,9 @@ class Drainer:
                 continue  # already going; still counted as remaining
             ns, pname = meta["namespace"], meta["name"]
             if not past:
-                if self._evict(ns, pname):
-                    self._mark(ns, pname, reason)
-                else:
+                self._mark(ns, pname, reason)
+                if not self._evict(ns, pname, grace_s):
+                    self._mark(ns, pname, f"eviction refused: {reason}", disrupted=False)
                     blocked += 1
                 continue
             self._mark(ns, pname, f"{reason} (drain deadline passed)")
@@ -86,7 +94,7 @@ class Drainer:
                     lambda t, ns=ns, pname=pname: self.core.delete_namespaced_pod(
                         pname,
                         ns,
-                        grace_period_seconds=self.settings.eviction_grace_s,
+                        grace_period_seconds=grace_s,
                         _request_timeout=t,
                     ),
                 )
@@ -102,7 +110,7 @@ class Drainer:
         )
         return DrainStatus(remaining=left, blocked=blocked, forced=forced)
 
-    def _evict(self, ns: str, pod: str) -> bool:
+    def _evict(self, ns: str, pod: str, grace_s: int | None) -> bool:
         """True when evicted (or already gone); False when a disruption budget refused."""
         versions = (
             [self._eviction_version] if self._eviction_version else ["policy/v1", "policy/v1beta1"]
@@ -113,8 +121,8 @@ class Drainer:
                 "kind": "Eviction",
                 "metadata": {"name": pod, "namespace": ns},
             }
-            if self.settings.eviction_grace_s is not None:
-                body["deleteOptions"] = {"gracePeriodSeconds": self.settings.eviction_grace_s}
+            if grace_s is not None:
+                body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
             left = self._fence()
             self.calls["evict"] += 1
             try:
@@ -136,12 +144,12 @@ class Drainer:
                 raise Unavailable(f"eviction of {ns}/{pod}: {e}") from e
         return False
 
-    def _mark(self, ns: str, pod: str, message: str) -> None:
+    def _mark(self, ns: str, pod: str, message: str, *, disrupted: bool = True) -> None:
         """The DisruptionTarget condition: a Job's podFailurePolicy can ignore this failure."""
         cond = {
             "type": "DisruptionTarget",
-            "status": "True",
-            "reason": DISRUPTION_REASON,
+            "status": "True" if disrupted else "False",
+            "reason": DISRUPTION_REASON if disrupted else "EvictionRefused",
             "message": message[:512],
             "lastTransitionTime": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
         }

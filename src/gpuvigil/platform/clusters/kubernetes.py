@@ -80,6 +80,10 @@ BLOCK_TAINT = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedu
 T = TypeVar("T")
 
 
+def pool_label(labels: dict[str, str]) -> str:
+    return labels.get("gpuvigil.io/pool", "default")
+
+
 # nodeInfo fields the circuit breaker may group findings by (a kernel or image rollout).
 NODE_INFO_FACTS = {"kernelVersion": "kernel-version", "osImage": "os-image",
                    "containerRuntimeVersion": "container-runtime",
@@ -246,7 +250,7 @@ class KubernetesCluster:
         res = json_object(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
-            pool=labels.get("gpuvigil.io/pool", "default"),
+            pool=pool_label(labels),
             labels=labels,
             health=health,
             health_error=None if health else ("unreadable" if health_text else "absent"),
@@ -345,6 +349,11 @@ class KubernetesCluster:
         the node's older runs are deleted. See `k8s_preflight`."""
         return self.preflight.start(name, since=since)
 
+    @property
+    def replace_removes_node(self) -> bool:
+        """A replacement deletes the Node (its successor joins under a name of its own)."""
+        return self.settings.replace == "delete-node"
+
     def replace(self, name: str, *, reason: str) -> None:
         mode = self.settings.replace
         if mode == "none":
@@ -377,7 +386,13 @@ class KubernetesCluster:
         return LeaseStore(self.api_client, self.settings, calls=self.calls)
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        return self.drainer.drain(name, deadline=deadline, reason=reason)
+        raw = self.watch.get(name)  # the node as last seen, for its pool label
+        if raw is not None:
+            pool = pool_label(raw["metadata"].get("labels") or {})
+        else:
+            pool = self.get_node(name).pool
+        grace = self.settings.eviction_grace_for(pool)
+        return self.drainer.drain(name, deadline=deadline, reason=reason, grace_s=grace)
 
 
 def _with_block(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:

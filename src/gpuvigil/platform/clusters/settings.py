@@ -22,7 +22,17 @@ class KubernetesSettings(StrictModel):
     request_timeout_s: float = Field(10.0, gt=0)  # every API call has a deadline
     count_pods: Literal["draining", "all"] = "draining"  # whose running pods each pass lists
     list_page_size: int = Field(500, ge=1)  # nodes per LIST page (keeps responses small)
-    eviction_grace_s: int | None = Field(None, ge=0)  # None: each pod's own grace period
+    # The grace period evicted pods get (SIGTERM, then SIGKILL when it runs out): long enough
+    # for training to finish its step and save a checkpoint. None: each pod's own.
+    eviction_grace_s: int | None = Field(None, ge=0)
+    # Per pool (the node's `gpuvigil.io/pool` label): pools whose jobs save bigger
+    # checkpoints need longer. A pool not listed gets `eviction_grace_s`.
+    pool_eviction_grace_s: dict[str, int] = Field(default_factory=dict)
+
+    def eviction_grace_for(self, pool: str) -> int | None:
+        grace = self.pool_eviction_grace_s.get(pool)
+        return grace if grace is not None else self.eviction_grace_s
+
     replace: Literal["delete-node", "hook", "none"] = "delete-node"
     replace_hook: list[str] = Field(default_factory=list)  # argv; "{node}" is substituted
     hook_timeout_s: float = Field(120.0, gt=0)

@@ -4,6 +4,7 @@
 Called by the controller (`gpuvigil controller --cluster slurm`), `gpuvigil nodes` and
 `gpuvigil release`. Mapping:
 
+- every command goes through the one Slurm client, `node.slurm_client` (the agent's too);
 - read: `sinfo --json` (state, flags, reason, comment, extra, boot time) and
   `squeue --json` (running jobs per node); `scontrol --json` does not exist in 22.05;
 - health: the agent's summary in the node field `core.wire.SLURM_HEALTH_FIELD` (Extra);
@@ -40,6 +41,7 @@ from typing import Any
 from gpuvigil.core import wire
 from gpuvigil.core.findings import Action
 from gpuvigil.node.probes import exec as execp
+from gpuvigil.node.slurm_client import SlurmClient, SlurmError
 from gpuvigil.platform.clusters.base import (
     AgentResult,
     Conflict,
@@ -180,34 +182,28 @@ class SlurmCluster:
 
     def __init__(self, settings: SlurmSettings | None = None) -> None:
         self.settings = settings or SlurmSettings()
-        self.calls: Counter[str] = Counter()
+        self.client = SlurmClient(
+            bin_dir=self.settings.bin_dir,
+            conf=self.settings.conf,
+            timeout_s=self.settings.timeout_s,
+        )
+        self.calls = self.client.calls
         self._lease: FileLease | None = None
 
-    def _run(self, *argv: str) -> str:
-        tool = argv[0]
-        timeout = self.settings.timeout_s
-        if tool == "scancel" or (tool == "scontrol" and argv[1] in WRITES):
-            timeout = min(timeout, max(0.1, self.fence()))  # a write: fenced first
-        if self.settings.bin_dir:
-            argv = (f"{self.settings.bin_dir}/{tool}", *argv[1:])
-        env = {**os.environ, "SLURM_CONF": self.settings.conf} if self.settings.conf else None
-        self.calls[f"{tool} {argv[1]}" if tool == "scontrol" else tool] += 1
-        res = execp.run(list(argv), timeout_s=timeout, env=env)
-        if res.error == "missing":
-            raise Forbidden(f"{tool} is not installed")
-        if not res.ok:
-            err = res.stderr_tail(300)
-            if res.error is None and ("Invalid node name" in err or "Access" in err):
-                raise Forbidden(f"{' '.join(argv[:3])}: {err}")
-            raise Unavailable(f"{' '.join(argv[:3])}: {res.error or res.returncode} {err}")
-        return res.text
-
-    def _json(self, *argv: str) -> dict[str, Any]:
+    def _run(self, tool: str, *args: str) -> str:
+        timeout = None
+        if tool == "scancel" or (tool == "scontrol" and args and args[0] in WRITES):
+            timeout = max(0.1, self.fence())  # a write: fenced first, within the lease left
         try:
-            data = json.loads(self._run(*argv))
-        except ValueError as e:
-            raise Unavailable(f"{argv[0]} printed output that does not parse: {e}") from e
-        return data if isinstance(data, dict) else {}
+            return self.client.run(tool, *args, timeout_s=timeout)
+        except SlurmError as e:
+            raise (Forbidden if e.kind in ("missing", "refused") else Unavailable)(str(e)) from e
+
+    def _json(self, tool: str, *args: str) -> dict[str, Any]:
+        try:
+            return self.client.json(tool, *args)
+        except SlurmError as e:
+            raise (Forbidden if e.kind in ("missing", "refused") else Unavailable)(str(e)) from e
 
     def _jobs(self, node: str | None = None) -> list[dict[str, Any]]:
         argv = ["squeue", "--json"] + (["--nodelist", node] if node else [])

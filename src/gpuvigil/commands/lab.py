@@ -1,0 +1,165 @@
+"""`gpuvigil lab --fault KIND`: a fault through the whole platform on real parts, on this
+machine; prints the timeline (or `--json`). `--fault` again runs the next fault on the same
+parts once every node is back in service."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+HELP = """Inject one fault into the whole platform running on this machine, on real parts,
+and show what every part did about it, second by second.
+
+The lab starts etcd and a real kube-apiserver, kube-scheduler and kube-controller-manager
+(built once by `make kube`), registers GPU nodes (--nodes, default 3) each with its own
+`gpuvigil agent` over fake GPUs and its own kernel log, runs `gpuvigil controller` for real
+and a 2-node torchrun job (the example training loop on gloo) whose ranks are pods, with
+a small kubelet that runs the pods and carries out GPU resets and reboots. It injects the
+fault, follows it until the node is back in service (or quarantined, or replaced) and the
+job has finished, and prints the timeline, the ladder steps, every node's final state, the
+job's restarts and lost steps, and what `gpuvigil report` says about the run.
+
+Faults: xid48 (a GPU reset cures it), xid79 (needs a reboot), row-remap-failure (needs a new
+GPU), rank-hang (a rank stops making progress), agent-stop (the node's agent dies). Give
+--fault several times to run them one after another on the same parts (one start for all;
+row-remap-failure, which takes its node away, goes last); each fault gets a fresh job and
+its own timeline and report, and --json prints a list, one object per fault.
+
+Exit status: 0 every fault's run settled as expected, 1 one did not (timed out, or the
+job failed; the faults after it are not run), 2 the lab could not run (a part is missing:
+the message names the fix).
+
+Try it: gpuvigil lab --fault xid48
+"""
+HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
+
+
+def render(result: dict[str, Any]) -> str:
+    """The timeline and the outcome as text a person reads top to bottom."""
+    lines = [f"gpuvigil lab: fault {result['fault']} on {result['node']}", ""]
+    quiet = 0  # routine checkpoints after the first one since the last other event
+    for i, e in enumerate(result["timeline"]):
+        routine = (
+            e["event"] == "checkpoint"
+            and i
+            and result["timeline"][i - 1]["event"]
+            in (
+                "checkpoint",
+                "job_resumed",
+            )
+        )
+        if routine:
+            quiet += 1
+            continue
+        if quiet:
+            lines.append(f"{'':>10}  ... {quiet} more checkpoint(s)")
+            quiet = 0
+        node = e["node"] or "-"
+        lines.append(f"{e['t_s']:>8.1f}s  {e['event']:<18} {node:<10} {e['detail']}")
+    if quiet:
+        lines.append(f"{'':>10}  ... {quiet} more checkpoint(s)")
+    job = result["job"]
+    lines += [
+        "",
+        f"remediation steps: {', '.join(result['remediation_steps']) or 'none'}",
+        "final state: " + ", ".join(f"{n} {s}" for n, s in result["final_state"].items()),
+        f"job: {'finished' if job['finished'] else job['state']}, {job['restarts']} "
+        f"restart(s), lost steps {job['lost_steps']}, exit codes {job['exit_codes']}",
+    ]
+    fig = result.get("figures") or {}
+    names = {"blocked_s": "blocked", "job_resumed_s": "job resumed",
+             "back_in_service_s": "back in service"}  # fmt: skip
+    shown = [f"{label} {fig[k]:.1f}s" for k, label in names.items() if fig.get(k) is not None]
+    if shown:
+        lines.append("from the fault: " + ", ".join(shown))
+    att = (result.get("report") or {}).get("attribution") or {}
+    for a in att.get("failures") or []:
+        lines.append(f"report: {a['event']} -> {a['cause']} ({a['confidence']}): {a['summary']}")
+    lines.append(f"took {result['duration_s']} s; files in {result['workdir']}")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("lab", help=HELP)
+    def lab(
+        *,
+        fault: Annotated[
+            list[str],
+            typer.Option(
+                "--fault",
+                metavar="KIND",
+                help="xid48, xid79, row-remap-failure, rank-hang, agent-stop; repeat for several.",
+            ),
+        ],
+        on: Annotated[
+            str | None,
+            typer.Option(
+                "--on",
+                metavar="NODE",
+                help="The node to break (default: a node running the job, the one "
+                "broken least often).",
+            ),
+        ] = None,
+        nodes: Annotated[int, typer.Option("--nodes", help="GPU nodes (3 to 8).")] = 3,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+        config: Annotated[
+            Path | None,
+            typer.Option("--config", help="YAML with a `lab:` section (intervals, job size)."),
+        ] = None,
+        workdir: Annotated[
+            Path | None,
+            typer.Option("--workdir", help="Keep the run's files (logs, events) here."),
+        ] = None,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")
+        ] = False,
+    ) -> None:
+        from gpuvigil.core import config as core_config
+        from gpuvigil.lab import control_plane
+        from gpuvigil.lab.config import LabConfig
+        from gpuvigil.lab.run import Lab, LabError, check_faults, cleanup
+
+        try:
+            check_faults(fault)
+        except LabError as e:
+            typer.echo(f"gpuvigil lab: --fault: {e}", err=True)
+            raise typer.Exit(2) from e
+        why = control_plane.missing()
+        if why:
+            typer.echo(f"gpuvigil lab: {why}", err=True)
+            raise typer.Exit(2)
+        try:
+            data = core_config.read_yaml(config).get("lab", {}) if config else {}
+            cfg = core_config.validate(LabConfig, {**data, "nodes": nodes},
+                                       source=str(config or "--nodes"))  # fmt: skip
+        except core_config.ConfigError as e:
+            typer.echo(f"gpuvigil lab: {e}", err=True)
+            raise typer.Exit(2) from e
+        keep = workdir is not None
+        folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
+        try:
+            say = None if quiet else (lambda msg: typer.echo(msg, err=True))
+            lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say)
+            results = [r.to_json() for r in lab_run.run()]
+        except LabError as e:
+            typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)
+            raise typer.Exit(2) from e
+        ok = len(results) == len(fault) and all(
+            r["settled"] and r["job"]["finished"] for r in results
+        )
+        if not keep and ok:
+            cleanup(folder)
+            for r in results:
+                r["workdir"] = f"{folder} (removed; keep it with --workdir)"
+        if as_json:
+            typer.echo(json.dumps(results[0] if len(fault) == 1 else results, indent=2))
+        else:
+            typer.echo("\n\n".join(render(r) for r in results))
+        if len(results) < len(fault):
+            typer.echo(f"gpuvigil lab: not run: {', '.join(fault[len(results):])} (the "
+                       "fault before did not settle)", err=True)  # fmt: skip
+        raise typer.Exit(0 if ok else 1)

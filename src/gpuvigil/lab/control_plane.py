@@ -1,0 +1,202 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager (the DaemonSet and Job controllers), for `gpuvigil lab`.
+
+The binaries are the ones `make kube` builds and caches (`~/.cache/gpuvigil/k8s-1.20.2`,
+or `$GPUVIGIL_KUBE_BIN`); etcd and openssl come from the system. Flags and their reasons
+are in ../shared/REALPARTS.md: token auth for one admin, RBAC, no ServiceAccount admission
+(nothing creates the default ServiceAccount), ports picked free at run time.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import ssl
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from gpuvigil.lab.procs import Proc, free_port, wait_until
+
+KUBE_BIN = Path(
+    os.environ.get("GPUVIGIL_KUBE_BIN", str(Path.home() / ".cache/gpuvigil/k8s-1.20.2"))
+)
+BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+
+
+def missing() -> str | None:
+    """Why the control plane cannot start here (one line naming the fix), or None."""
+    absent = [b for b in BINARIES if not (KUBE_BIN / b).exists()]
+    if absent:
+        return f"{', '.join(absent)} not built in {KUBE_BIN}: run `make kube` (builds it once)"
+    for tool, package in (("etcd", "etcd-server"), ("openssl", "openssl")):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed: run `make system-deps` (Debian {package})"
+    return None
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        controllers: str | None = "daemonset,job",
+        token: str | None = None,
+        context: str = "lab",
+        users: tuple[str, ...] = (),
+        audit_policy: str | None = None,
+    ) -> None:
+        """`users`: more admins, each with the token `<user>-token`; `audit_policy`: the API
+        server's audit policy (its log is `audit_log`), none by default."""
+        self.dir = workdir
+        self.controllers = controllers
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.token = token or secrets.token_hex(16)
+        self.kubeconfig = workdir / "kubeconfig"
+        self.context = context  # the kubeconfig's cluster, user and context name
+        self.procs: dict[str, Proc] = {}
+        self.users, self.audit_policy = users, audit_policy
+        self.audit_log = workdir / "audit.log"
+
+    def start(self, *, timeout_s: float = 60, scheduler: bool = True) -> None:
+        """etcd and the API server (ready when this returns), then the scheduler and the
+        controller manager with `controllers` (None: none)."""
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        etcd_port, peer_port = free_port(), free_port()
+        self.procs["etcd"] = Proc(
+            [
+                "etcd",
+                "--data-dir", str(d / "etcd"),
+                "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+            ],
+            log=d / "logs/etcd.log",
+        )  # fmt: skip
+        sa_key = d / "sa.key"
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(sa_key), "2048"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        (d / "tokens.csv").write_text(
+            f'{self.token},admin,admin,"system:masters"\n'
+            + "".join(f'{u}-token,{u},{u},"system:masters"\n' for u in self.users)
+        )
+        audit: list[str] = []
+        if self.audit_policy:
+            (d / "audit-policy.yaml").write_text(self.audit_policy)
+            audit = ["--audit-policy-file", str(d / "audit-policy.yaml"), "--audit-log-path",
+                     str(self.audit_log), "--audit-log-maxbackup", "0"]  # fmt: skip
+        self.procs["kube-apiserver"] = Proc(
+            [
+                str(KUBE_BIN / "kube-apiserver"),
+                "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+                "--bind-address", "127.0.0.1",
+                "--secure-port", str(self.port),
+                "--insecure-port", "0",
+                "--cert-dir", str(d / "certs"),
+                "--token-auth-file", str(d / "tokens.csv"),
+                # As on kubeadm/EKS/GKE clusters: kubelets (system:node:<name>) may write
+                # only their own Node and their own pods' status.
+                "--authorization-mode", "Node,RBAC",
+                "--enable-admission-plugins", "NodeRestriction",
+                "--service-account-key-file", str(sa_key),
+                "--service-account-signing-key-file", str(sa_key),
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--api-audiences", "https://kubernetes.default.svc",
+                "--service-cluster-ip-range", "10.96.0.0/24",
+                "--disable-admission-plugins", "ServiceAccount",
+                "--enable-priority-and-fairness=false",
+                "--allow-privileged=true",  # the agent DaemonSet runs privileged
+                *audit,
+                "--logtostderr", "--v=0",
+            ],
+            log=d / "logs/kube-apiserver.log",
+        )  # fmt: skip
+        self._write_kubeconfig()
+        wait_until(self._ready, timeout=timeout_s, interval=0.2, what="kube-apiserver /readyz")
+        if scheduler:
+            self.start_scheduler()
+        if self.controllers:
+            self.start_controllers(self.controllers)
+
+    def _common(self) -> list[str]:
+        return [
+            "--kubeconfig", str(self.kubeconfig),
+            "--leader-elect=false", "--port=0", "--secure-port=0",
+        ]  # fmt: skip
+
+    def start_scheduler(self) -> None:
+        """The kube-scheduler: it honours NoSchedule taints and `nvidia.com/gpu` capacity."""
+        if "kube-scheduler" not in self.procs:
+            self.procs["kube-scheduler"] = Proc(
+                [str(KUBE_BIN / "kube-scheduler"), *self._common()],
+                log=self.dir / "logs/kube-scheduler.log",
+            )
+
+    def start_controllers(self, controllers: str) -> None:
+        """kube-controller-manager running `controllers` (e.g. "disruption": PDBs 429)."""
+        if "kube-controller-manager" not in self.procs:
+            self.procs["kube-controller-manager"] = Proc(
+                [
+                    str(KUBE_BIN / "kube-controller-manager"),
+                    *self._common(),
+                    f"--controllers={controllers}",
+                ],
+                log=self.dir / "logs/kube-controller-manager.log",
+            )
+
+    def _ready(self) -> bool:
+        api = self.procs["kube-apiserver"]
+        if not api.alive():
+            raise RuntimeError("kube-apiserver exited:\n" + api.log_tail())
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        req = urllib.request.Request(
+            f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
+            return bool(r.status == 200)
+
+    def kubeconfig_for(self, user: str) -> Path:
+        """A kubeconfig for one of `users`."""
+        assert user in self.users, user
+        return self._write_kubeconfig(self.dir / f"kubeconfig-{user}", f"{user}-token")
+
+    def _write_kubeconfig(self, path: Path | None = None, token: str | None = None) -> Path:
+        path = path or self.kubeconfig
+        path.write_text(
+            f"""apiVersion: v1
+kind: Config
+clusters:
+- name: {self.context}
+  cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
+users:
+- name: admin
+  user: {{token: "{token or self.token}"}}
+contexts:
+- name: {self.context}
+  context: {{cluster: {self.context}, user: admin}}
+current-context: {self.context}
+"""
+        )
+        path.chmod(0o600)
+        return path
+
+    def dead(self) -> list[str]:
+        """Components that exited (the lab stops rather than follow a broken cluster)."""
+        return [name for name, p in self.procs.items() if not p.alive()]
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
+            p = self.procs.pop(name, None)
+            if p is not None:
+                p.stop(timeout=10)

@@ -1,0 +1,224 @@
+"""What the lab saw, in order: the timeline of one fault through the platform.
+
+`Follower` gathers it from three places, each what an operator would look at:
+- the event logs the parts write (the agents' `finding.set`/`finding.cleared`, the
+  controller's `node.state`/`remediation`, training's `checkpoint`/`hang`/`job.*`), read
+  as they grow;
+- the Node objects on the API server (the agent's conditions, gpuvigil's taint, the
+  preflight result, the agent's remediation answer), compared pass by pass;
+- what the lab itself did (the fault, a reboot carried out, pods started and stopped).
+Times are seconds since the fault; entries before it are negative.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuvigil.core import wire
+from gpuvigil.core.codes import FAMILIES
+from gpuvigil.core.events import Kind
+
+UNHEALTHY_TAINT = wire.UNHEALTHY_TAINT
+
+
+@dataclass(frozen=True)
+class Entry:
+    ts: float  # wall clock, seconds since the epoch
+    event: str
+    node: str | None
+    detail: str
+
+
+@dataclass
+class _Tail:
+    path: Path
+    offset: int = 0
+
+    def lines(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        self.offset += end
+        out = []
+        for raw in data[:end].splitlines():
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+
+@dataclass
+class Follower:
+    events_dir: Path
+    entries: list[Entry] = field(default_factory=list)
+    fault_ts: float | None = None
+    states: dict[str, str] = field(default_factory=dict)  # node -> controller state
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (node, ladder step) started
+    left_service: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+    lost_steps: list[int] = field(default_factory=list)  # from training's job.restart
+    last_step: int = 0  # the latest completed step training reported
+    resumed_after: float | None = None  # a new attempt started then; its first save says so
+    _tails: dict[Path, _Tail] = field(default_factory=dict)
+    _seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> last API view
+    _preflights: set[tuple[str, str]] = field(default_factory=set)
+
+    def next_fault(self) -> None:
+        """Start the timeline of the next fault of the same lab: what the parts are (node
+        states, removed nodes, the logs read so far) carries over; what happened does not."""
+        self.entries, self.fault_ts, self.steps = [], None, []
+        self.left_service, self.lost_steps = set(), []
+        self.last_step, self.resumed_after = 0, None
+
+    def add(self, event: str, node: str | None, detail: str, ts: float | None = None) -> None:
+        self.entries.append(Entry(ts if ts is not None else time.time(), event, node, detail))
+
+    # ---- event logs ---------------------------------------------------------------------
+
+    def read_logs(self) -> None:
+        for path in sorted(self.events_dir.glob("*.jsonl")):
+            tail = self._tails.setdefault(path, _Tail(path))
+            for ev in tail.lines():
+                self._event(ev)
+
+    def _event(self, ev: dict[str, Any]) -> None:
+        kind, d, node = ev.get("kind"), ev.get("data") or {}, ev.get("node")
+        ts = float(ev.get("ts", time.time()))
+        if kind == Kind.FINDING_SET and d.get("status") in ("FAILED", "WARNING"):
+            self.add("finding", node, f"{d.get('status')} {d.get('code')} on "
+                     f"{d.get('component')} (action {d.get('action')})", ts)  # fmt: skip
+        elif kind == Kind.FINDING_CLEARED:
+            self.add("finding_cleared", node, f"{d.get('code')} on {d.get('component')}", ts)
+        elif kind == Kind.NODE_STATE and d.get("from") is not None:
+            to = str(d.get("to"))
+            self.states[str(node)] = to
+            if to != "HEALTHY":
+                self.left_service.add(str(node))
+            self.add("state", node, f"{d.get('from')} -> {to}: {d.get('reason')}", ts)
+        elif kind == Kind.NODE_STATE:
+            self.states.setdefault(str(node), str(d.get("to")))
+        elif kind == Kind.REMEDIATION and d.get("result") != "skipped":
+            action, result = d.get("action"), d.get("result")
+            if result == "started" and action != "DRAIN":
+                self.steps.append((str(node), str(action)))
+            self.add("remediation", node, f"{action} {result}", ts)
+        elif kind == Kind.CHECKPOINT:
+            self.last_step = max(self.last_step, int(d.get("step") or 0))
+            if self.resumed_after is not None and ts >= self.resumed_after:
+                self.resumed_after = None
+                self.add("job_resumed", node, f"the restarted job saved step {d.get('step')}", ts)
+            self.add("checkpoint", node, f"step {d.get('step')} saved ({d.get('result')}, "
+                     f"{d.get('duration_s')} s)", ts)  # fmt: skip
+        elif kind == Kind.HANG:
+            self.add("hang", node, f"rank {d.get('rank')} at step {d.get('step')} "
+                     f"({d.get('where')})", ts)  # fmt: skip
+        elif kind in (Kind.JOB_START, Kind.JOB_RESTART, Kind.JOB_END):
+            if kind == Kind.JOB_RESTART and isinstance(d.get("lost_steps"), int):
+                self.lost_steps.append(int(d["lost_steps"]))
+            brief = ", ".join(f"{k}={v}" for k, v in sorted(d.items()) if k != "nodes")
+            where = f" on {', '.join(d['nodes'])}" if isinstance(d.get("nodes"), list) else ""
+            self.add(str(kind), node, f"{brief}{where}", ts)
+
+    # ---- the API server ------------------------------------------------------------------
+
+    def read_nodes(self, nodes: list[dict[str, Any]], names: list[str]) -> None:
+        present = {n["metadata"]["name"]: n for n in nodes}
+        for name in names:
+            raw = present.get(name)
+            if raw is None:
+                if name not in self.gone and name in self._seen:
+                    self.gone.add(name)
+                    self.add("node_removed", name, "the Node object was deleted (replaced)")
+                continue
+            self._node(name, raw)
+
+    def _node(self, name: str, raw: dict[str, Any]) -> None:
+        ann = raw["metadata"].get("annotations") or {}
+        conds = {
+            c["type"]: c
+            for c in (raw.get("status") or {}).get("conditions") or []
+            if c.get("type") in FAMILIES
+        }
+        taints = {t.get("key") for t in (raw.get("spec") or {}).get("taints") or []}
+        now = {
+            "conditions": {t: (c.get("status"), c.get("reason")) for t, c in conds.items()},
+            "blocked": UNHEALTHY_TAINT in taints,
+            "unvalidated": wire.UNVALIDATED_TAINT in taints,
+            "request": ann.get(wire.REQUEST_ANNOTATION),
+            "result": ann.get(wire.RESULT_ANNOTATION),
+            "boot": ((raw.get("status") or {}).get("nodeInfo") or {}).get("bootID"),
+        }
+        before = self._seen.get(name)
+        self._seen[name] = now
+        if before is None:
+            return
+        for t, (status, reason) in now["conditions"].items():
+            old = before["conditions"].get(t)
+            if old is not None and old[0] != status:
+                self.add("condition", name, f"{t}={status} ({reason})")
+        if now["blocked"] != before["blocked"]:
+            verb = "added" if now["blocked"] else "removed"
+            self.add(
+                "block" if now["blocked"] else "unblock", name, f"taint {UNHEALTHY_TAINT} {verb}"
+            )
+        if now["result"] != before["result"] and now["result"]:
+            res = _json(now["result"])
+            self.add("agent", name, f"{res.get('action')} {res.get('result')}: "
+                     f"{res.get('detail', '')}"[:200])  # fmt: skip
+        if now["boot"] != before["boot"]:
+            self.add("booted", name, f"new boot id {str(now['boot'])[:8]}")
+
+    def read_preflight(self, pods: list[dict[str, Any]]) -> None:
+        """The controller's preflight pods (one per validation): started, and how each ended
+        (its exit status and termination message are the result the controller reads)."""
+        for pod in pods:
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get("app.kubernetes.io/name") != "gpuvigil-preflight":
+                continue
+            name, node = meta["name"], pod["spec"].get("nodeName")
+            status = pod.get("status") or {}
+            if node and (name, "run") not in self._preflights:
+                self._preflights.add((name, "run"))
+                self.add("preflight_run", node, f"pod {name} started")
+            ended = status.get("phase") in ("Succeeded", "Failed")
+            if ended and (name, "end") not in self._preflights:
+                self._preflights.add((name, "end"))
+                term = {}
+                for cs in status.get("containerStatuses") or []:
+                    term = (cs.get("state") or {}).get("terminated") or term
+                verdict = "pass" if status["phase"] == "Succeeded" else "fail"
+                message = str(term.get("message") or "").strip().splitlines()
+                self.add("preflight", node, f"{verdict} (exit {term.get('exitCode')})"
+                         + (f": {message[-1][:160]}" if message else ""))  # fmt: skip
+
+    def blocked(self, node: str) -> bool:
+        """gpuvigil's taint is on the node (as last read)."""
+        return bool((self._seen.get(node) or {}).get("blocked"))
+
+    # ---- the result ----------------------------------------------------------------------
+
+    def timeline(self) -> list[dict[str, Any]]:
+        t0 = self.fault_ts or (self.entries[0].ts if self.entries else 0.0)
+        return [
+            {"t_s": round(e.ts - t0, 2), "event": e.event, "node": e.node, "detail": e.detail}
+            for e in sorted(self.entries, key=lambda e: e.ts)
+        ]
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    try:
+        v = json.loads(text or "")
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}

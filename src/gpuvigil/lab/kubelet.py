@@ -1,0 +1,349 @@
+"""The lab's kubelet: runs the pods bound to one machine as processes and reports them.
+
+What it does, as the kubelet would: registers the Node (Ready, GPU capacity, the boot id in
+`status.nodeInfo.bootID`); for each pod bound to the node, runs its init containers in
+order, then its containers, and writes the pod's status (Running and Ready, then Succeeded
+or Failed with each container's exit code); restarts containers of `restartPolicy: Always`
+pods; on deletion (an eviction, a delete) sends SIGTERM to each container's first process,
+waits the pod's grace period, then kills everything the container started, writes the
+final status and removes the pod (which waits for its finalizers, as on a real cluster);
+after a reboot, runs the pods again from their init containers.
+
+A container is a process on the machine (`machine.Machine.host_env`): `gpuvigil ...` and
+`python ...` run this checkout's Python; an image with no command (the pause image) is a
+container that does nothing until it is stopped.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpuvigil.lab.machine import GPUS, Machine, python_env
+from gpuvigil.lab.procs import Proc, running
+
+SMP = "application/strategic-merge-patch+json"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PodRun:
+    """One pod's containers on this machine: which one runs, and how each ended."""
+
+    namespace: str
+    name: str
+    spec: dict[str, Any]
+    init_done: int = 0  # init containers finished successfully
+    procs: dict[str, Proc | None] = field(default_factory=dict)  # running; None: pause
+    exits: dict[str, int] = field(default_factory=dict)
+    terminating_since: float | None = None
+    phase: str = "Pending"
+    reported: str = ""  # the last status written (no repeated writes)
+    finished: bool = False  # final status written, pod deleted (or left for its owner)
+
+
+class Kubelet:
+    def __init__(self, machine: Machine, api: Any, *, pods_dir: Path) -> None:
+        self.machine = machine
+        self.api = api  # kubernetes.client.CoreV1Api
+        self.node = machine.name
+        self.pods_dir = pods_dir
+        self.runs: dict[str, PodRun] = {}  # by pod uid
+
+    # ---- the Node ---------------------------------------------------------------------
+
+    def register(self, *, labels: dict[str, str], taints: list[dict[str, str]]) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node,
+                "labels": {"kubernetes.io/hostname": self.node, **labels},
+            },
+            "spec": {"taints": taints},
+        }
+        self.api.create_node(body)
+        self.report_node()
+        # Admission adds node.kubernetes.io/not-ready; the node lifecycle controller that
+        # lifts it does not run here (no heartbeats), so the kubelet lifts it once Ready.
+        node = self.api.read_node(self.node)
+        keep = [
+            {"key": t.key, "value": t.value, "effect": t.effect}
+            for t in node.spec.taints or []
+            if not t.key.startswith("node.kubernetes.io/")
+        ]
+        self.api.patch_node(self.node, {"spec": {"taints": keep}})
+
+    def report_node(self) -> None:
+        cap = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(GPUS)}
+        status = {
+            "capacity": cap,
+            "allocatable": cap,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "gpuvigil lab kubelet",
+                    "lastHeartbeatTime": now_iso(),
+                    "lastTransitionTime": now_iso(),
+                }
+            ],
+            "nodeInfo": {"bootID": self.machine.boot_id},
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.node},
+            ],
+        }
+        self.api.patch_node_status(self.node, {"status": status}, _content_type=SMP)
+
+    # ---- pods -------------------------------------------------------------------------
+
+    def sync(self, pods: list[dict[str, Any]]) -> None:
+        """One pass over the pods bound to this node (raw JSON from a pod list)."""
+        seen = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            uid = meta["uid"]
+            seen.add(uid)
+            run = self.runs.get(uid)
+            done = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            if (run is None and done) or (run is not None and run.finished):
+                if meta.get("deletionTimestamp"):  # nothing runs: confirm the deletion
+                    self._delete(PodRun(meta["namespace"], meta["name"], pod["spec"]))
+                continue
+            if run is None:
+                run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"])
+            for proc in run.procs.values():
+                if proc is not None:
+                    proc.remember(every_s=1.0)
+            if meta.get("deletionTimestamp"):
+                self._terminate(run, grace=meta.get("deletionGracePeriodSeconds"))
+            else:
+                self._advance(run)
+            self._report(run)
+        for uid in [u for u in self.runs if u not in seen]:
+            self._kill(self.runs.pop(uid))  # deleted outright (grace 0): nothing to report
+
+    def _advance(self, run: PodRun) -> None:
+        inits = run.spec.get("initContainers") or []
+        always = run.spec.get("restartPolicy", "Always") == "Always"
+        while run.init_done < len(inits):
+            c = inits[run.init_done]
+            proc = run.procs.get(c["name"])
+            if c["name"] not in run.procs:
+                run.procs[c["name"]] = self._start(run, c)
+                return
+            if proc is not None and proc.alive():
+                return
+            code = _code(proc)
+            if proc is not None:
+                proc.kill_all()
+            run.exits[c["name"]] = code
+            del run.procs[c["name"]]
+            if code != 0:
+                if run.spec.get("restartPolicy") == "Never":
+                    run.phase = "Failed"
+                    run.finished = True
+                return  # Always/OnFailure: started again on the next pass
+            run.init_done += 1
+        for c in run.spec.get("containers") or []:
+            name = c["name"]
+            if name not in run.procs and name not in run.exits:
+                run.procs[name] = self._start(run, c)
+            proc = run.procs.get(name)
+            code = _code(proc) if proc is not None and not proc.alive() else None
+            if code is not None and proc is not None:
+                proc.kill_all()  # the container ends with its first process: all of it goes
+                run.exits[name] = code
+                del run.procs[name]
+                if always:
+                    run.exits.pop(name)  # restarted on the next pass
+        main = [c["name"] for c in run.spec.get("containers") or []]
+        if all(n in run.exits for n in main):
+            run.phase = "Succeeded" if all(run.exits[n] == 0 for n in main) else "Failed"
+        else:
+            run.phase = "Running"
+
+    def _start(self, run: PodRun, c: dict[str, Any]) -> Proc | None:
+        argv = [*(c.get("command") or []), *(c.get("args") or [])]
+        if not argv:
+            return None  # the pause image: nothing to run
+        if argv[0] == "gpuvigil":
+            argv = [sys.executable, "-m", "gpuvigil", *argv[1:]]
+        elif argv[0] in ("python", "python3"):
+            argv = [sys.executable, *argv[1:]]
+        env = python_env(self.machine.host_env())
+        for item in c.get("env") or []:
+            env[item["name"]] = _expand(self._env_value(run, item), env)
+        folder = self.pods_dir / f"{run.namespace}_{run.name}"
+        # The termination-message file is a mount of a file of the pod's own: a process
+        # here sees the machine's /dev, so its path in the arguments becomes that file.
+        message = c.get("terminationMessagePath") or "/dev/termination-log"
+        argv = [str(folder / f"{c['name']}.termination-log") if a == message else a for a in argv]
+        return Proc(argv, log=folder / f"{c['name']}.log", env=env)
+
+    def _message(self, run: PodRun, c: dict[str, Any], code: int) -> str:
+        """What the kubelet puts in `terminated.message`: the termination-message file (at
+        most 4096 bytes), else, for `FallbackToLogsOnError` and a failure, the log's tail."""
+        folder = self.pods_dir / f"{run.namespace}_{run.name}"
+        try:
+            text = (folder / f"{c['name']}.termination-log").read_bytes()[-4096:]
+        except OSError:
+            text = b""
+        if not text and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            try:
+                text = (folder / f"{c['name']}.log").read_bytes()[-2048:]
+            except OSError:
+                text = b""
+        return text.decode(errors="replace")
+
+    def _env_value(self, run: PodRun, item: dict[str, Any]) -> str:
+        if "value" in item:
+            return str(item["value"])
+        path = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+        return {
+            "spec.nodeName": self.node,
+            "metadata.name": run.name,
+            "metadata.namespace": run.namespace,
+            "status.podIP": "127.0.0.1",
+            "status.hostIP": "127.0.0.1",
+        }.get(path, "")
+
+    def _terminate(self, run: PodRun, *, grace: int | None) -> None:
+        if run.terminating_since is None:
+            run.terminating_since = time.monotonic()
+            for proc in run.procs.values():
+                if proc is not None:
+                    proc.send(signal.SIGTERM)  # to the container's first process
+        left = [p for p in run.procs.values() if p is not None and p.alive()]
+        waited = time.monotonic() - run.terminating_since
+        if left and waited < float(grace if grace is not None else 30):
+            return
+        self._kill(run)
+        for name, proc in list(run.procs.items()):
+            run.exits[name] = _code(proc)
+        run.procs.clear()
+        main = [c["name"] for c in run.spec.get("containers") or []]
+        ok = all(run.exits.get(n, 137) == 0 for n in main)
+        run.phase = "Succeeded" if ok else "Failed"
+        self._report(run)
+        run.finished = True
+        self._delete(run)
+
+    def _kill(self, run: PodRun) -> None:
+        for proc in run.procs.values():
+            if proc is not None:
+                proc.stop(signal.SIGKILL, timeout=5)
+
+    def _delete(self, run: PodRun) -> None:
+        try:
+            self.api.delete_namespaced_pod(run.name, run.namespace, grace_period_seconds=0)
+        except Exception as e:
+            if "404" not in str(e):
+                raise
+
+    def _report(self, run: PodRun) -> None:
+        statuses = []
+        for c in run.spec.get("containers") or []:
+            name = c["name"]
+            if name in run.exits:
+                code = run.exits[name]
+                state = {"terminated": {"exitCode": code, "message": self._message(run, c, code),
+                                        "reason": "Completed" if code == 0
+                                        else "Error", "finishedAt": now_iso()}}  # fmt: skip
+            elif name in run.procs:
+                state = {"running": {"startedAt": now_iso()}}
+            else:
+                state = {"waiting": {"reason": "PodInitializing"}}
+            statuses.append({"name": name, "state": state, "ready": "running" in state,
+                             "restartCount": 0, "image": c.get("image", ""),
+                             "imageID": "", "containerID": ""})  # fmt: skip
+        key = f"{run.phase}:{[(s['name'], next(iter(s['state']))) for s in statuses]}"
+        if key == run.reported:
+            return
+        ready = "True" if run.phase == "Running" and all(s["ready"] for s in statuses) else "False"
+        status = {
+            "phase": run.phase,
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": now_iso()}],
+            "containerStatuses": statuses,
+        }
+        try:
+            self.api.patch_namespaced_pod_status(
+                run.name, run.namespace, {"status": status}, _content_type=SMP
+            )
+            run.reported = key
+        except Exception as e:
+            if "404" not in str(e):
+                raise
+            run.finished = True
+
+    # ---- a reboot ---------------------------------------------------------------------
+
+    def reboot(self) -> None:
+        """The machine reboots: every container dies with it; pods that restart run again
+        from their init containers, the others fail; the Node reports the new boot id."""
+        for run in self.runs.values():
+            if run.finished:
+                continue
+            self._kill(run)
+            if run.spec.get("restartPolicy", "Always") == "Never":
+                for name in run.procs:
+                    run.exits[name] = 137
+                run.procs.clear()
+                run.phase = "Failed"
+                self._report(run)
+                run.finished = True
+            else:
+                run.procs.clear()
+                run.exits.clear()
+                run.init_done = 0
+        self.machine.reboot()
+        self.report_node()
+
+    def stop(self) -> None:
+        for run in self.runs.values():
+            self._kill(run)
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(NAME)` references to variables defined before (`$$` escapes)."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        value,
+    )
+
+
+def _code(proc: Proc | None) -> int:
+    if proc is None:
+        return 0  # the pause container stops cleanly
+    code = proc.returncode()
+    if code is None:
+        return 137
+    return 128 - code if code < 0 else code  # death by signal N reads 128 + N
+
+
+def ranks_on(kubelet: Kubelet) -> list[int]:
+    """The training ranks (workers, not torchrun) running in the job's pods on a node."""
+    out: list[int] = []
+    for run in kubelet.runs.values():
+        proc = run.procs.get("trainer")
+        if proc is not None and not run.finished:
+            out += [
+                pid
+                for pid in running(b"gpuvigil.lab.workload", proc.pid)
+                if pid not in running(b"gpuvigil.training.launch", proc.pid)
+            ]
+    return out

@@ -1,0 +1,124 @@
+"""What a lab run found: `LabResult` (the `--json` record of one fault), the figures read
+from its timeline, the job's outcome, and `gpuvigil report --json` over the event logs
+written while that fault ran (sliced out of the lab's logs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuvigil.lab.jobs import GangJob
+from gpuvigil.lab.machine import python_env
+
+
+@dataclass
+class LabResult:
+    fault: str
+    node: str
+    timeline: list[dict[str, Any]]
+    remediation_steps: list[str]
+    final_state: dict[str, str]
+    job: dict[str, Any]
+    report: dict[str, Any]
+    settled: bool
+    duration_s: float
+    workdir: str
+    figures: dict[str, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fault": self.fault,
+            "node": self.node,
+            "timeline": self.timeline,
+            "remediation_steps": self.remediation_steps,
+            "final_state": self.final_state,
+            "job": self.job,
+            "report": self.report,
+            "figures": self.figures,
+            "settled": self.settled,
+            "duration_s": round(self.duration_s, 1),
+            "workdir": self.workdir,
+        }
+
+
+def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, float | None]:
+    """Seconds from the fault to: the node blocked, the job running again (the restarted job
+    restored its checkpoint, or its first save), the node back in service (or removed)."""
+
+    def first(pred: Any) -> float | None:
+        return next((e["t_s"] for e in timeline if e["t_s"] >= 0 and pred(e)), None)
+
+    resumed = first(lambda e: e["event"] == "job.restart") or first(
+        lambda e: e["event"] == "job_resumed"
+    )
+    back = first(
+        lambda e: (
+            e["node"] == node
+            and (
+                (e["event"] == "state" and e["detail"].split(":")[0].endswith("-> HEALTHY"))
+                or e["event"] == "node_removed"
+            )
+        )
+    )
+    return {
+        "blocked_s": first(lambda e: e["node"] == node and e["event"] == "block"),
+        "job_resumed_s": resumed,
+        "back_in_service_s": back,
+    }
+
+
+def report(events: Path) -> dict[str, Any]:
+    """Exactly what `gpuvigil report --json --window all` computes from the run's logs."""
+    files = sorted(str(p) for p in events.glob("*.jsonl"))
+    if not files:
+        return {}
+    res = subprocess.run(
+        [sys.executable, "-m", "gpuvigil", "report", *files, "--json", "--window", "all"],
+        capture_output=True, text=True, timeout=60, env=python_env(), check=False,
+    )  # fmt: skip
+    try:
+        return dict(json.loads(res.stdout))
+    except ValueError:
+        return {"error": f"gpuvigil report exited {res.returncode}: {res.stderr[-500:]}"}
+
+
+def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
+    """The `job` field: the gang's outcome, and the steps lost as training reported them."""
+    return {
+        "finished": job.state == "Succeeded",
+        "state": job.state,
+        "restarts": len(job.attempts) - 1,
+        "lost_steps": sum(lost_steps) if lost_steps else None,
+        "exit_codes": job.exit_codes(),
+        "attempts": [
+            {
+                "attempt": a.number,
+                "nodes": sorted(a.nodes.values()),
+                "exit_codes": a.exit_codes,
+                "policy": a.failed,
+            }
+            for a in job.attempts
+        ],
+        "backoff_counted": job.counted,
+    }
+
+
+def log_offsets(events: Path) -> dict[str, int]:
+    """Where each event log ends now: the next fault's events begin there."""
+    return {p.name: p.stat().st_size for p in events.glob("*.jsonl")}
+
+
+def slice_logs(events: Path, offsets: dict[str, int], dest: Path) -> Path:
+    """Copy what each event log gained since `offsets` (whole lines) into `dest`: one
+    fault's own event logs, for `gpuvigil report`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in sorted(events.glob("*.jsonl")):
+        with path.open("rb") as fh:
+            fh.seek(offsets.get(path.name, 0))
+            data = fh.read()
+        (dest / path.name).write_bytes(data[: data.rfind(b"\n") + 1])
+    return dest

@@ -1,0 +1,339 @@
+"""One lab run: start the parts; then for each fault, run a job, inject the fault, follow
+it to the end.
+
+`Lab(config, faults=[...], on=..., workdir=...).run()` returns a `LabResult` per fault (the
+timeline, the ladder steps taken, every node's final state, the job's outcome and what
+`gpuvigil report --json` computes from the event logs written while that fault ran). The
+faults run one after another on the same parts, each once every node is back in service,
+so several cost one start. Everything it starts is stopped by PID when it returns, also on
+errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuvigil.core.config import deep_merge
+from gpuvigil.lab import episode, faults
+from gpuvigil.lab.config import LabConfig
+from gpuvigil.lab.control_plane import ControlPlane
+from gpuvigil.lab.follow import Follower
+from gpuvigil.lab.jobs import JOB_LABEL, GangJob
+from gpuvigil.lab.kubelet import Kubelet
+from gpuvigil.lab.machine import SRC, Machine, python_env
+from gpuvigil.lab.parts import (
+    JOB,
+    apply_manifests,
+    cluster_prerequisites,
+    training_job,
+    trust_key,
+)
+from gpuvigil.lab.procs import Proc
+from gpuvigil.lab.result import (
+    LabResult,
+    figures,
+    job_record,
+    log_offsets,
+    report,
+    slice_logs,
+)
+
+REPO = SRC.parent
+POOL = "lab"
+
+
+class LabError(RuntimeError):
+    """The lab could not run (a part missing or dead); the message says which."""
+
+
+class Lab:
+    def __init__(
+        self,
+        config: LabConfig,
+        *,
+        faults: list[str],
+        on: str | None,
+        workdir: Path,
+        progress: Any = None,
+    ) -> None:
+        check_faults(faults)
+        self.cfg, self.faults, self.on = config, faults, on
+        self.fault, self.target = faults[0], on
+        self.dir = workdir
+        self.events = workdir / "events"
+        self.names = [f"lab-gpu-{i}" for i in range(1, config.nodes + 1)]
+        if on is not None and on not in self.names:
+            raise LabError(f"--on {on!r}: the lab's nodes are {', '.join(self.names)}")
+        self.cp = ControlPlane(workdir / "cluster")
+        self.machines: dict[str, Machine] = {}
+        self.kubelets: dict[str, Kubelet] = {}
+        self.controller: Proc | None = None
+        self.follow = Follower(self.events)
+        self.job: GangJob | None = None
+        self.api: Any = None
+        self.t_start = time.monotonic()
+        self._progress = progress  # (message) -> None: what the lab is doing, for people
+        self._trust, self._trust_at = "", 0.0  # the controller's public key, as last copied
+        self.hits: list[str] = []  # the nodes broken so far, in order
+
+    def say(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress(f"[{time.monotonic() - self.t_start:6.1f}s] {message}")
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # self-signed
+        self.events.mkdir(parents=True, exist_ok=True)
+        self.say("starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager")
+        self.cp.start()
+        from kubernetes import client, config
+
+        self.api = client.CoreV1Api(config.new_client_from_config(str(self.cp.kubeconfig)))
+        cluster_prerequisites(self.api)
+        apply_manifests(self.api, REPO / "deploy/kubernetes/preflight")
+        shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
+        agent_cfg = deep_merge(shipped, self.cfg.agent)
+        self.say(f"registering {len(self.names)} GPU nodes, starting their agents")
+        for name in self.names:
+            m = Machine(
+                name,
+                self.dir / "machines" / name,
+                kubeconfig=self.cp.kubeconfig,
+                agent_config=agent_cfg,
+                agent_restart_s=self.cfg.agent_restart_s,
+                env=self.cfg.preflight_env,
+                events_dir=self.events,
+            )
+            m.create()
+            self.machines[name] = m
+            k = Kubelet(m, self.api, pods_dir=self.dir / "pods")
+            k.register(labels={"nvidia.com/gpu.present": "true", "gpuvigil.io/pool": POOL},
+                       taints=[])  # fmt: skip
+            self.kubelets[name] = k
+            m.start_agent()
+        self._start_controller()
+        self._until(self._agents_published, 90, "every agent's first health summary")
+        self.say("every agent has published; the controller runs")
+
+    def _start_controller(self) -> None:
+        cfg = deep_merge(
+            {
+                "cluster": "kubernetes",
+                "events_path": str(self.events / "controller.jsonl"),
+                "kubernetes": {"kubeconfig": str(self.cp.kubeconfig)},
+            },
+            self.cfg.controller,
+        )
+        path = self.dir / "controller.yaml"
+        path.write_text(yaml.safe_dump({"controller": cfg}))
+        self.controller = Proc(
+            [sys.executable, "-m", "gpuvigil", "controller", "--config", str(path)],
+            log=self.dir / "logs/controller.log",
+            env=python_env(),
+        )
+
+    def _agents_published(self) -> bool:
+        from gpuvigil.core import wire
+
+        for name in self.names:
+            ann = self.api.read_node(name).metadata.annotations or {}
+            if wire.HEALTH_ANNOTATION not in ann:
+                return False
+        return True
+
+    def start_job(self, name: str) -> None:
+        self.job = training_job(
+            REPO / "deploy/kubernetes/examples/training-job.yaml",
+            self.cfg,
+            name=name,
+            events=self.events,
+            checkpoints=self.dir / "checkpoints" / name,
+        )
+        self.follow.add("job", None, self.job.start_attempt(self.api))
+        self.say("training job started (2 ranks)")
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        dead = self.cp.dead()
+        if dead:
+            raise LabError(f"{', '.join(dead)} exited; see {self.cp.dir / 'logs'}")
+        if self.controller is not None and not self.controller.alive():
+            raise LabError(f"gpuvigil controller exited:\n{self.controller.log_tail()}")
+        pods = json.loads(self.api.list_pod_for_all_namespaces(_preload_content=False).data)
+        by_node: dict[str, list[dict[str, Any]]] = {n: [] for n in self.kubelets}
+        for pod in pods.get("items") or []:
+            node = pod["spec"].get("nodeName")
+            if node in by_node:
+                by_node[node].append(pod)
+        for name, kubelet in self.kubelets.items():
+            if name in self.follow.gone:
+                continue
+            kubelet.sync(by_node[name])
+            m = kubelet.machine
+            if m.reboot_requested():
+                self.follow.add("reboot", name, "the machine reboots (its processes die)")
+                kubelet.reboot()
+            elif m.tend_agent():
+                self.follow.add("agent_restart", name, "the agent was started again")
+        self.follow.read_preflight(pods.get("items") or [])
+        if self.job is not None:
+            name = self.job.name
+            mine = [p for p in pods.get("items") or []
+                    if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == name]  # fmt: skip
+            for event, detail in self.job.sync(self.api, mine):
+                self.follow.add(event, None, detail)
+                if event == "job.attempt":
+                    self.follow.resumed_after = time.time()
+        self._sync_trust()
+        nodes = json.loads(self.api.list_node(_preload_content=False).data)
+        self.follow.read_nodes(nodes.get("items") or [], self.names)
+        for name in list(self.follow.gone):
+            k = self.kubelets.pop(name, None)
+            if k is not None:  # the machine went back to the provider
+                k.stop()
+                k.machine.stop()
+        self.follow.read_logs()
+
+    def _sync_trust(self) -> None:
+        """The kubelet's refresh of a ConfigMap volume: every machine's copy of the
+        controller's public key, which its agent verifies requests with."""
+        now = time.monotonic()
+        if now - self._trust_at < 2.0:
+            return
+        self._trust_at = now
+        key = trust_key(self.api)
+        if key and key != self._trust:
+            self._trust = key
+            for m in self.machines.values():
+                m.set_trust(key)
+            self.follow.add("trust", None, "the controller's public key reached the machines")
+
+    def _until(self, pred: Any, timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.tick()
+            if pred():
+                return
+            time.sleep(0.2)
+        raise LabError(f"timed out after {timeout:g} s waiting for {what}")
+
+    # ---- the fault -----------------------------------------------------------------------
+
+    def wait_for_progress(self) -> None:
+        """Until the job has saved its first checkpoint and run half an interval more, so a
+        fault finds work both saved and not yet saved."""
+        job = self.job
+        assert job is not None
+        self._until(lambda: self.follow.last_step >= self.cfg.checkpoint_every, 240,
+                    "the job's first checkpoint")  # fmt: skip
+        half = self.cfg.checkpoint_every * self.cfg.step_ms / 2000
+        end = time.monotonic() + half
+        while time.monotonic() < end:
+            self.tick()
+            time.sleep(0.1)
+
+    def follow_to_end(self, started: float) -> bool:
+        end = started + self.cfg.timeout_s
+        while time.monotonic() < end:
+            self.tick()
+            if episode.settled(self):
+                return True
+            time.sleep(0.2)
+        return False
+
+    # ---- the end -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        for k in self.kubelets.values():
+            k.stop()
+        if self.controller is not None:
+            self.controller.stop()
+        for m in self.machines.values():
+            m.stop()
+        self.cp.stop()
+
+    def final_state(self) -> dict[str, str]:
+        from gpuvigil.platform.state import STATE_ANNOTATION, decode_record
+
+        out = {}
+        for name in self.names:
+            if name in self.follow.gone:
+                out[name] = "REMOVED"
+                continue
+            ann = self.api.read_node(name).metadata.annotations or {}
+            rec = decode_record(ann.get(STATE_ANNOTATION))
+            out[name] = rec.state.value if rec is not None else "HEALTHY"
+        return out
+
+    def run(self) -> list[LabResult]:
+        """Each fault's result, in order; a fault that did not settle is the last one run
+        (the next would not find the lab as the first did)."""
+        results: list[LabResult] = []
+        try:
+            self.start()
+            for index, fault in enumerate(self.faults):
+                result = self.run_fault(index, fault)
+                results.append(result)
+                if not (result.settled and result.job["finished"]):
+                    break
+        finally:
+            self.stop()
+        return results
+
+    def run_fault(self, index: int, fault: str) -> LabResult:
+        started = self.t_start if index == 0 else time.monotonic()
+        if index:
+            self.say(f"waiting for every node to be back in service before {fault}")
+            self._until(
+                lambda: episode.in_service(self), self.cfg.timeout_s, "every node back in service"
+            )
+            self.follow.next_fault()
+        self.fault, self.target = fault, None
+        offsets = log_offsets(self.events)
+        self.start_job(JOB if index == 0 else f"{JOB}-{index + 1}")
+        self.wait_for_progress()
+        try:
+            episode.inject(self)
+        except episode.EpisodeError as e:
+            raise LabError(str(e)) from e
+        settled = self.follow_to_end(started)
+        final = self.final_state()
+        self.follow.read_logs()
+        job, f = self.job, self.follow
+        assert job is not None and self.target is not None
+        logs = slice_logs(self.events, offsets, self.dir / "faults" / f"{index + 1}-{fault}")
+        return LabResult(
+            fault=fault,
+            node=self.target,
+            timeline=f.timeline(),
+            remediation_steps=[s for n, s in f.steps if n == self.target],
+            final_state=final,
+            job=job_record(job, f.lost_steps),
+            report=report(logs),
+            figures=figures(f.timeline(), self.target),
+            settled=settled,
+            duration_s=time.monotonic() - started,
+            workdir=str(self.dir),
+        )
+
+
+def check_faults(kinds: list[str]) -> None:
+    """Raise LabError unless `kinds` can run in this order on one lab."""
+    problem = faults.order_problem(kinds)
+    if problem:
+        raise LabError(problem)
+
+
+def cleanup(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
