@@ -181,10 +181,14 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return all(self.node_state(n).startswith("IDLE") for n in self.names)
 
     def reset(self) -> None:
-        """Return every node to service between tests (RESUME, clearing reasons)."""
+        """Return every node to service between tests (RESUME, clearing reasons), with
+        nothing of gpuvigil's left on it (the controller's record in Comment, the agent's
+        summary in Extra, a pending reboot): a test never inherits another's node state."""
         for n in self.names:
             if n not in self.slurmd:
                 self.start_slurmd(n)
+            self.run("scontrol", "cancel_reboot", n, check=False)
+            self.run("scontrol", "update", f"NodeName={n}", "Comment=", "Extra=", check=False)
             state = self.node_state(n)
             if "DRAIN" in state or "DOWN" in state or "FAIL" in state:
                 self.run("scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
