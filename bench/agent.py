@@ -45,8 +45,10 @@ from gpuvigil.fakes.sysfs import FakeSysfs  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-XID = ("[ {t:.6f}] NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, "
-       "GPU has fallen off the bus.")
+XID = (
+    "[ {t:.6f}] NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus."
+)
 BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 
 
@@ -131,18 +133,45 @@ def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
     write_backlog(kmsg, backlog_mb)
     state = work / "report.json"
     cfg = work / "agent.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "node": {"expect_gpus": 8, "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
-                 "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400}},
-        "agent": {"sysfs_root": str(fs.root), "state_dir": str(work / "state")}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "node": {
+                    "expect_gpus": 8,
+                    "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
+                    "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400},
+                },
+                "agent": {"sysfs_root": str(fs.root), "state_dir": str(work / "state")},
+            }
+        )
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), SCENARIO_ENV: str(scenario)}
-    argv = [sys.executable, "-m", "gpuvigil", "agent", "--config", str(cfg), "--kmsg-file",
-            str(kmsg), "--state-file", str(state), "--listen", "127.0.0.1:0",
-            "--sink", "state-file", "--sink", "http", "--log-level", "warning"]
-    base_code = ("import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
-                 "gpuvigil.node.probes.nvml, time; time.sleep(1e6)")
-    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                             stderr=open(work / "agent.log", "w"))  # noqa: SIM115
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuvigil",
+        "agent",
+        "--config",
+        str(cfg),
+        "--kmsg-file",
+        str(kmsg),
+        "--state-file",
+        str(state),
+        "--listen",
+        "127.0.0.1:0",
+        "--sink",
+        "state-file",
+        "--sink",
+        "http",
+        "--log-level",
+        "warning",
+    ]
+    base_code = (
+        "import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
+        "gpuvigil.node.probes.nvml, time; time.sleep(1e6)"
+    )
+    log = open(work / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
     base = subprocess.Popen([sys.executable, "-c", base_code], env=env)
     lines = 0
     try:
@@ -152,8 +181,10 @@ def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
             return 1
         after_backlog = peak_rss_mb(agent.pid)
         published0 = state.stat().st_mtime
-        line = ("[ {t:.6f}] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Graphics "
-                "SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address\n")
+        line = (
+            "[ {t:.6f}] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Graphics "
+            "SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address\n"
+        )
         chunk = "".join(line.format(t=2000.0 + i / 1e6) for i in range(1000))
         t0 = time.monotonic()
         with kmsg.open("a") as fh:
@@ -181,11 +212,15 @@ def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
         base.wait(5)
         size = kmsg.stat().st_size / 1e6
         shutil.rmtree(work, ignore_errors=True)
-    print(f"kernel-log flood: {backlog_mb:.0f} MB backlog, then {lines:,} Xid lines appended "
-          f"in {seconds:g} s ({rate:,.0f} lines/s; file {size:.0f} MB at the end)")
-    print(f"agent peak resident memory (VmHWM): {peak:.1f} MB (target < 120 MB: "
-          f"{peak / 120:.2f}x); after the backlog {after_backlog:.1f} MB, at the end "
-          f"{rss_now:.1f} MB; idle-Python baseline with the same imports {rss_base:.1f} MB")
+    print(
+        f"kernel-log flood: {backlog_mb:.0f} MB backlog, then {lines:,} Xid lines appended "
+        f"in {seconds:g} s ({rate:,.0f} lines/s; file {size:.0f} MB at the end)"
+    )
+    print(
+        f"agent peak resident memory (VmHWM): {peak:.1f} MB (target < 120 MB: "
+        f"{peak / 120:.2f}x); after the backlog {after_backlog:.1f} MB, at the end "
+        f"{rss_now:.1f} MB; idle-Python baseline with the same imports {rss_base:.1f} MB"
+    )
     print(f"still alive: {alive}; published during the flood: {published}")
     return 0 if alive and published else 1
 
@@ -196,12 +231,24 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=30.0, help="fast interval (default 30)")
     ap.add_argument("--xids", type=int, default=5, help="Xid latency samples")
     ap.add_argument("--polls", type=int, default=3, help="port-down latency samples")
-    ap.add_argument("--flood", type=float, default=0.0,
-                    help="instead: flood the kernel log for this many seconds")
-    ap.add_argument("--backlog-mb", type=float, default=127.0,
-                    help="the kernel log the flood starts on (default 127 MB)")
-    ap.add_argument("--rate", type=float, default=98_000,
-                    help="Xid lines per second in the flood (default 98,000)")
+    ap.add_argument(
+        "--flood",
+        type=float,
+        default=0.0,
+        help="instead: flood the kernel log for this many seconds",
+    )
+    ap.add_argument(
+        "--backlog-mb",
+        type=float,
+        default=127.0,
+        help="the kernel log the flood starts on (default 127 MB)",
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=98_000,
+        help="Xid lines per second in the flood (default 98,000)",
+    )
     args = ap.parse_args()
     if args.flood:
         return flood(args.flood, args.backlog_mb, args.rate)
@@ -215,19 +262,50 @@ def main() -> int:
     kmsg.write_text("[    0.000000] Linux version 6.1.0\n")
     state = work / "report.json"
     cfg = work / "agent.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "node": {"expect_gpus": 8, "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
-                 "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400}},
-        "agent": {"sysfs_root": str(fs.root), "fast_interval_s": args.interval}}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), SCENARIO_ENV: str(scenario),
-           "NODE_NAME": "bench-node"}
-    argv = [sys.executable, "-m", "gpuvigil", "agent", "--config", str(cfg), "--kmsg-file",
-            str(kmsg), "--state-file", str(state), "--listen", "127.0.0.1:0",
-            "--sink", "state-file", "--sink", "http", "--log-level", "warning"]
-    base_code = ("import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
-                 "gpuvigil.node.probes.nvml, time; time.sleep(1e6)")
-    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                             stderr=open(work / "agent.log", "w"))  # noqa: SIM115
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "node": {
+                    "expect_gpus": 8,
+                    "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
+                    "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400},
+                },
+                "agent": {"sysfs_root": str(fs.root), "fast_interval_s": args.interval},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        SCENARIO_ENV: str(scenario),
+        "NODE_NAME": "bench-node",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuvigil",
+        "agent",
+        "--config",
+        str(cfg),
+        "--kmsg-file",
+        str(kmsg),
+        "--state-file",
+        str(state),
+        "--listen",
+        "127.0.0.1:0",
+        "--sink",
+        "state-file",
+        "--sink",
+        "http",
+        "--log-level",
+        "warning",
+    ]
+    base_code = (
+        "import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
+        "gpuvigil.node.probes.nvml, time; time.sleep(1e6)"
+    )
+    log = open(work / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
     base = subprocess.Popen([sys.executable, "-c", base_code], env=env)
     try:
         if wait_for(state.exists, 60) is None:
@@ -261,9 +339,15 @@ def main() -> int:
         for i in range(args.polls):
             time.sleep(random.uniform(0, args.interval))
             fs.port_down(f"mlx5_{i}")
-            lat = wait_for(lambda i=i: ("FABRIC_PORT_DOWN", f"mlx5_{i}") in codes(state)
-                           or any(c == "FABRIC_PORT_DOWN" and f"mlx5_{i}" in comp
-                                  for c, comp in codes(state)), 3 * args.interval)
+            lat = wait_for(
+                lambda i=i: (
+                    ("FABRIC_PORT_DOWN", f"mlx5_{i}") in codes(state)
+                    or any(
+                        c == "FABRIC_PORT_DOWN" and f"mlx5_{i}" in comp for c, comp in codes(state)
+                    )
+                ),
+                3 * args.interval,
+            )
             poll_lat.append(lat if lat is not None else float("inf"))
     finally:
         agent.send_signal(signal.SIGTERM)
@@ -276,21 +360,29 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     core = 100 * cpu
-    print(f"agent CPU over {wall / 60:.1f} min at a {args.interval:g} s interval "
-          f"(agent + NVML worker): {core:.4f}% of one core (target < 0.05%: "
-          f"{core / 0.05:.2f}x of target); the agent alone {100 * cpu_agent:.4f}%, the NVML "
-          f"worker (fake NVML: its calls are Python, a driver's are C) "
-          f"{core - 100 * cpu_agent:.4f}%; idle-Python baseline {100 * base_cpu:.4f}%")
-    print(f"resident memory: agent {rss_agent:.1f} MB (target < 80 MB: "
-          f"{rss_agent / 80:.2f}x), NVML worker {rss_workers:.1f} MB; idle-Python baseline "
-          f"with the same imports {rss_base:.1f} MB (agent/baseline {rss_agent / rss_base:.2f}x)")
+    print(
+        f"agent CPU over {wall / 60:.1f} min at a {args.interval:g} s interval "
+        f"(agent + NVML worker): {core:.4f}% of one core (target < 0.05%: "
+        f"{core / 0.05:.2f}x of target); the agent alone {100 * cpu_agent:.4f}%, the NVML "
+        f"worker (fake NVML: its calls are Python, a driver's are C) "
+        f"{core - 100 * cpu_agent:.4f}%; idle-Python baseline {100 * base_cpu:.4f}%"
+    )
+    print(
+        f"resident memory: agent {rss_agent:.1f} MB (target < 80 MB: "
+        f"{rss_agent / 80:.2f}x), NVML worker {rss_workers:.1f} MB; idle-Python baseline "
+        f"with the same imports {rss_base:.1f} MB (agent/baseline {rss_agent / rss_base:.2f}x)"
+    )
     xs = sorted(xid_lat)
-    print(f"Xid line -> published report: median {xs[len(xs) // 2]:.3f} s, max {xs[-1]:.3f} s "
-          f"over {len(xs)} Xids (target < 2 s: max {xs[-1] / 2:.2f}x of target)")
+    print(
+        f"Xid line -> published report: median {xs[len(xs) // 2]:.3f} s, max {xs[-1]:.3f} s "
+        f"over {len(xs)} Xids (target < 2 s: max {xs[-1] / 2:.2f}x of target)"
+    )
     ps = sorted(poll_lat)
-    print(f"adapter port down (polled) -> published report: median {ps[len(ps) // 2]:.1f} s, "
-          f"max {ps[-1]:.1f} s over {len(ps)} (target <= {args.interval:g} s: max "
-          f"{ps[-1] / args.interval:.2f}x of target)")
+    print(
+        f"adapter port down (polled) -> published report: median {ps[len(ps) // 2]:.1f} s, "
+        f"max {ps[-1]:.1f} s over {len(ps)} (target <= {args.interval:g} s: max "
+        f"{ps[-1] / args.interval:.2f}x of target)"
+    )
     return 0
 
 

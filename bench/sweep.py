@@ -59,8 +59,7 @@ def build_node(tmp: Path) -> tuple[dict[str, str], Path]:
     fs = FakeSysfs.node(tmp / "root", gpus=8, kind="ib", adapters=4)
     lines = [f"[{i / 10:12.6f}] usb 1-1: new high-speed USB device number {i}" for i in range(2000)]
     lines[500] = (
-        "[   50.000000] NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=python3, "
-        "Graphics Exception"
+        "[   50.000000] NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=python3, Graphics Exception"
     )
     fs.write("var/log/kern.log", "\n".join(lines) + "\n")
     bindir = tmp / "bin"
@@ -102,9 +101,7 @@ def main() -> None:
             c0, w0, k0, t0 = self_cpu_s(), proc_cpu_s(worker), children_cpu_s(), time.monotonic()
             report = run_sweep(ctx, node="bench")
             wall = time.monotonic() - t0
-            samples.append(
-                self_cpu_s() - c0 + proc_cpu_s(worker) - w0 + children_cpu_s() - k0
-            )
+            samples.append(self_cpu_s() - c0 + proc_cpu_s(worker) - w0 + children_cpu_s() - k0)
             walls.append(wall)
             assert report.exit_code() == 0
         assert client.pid == worker, "the worker was restarted during the warm sweeps"

@@ -96,8 +96,9 @@ class FakeMachine:
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(
-            out.get(k), dict) else v
+        out[k] = (
+            deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -114,11 +115,16 @@ def fake_machine(tmp_path: Path) -> FakeMachine:
 
 def machine_config(m: FakeMachine) -> dict[str, Any]:
     return {
-        "node": {"expect_gpus": GPUS, "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
-                 "fabric": {"expect_adapters": ADAPTERS, "kind": "ib",
-                            "expect_rate_gbps": 400}},
-        "agent": {"sysfs_root": str(m.root), "state_dir": str(m.root.parent / "state"),
-                  "kernel_log": {"source": "file", "file": str(m.kmsg)}},
+        "node": {
+            "expect_gpus": GPUS,
+            "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
+            "fabric": {"expect_adapters": ADAPTERS, "kind": "ib", "expect_rate_gbps": 400},
+        },
+        "agent": {
+            "sysfs_root": str(m.root),
+            "state_dir": str(m.root.parent / "state"),
+            "kernel_log": {"source": "file", "file": str(m.kmsg)},
+        },
     }
 
 
@@ -159,9 +165,13 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
     """Start an agent; every one started is stopped (by PID) at teardown."""
     started: list[AgentProc] = []
 
-    def start(config: dict[str, Any] | None = None, *args: str,
-              env: dict[str, str] | None = None, wait_ready: bool = True,
-              site_checks: bool = False) -> AgentProc:
+    def start(
+        config: dict[str, Any] | None = None,
+        *args: str,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        site_checks: bool = False,
+    ) -> AgentProc:
         port = free_port()
         state = tmp_path / f"report-{len(started)}.json"
         cfg_path = tmp_path / f"agent-{len(started)}.yaml"
@@ -173,18 +183,29 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
         cfg = deep_merge(cfg, config or {})
         cfg_path.write_text(yaml.safe_dump(cfg))
         log_path = tmp_path / f"agent-{len(started)}.log"
-        full_env = cli_env({
-            "PATH": f"{fake_bin.dir}:{os.environ['PATH']}",
-            "PYTHONPATH": os.pathsep.join([cli_env()["PYTHONPATH"], str(HERE)]),
-            "NODE_NAME": "gpu-test-1",
-            SCENARIO_ENV: str(machine.scenario),
-            **(env or {}),
-        })
-        argv = gpuvigil_argv("agent", "--config", str(cfg_path), "--state-file", str(state),
-                             "--listen", f"127.0.0.1:{port}", *args)
+        full_env = cli_env(
+            {
+                "PATH": f"{fake_bin.dir}:{os.environ['PATH']}",
+                "PYTHONPATH": os.pathsep.join([cli_env()["PYTHONPATH"], str(HERE)]),
+                "NODE_NAME": "gpu-test-1",
+                SCENARIO_ENV: str(machine.scenario),
+                **(env or {}),
+            }
+        )
+        argv = gpuvigil_argv(
+            "agent",
+            "--config",
+            str(cfg_path),
+            "--state-file",
+            str(state),
+            "--listen",
+            f"127.0.0.1:{port}",
+            *args,
+        )
         with log_path.open("w") as log:
-            proc = subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                    text=True)
+            proc = subprocess.Popen(
+                argv, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
         a = AgentProc(proc, f"http://127.0.0.1:{port}", state, log_path, machine)
         started.append(a)
         if wait_ready:
@@ -217,8 +238,10 @@ def signed_request(signer: Any, node: str, req: dict[str, Any]) -> dict[str, str
     from gpuvigil.core.signing import sig_annotation
 
     text = json.dumps({"at": datetime.now(UTC).isoformat(), **req})
-    return {wire.REQUEST_ANNOTATION: text,
-            sig_annotation(wire.REQUEST_ANNOTATION): signer.sign("remediation-request", node, text)}
+    return {
+        wire.REQUEST_ANNOTATION: text,
+        sig_annotation(wire.REQUEST_ANNOTATION): signer.sign("remediation-request", node, text),
+    }
 
 
 def sa_kubeconfig(kube: Any, path: Path, *, sa: str, namespace: str = "gpuvigil") -> Path:

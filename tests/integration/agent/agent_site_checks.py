@@ -13,8 +13,13 @@ from gpuvigil.node.checks import CheckContext, Needs, check
 from gpuvigil.node.probes import exec as ex
 
 
-@check("site_link", group="fast", interval_s=30, timeout_s=2.0,
-       needs=Needs(binaries=("gpuvigil-fake-link",)))
+@check(
+    "site_link",
+    group="fast",
+    interval_s=30,
+    timeout_s=2.0,
+    needs=Needs(binaries=("gpuvigil-fake-link",)),
+)
 def site_link(ctx: CheckContext) -> list[Finding]:
     """A link state read from a fake tool."""
     res = ex.run(["gpuvigil-fake-link"], timeout_s=1.0, env=ctx.env)
@@ -22,13 +27,26 @@ def site_link(ctx: CheckContext) -> list[Finding]:
     if bad is not None:
         return [bad]
     if res.text.strip() == "down":
-        return [Finding(check="site_link", status=Status.FAILED, code="NVLINK_DOWN",
-                        component="gpu:0", action=Action.RESET_GPU, message="link 0 down")]
+        return [
+            Finding(
+                check="site_link",
+                status=Status.FAILED,
+                code="NVLINK_DOWN",
+                component="gpu:0",
+                action=Action.RESET_GPU,
+                message="link 0 down",
+            )
+        ]
     return []
 
 
-@check("site_heartbeat", group="fast", interval_s=30, timeout_s=2.0,
-       needs=Needs(binaries=("gpuvigil-fake-heartbeat",)))
+@check(
+    "site_heartbeat",
+    group="fast",
+    interval_s=30,
+    timeout_s=2.0,
+    needs=Needs(binaries=("gpuvigil-fake-heartbeat",)),
+)
 def site_heartbeat(ctx: CheckContext) -> list[Finding]:
     """Always fine: proves the other checks keep publishing while one hangs."""
     res = ex.run(["gpuvigil-fake-heartbeat"], timeout_s=1.0, env=ctx.env)

@@ -14,8 +14,10 @@ from agent_helpers import http_get, wait_until
 start_agent = agent_helpers.start_agent  # the fixture
 INTERVAL = 1.0
 SLACK = 2.5
-XID79 = ("[ {t:.6f}] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
-         "GPU has fallen off the bus.")
+XID79 = (
+    "[ {t:.6f}] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus."
+)
 
 
 def conditions(a) -> dict[str, dict]:
@@ -44,9 +46,11 @@ def test_xid_already_in_the_log_at_start_is_reported_from_the_first_report(start
     a = start_agent({}, "--interval", str(INTERVAL), wait_ready=False)
     a.stop()
     a.machine.log(XID79.format(t=100.0))
-    b = start_agent({"agent": {"kernel_log": {"source": "file",
-                                              "file": str(a.machine.kmsg)}}},
-                    "--interval", str(INTERVAL))
+    b = start_agent(
+        {"agent": {"kernel_log": {"source": "file", "file": str(a.machine.kmsg)}}},
+        "--interval",
+        str(INTERVAL),
+    )
     assert ("kernel_log", "XID_79") in b.codes()
 
 
@@ -55,8 +59,9 @@ def test_adapter_port_down_and_gpu_lost_are_published_within_an_interval(start_a
     wait_until(lambda: a.report()["status"] == "OK", 10, "a healthy node")
     t0 = time.monotonic()
     a.machine.sysfs.port_down("mlx5_2")
-    wait_until(lambda: ("fabric", "FABRIC_PORT_DOWN") in a.codes(), INTERVAL + SLACK,
-               "FABRIC_PORT_DOWN")
+    wait_until(
+        lambda: ("fabric", "FABRIC_PORT_DOWN") in a.codes(), INTERVAL + SLACK, "FABRIC_PORT_DOWN"
+    )
     assert time.monotonic() - t0 <= INTERVAL + SLACK
     assert conditions(a)["NetworkFabricDegraded"]["status"] is True
 
@@ -64,8 +69,11 @@ def test_adapter_port_down_and_gpu_lost_are_published_within_an_interval(start_a
     node.gpu(5).lost = True
     a.machine.save_nvml(node)
     t0 = time.monotonic()
-    wait_until(lambda: any(c == "gpu" and code in ("GPU_LOST", "GPU_COUNT_LOW")
-                           for c, code in a.codes()), INTERVAL + SLACK, "GPU_LOST")
+    wait_until(
+        lambda: any(c == "gpu" and code in ("GPU_LOST", "GPU_COUNT_LOW") for c, code in a.codes()),
+        INTERVAL + SLACK,
+        "GPU_LOST",
+    )
     assert time.monotonic() - t0 <= INTERVAL + SLACK
     gpu5 = [f for f in a.report()["findings"] if f["check"] == "gpu"]
     assert any(f["component"] == "gpu:5" for f in gpu5), gpu5
@@ -81,13 +89,14 @@ def test_nvml_xid_event_is_reconciled_with_the_kernel_log_line(start_agent):
     node.gpu(3).xids.append(FakeXid(79))
     a.machine.save_nvml(node)
     # NVML alone: reported on gpu:3 (bus 5d) after the next `gpu` run.
-    wait_until(lambda: ("kernel_log", "XID_79") in a.codes(), INTERVAL + SLACK,
-               "XID_79 from NVML")
+    wait_until(lambda: ("kernel_log", "XID_79") in a.codes(), INTERVAL + SLACK, "XID_79 from NVML")
     (f,) = [f for f in a.report()["findings"] if f["code"] == "XID_79"]
     assert f["component"] == "gpu:3"
     # The same event in the kernel log is the same finding, not a second one.
-    a.machine.log("[ 3000.000000] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
-                  "name=<unknown>, GPU has fallen off the bus.")
+    a.machine.log(
+        "[ 3000.000000] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus."
+    )
     time.sleep(2.0)
     xids = [f for f in a.report()["findings"] if f["code"] == "XID_79"]
     assert len(xids) == 1 and xids[0]["component"] == "gpu:3"
@@ -101,8 +110,11 @@ def test_nvml_hang_is_check_timeout_while_other_checks_keep_publishing(start_age
     node.gpu(6).hang = True
     a.machine.save_nvml(node)
     t0 = time.monotonic()
-    wait_until(lambda: ("gpu", "CHECK_TIMEOUT") in a.codes(), INTERVAL + 1.5 + SLACK,
-               "CHECK_TIMEOUT from the NVML worker")
+    wait_until(
+        lambda: ("gpu", "CHECK_TIMEOUT") in a.codes(),
+        INTERVAL + 1.5 + SLACK,
+        "CHECK_TIMEOUT from the NVML worker",
+    )
     assert time.monotonic() - t0 <= INTERVAL + 1.5 + SLACK
 
     def fabric_runs() -> float:
@@ -123,16 +135,28 @@ def test_unreadable_kmsg_falls_back_to_dmesg_and_says_so(start_agent, fake_bin, 
     out.write_text("[    1.000000] Linux version 6.1.0\n")
     fake_bin("dmesg", f"#!/bin/sh\ncat {out}\n")
     events = tmp_path / "events.jsonl"
-    a = start_agent({"agent": {"kernel_log": {"source": "auto", "file": None,
-                                              "kmsg_path": str(tmp_path / "no-kmsg")},
-                               "events_file": str(events)}},
-                    "--interval", str(INTERVAL))
+    a = start_agent(
+        {
+            "agent": {
+                "kernel_log": {
+                    "source": "auto",
+                    "file": None,
+                    "kmsg_path": str(tmp_path / "no-kmsg"),
+                },
+                "events_file": str(events),
+            }
+        },
+        "--interval",
+        str(INTERVAL),
+    )
     wait_until(lambda: ("kernel_log", "SOURCE_FALLBACK") in a.codes(), 5, "SOURCE_FALLBACK")
     f = next(f for f in a.report()["findings"] if f["code"] == "SOURCE_FALLBACK")
     assert f["status"] == "WARNING" and "no-kmsg" in f["message"]
     with out.open("a") as fh:
-        fh.write("[ 5000.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', "
-                 "name=<unknown>, GPU has fallen off the bus.\n")
+        fh.write(
+            "[ 5000.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', "
+            "name=<unknown>, GPU has fallen off the bus.\n"
+        )
     wait_until(lambda: ("kernel_log", "XID_79") in a.codes(), 5, "XID_79 via dmesg")
     kinds = [json.loads(line) for line in events.read_text().splitlines()]
     assert any(e["kind"] == "finding.set" and e["data"]["code"] == "XID_79" for e in kinds)

@@ -30,6 +30,7 @@ def test_a_mistyped_node_name_trips_liveness(start_agent, kube) -> None:
 
     body = wait_until(unhealthy, 60, "/healthz to fail", every=0.2)
     assert body["sinks_failing_s"]["kubernetes"] >= 2.0
-    assert "not found" in body["sinks"]["kubernetes"].lower() or "404" in body["sinks"][
-        "kubernetes"]
+    assert (
+        "not found" in body["sinks"]["kubernetes"].lower() or "404" in body["sinks"]["kubernetes"]
+    )
     assert "state_file" not in body["sinks_failing_s"]  # the sinks that work are not blamed

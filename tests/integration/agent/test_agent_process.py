@@ -21,8 +21,9 @@ def tools(fake_bin, tmp_path):
     link_state = tmp_path / "link"
     link_state.write_text("up\n")
     stop_flag = tmp_path / "stop-yourself"
-    link = fake_bin("gpuvigil-fake-link",
-                    f"#!/bin/sh\n[ -e {stop_flag} ] && kill -STOP $$\ncat {link_state}\n")
+    link = fake_bin(
+        "gpuvigil-fake-link", f"#!/bin/sh\n[ -e {stop_flag} ] && kill -STOP $$\ncat {link_state}\n"
+    )
     fake_bin("gpuvigil-fake-heartbeat", "#!/bin/sh\necho ok\n")
     return link_state, stop_flag, link
 
@@ -37,11 +38,17 @@ def test_faults_injected_while_running_are_published(start_agent, fake_bin, tmp_
     # A link goes down.
     link_state.write_text("down\n")
     t0 = time.monotonic()
-    wait_until(lambda: ("site_link", "NVLINK_DOWN") in a.codes(), INTERVAL + SLACK,
-               "NVLINK_DOWN in the state file")
+    wait_until(
+        lambda: ("site_link", "NVLINK_DOWN") in a.codes(),
+        INTERVAL + SLACK,
+        "NVLINK_DOWN in the state file",
+    )
     assert time.monotonic() - t0 <= INTERVAL + SLACK
-    wait_until(lambda: 'gpuvigil_check_status{check="site_link",component="gpu:0"} 2.0'
-               in a.metrics(), INTERVAL + SLACK, "the metric")
+    wait_until(
+        lambda: 'gpuvigil_check_status{check="site_link",component="gpu:0"} 2.0' in a.metrics(),
+        INTERVAL + SLACK,
+        "the metric",
+    )
     wait_until(lambda: "GPUInterconnectDegraded" in http_get(a.url + "/report")[1], 2, "report")
     cond = {c["type"]: c for c in json.loads(http_get(a.url + "/report")[1])["conditions"]}
     assert cond["GPUInterconnectDegraded"]["status"] is True
@@ -51,8 +58,9 @@ def test_faults_injected_while_running_are_published(start_agent, fake_bin, tmp_
     link_state.write_text("up\n")
     stop_flag.touch()
     t0 = time.monotonic()
-    wait_until(lambda: ("site_link", "CHECK_TIMEOUT") in a.codes(), INTERVAL + 1.0 + SLACK,
-               "CHECK_TIMEOUT")
+    wait_until(
+        lambda: ("site_link", "CHECK_TIMEOUT") in a.codes(), INTERVAL + 1.0 + SLACK, "CHECK_TIMEOUT"
+    )
     assert time.monotonic() - t0 <= INTERVAL + 1.0 + SLACK
 
     def heartbeat_runs() -> float:
@@ -72,8 +80,11 @@ def test_faults_injected_while_running_are_published(start_agent, fake_bin, tmp_
     # The binary is deleted (a driver upgrade that drops a tool): DEPENDENCY_MISSING.
     stop_flag.unlink()
     link.unlink()
-    wait_until(lambda: ("site_link", "DEPENDENCY_MISSING") in a.codes(), INTERVAL + SLACK,
-               "DEPENDENCY_MISSING")
+    wait_until(
+        lambda: ("site_link", "DEPENDENCY_MISSING") in a.codes(),
+        INTERVAL + SLACK,
+        "DEPENDENCY_MISSING",
+    )
     assert a.report()["status"] == "FAILED"
 
     # A clean stop exits 0.
@@ -83,21 +94,47 @@ def test_faults_injected_while_running_are_published(start_agent, fake_bin, tmp_
 def test_bad_config_exits_2_naming_the_key(run_cli, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("agent:\n  fast_intervall_s: 3\n")
-    p = run_cli("agent", "--config", str(cfg), "--sink", "state-file",
-                "--state-file", str(tmp_path / "r.json"))
+    p = run_cli(
+        "agent",
+        "--config",
+        str(cfg),
+        "--sink",
+        "state-file",
+        "--state-file",
+        str(tmp_path / "r.json"),
+    )
     assert p.returncode == 2 and "agent.fast_intervall_s: unknown key" in p.stderr
 
 
 def test_help_stands_alone(run_cli):
     p = run_cli("agent", "--help")
     assert p.returncode == 0
-    for flag in ("--config", "--kmsg-file", "--state-file", "--interval", "--expect-gpus",
-                 "--sysfs-root", "--listen", "--node-name", "--sink"):
+    for flag in (
+        "--config",
+        "--kmsg-file",
+        "--state-file",
+        "--interval",
+        "--expect-gpus",
+        "--sysfs-root",
+        "--listen",
+        "--node-name",
+        "--sink",
+    ):
         assert flag in p.stdout
 
 
 def test_kubernetes_sink_without_credentials_exits_2(run_cli, tmp_path):
-    p = run_cli("agent", "--sink", "kubernetes", "--node-name", "x", "--expect-gpus", "0",
-                "--kubeconfig", str(tmp_path / "missing"), timeout=60)
+    p = run_cli(
+        "agent",
+        "--sink",
+        "kubernetes",
+        "--node-name",
+        "x",
+        "--expect-gpus",
+        "0",
+        "--kubeconfig",
+        str(tmp_path / "missing"),
+        timeout=60,
+    )
     assert p.returncode == 2 and "no Kubernetes credentials" in p.stderr, p.stderr
     assert "missing does not exist; pass --kubeconfig" in p.stderr

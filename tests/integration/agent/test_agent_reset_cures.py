@@ -58,8 +58,7 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     # The agent's reset command is a fake nvidia-smi that resets the fake GPUs it reads.
     fake_bin(
         "nvidia-smi",
-        f'#!/bin/sh\necho "$@" >> {resets}\n'
-        f'exec {sys.executable} -m fake_gpu_reset "$@"\n',
+        f'#!/bin/sh\necho "$@" >> {resets}\nexec {sys.executable} -m fake_gpu_reset "$@"\n',
     )
     # The controller signs its requests; the agent trusts its public key (docs/security.md).
     signer, pub = agent_helpers.controller_key(tmp_path)

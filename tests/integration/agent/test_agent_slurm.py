@@ -16,8 +16,10 @@ from gpuvigil.node.sinks.slurm import parse_show_node
 
 start_agent = agent_helpers.start_agent  # the fixture
 pytestmark = pytest.mark.realparts
-XID74 = ("[ 2000.000000] NVRM: Xid (PCI:0000:18:00): 74, pid=4242, name=python, "
-         "NVLink: fatal error detected on link 3")
+XID74 = (
+    "[ 2000.000000] NVRM: Xid (PCI:0000:18:00): 74, pid=4242, name=python, "
+    "NVLink: fatal error detected on link 3"
+)
 DRIVER_RELOAD = "[ 2100.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07"
 
 
@@ -30,23 +32,34 @@ def extra_status(slurm, name: str) -> str | None:
     return summary.status.value if summary else None
 
 
-def test_standalone_drains_on_fatal_xid_and_resumes_after_it_clears(start_agent, slurm,
-                                                                   tmp_path):
+def test_standalone_drains_on_fatal_xid_and_resumes_after_it_clears(start_agent, slurm, tmp_path):
     a = start_agent(
         {"agent": {"sinks": {"slurm": {"marker_path": str(tmp_path / "drained")}}}},
-        "--interval", "1", "--node-name", "gpu2", "--sink", "slurm", "--sink", "state-file",
-        "--sink", "http", "--slurm-mode", "standalone", env=slurm.env())
+        "--interval",
+        "1",
+        "--node-name",
+        "gpu2",
+        "--sink",
+        "slurm",
+        "--sink",
+        "state-file",
+        "--sink",
+        "http",
+        "--slurm-mode",
+        "standalone",
+        env=slurm.env(),
+    )
     wait_until(lambda: extra_status(slurm, "gpu2") == "OK", 15, "Extra with status OK")
     # Readable by sinfo too (what a site's own tooling would use).
     out = slurm.run("sinfo", "-N", "-n", "gpu2", "-h", "-O", "Extra:1000").stdout.strip()
     assert wire.decode_health(out) is not None
     sinfo = json.loads(slurm.run("sinfo", "--json").stdout)
-    assert any(n["name"] == "gpu2" and wire.decode_health(n.get("extra"))
-               for n in sinfo["nodes"])
+    assert any(n["name"] == "gpu2" and wire.decode_health(n.get("extra")) for n in sinfo["nodes"])
 
     a.machine.log(XID74)
-    info = wait_until(lambda: (i := node_info(slurm, "gpu2")) and "DRAIN" in i["State"] and i,
-                      10, "gpu2 drained")
+    info = wait_until(
+        lambda: (i := node_info(slurm, "gpu2")) and "DRAIN" in i["State"] and i, 10, "gpu2 drained"
+    )
     assert info["Reason"] == "gpuvigil:SUSPECT:-:XID_74 gpu:0"
     assert extra_status(slurm, "gpu2") == "FAILED"
     assert "DRAIN" not in node_info(slurm, "gpu1")["State"]  # only its own node
@@ -59,8 +72,16 @@ def test_standalone_drains_on_fatal_xid_and_resumes_after_it_clears(start_agent,
 def test_publish_mode_never_drains(start_agent, slurm, tmp_path):
     a = start_agent(
         {"agent": {"sinks": {"slurm": {"marker_path": str(tmp_path / "drained")}}}},
-        "--interval", "1", "--node-name", "gpu3", "--sink", "slurm", "--sink", "state-file",
-        env=slurm.env())
+        "--interval",
+        "1",
+        "--node-name",
+        "gpu3",
+        "--sink",
+        "slurm",
+        "--sink",
+        "state-file",
+        env=slurm.env(),
+    )
     wait_until(lambda: extra_status(slurm, "gpu3") == "OK", 15, "Extra with status OK")
     a.machine.log(XID74)
     wait_until(lambda: extra_status(slurm, "gpu3") == "FAILED", 10, "Extra FAILED")

@@ -33,8 +33,12 @@ PREFLIGHT = "system:serviceaccount:gpuvigil:gpuvigil-preflight"
 @pytest.fixture(scope="module")
 def shipped(kube):
     """The shipped kustomization rendered and applied with the real kubectl."""
-    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
-                              capture_output=True, text=True, timeout=60)
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert rendered.returncode == 0, rendered.stderr
     applied = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
     assert applied.returncode == 0, applied.stderr
@@ -73,28 +77,61 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
     attacker, victim = kube.create_node(), kube.create_node()
     admin = kube.core()
     # A person cordoned the victim; gpuvigil blocked it.
-    admin.patch_node(victim, {"spec": {"unschedulable": True, "taints": [
-        {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+    admin.patch_node(
+        victim,
+        {
+            "spec": {
+                "unschedulable": True,
+                "taints": [{"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}],
+            }
+        },
+    )
     controller = KubernetesCluster(KubernetesSettings(), api_client=kube.api_client())
     controller.signer()  # as at controller start: key Secret + public key ConfigMap
     trusted = tmp_path / "controller.pub"
-    trusted.write_text(admin.read_namespaced_config_map("gpuvigil-trust", "gpuvigil")
-                       .data["controller.pub"])
+    trusted.write_text(
+        admin.read_namespaced_config_map("gpuvigil-trust", "gpuvigil").data["controller.pub"]
+    )
 
     # The victim's real agent, as its service account, trusting the controller's key.
     acted = tmp_path / "acted.log"
-    fake_bin("nvidia-smi", f"#!/bin/sh\necho reset \"$@\" >> {acted}\n")
+    fake_bin("nvidia-smi", f'#!/bin/sh\necho reset "$@" >> {acted}\n')
     fake_bin("reboot-now", f"#!/bin/sh\necho reboot >> {acted}\n")
     sa_cfg = agent_helpers.sa_kubeconfig(kube, tmp_path / "agent.kubeconfig", sa="gpuvigil-agent")
-    victim_agent = start_agent({"agent": {"sinks": {"kubernetes": {
-        "heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.3,
-        "trust": {"controller_public_key_file": str(trusted)},
-        "remediation": {"reboot_argv": ["reboot-now"],
-                        "boot_id_path": str(tmp_path / "boot_id")}}}}},
-        "--interval", "1", "--node-name", victim, "--sink", "kubernetes", "--sink",
-        "state-file", "--sink", "http", "--kubeconfig", str(sa_cfg))
-    wait_until(lambda: wire.HEALTH_ANNOTATION in (admin.read_node(victim).metadata.annotations
-                                                  or {}), 20, "the victim agent's summary")
+    victim_agent = start_agent(
+        {
+            "agent": {
+                "sinks": {
+                    "kubernetes": {
+                        "heartbeat_interval_s": 1.0,
+                        "request_poll_interval_s": 0.3,
+                        "trust": {"controller_public_key_file": str(trusted)},
+                        "remediation": {
+                            "reboot_argv": ["reboot-now"],
+                            "boot_id_path": str(tmp_path / "boot_id"),
+                        },
+                    }
+                }
+            }
+        },
+        "--interval",
+        "1",
+        "--node-name",
+        victim,
+        "--sink",
+        "kubernetes",
+        "--sink",
+        "state-file",
+        "--sink",
+        "http",
+        "--kubeconfig",
+        str(sa_cfg),
+    )
+    wait_until(
+        lambda: wire.HEALTH_ANNOTATION in (admin.read_node(victim).metadata.annotations or {}),
+        20,
+        "the victim agent's summary",
+    )
 
     # 1. As the agent's account (every node's agent has it).
     def can(*args: str) -> str:
@@ -104,9 +141,15 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
     out = kube.kubectl("taint", "nodes", victim, f"{wire.UNHEALTHY_TAINT}-", f"--as={AGENT}")
     assert out.returncode != 0 and "forbidden" in out.stderr.lower(), out  # lift the block
     out = kube.kubectl("uncordon", victim, f"--as={AGENT}")  # exits 0 even when refused
-    assert "cannot patch resource \"nodes\"" in out.stderr, out  # lift the cordon
-    out = kube.kubectl("annotate", "node", victim, "--overwrite", f"--as={AGENT}",
-                       f'{wire.REQUEST_ANNOTATION}={{"id":"x","action":"REBOOT"}}')
+    assert 'cannot patch resource "nodes"' in out.stderr, out  # lift the cordon
+    out = kube.kubectl(
+        "annotate",
+        "node",
+        victim,
+        "--overwrite",
+        f"--as={AGENT}",
+        f'{wire.REQUEST_ANNOTATION}={{"id":"x","action":"REBOOT"}}',
+    )
     assert out.returncode != 0 and "forbidden" in out.stderr.lower(), out
     assert refused(lambda: as_agent.patch_node(victim, {"spec": {"taints": []}}))
     assert refused(lambda: as_agent.delete_node(victim))
@@ -120,12 +163,18 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
     # node copied over, a forged release.
     controller.request(attacker, action=Action.REBOOT, request_id="for-attacker", gpus=[])
     theirs = admin.read_node(attacker).metadata.annotations
-    forged = {"id": "forged", "action": "REBOOT", "gpus": [], "at": time.strftime(
-        "%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
+    forged = {
+        "id": "forged",
+        "action": "REBOOT",
+        "gpus": [],
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+    }
     for ann in (
         {wire.REQUEST_ANNOTATION: json.dumps(forged)},
-        {wire.REQUEST_ANNOTATION: json.dumps(forged),
-         sig_annotation(wire.REQUEST_ANNOTATION): "junk.c2ln"},
+        {
+            wire.REQUEST_ANNOTATION: json.dumps(forged),
+            sig_annotation(wire.REQUEST_ANNOTATION): "junk.c2ln",
+        },
         {k: theirs[k] for k in (wire.REQUEST_ANNOTATION, sig_annotation(wire.REQUEST_ANNOTATION))},
         {wire.RELEASED_ANNOTATION: "2099-01-01T00:00:00+00:00"},
     ):
@@ -144,16 +193,27 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
     assert refused(lambda: as_preflight.read_node(victim))
     assert refused(status_patch(as_preflight, victim, {"gpuvigil.io/preflight": "pass"}))
     assert refused(lambda: as_preflight.patch_node(victim, {"spec": {"unschedulable": False}}))
-    assert refused(lambda: as_preflight.create_namespaced_pod("gpuvigil", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "fake-pass"},
-        "spec": {"nodeName": victim, "containers": [{"name": "c", "image": "x"}]}}))
+    assert refused(
+        lambda: as_preflight.create_namespaced_pod(
+            "gpuvigil",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "fake-pass"},
+                "spec": {"nodeName": victim, "containers": [{"name": "c", "image": "x"}]},
+            },
+        )
+    )
 
     # 3. As the attacker node's own identity (deploy/kubernetes/overlays/node-identity):
     # NodeRestriction refuses every write to another Node, status and metadata alike.
     as_node = impersonated(kube, f"system:node:{attacker}", "system:nodes")
     assert refused(status_patch(as_node, victim, {wire.HEALTH_ANNOTATION: "{}"}))
-    assert refused(lambda: as_node.patch_node(victim, {"metadata": {"labels": {
-        "gpuvigil.io/exclude": "true"}}}))
+    assert refused(
+        lambda: as_node.patch_node(
+            victim, {"metadata": {"labels": {"gpuvigil.io/exclude": "true"}}}
+        )
+    )
     assert refused(lambda: as_node.patch_node(victim, {"spec": {"unschedulable": False}}))
     status_patch(as_node, attacker, {"gpuvigil.io/own": "fine"})()  # its own Node: allowed
 
@@ -164,6 +224,9 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
 
     # And the controller's own request is acted on once (so the checks above can fail).
     controller.request(victim, action=Action.RESET_GPU, request_id="real-1", gpus=[1])
-    wait_until(lambda: acted.exists() and "reset --gpu-reset -i 1" in acted.read_text(), 15,
-               "the genuine reset")
+    wait_until(
+        lambda: acted.exists() and "reset --gpu-reset -i 1" in acted.read_text(),
+        15,
+        "the genuine reset",
+    )
     assert acted.read_text().splitlines() == ["reset --gpu-reset -i 1"]

@@ -33,15 +33,21 @@ def test_npd_plugin_exit_codes_and_message_length(run_cli, tmp_path):
     line = bad.stdout.rstrip("\n")
     assert line.startswith("FABRIC_PORT_DOWN") and len(line.encode()) <= 80
     # The fabric problem is not this condition's business.
-    fam = run_cli("npd-plugin", "fabric", "--family", "GPUXidError", "--config", str(cfg),
-                  env=env)
+    fam = run_cli("npd-plugin", "fabric", "--family", "GPUXidError", "--config", str(cfg), env=env)
     assert fam.returncode == 0
     # A check that cannot run is "unknown" (2), never OK.
     node = m.nvml()
     node.library_present = False
     m.save_nvml(node)
-    unknown = run_cli("npd-plugin", "gpu", "--config", str(cfg), "--max-length", "40",
-                      env={**env, "PATH": os.environ["PATH"]})
+    unknown = run_cli(
+        "npd-plugin",
+        "gpu",
+        "--config",
+        str(cfg),
+        "--max-length",
+        "40",
+        env={**env, "PATH": os.environ["PATH"]},
+    )
     assert unknown.returncode == 2 and len(unknown.stdout.rstrip("\n").encode()) <= 40
     nosuch = run_cli("npd-plugin", "no_such_check", "--config", str(cfg), env=env)
     assert nosuch.returncode == 2 and "DEPENDENCY_MISSING" in nosuch.stdout
@@ -49,8 +55,13 @@ def test_npd_plugin_exit_codes_and_message_length(run_cli, tmp_path):
 
 def test_npd_plugin_reads_a_fresh_agent_report_only(run_cli, tmp_path):
     state = tmp_path / "report.json"
-    f = Finding(check="gpu", status=Status.FAILED, code="ECC_UNCORRECTED_VOLATILE",
-                component="gpu:2", message="2 uncorrected")
+    f = Finding(
+        check="gpu",
+        status=Status.FAILED,
+        code="ECC_UNCORRECTED_VOLATILE",
+        component="gpu:2",
+        message="2 uncorrected",
+    )
     write_atomic(state, NodeReport(node="n", findings=(f,)).model_dump_json().encode())
     p = run_cli("npd-plugin", "--from-state-file", str(state), "--family", "GPUMemoryError")
     assert p.returncode == 1 and p.stdout.startswith("ECC_UNCORRECTED_VOLATILE gpu:2")
@@ -61,15 +72,29 @@ def test_npd_plugin_reads_a_fresh_agent_report_only(run_cli, tmp_path):
 @pytest.mark.realparts
 def test_slurm_healthcheck_drains_and_resumes_its_node(run_cli, slurm, tmp_path):
     cfg = tmp_path / "gpuvigil.yaml"
-    cfg.write_text(yaml.safe_dump({"agent": {"sinks": {"slurm": {
-        "marker_path": str(tmp_path / "marker")}}}}))
+    cfg.write_text(
+        yaml.safe_dump({"agent": {"sinks": {"slurm": {"marker_path": str(tmp_path / "marker")}}}})
+    )
     state = tmp_path / "report.json"
-    fatal = Finding(check="gpu", status=Status.FAILED, code="GPU_LOST", component="gpu:4",
-                    fatal=True, message="GPU 4 is lost")
+    fatal = Finding(
+        check="gpu",
+        status=Status.FAILED,
+        code="GPU_LOST",
+        component="gpu:4",
+        fatal=True,
+        message="GPU 4 is lost",
+    )
     write_atomic(state, NodeReport(node="gpu4", findings=(fatal,)).model_dump_json().encode())
     env = slurm.env()
-    args = ("slurm-healthcheck", "--node-name", "gpu4", "--state-file", str(state),
-            "--config", str(cfg))
+    args = (
+        "slurm-healthcheck",
+        "--node-name",
+        "gpu4",
+        "--state-file",
+        str(state),
+        "--config",
+        str(cfg),
+    )
     p = run_cli(*args, env=env)
     assert p.returncode == 1, p.stdout + p.stderr
     info = parse_show_node(slurm.run("scontrol", "show", "node", "gpu4", "-o").stdout)

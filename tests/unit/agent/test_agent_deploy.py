@@ -33,7 +33,7 @@ def test_npd_monitor_covers_every_family_with_real_checks():
     for rule in monitor["rules"]:
         args = rule["args"]
         assert args[0] == "npd-plugin"
-        names = args[1:args.index("--family")]
+        names = args[1 : args.index("--family")]
         assert names and all(n in checks.REGISTRY for n in names), names
         assert args[args.index("--family") + 1] == rule["condition"]
 
@@ -65,13 +65,34 @@ def test_docs_list_every_agent_setting_and_flag():
     from gpuvigil.node.sinks.state_file import StateFileConfig
 
     doc = (DEPLOY.parent / "docs/agent.md").read_text()
-    for model in (AgentConfig, CheckSchedule, KernelStreamConfig, HttpConfig,
-                  KubernetesConfig, RemediationConfig, SlurmConfig, StateFileConfig,
-                  TrustConfig):
+    for model in (
+        AgentConfig,
+        CheckSchedule,
+        KernelStreamConfig,
+        HttpConfig,
+        KubernetesConfig,
+        RemediationConfig,
+        SlurmConfig,
+        StateFileConfig,
+        TrustConfig,
+    ):
         for name, field in model.model_fields.items():
             assert f"| `{name}` |" in doc, f"{model.__name__}.{name} missing in docs/agent.md"
             assert field.description, f"{model.__name__}.{name} has no description"
-    for flag in ("--config", "--kmsg-file", "--state-file", "--interval", "--expect-gpus",
-                 "--sysfs-root", "--listen", "--node-name", "--sink", "--slurm-mode",
-                 "--kubeconfig", "--context", "--events-file", "--log-level"):
+    for flag in (
+        "--config",
+        "--kmsg-file",
+        "--state-file",
+        "--interval",
+        "--expect-gpus",
+        "--sysfs-root",
+        "--listen",
+        "--node-name",
+        "--sink",
+        "--slurm-mode",
+        "--kubeconfig",
+        "--context",
+        "--events-file",
+        "--log-level",
+    ):
         assert f"`{flag}" in doc, flag

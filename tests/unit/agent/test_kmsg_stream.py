@@ -31,8 +31,10 @@ def test_dev_kmsg_records_carry_sequence_numbers_and_gaps_are_counted():
     for seq in (1, 2):
         w.send(f"6,{seq},100,-;boot line {seq}\n SUBSYSTEM=pci\n".encode())
     boot = src.read(first=True, wait_s=0.1)
-    assert [(x.seq, x.text) for x in boot] == [(1, "6,1,100,-;boot line 1"),
-                                               (2, "6,2,100,-;boot line 2")]
+    assert [(x.seq, x.text) for x in boot] == [
+        (1, "6,1,100,-;boot line 1"),
+        (2, "6,2,100,-;boot line 2"),
+    ]
     w.send(b"4,7,200,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
     live = src.read(first=False, wait_s=1.0)
     assert [x.seq for x in live] == [7]
@@ -96,11 +98,13 @@ def test_dmesg_polling_returns_only_new_lines(fake_bin, tmp_path):
 
 def test_journalctl_polling_follows_its_cursor(fake_bin, tmp_path):
     args = tmp_path / "args"
-    fake_bin("journalctl", f"#!/bin/sh\necho \"$@\" >> {args}\n"
-             "echo '[    5.000000] host kernel: hello'\necho '-- cursor: s=abc;i=2'\n")
+    fake_bin(
+        "journalctl",
+        f'#!/bin/sh\necho "$@" >> {args}\n'
+        "echo '[    5.000000] host kernel: hello'\necho '-- cursor: s=abc;i=2'\n",
+    )
     src = ks.Journalctl(timeout_s=5, env=path_with(fake_bin.dir))
-    assert [x.text for x in src.read(first=True, wait_s=0)] == [
-        "[    5.000000] host kernel: hello"]
+    assert [x.text for x in src.read(first=True, wait_s=0)] == ["[    5.000000] host kernel: hello"]
     src.read(first=False, wait_s=0)
     calls = args.read_text().splitlines()
     assert "-b" in calls[0].split() and "--after-cursor=s=abc;i=2" in calls[1].split()
@@ -117,13 +121,28 @@ def test_hanging_poll_tool_is_a_timeout_not_a_hang(fake_bin):
 def test_unreadable_kmsg_falls_back_in_order_and_says_why(fake_bin, tmp_path):
     fake_bin("journalctl", "#!/bin/sh\nexit 0\n")
     health = ks.StreamHealth()
-    src = ks.open_source(mode="auto", kmsg_path=tmp_path / "no-kmsg", file=None,
-                         poll_timeout_s=1, env={"PATH": str(fake_bin.dir)}, health=health)
+    src = ks.open_source(
+        mode="auto",
+        kmsg_path=tmp_path / "no-kmsg",
+        file=None,
+        poll_timeout_s=1,
+        env={"PATH": str(fake_bin.dir)},
+        health=health,
+    )
     assert isinstance(src, ks.Journalctl)
     assert [s for s, _ in health.fallback_from] == [str(tmp_path / "no-kmsg"), "dmesg"]
     health = ks.StreamHealth()
-    assert ks.open_source(mode="auto", kmsg_path=Path("/nonexistent/kmsg"), file=None,
-                          poll_timeout_s=1, env={"PATH": ""}, health=health) is None
+    assert (
+        ks.open_source(
+            mode="auto",
+            kmsg_path=Path("/nonexistent/kmsg"),
+            file=None,
+            poll_timeout_s=1,
+            env={"PATH": ""},
+            health=health,
+        )
+        is None
+    )
     assert len(health.fallback_from) == 3
 
 

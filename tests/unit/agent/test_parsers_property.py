@@ -41,13 +41,20 @@ def test_kmsg_records_and_lines_never_raise(chunks: list[str]):
 
 
 @settings(max_examples=50)
-@given(st.lists(st.tuples(st.sampled_from(["XID_79", "CHECK_TIMEOUT", "NVLINK_DOWN"]),
-                          text), max_size=5),
-       st.integers(min_value=8, max_value=200))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["XID_79", "CHECK_TIMEOUT", "NVLINK_DOWN"]), text), max_size=5
+    ),
+    st.integers(min_value=8, max_value=200),
+)
 def test_npd_message_always_fits(findings, limit):
-    report = NodeReport(node="n", findings=tuple(
-        Finding(check="c", status=Status.FAILED, code=c, component=f"gpu:{i}", message=m)
-        for i, (c, m) in enumerate(findings)))
+    report = NodeReport(
+        node="n",
+        findings=tuple(
+            Finding(check="c", status=Status.FAILED, code=c, component=f"gpu:{i}", message=m)
+            for i, (c, m) in enumerate(findings)
+        ),
+    )
     out = message(report, limit=limit)
     assert len(out.encode()) <= limit
     if len(findings) > 1 and limit >= 40:  # the count is never cut

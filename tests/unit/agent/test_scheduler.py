@@ -49,8 +49,10 @@ def test_hung_check_times_out_is_not_relaunched_and_blocks_nothing(register, tmp
         calls["quick"] += 1
         return [Finding(check="t_quick", status=Status.WARNING, code="TEMPERATURE_HIGH")]
 
-    specs = [register("t_hang", hang, timeout_s=0.3, interval_s=0.2),
-             register("t_quick", quick, interval_s=0.2)]
+    specs = [
+        register("t_hang", hang, timeout_s=0.3, interval_s=0.2),
+        register("t_quick", quick, interval_s=0.2),
+    ]
     s = Scheduler(specs, CheckContext(config=None, root=tmp_path))
     t0 = time.monotonic()
     s.tick(t0)
@@ -78,11 +80,9 @@ def test_hung_check_times_out_is_not_relaunched_and_blocks_nothing(register, tmp
     assert calls["hang"] == 2
 
 
-def test_result_older_than_twice_the_interval_is_stale_and_keeps_last_problems(register,
-                                                                                 tmp_path):
+def test_result_older_than_twice_the_interval_is_stale_and_keeps_last_problems(register, tmp_path):
     def bad(ctx):
-        return [Finding(check="t_bad", status=Status.FAILED, code="NVLINK_DOWN",
-                        component="gpu:1")]
+        return [Finding(check="t_bad", status=Status.FAILED, code="NVLINK_DOWN", component="gpu:1")]
 
     spec = register("t_bad", bad, interval_s=10.0, timeout_s=1.0)
     s = Scheduler([spec], CheckContext(config=None, root=tmp_path))
@@ -100,8 +100,7 @@ def test_result_older_than_twice_the_interval_is_stale_and_keeps_last_problems(r
 
 
 def test_optional_check_without_its_tool_is_reported_disabled_not_failed(register, tmp_path):
-    spec = register("t_opt", ok_check("t_opt"),
-                    needs=Needs(binaries=("gpuvigil-no-such-dcgmi",)))
+    spec = register("t_opt", ok_check("t_opt"), needs=Needs(binaries=("gpuvigil-no-such-dcgmi",)))
     spec_opt = replace(spec, required=False)
     s = Scheduler([spec_opt], CheckContext(config=None, root=tmp_path, env={"PATH": ""}))
     s.tick(time.monotonic())
@@ -139,10 +138,8 @@ def test_crashing_check_is_check_error_and_others_still_run(register, tmp_path):
 
 def test_first_run_can_be_delayed_for_fleet_wide_splay(register, tmp_path):
     calls = []
-    spec = register("t_diag", lambda ctx: calls.append(1) or [], group="diag",
-                    interval_s=100.0)
-    s = Scheduler([spec], CheckContext(config=None, root=tmp_path),
-                  first_delay_s={"t_diag": 30.0})
+    spec = register("t_diag", lambda ctx: calls.append(1) or [], group="diag", interval_s=100.0)
+    s = Scheduler([spec], CheckContext(config=None, root=tmp_path), first_delay_s={"t_diag": 30.0})
     t0 = time.monotonic()
     assert s.tick(t0) == t0 + 30.0
     s.tick(t0 + 29.0)

@@ -22,8 +22,15 @@ from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator
 from gpuvigil.node.sinks.state_file import read_report, write_atomic
 from gpuvigil.node.watchdog import Watchdog
 
-XID79 = Finding(check="kernel_log_stream", status=Status.FAILED, code="XID_79",
-                component="gpu:3", action=Action.REBOOT, fatal=True, message="fell off the bus")
+XID79 = Finding(
+    check="kernel_log_stream",
+    status=Status.FAILED,
+    code="XID_79",
+    component="gpu:3",
+    action=Action.REBOOT,
+    fatal=True,
+    message="fell off the bus",
+)
 
 
 def report(*findings: Finding) -> NodeReport:
@@ -70,9 +77,11 @@ def test_drain_trigger_prefers_fatal_and_ignores_could_not_run_by_default():
 
 def test_parse_show_node_keeps_reason_with_spaces():
     # As Slurm 22.05.8 prints it (measured): OS has spaces, Reason comes before Extra.
-    line = ("NodeName=gpu1 Arch=x86_64 CoresPerSocket=1  OS=Linux 6.1 #1 SMP PREEMPT_DYNAMIC "
-            "@0  State=IDLE+DRAIN ThreadsPerCore=1 Reason=gpuvigil: XID_79 gpu:3 "
-            "[root@2026-11-30T08:00:00] Extra={\"v\":1}\n")
+    line = (
+        "NodeName=gpu1 Arch=x86_64 CoresPerSocket=1  OS=Linux 6.1 #1 SMP PREEMPT_DYNAMIC "
+        "@0  State=IDLE+DRAIN ThreadsPerCore=1 Reason=gpuvigil: XID_79 gpu:3 "
+        '[root@2026-11-30T08:00:00] Extra={"v":1}\n'
+    )
     info = sl.parse_show_node(line)
     assert info["State"] == "IDLE+DRAIN" and info["Reason"] == "gpuvigil: XID_79 gpu:3"
     assert info["Extra"] == '{"v":1}' and sl.is_drained(info)
@@ -115,7 +124,7 @@ def test_standalone_drains_on_fatal_and_resumes_only_its_own_drain(fake_bin, tmp
 
 def test_remediation_is_idempotent_by_request_id(fake_bin, tmp_path):
     log = tmp_path / "resets"
-    fake_bin("nvidia-smi", f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake_bin("nvidia-smi", f'#!/bin/sh\necho "$@" >> {log}\n')
     env = {"PATH": f"{fake_bin.dir}:{os.environ['PATH']}"}
     rem = Remediator(RemediationConfig(boot_id_path=tmp_path / "boot"), env=env)
     answers: list[dict] = []
@@ -149,7 +158,8 @@ def test_reboot_succeeds_only_when_the_boot_id_changes(fake_bin, tmp_path):
     assert len(answers) == 1  # command accepted, node not rebooted yet
     boot.write_text("bbb\n")  # the agent after the reboot: a new boot id
     Remediator(RemediationConfig(boot_id_path=boot), env=env).handle(
-        req, answers[0], answers.append)
+        req, answers[0], answers.append
+    )
     assert answers[-1]["result"] == "succeeded"
 
 
@@ -157,11 +167,16 @@ def test_metrics_follow_the_report():
     reg = CollectorRegistry()
     m = agent_metrics.build(reg)
     timeout = Finding(check="nvml", status=Status.FAILED, code="CHECK_TIMEOUT")
-    r = NodeReport(node="gpu1", findings=(XID79, timeout), checks=(
-        CheckRun(check="nvml", status=Status.FAILED, started_at=datetime.now(UTC),
-                 duration_s=0.1),
-        CheckRun(check="pcie", status=Status.OK, started_at=datetime.now(UTC),
-                 duration_s=0.1)))
+    r = NodeReport(
+        node="gpu1",
+        findings=(XID79, timeout),
+        checks=(
+            CheckRun(
+                check="nvml", status=Status.FAILED, started_at=datetime.now(UTC), duration_s=0.1
+            ),
+            CheckRun(check="pcie", status=Status.OK, started_at=datetime.now(UTC), duration_s=0.1),
+        ),
+    )
     agent_metrics.observe_report(m, r)
     agent_metrics.observe_run(m, [timeout], r.checks[0], now_s=5.0)
     v = reg.get_sample_value
@@ -175,8 +190,7 @@ def test_metrics_follow_the_report():
     assert v("gpuvigil_check_last_success_timestamp_seconds", {"check": "nvml"}) is None
     # The next report no longer has the Xid: its series goes, the others stay.
     agent_metrics.observe_report(m, r.model_copy(update={"findings": (timeout,)}))
-    assert v("gpuvigil_check_status", {"check": "kernel_log_stream", "component": "gpu:3"}) \
-        is None
+    assert v("gpuvigil_check_status", {"check": "kernel_log_stream", "component": "gpu:3"}) is None
     assert v("gpuvigil_check_status", {"check": "pcie", "component": "node"}) == 0
     assert v("gpuvigil_node_condition", {"condition": "GPUXidError"}) == 0
 
@@ -220,10 +234,17 @@ def test_watchdog_fires_when_the_loop_stops_beating():
 
 
 def test_default_watchdog_exits_the_process_with_status_3():
-    code = ("from gpuvigil.node.watchdog import Watchdog; import time; "
-            "Watchdog(0.2).start(); time.sleep(10)")
+    code = (
+        "from gpuvigil.node.watchdog import Watchdog; import time; "
+        "Watchdog(0.2).start(); time.sleep(10)"
+    )
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=20, env={**os.environ, "PYTHONPATH": "src"})
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "PYTHONPATH": "src"},
+    )
     assert p.returncode == 3 and time.monotonic() - t0 < 5
     assert "stalled" in p.stderr

@@ -27,9 +27,7 @@ def test_hung_worker_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     # The parent starts a worker in its own session (as the NVML client does), then the
     # worker "hangs" in a call (a module whose nvmlInit sleeps), then the parent is killed.
     (tmp_path / "hangnvml.py").write_text(
-        "import time\n"
-        "class NVMLError(Exception):\n    pass\n"
-        "def nvmlInit():\n    time.sleep(600)\n"
+        "import time\nclass NVMLError(Exception):\n    pass\ndef nvmlInit():\n    time.sleep(600)\n"
     )
     parent_code = (
         "import subprocess, sys, time\n"
