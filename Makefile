@@ -41,6 +41,7 @@ lab: venv kube
 
 lint: venv
 	$(VENV)/bin/ruff check $(wildcard src tests bench examples)
+	$(VENV)/bin/ruff format --check $(wildcard src tests bench examples)
 	$(VENV)/bin/lint-imports
 
 test: venv system-deps kube lint
