@@ -123,6 +123,23 @@ def write_backlog(path: Path, mb: float) -> None:
             fh.write(block)
 
 
+def start_agent(
+    work: Path, *, cfg: Path, kmsg: Path, state: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """The agent under test (state file and HTTP sinks) and its baseline: a Python that
+    imports the same modules and sleeps, so the ratio is the agent's work alone."""
+    argv = [sys.executable, "-m", "gpuvigil", "agent", "--config", str(cfg),
+            "--kmsg-file", str(kmsg), "--state-file", str(state), "--listen", "127.0.0.1:0",
+            "--sink", "state-file", "--sink", "http", "--log-level", "warning"]  # fmt: skip
+    base_code = (
+        "import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
+        "gpuvigil.node.probes.nvml, time; time.sleep(1e6)"
+    )
+    log = open(work / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    return agent, subprocess.Popen([sys.executable, "-c", base_code], env=env)
+
+
 def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
     """The kernel-log flood: peak RSS of the agent while Xids are appended flat out."""
     work = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-flood-"))
@@ -146,33 +163,7 @@ def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
         )
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), SCENARIO_ENV: str(scenario)}
-    argv = [
-        sys.executable,
-        "-m",
-        "gpuvigil",
-        "agent",
-        "--config",
-        str(cfg),
-        "--kmsg-file",
-        str(kmsg),
-        "--state-file",
-        str(state),
-        "--listen",
-        "127.0.0.1:0",
-        "--sink",
-        "state-file",
-        "--sink",
-        "http",
-        "--log-level",
-        "warning",
-    ]
-    base_code = (
-        "import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
-        "gpuvigil.node.probes.nvml, time; time.sleep(1e6)"
-    )
-    log = open(work / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
-    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
-    base = subprocess.Popen([sys.executable, "-c", base_code], env=env)
+    agent, base = start_agent(work, cfg=cfg, kmsg=kmsg, state=state, env=env)
     lines = 0
     try:
         started = wait_for(state.exists, 120)
@@ -280,33 +271,7 @@ def main() -> int:
         SCENARIO_ENV: str(scenario),
         "NODE_NAME": "bench-node",
     }
-    argv = [
-        sys.executable,
-        "-m",
-        "gpuvigil",
-        "agent",
-        "--config",
-        str(cfg),
-        "--kmsg-file",
-        str(kmsg),
-        "--state-file",
-        str(state),
-        "--listen",
-        "127.0.0.1:0",
-        "--sink",
-        "state-file",
-        "--sink",
-        "http",
-        "--log-level",
-        "warning",
-    ]
-    base_code = (
-        "import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
-        "gpuvigil.node.probes.nvml, time; time.sleep(1e6)"
-    )
-    log = open(work / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
-    agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
-    base = subprocess.Popen([sys.executable, "-c", base_code], env=env)
+    agent, base = start_agent(work, cfg=cfg, kmsg=kmsg, state=state, env=env)
     try:
         if wait_for(state.exists, 60) is None:
             print("agent did not publish:", (work / "agent.log").read_text())
