@@ -204,9 +204,10 @@ def parse_ibv_devinfo(text: str, *, taken_at: datetime | None = None) -> FabricR
     return _reading(adapters, problems, "ibv_devinfo", taken_at)
 
 
+# `-v` pads the port state to the width of ACTIVE: "port 1 (DOWN  ) ==> ib2 (Down)".
 _I2N = re.compile(
     r"^(?:(?P<pci>[0-9a-fA-F:.]+)\s+)?(?P<dev>\S+)\s+(?:\(.*?\)\s+.*?)?port\s+(?P<port>\d+)"
-    r"(?:\s+\((?P<state>[A-Z_]+)\))?\s+==>\s+(?P<netdev>\S+)\s+\((?P<link>[^)]*)\)"
+    r"(?:\s+\(\s*(?P<state>[A-Z_]+)\s*\))?\s+==>\s+(?P<netdev>\S+)\s+\((?P<link>[^)]*)\)"
 )
 
 
