@@ -1,9 +1,10 @@
 """The other GPU outputs people attach: `nvidia-smi --query-gpu` CSV, `nvidia-smi nvlink -s`,
 `nvidia-smi -q -d PAGE_RETIREMENT`, `dcgmi discovery -l`, and nvidia-smi's error answers.
 
-Real outputs: the corpus (`../shared/corpus/nvidia_smi`, leptonai/gpud testdata, MANIFEST).
-Fixtures under data/smi are ours, each reproducing the structure of a public output cited
-on its test. Every reader feeds the same GPU rules (`rules.gpu.judge_inventory`).
+Real outputs: the corpus (`../shared/corpus/nvidia_smi`, leptonai/gpud testdata, MANIFEST),
+and data/smi/*_real_*: verbatim public outputs, each cited on its test. The other fixtures
+under data/smi are ours, each reproducing the structure of a public output cited on its test.
+Every reader feeds the same GPU rules (`rules.gpu.judge_inventory`).
 """
 
 from __future__ import annotations
@@ -170,16 +171,42 @@ def test_page_retirement_pending_is_judged() -> None:
 
 
 # --- dcgmi discovery -l ----------------------------------------------------------------------
-def test_discovery_null_names() -> None:
-    # Structure of https://github.com/NVIDIA/DCGM/issues/229 (H100 SXM, "Name: <<<NULL>>>").
-    inv = parse_discovery((DATA / "discovery_h100x4_null_names.txt").read_text())
-    assert inv.count == 4 and [g.name for g in inv.gpus] == [None] * 4
-    assert inv.gpus[0].pci_bus_id == "00000000:4C:00.0"
+def test_discovery_real_null_names_dcgm_3_1_7() -> None:
+    # Verbatim (trailing blanks kept) from https://github.com/NVIDIA/DCGM/issues/229, DCGM 3.1.7,
+    # four H100 SXM: every name reads "<<<NULL>>>"; bus ids 4C, 5D, CC, DC; no NvSwitches.
+    inv = parse_discovery((DATA / "discovery_real_h100x4_null_names_dcgm317.txt").read_text())
+    assert inv.count == 4 and not inv.errors and [g.name for g in inv.gpus] == [None] * 4
+    assert [g.pci_bus_id for g in inv.gpus] == [
+        f"00000000:{b}:00.0" for b in ("4C", "5D", "CC", "DC")
+    ]
+    assert inv.gpus[3].uuid == "GPU-5ea04b20-4cc3-4d84-0bb2-e4143be8e874"
     assert judge(inv, expect=4)[1] == []
     assert judge(inv, expect=8)[1] == [("GPU_COUNT_LOW", "node")]
 
 
+def test_discovery_real_h800x8_dcgm_3_1_8() -> None:
+    # Verbatim from liguodongiot/llm-action docs/llm-base/dcgmi.md (dcgmi -v: 3.1.8): eight
+    # "NVIDIA H800", GPU 7 at 00000000:E2:00.0, "0 NvSwitches found.".
+    inv = parse_discovery((DATA / "discovery_real_h800x8_dcgm318.txt").read_text())
+    assert inv.count == 8 and not inv.errors
+    assert {g.name for g in inv.gpus} == {"NVIDIA H800"}
+    assert inv.gpus[7].pci_bus_id == "00000000:E2:00.0" and not any(g.lost for g in inv.gpus)
+    assert judge(inv, expect=8)[1] == []
+
+
+def test_discovery_real_single_t4_with_pci_domain() -> None:
+    # Verbatim from microsoft/VirtualClient src/VirtualClient/VirtualClient.Actions.UnitTests/
+    # Examples/DCGMI/DCGMIDiscoveryResults.txt: one Tesla T4 in PCI domain 0001 (an Azure VM).
+    inv = parse_discovery((DATA / "discovery_real_t4_virtualclient.txt").read_text())
+    assert inv.count == 1 and not inv.errors
+    (gpu,) = inv.gpus
+    assert (gpu.name, gpu.pci_bus_id) == ("Tesla T4", "00000001:00:00.0")
+    assert judge(inv, expect=1)[1] == []
+    assert judge(inv, expect=2)[1] == [("GPU_COUNT_LOW", "node")]
+
+
 def test_discovery_with_nvswitches() -> None:
+    # Invented edge case: an NvSwitch table after the GPUs (not GPUs, not counted).
     inv = parse_discovery((DATA / "discovery_a100x8_nvswitch6.txt").read_text())
     assert inv.count == 8 and len(inv.gpus) == 8 and not inv.errors
 
