@@ -1,6 +1,7 @@
-"""DCGM: parsers over our fixtures in the real layouts (3.x and 4.x, JSON and tables), the
-rules, garbage, and the fail-closed paths of the dcgmi binary (absent optional/required,
-hang, crash, garbage, non-zero exit)."""
+"""DCGM: parsers over our fixtures in the real layouts (3.x and 4.x, JSON and tables) and over
+verbatim public outputs (data/dcgm/*_real_*, cited on their tests), the rules, garbage, and
+the fail-closed paths of the dcgmi binary (absent optional/required, hang, crash, garbage,
+non-zero exit)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,23 @@ def test_health_failures(name: str) -> None:
 def test_health_ok(name: str) -> None:
     report = parse_health((DATA / name).read_text())
     assert report.complete and rules.health(report, now=NOW) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # Verbatim `dcgmi health -s a` then `dcgmi health -c -j` (preamble line and all) from
+        # https://github.com/NVIDIA/DCGM/issues/263: "Overall Health" "Healthy".
+        "health_real_dcgm263_healthy_preamble.json",
+        # Verbatim, tab-indented, from microsoft/VirtualClient src/VirtualClient/
+        # VirtualClient.Actions.UnitTests/Examples/DCGMI/DCGMIHealthCheckResults.json.
+        "health_real_virtualclient_healthy.json",
+    ],
+)
+def test_health_real_healthy_json(name: str) -> None:
+    report = parse_health((DATA / name).read_text())
+    assert report.complete and report.overall == "Pass" and not report.results
+    assert rules.health(report, now=NOW) == []
 
 
 def test_health_unreadable_is_check_error() -> None:

@@ -271,7 +271,9 @@ def test_health_says_healthy_while_the_driver_asks_for_a_reset() -> None:
     from gpuvigil.node.probes.dcgm_parse import parse_health
     from gpuvigil.node.rules import dcgm as dcgm_rules
 
-    health = parse_health((DATA.parent / "dcgm" / "health_v3_healthy_preamble.json").read_text())
+    health = parse_health(
+        (DATA.parent / "dcgm" / "health_real_dcgm263_healthy_preamble.json").read_text()
+    )
     assert health.complete and health.overall == "Pass"
     assert dcgm_rules.health(health, now=utcnow()) == []
     inv = parse_csv((DATA / "query_gpu_recovery_action.csv").read_text())
