@@ -58,7 +58,13 @@ _MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ibstat", re.compile(r"^CA '[^']+'\s*$", _M)),
     ("ibstatus", re.compile(r"^Infiniband device '[^']+' port \d+ status:", _M)),
     ("ibv_devinfo", re.compile(r"^hca_id:\s*\S+", _M)),
-    ("ibdev2netdev", re.compile(r"^(?:\S+\s+)?\S+\s+.*?port \d+(?: \([A-Z_]+\))? ==> \S+ \(", _M)),
+    # `| column -t` widens the gaps; `-v` pads the state: "port 1 (DOWN  ) ==> ib2 (Down)".
+    (
+        "ibdev2netdev",
+        re.compile(
+            r"^(?:\S+\s+)?\S+\s+.*?port\s+\d+(?:\s+\(\s*[A-Z_]+\s*\))?\s+==>\s+\S+\s+\(", _M
+        ),
+    ),
     ("fi_info", re.compile(r"^(?:\s*\[\d+,\d+\]<std\w+>:)?\s*provider:\s*\S+\s*$", _M)),
     ("nvidia-smi-nvlink", re.compile(r"^GPU \d+: .*\(UUID: GPU-[0-9a-fA-F-]+\)\s*$", _M)),
 )

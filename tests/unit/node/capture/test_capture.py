@@ -63,6 +63,14 @@ def test_every_fixture_is_taken_for_its_kind(path: Path) -> None:
     assert detect(path.read_bytes()[:65536]) == want
 
 
+def test_ibdev2netdev_with_only_padded_states_is_recognised() -> None:
+    # The VF lines of the real `ibdev2netdev -v` (k8snetworkplumbingwg/ib-sriov-cni README),
+    # "port 1 (DOWN  ) ==> ib2 (Down)", without the ACTIVE lines that would carry the file.
+    lines = (FAB / "ibdev2netdev_v_real_ib_sriov_cni.txt").read_text().splitlines()
+    padded = "\n".join(ln for ln in lines if "(DOWN  )" in ln) + "\n"
+    assert padded.count("\n") == 4 and detect(padded.encode()) == "ibdev2netdev"
+
+
 def test_every_corpus_output_is_taken_for_its_kind(corpus: Path) -> None:
     expected = {"kernel_logs": "kernel-log", "network": None, "nvidia_smi": None}
     seen = 0
