@@ -4,7 +4,8 @@ Layouts handled: diag JSON of DCGM 3.x (`"DCGM GPU Diagnostic"`, results keyed `
 `gpu_ids`, warnings as strings) and 4.x (`"DCGM Diagnostic"`, results keyed
 `entity_group`/`entity_id`, warnings as objects, `test_summary`, `runtime_error`); diag
 tables of 2.x-4.x (`probes.dcgm_table`); health JSON (`body` tree of `value`/`children`) and
-its text table (`Overall Health`, `GPU ID: n`, `<system>: <state>` rows).
+its text table (`Overall Health`, `GPU ID: n`, `<system>: <state>` rows, or the 4.x tree
+`GPU` / `-> n` / `-> <name> system`).
 
 Never raises: what cannot be read makes the report incomplete (`complete=False`), which
 the rules turn into "could not tell" (CHECK_ERROR) beside every verdict that was read;
@@ -190,10 +191,17 @@ def _system(name: str) -> str:
     return name.strip().lower().replace(" system", "").replace(" ", "_") or "gpu"
 
 
+# dcgmi 4.x prints a tree: "GPU", then "-> <id>", "-> Errors", "-> <name> system" (rows of
+# NVIDIA/DCGM dcgmi/Health.cpp), with the message on the blank-named rows below.
+_TREE_ENTITY = re.compile(r"->\s*(\d+)$")
+_TREE_SYSTEM = re.compile(r"->\s*(.+?\s+system)$", re.I)
+
+
 def _health_table(text: str) -> DcgmReport:
     results: list[DcgmResult] = []
     overall: str | None = None
     gpu: int | None = None
+    in_gpus = False  # inside the tree's "GPU" group (not NvSwitch, CPU, ...)
     for line in text.splitlines():
         row = _ROW.match(line.strip())
         if not row:
@@ -201,6 +209,23 @@ def _health_table(text: str) -> DcgmReport:
         name, value = row.group(1), row.group(2)
         if name.lower() == "overall health":
             overall = status_of(value)
+            continue
+        if name and not name.startswith("->"):
+            in_gpus = name.upper() == "GPU"
+        tree = _TREE_ENTITY.match(name) if in_gpus else None
+        if tree or (in_gpus and _TREE_SYSTEM.match(name)):
+            if tree:
+                gpu = int(tree.group(1))
+            st = status_of(value)
+            system = _TREE_SYSTEM.match(name)
+            if system and gpu is not None:
+                results = [r for r in results if not (r.gpu == gpu and r.test == "gpu")]
+                results.append(DcgmResult(_system(system.group(1)), st or "Incomplete", gpu))
+            elif st and st != "Pass":
+                results.append(DcgmResult("gpu", st, gpu))
+            continue
+        if in_gpus and gpu is not None and not name and value and results:
+            attach(results, results[-1].test, gpu, value)
             continue
         g = _GPU_ONE.match(name)
         if g:

@@ -120,6 +120,44 @@ def test_health_real_healthy_json(name: str) -> None:
     assert rules.health(report, now=NOW) == []
 
 
+HEALTH_TREE = """\
++---------------------------+----------------------------------------------------------+
+| Health Monitor Report                                                                |
++===========================+==========================================================+
+| Overall Health            | Failure                                                  |
+| GPU                       |                                                          |
+| -> 1                      | Failure                                                  |
+|    -> Errors              |                                                          |
+|       -> Memory system    | Failure                                                  |
+|                           | A row remap is pending on GPU 1; reset the GPU.          |
+| -> 3                      | Warning                                                  |
+|    -> Errors              |                                                          |
+|       -> PCIe system      | Warning                                                  |
+|                           | Replays on GPU 3 above the threshold.                    |
+| NvSwitch                  |                                                          |
+| -> 0                      | Warning                                                  |
++---------------------------+----------------------------------------------------------+
+"""
+
+
+def test_health_tree_layout_pins_each_system_to_its_gpu() -> None:
+    # Invented edge case in the tree dcgmi 4.x prints (group, "-> <entity id>", "-> Errors",
+    # "-> <name> system", message rows; NVIDIA/DCGM dcgmi/Health.cpp). It was read as one
+    # node-level "overall" verdict naming no GPU and no system. An NvSwitch entity 0 is not
+    # GPU 0.
+    report = parse_health(HEALTH_TREE)
+    assert report.complete and report.overall == "Fail"
+    assert [(r.test, r.result, r.gpu) for r in report.results] == [
+        ("memory", "Fail", 1),
+        ("pcie", "Warn", 3),
+    ]
+    assert "row remap is pending" in report.results[0].info
+    assert summary(rules.health(report, now=NOW)) == [
+        ("DCGM_HEALTH_FAIL", "FAILED", "gpu:1"),
+        ("DCGM_HEALTH_FAIL", "WARNING", "gpu:3"),
+    ]
+
+
 def test_health_unreadable_is_check_error() -> None:
     found = rules.health(parse_health("Error: unable to connect to host engine"), now=NOW)
     assert summary(found) == [("CHECK_ERROR", "FAILED", "node")]
