@@ -45,7 +45,8 @@ _M = re.MULTILINE
 _MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("nvidia-smi-xml", re.compile(r"<nvidia_smi_log\b")),
     ("nvidia-smi-q", re.compile(r"NVSMI LOG|^Attached GPUs\s*:", _M)),
-    ("dcgmi-discovery", re.compile(r"^\s*\d+ GPUs? found\.\s*$", _M)),
+    # DCGM 4.x says which GPUs it counted: "1 GPU found (Active)."
+    ("dcgmi-discovery", re.compile(r"^\s*\d+ GPUs? found(?: \([^)]*\))?\.\s*$", _M)),
     (
         "dcgmi-diag",
         re.compile(

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from gpuvigil.core.findings import NodeReport, utcnow
+from gpuvigil.node.capture.kinds import detect
 from gpuvigil.node.catalog import gpus as catalog
 from gpuvigil.node.config import GpuConfig
 from gpuvigil.node.probes import nvidia_smi
@@ -203,6 +204,19 @@ def test_discovery_real_single_t4_with_pci_domain() -> None:
     assert (gpu.name, gpu.pci_bus_id) == ("Tesla T4", "00000001:00:00.0")
     assert judge(inv, expect=1)[1] == []
     assert judge(inv, expect=2)[1] == [("GPU_COUNT_LOW", "node")]
+
+
+def test_discovery_real_dcgm4_active_count() -> None:
+    # From littlemex/zenn books/eks-distributed-ai/eks-gpu-fault-injection.md (DCGM 4.x in the
+    # EKS node monitoring agent's dcgm-server, g5): "1 GPU found (Active).", NVIDIA A10G at
+    # 00000000:00:1E.0. The post shows the table trimmed (no UUID row, uneven widths).
+    text = (DATA / "discovery_real_a10g_active_dcgm4.txt").read_text()
+    inv = parse_discovery(text)
+    assert inv.count == 1 and not inv.errors
+    assert [(g.name, g.pci_bus_id) for g in inv.gpus] == [("NVIDIA A10G", "00000000:00:1E.0")]
+    assert judge(inv, expect=1)[1] == []
+    # `analyze` took the "(Active)" count line for no kind at all before.
+    assert detect(text.encode()) == "dcgmi-discovery"
 
 
 def test_discovery_with_nvswitches() -> None:
