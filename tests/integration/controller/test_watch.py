@@ -66,7 +66,7 @@ def test_a_silent_api_server_makes_the_picture_stale_and_unusable(kube, watched)
     c, nodes, agent = watched
     c.list_nodes()
     wait_for(lambda: c.watch._resp is not None, 30, "the watch to be open")
-    apiserver = kube.procs[-1].pid
+    apiserver = kube.cp.procs["kube-apiserver"].pid
     os.kill(apiserver, signal.SIGSTOP)  # hung: connections stay open, nothing comes
     try:
         wait_for(lambda: c.watch_age_s() > 3, 30, "the watch to notice the silence")
