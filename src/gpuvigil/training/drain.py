@@ -1,15 +1,15 @@
 """A drain that loses nothing: on SIGTERM, finish the step, save, exit with DRAINED (89).
 
-Installed by `run.Run`. Eviction (Kubernetes, a Slurm preemption) sends SIGTERM; torchrun
-forwards it to every worker of the node (and waits `--shutdown-timeout`, torchrun's default
-30 s; `python -m gpuvigil.training.launch` sets it from `monitor.shutdown_timeout_s`). The
-signal handler only raises a flag. Every rank must then stop after the *same* step, so
-that the save, a collective, finds all of them: ranks agree with one tiny all-reduce (MAX of
-the flag and of the mean step time) started every K steps and read at the next check, so it
-never blocks. K = check_s / step time, agreed from the all-reduce itself: a check about
-every 0.1 s of training, whatever the step time, at a cost no step notices. After a
-SIGTERM, a rank stops within 2 K steps, about 0.2 s; the ranks of other nodes, which got no
-signal, stop at the same step.
+Installed by `run.Run` and by the Lightning callback. Eviction (Kubernetes, a Slurm
+preemption) sends SIGTERM; torchrun forwards it to every worker of the node (and waits
+`--shutdown-timeout`, torchrun's default 30 s; `python -m gpuvigil.training.launch` sets it
+from `monitor.shutdown_timeout_s`). The signal handler only raises a flag. Every rank must
+then stop after the *same* step, so that the save, a collective, finds all of them: ranks
+agree with one tiny all-reduce (MAX of the flag and of the mean step time) started every K
+steps and read at the next check, so it never blocks. K = check_s / step time, agreed from
+the all-reduce itself: a check about every 0.1 s of training, whatever the step time, at a
+cost no step notices. After a SIGTERM, a rank stops within 2 K steps, about 0.2 s; the
+ranks of other nodes, which got no signal, stop at the same step.
 """
 
 from __future__ import annotations
@@ -53,18 +53,31 @@ class Drain:
         self._times = 0.0
         self._count = 0
 
-    def install(self) -> None:
+    def install(self) -> bool:
+        """Take SIGTERM (from the main thread only); False when the drain is off."""
         if not self.config.enabled or threading.current_thread() is not threading.main_thread():
-            return
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+            return False
+        self._previous = signal.signal(signal.SIGTERM, self.handle)
         self._installed = True
+        return True
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    @property
+    def previous(self) -> Any:
+        """The SIGTERM handler `install` replaced (restored by `uninstall`)."""
+        return self._previous
 
     def uninstall(self) -> None:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous)
             self._installed = False
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def handle(self, signum: int, frame: Any) -> None:
+        """The signal handler: only a flag (a collective here would run at whatever point
+        each rank is, and deadlock the ranks)."""
         if not self.requested:
             self.requested, self.signal = True, signum
             log.warning(

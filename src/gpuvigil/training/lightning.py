@@ -10,8 +10,9 @@ what Lightning lacks, from the same parts `training.Run` uses:
 - the hang watchdog and the heartbeat that `python -m gpuvigil.training.launch`'s monitor
   reads (a frozen rank named and the group restarted within the timeout plus 5 s);
 - straggler detection on busy time (DDP);
-- a drain: Lightning stops every rank after the same batch on SIGTERM; the callback then
-  writes `last.ckpt` with `trainer.save_checkpoint` and ends the rank with exit code 89;
+- a drain: on SIGTERM every rank stops after the same optimizer step, writes `last.ckpt`
+  with `trainer.save_checkpoint` and ends with exit code 89 (`drain.Drain`, as in
+  `training.Run`; Lightning's own SIGTERM handling is replaced, see `_take_sigterm`);
 - the job's events (job.start/restart/end, hang, straggler) and exit records.
 Lightning's checkpoints are Lightning's (a pickle it loads itself); `training.Run`'s own
 checkpoints are the ones that never unpickle.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,15 @@ from prometheus_client import CollectorRegistry
 
 from gpuvigil.core import exit_codes
 from gpuvigil.core.findings import utcnow
-from gpuvigil.training import drain, health_gate, heartbeat, identity, metrics, watchdog
+from gpuvigil.training import (
+    checkpoint,
+    drain,
+    health_gate,
+    heartbeat,
+    identity,
+    metrics,
+    watchdog,
+)
 from gpuvigil.training.config import TrainingConfig
 from gpuvigil.training.journal import Journal
 from gpuvigil.training.process_group import Env
@@ -40,11 +50,9 @@ from gpuvigil.training.straggler_watch import StragglerWatch
 try:  # the unified package first, then the standalone one
     from lightning.pytorch import Callback
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
 except ImportError:
     from pytorch_lightning import Callback
     from pytorch_lightning.callbacks import ModelCheckpoint
-    from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger("gpuvigil.training")
 
@@ -58,8 +66,11 @@ class Resilience(Callback):  # type: ignore[misc]
         self._watchdog: watchdog.Watchdog | None = None
         self._hb: heartbeat.HeartbeatWriter | None = None
         self._stragglers: StragglerWatch | None = None
+        self._drain: drain.Drain | None = None
         self._batches = 0
         self._t0 = 0.0
+        self._step = -1  # the trainer's global_step at the last batch end
+        self._step_s = 0.0  # time in the batches of the optimizer step under way
 
     # --- what StragglerWatch reads from its owner (the same fields as training.Run) ----------
     @property
@@ -90,10 +101,47 @@ class Resilience(Callback):  # type: ignore[misc]
         self.journal = Journal(self.env)
         if self._ckpt_dir(trainer):
             self.journal.storage = open_storage(self._ckpt_dir(trainer))
+        self._drain = drain.Drain(
+            cfg.drain, world_size=self.env.world_size, group=self.env.groups.get("monitor")
+        )
+        self._take_sigterm(trainer)
+
+    def _take_sigterm(self, trainer: Any) -> None:
+        """Lightning raises SIGTERMException on each rank's own flag, at its own batch, so one
+        rank can reach save_checkpoint's barrier while the other trains (Lightning-AI/
+        pytorch-lightning#20806); since PR #20825 (2.6.6 here) its handler also broadcasts
+        from rank 0 *inside the signal handler*, wherever each rank is: a rank that gets the
+        signal while its peer waits in another collective (DDP's gradient all-reduce, the
+        all-gather of on_train_start) deadlocks the job (both seen in the tests). The
+        drain's handler only raises a flag, and the ranks agree on it at a batch end.
+        Taken here, before Lightning registers its handlers (after `setup`, composing its
+        notifier with the handler it finds): its notifier becomes the drain's too."""
+        assert self._drain is not None
+        if not self._drain.install():
+            return  # drain off (or not the main thread): Lightning's handling stays
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is not None and hasattr(connector, "_sigterm_notifier_fn"):
+            connector._sigterm_notifier_fn = self._drain.handle
+        else:
+            log.warning("gpuvigil drain: this Lightning has no _sigterm_notifier_fn to replace")
+
+    def _keep_sigterm(self, trainer: Any) -> None:
+        """Lightning has registered its handlers: the drain's alone from here on, and the
+        handler from before `setup` is the one Lightning restores at its teardown."""
+        assert self._drain is not None
+        if self._drain.installed:
+            signal.signal(signal.SIGTERM, self._drain.handle)
+            originals = getattr(
+                getattr(trainer, "_signal_connector", None), "_original_handlers", None
+            )
+            if isinstance(originals, dict) and signal.SIGTERM in originals:
+                originals[signal.SIGTERM] = self._drain.previous
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         env, cfg = self.env, self.config
-        assert env is not None and self.journal is not None
+        assert env is not None and self.journal is not None and self._drain is not None
+        self._keep_sigterm(trainer)
+        self._step = trainer.global_step
         self._models = [trainer.strategy.model]  # wrapped (DDP) by now
         log.info("gpuvigil: training starts at step %d", trainer.global_step)
         self.journal.open(cfg.events_file)
@@ -129,23 +177,51 @@ class Resilience(Callback):  # type: ignore[misc]
             self._watchdog.kick(trainer.global_step, dt)
         if self._stragglers is not None:  # windows count batches: the same on every rank
             self._stragglers.completed(self._batches, dt)
+        self._step_s += dt
+        step = trainer.global_step
+        if step == self._step:  # gradient accumulation: no optimizer step, nothing to save
+            return
+        self._step, step_s, self._step_s = step, self._step_s, 0.0
+        # Every rank reaches this point after every optimizer step, in the same order: the
+        # drain's all-reduce (on the monitor group, every K steps) is where they agree.
+        if self._drain is not None and self._drain.after_step(step, step_s):
+            self._drain_now(trainer, step)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop()
+        if self._drain is not None:  # every rank issued the last check's all-reduce
+            self._drain.close()
         if self.journal is not None:
             self.journal.end(steps=trainer.global_step)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._stop()
+        if self._drain is not None:
+            self._drain.uninstall()  # no close(): a peer may never issue the pending all-reduce
         assert self.journal is not None
-        step = trainer.global_step
-        if not isinstance(exception, SIGTERMException):
-            self.journal.exit_of(exception, step=step)
-            return
-        # Lightning stopped every rank after the same batch: all of them save together.
-        path = os.path.join(self._ckpt_dir(trainer) or trainer.default_root_dir, "last.ckpt")
-        trainer.save_checkpoint(path)
+        # the drain's own exits (89, or 90 when its save failed) are in the journal already
+        self.journal.exit_of(exception, step=trainer.global_step)
+        self.journal.close()
+
+    def _drain_now(self, trainer: Any, step: int) -> None:
+        """Every rank stops after this step: save it (save_checkpoint's barrier finds all of
+        them here) and end the rank with DRAINED. The hang watchdog still runs: a save that
+        never returns is a hang, not a wait for torchrun's SIGKILL."""
+        assert self.journal is not None
         self.metrics.drains.inc()
+        path = os.path.join(self._ckpt_dir(trainer) or trainer.default_root_dir, "last.ckpt")
+        try:
+            trainer.save_checkpoint(path)
+        except Exception as e:
+            self.journal.exit(
+                cause="checkpoint_failed",
+                code=exit_codes.CHECKPOINT_FAILED,
+                step=step,
+                detail=f"drain save failed: {e}"[:300],
+            )
+            raise checkpoint.CheckpointFailed(
+                f"gpuvigil drain: the checkpoint of step {step} failed: {e}"
+            ) from e
         log.warning(
             "gpuvigil drain: stopped after step %d with %s saved; exiting with code %d",
             step,
@@ -155,7 +231,6 @@ class Resilience(Callback):  # type: ignore[misc]
         self.journal.exit(
             cause="drain", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved {path}"
         )
-        self.journal.close()
         raise drain.Drained(step)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:

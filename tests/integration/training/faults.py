@@ -12,6 +12,11 @@ stays a script a user can copy. GV_FAULTS is a comma-separated list of
     killsave@0:4     rank 0 SIGKILLs itself while committing the checkpoint of step 4
     failsave@*:8     every save from step 8 on fails on that rank (the disk is full)
     raise@0:5        rank 0 raises an exception in step 5 (a bug in the training script)
+    term@1:0         rank 1 alone SIGTERMs itself at the start of step 0 (as a node's agent
+                     signals only its own workers), at a chosen point instead of a racing one
+Scripts that use the Lightning callback get the same faults at the start of each batch
+(step = the trainer's global_step; step -1: as training starts, with Lightning's signal
+handlers registered and before the callback's on_train_start) and their PID files.
 GV_PID_DIR: each worker writes rank<R>-attempt<A>.pid there, for tests that act from outside.
 """
 
@@ -86,10 +91,16 @@ def at_step(step: int) -> None:
                 time.sleep(3600)
         elif f.step == step and f.kind == "raise":
             raise RuntimeError(f"injected bug at step {step}")
+        elif f.step == step and f.kind == "term":
+            logging.info("faults: SIGTERM to this worker alone at step %d", step)
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
-def patch() -> None:
-    """Wrap gpuvigil.training so the faults of GV_FAULTS happen in the job it runs."""
+def patch(*, lightning: bool = False) -> None:
+    """Wrap gpuvigil.training so the faults of GV_FAULTS happen in the job it runs
+    (`lightning`: also its Lightning callback; only then is Lightning imported)."""
+    if lightning:
+        _patch_lightning()
     from gpuvigil.training import checkpoint, manifest
     from gpuvigil.training.run import Run
 
@@ -126,3 +137,27 @@ def patch() -> None:
         return real_sink(self, rel, tensors)
 
     checkpoint.Checkpointer._sink = sink  # type: ignore[method-assign]
+
+
+def _patch_lightning() -> None:
+    from gpuvigil.training.lightning import Resilience
+
+    setup, train_start = Resilience.setup, Resilience.on_train_start
+    batch_start = Resilience.on_train_batch_start
+
+    def patched_setup(self: Any, trainer: Any, pl_module: Any, stage: str) -> None:
+        setup(self, trainer, pl_module, stage)
+        if stage == "fit":
+            _install(self)
+
+    def patched_train_start(self: Any, trainer: Any, pl_module: Any) -> None:
+        at_step(-1)
+        train_start(self, trainer, pl_module)
+
+    def patched_batch_start(self: Any, trainer: Any, *args: Any) -> None:
+        batch_start(self, trainer, *args)
+        at_step(trainer.global_step)
+
+    Resilience.setup = patched_setup  # type: ignore[method-assign]
+    Resilience.on_train_start = patched_train_start  # type: ignore[method-assign]
+    Resilience.on_train_batch_start = patched_batch_start  # type: ignore[method-assign]
