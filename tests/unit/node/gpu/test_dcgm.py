@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from gpuvigil.core.findings import Action, NodeReport
 from gpuvigil.node.capture.bundle import Limits
 from gpuvigil.node.capture.judge import Expect
+from gpuvigil.node.capture.kinds import detect
 from gpuvigil.node.capture.session import Options, analyze
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.config import NodeConfig
@@ -160,6 +161,64 @@ def test_analyze_takes_every_real_health_output_for_what_it_is() -> None:
         assert report.exit_code() == 0, name  # a Warning is reported, never a failure
     report, _ = analyze([(str(DATA / n), None) for n in sorted(REAL_HEALTH)], opts=OPTS)
     assert summary(report.findings) == [("DCGM_HEALTH_FAIL", "WARNING", "gpu:0")]
+
+
+# Other dcgmi answers in the same {"body", "header"} JSON framing, verbatim (DCGM 3.1.8, 8x
+# H800) from liguodongiot/llm-action docs/llm-base/dcgmi.md: `dcgmi topo -g 0 -j` and the
+# head of `dcgmi nvlink -g 0 -e -j`. They were taken for a health report missing its verdict.
+DCGMI_TOPO_JSON = """{
+        "body" :
+        {
+                "CPU Core Affinity" :
+                {
+                        "value" : "0 - 127"
+                },
+                "NUMA Optimal" :
+                {
+                        "value" : "False"
+                },
+                "Worst Path" :
+                {
+                        "value" : "Connected via a CPU-level link"
+                }
+        },
+        "header" :
+        [
+                "Topology Information",
+                "DCGM_ALL_SUPPORTED_GPUS"
+        ]
+}
+"""
+DCGMI_NVLINK_JSON = """{
+        "body" :
+        {
+                "Link 0" :
+                {
+                        "children" :
+                        {
+                                "CRC Data Error" :
+                                {
+                                        "value" : "0"
+                                }
+                        }
+                }
+        },
+        "header" :
+        [
+                "NVLINK Error Counts",
+                "GPU 0"
+        ]
+}
+"""
+
+
+@pytest.mark.parametrize("text", [DCGMI_TOPO_JSON, DCGMI_NVLINK_JSON])
+def test_other_dcgmi_json_is_not_a_health_report(text: str, tmp_path: Path) -> None:
+    assert detect(text.encode()) is None
+    path = tmp_path / "dcgmi.json"
+    path.write_text(text)
+    report, [inp] = analyze([(str(path), None)], opts=OPTS)
+    assert inp.kind is None and report.exit_code() == 2  # named as not recognised, not judged
 
 
 # The JSON dcgmi 4.x writes for `health -c -j` when there are incidents. Invented (edge case):
