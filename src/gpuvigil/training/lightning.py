@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +206,15 @@ class Resilience(Callback):  # type: ignore[misc]
 
     def _drain_now(self, trainer: Any, step: int) -> None:
         """Every rank stops after this step: save it (save_checkpoint's barrier finds all of
-        them here) and end the rank with DRAINED. The hang watchdog still runs: a save that
-        never returns is a hang, not a wait for torchrun's SIGKILL."""
+        them here) and end the rank with DRAINED. The save is synchronous, a legitimate stall
+        for the hang watchdog as `Run`'s synchronous saves are; the grace period after the
+        SIGTERM (torchrun's shutdown timeout, the pod's) bounds it."""
         assert self.journal is not None
         self.metrics.drains.inc()
         path = os.path.join(self._ckpt_dir(trainer) or trainer.default_root_dir, "last.ckpt")
         try:
-            trainer.save_checkpoint(path)
+            with self._watchdog.paused() if self._watchdog is not None else nullcontext():
+                trainer.save_checkpoint(path)
         except Exception as e:
             self.journal.exit(
                 cause="checkpoint_failed",
