@@ -150,6 +150,45 @@ def test_evicted_pods_carry_disruption_target(kube, kube_cluster) -> None:  # ty
     assert cond.status == "True" and "XID_79" in cond.message
 
 
+def test_pool_grace_follows_the_configured_pool_label(kube, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A site that names its own pool label gets its pools' eviction grace: the config file
+    goes through `gpuvigil controller`'s own loading and adapter opening, and the evicted
+    pod's deletionGracePeriodSeconds on the API server shows which pool the node was in."""
+    from datetime import timedelta
+
+    from gpuvigil.commands.controller import load_controller_config, open_or_exit
+    from gpuvigil.core.findings import utcnow
+
+    sel, (name,) = fleet(kube, 1)
+    # the site's label names the pool; the default label on the same node names another
+    kube.core().patch_node(
+        name, {"metadata": {"labels": {"example.com/gpu-pool": "big", "gpuvigil.io/pool": "x"}}}
+    )
+    ns = kube.namespace()
+    kube.create_running_pod(name, namespace=ns, name="job-pod")
+    path = tmp_path / "controller.yaml"
+    path.write_text(
+        "controller:\n"
+        "  cluster: kubernetes\n"
+        "  safety: {pool_label: example.com/gpu-pool}\n"
+        "  kubernetes:\n"
+        f"    kubeconfig: {kube.kubeconfig}\n"
+        f"    node_selector: '{sel}'\n"
+        f"    lease_namespace: {kube.namespace('lease')}\n"
+        "    eviction_grace_s: 30\n"
+        "    pool_eviction_grace_s: {big: 45, x: 40}\n"
+    )
+    c = open_or_exit(load_controller_config(path, {}).controller)
+    try:
+        assert [v.pool for v in c.list_nodes()] == ["big"]
+        st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79")
+        assert st.remaining == 1  # stays Terminating (no kubelet), with the grace it was given
+        pod = kube.core().read_namespaced_pod("job-pod", ns)
+        assert pod.metadata.deletion_grace_period_seconds == 45
+    finally:
+        c.close()
+
+
 def test_full_ladder_and_a_humans_cordon(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
     sel, names = fleet(kube, 3)
     bad = names[0]
