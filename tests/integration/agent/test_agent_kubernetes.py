@@ -38,34 +38,10 @@ def k8s_agent(start_agent, kube, node: str, tmp_path: Path, fake_bin, **kw):
     resets = tmp_path / "resets.log"
     fake_bin("nvidia-smi", f'#!/bin/sh\necho "$@" >> {resets}\n')
     signer, pub = agent_helpers.controller_key(tmp_path)
-    cfg = {
-        "agent": {
-            "sinks": {
-                "kubernetes": {
-                    "heartbeat_interval_s": 1.0,
-                    "request_poll_interval_s": 0.5,
-                    "trust": {"controller_public_key_file": str(pub)},
-                    "remediation": {"boot_id_path": str(tmp_path / "boot_id")},
-                }
-            }
-        }
-    }
-    a = start_agent(
-        cfg,
-        "--interval",
-        "1",
-        "--node-name",
-        node,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--sink",
-        "http",
-        "--kubeconfig",
-        str(kube.kubeconfig),
-        **kw,
-    )
+    a = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=kube.kubeconfig, trust=pub,
+        remediation={"boot_id_path": str(tmp_path / "boot_id")}, **kw,
+    )  # fmt: skip
     a.extra["resets"] = resets
     a.extra["signer"] = signer
     return a
@@ -213,30 +189,10 @@ def test_the_agent_needs_nothing_beyond_its_rbac(start_agent, kube, deployed, tm
     node = kube.create_node()
     resets = tmp_path / "resets.log"
     fake_bin("nvidia-smi", f'#!/bin/sh\necho "$@" >> {resets}\n')
-    a = start_agent(
-        {
-            "agent": {
-                "sinks": {
-                    "kubernetes": {
-                        "heartbeat_interval_s": 1.0,
-                        "request_poll_interval_s": 0.5,
-                        "trust": {"controller_public_key_file": str(pub)},
-                        "remediation": {"boot_id_path": str(tmp_path / "boot_id")},
-                    }
-                }
-            }
-        },
-        "--interval",
-        "1",
-        "--node-name",
-        node,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--kubeconfig",
-        str(cfg),
-    )
+    a = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=cfg, trust=pub, sinks=("state-file",),
+        remediation={"boot_id_path": str(tmp_path / "boot_id")},
+    )  # fmt: skip
     wait_until(lambda: set(codes.FAMILIES) <= set(conds(kube, node)), 15, "our conditions")
     a.machine.log(XID79)
     wait_until(lambda: conds(kube, node)["GPUXidError"]["status"] == "True", 5, "GPUXidError")

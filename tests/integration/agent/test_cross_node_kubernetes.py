@@ -98,35 +98,10 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
     fake_bin("nvidia-smi", f'#!/bin/sh\necho reset "$@" >> {acted}\n')
     fake_bin("reboot-now", f"#!/bin/sh\necho reboot >> {acted}\n")
     sa_cfg = agent_helpers.sa_kubeconfig(kube, tmp_path / "agent.kubeconfig", sa="gpuvigil-agent")
-    victim_agent = start_agent(
-        {
-            "agent": {
-                "sinks": {
-                    "kubernetes": {
-                        "heartbeat_interval_s": 1.0,
-                        "request_poll_interval_s": 0.3,
-                        "trust": {"controller_public_key_file": str(trusted)},
-                        "remediation": {
-                            "reboot_argv": ["reboot-now"],
-                            "boot_id_path": str(tmp_path / "boot_id"),
-                        },
-                    }
-                }
-            }
-        },
-        "--interval",
-        "1",
-        "--node-name",
-        victim,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--sink",
-        "http",
-        "--kubeconfig",
-        str(sa_cfg),
-    )
+    victim_agent = agent_helpers.start_kube_agent(
+        start_agent, victim, kubeconfig=sa_cfg, trust=trusted, poll_s=0.3,
+        remediation={"reboot_argv": ["reboot-now"], "boot_id_path": str(tmp_path / "boot_id")},
+    )  # fmt: skip
     wait_until(
         lambda: wire.HEALTH_ANNOTATION in (admin.read_node(victim).metadata.annotations or {}),
         20,
