@@ -276,18 +276,9 @@ def signed_request(signer: Any, node: str, req: dict[str, Any]) -> dict[str, str
 def sa_kubeconfig(kube: Any, path: Path, *, sa: str, namespace: str = "gpuvigil") -> Path:
     """A kubeconfig with a TokenRequest token of the ServiceAccount `sa`."""
     spec = {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}
+    from gpuvigil.lab.control_plane import write_kubeconfig
+
     tok = kube.core().create_namespaced_service_account_token(sa, namespace, {"spec": spec})
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {{server: "{kube.url}", insecure-skip-tls-verify: true}}
-users:
-- name: sa
-  user: {{token: "{tok.status.token}"}}
-contexts:
-- name: test
-  context: {{cluster: test, user: sa}}
-current-context: test
-""")
-    return path
+    return write_kubeconfig(
+        path, server=kube.url, token=tok.status.token, context="test", user="sa"
+    )
