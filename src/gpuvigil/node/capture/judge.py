@@ -17,7 +17,8 @@ from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.pipeline.judge import judge as pipeline_judge
 from gpuvigil.node.probes import fabric_tools, kernel_log_capture, nvidia_smi
 from gpuvigil.node.probes.dcgm_discovery import parse_discovery
-from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
+from gpuvigil.node.probes.dcgm_health_parse import parse_health
+from gpuvigil.node.probes.dcgm_parse import parse_diag
 from gpuvigil.node.probes.nvidia_smi_csv import parse_csv
 from gpuvigil.node.probes.nvidia_smi_nvlink import parse_nvlink_status
 from gpuvigil.node.readings import (

@@ -8,7 +8,6 @@ marks: the tools' own headers first, the kernel log (the loosest) last.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -55,6 +54,7 @@ _MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
             _M,
         ),
     ),
+    # Only the report's own words: `dcgmi topo -j`, `nvlink -e -j`... share its JSON framing.
     ("dcgmi-health", re.compile(r"Health Monitor Report|Overall Health", re.I)),
     ("ibstat", re.compile(r"^CA '[^']+'\s*$", _M)),
     ("ibstatus", re.compile(r"^Infiniband device '[^']+' port \d+ status:", _M)),
@@ -86,23 +86,7 @@ def detect(head: bytes) -> str | None:
     said = nvidia_smi_errors.scan(text)
     if said.lost or said.driver or said.no_devices:
         return "nvidia-smi-error"
-    json_kind = _dcgm_json(text)
-    if json_kind:
-        return json_kind
     return "kernel-log" if _kernel_log(lines) else None
-
-
-def _dcgm_json(text: str) -> str | None:
-    start = text.find("{")
-    if start < 0:
-        return None
-    try:
-        doc = json.loads(text[start : text.rfind("}") + 1])
-    except (ValueError, RecursionError):
-        return None
-    if isinstance(doc, dict) and isinstance(doc.get("body"), dict):
-        return "dcgmi-health"
-    return None
 
 
 def _kernel_log(lines: list[str]) -> bool:

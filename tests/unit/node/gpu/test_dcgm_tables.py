@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.probes.dcgm_parse import parse_diag, parse_health
+from gpuvigil.node.probes.dcgm_health_parse import parse_health
+from gpuvigil.node.probes.dcgm_parse import parse_diag
 from gpuvigil.node.rules import dcgm as rules
 
 DATA = Path(__file__).parent / "data" / "dcgm"

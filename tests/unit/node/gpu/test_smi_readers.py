@@ -282,7 +282,7 @@ def test_health_says_healthy_while_the_driver_asks_for_a_reset() -> None:
     # https://github.com/NVIDIA/DCGM/issues/263: `dcgmi health -c -j` answers Healthy (with
     # its "Health monitor systems set successfully." preamble) while
     # `nvidia-smi --query-gpu=index,gpu_recovery_action` says GPU 1 needs a Reset.
-    from gpuvigil.node.probes.dcgm_parse import parse_health
+    from gpuvigil.node.probes.dcgm_health_parse import parse_health
     from gpuvigil.node.rules import dcgm as dcgm_rules
 
     health = parse_health(
