@@ -201,6 +201,24 @@ class KubeCluster:
         )
         return name
 
+    def guard_with_pdb(
+        self, namespace: str, app: str, *, api_version: str = "policy/v1beta1"
+    ) -> None:
+        """A PodDisruptionBudget `pdb` (minAvailable 1) over the pods labelled `app`, once
+        the disruption controller counts them (start_disruption_controller first): from
+        then on an eviction of the one such pod is refused with 429."""
+        self.kubectl("apply", "-f", "-", input=f"""
+apiVersion: {api_version}
+kind: PodDisruptionBudget
+metadata: {{name: pdb, namespace: {namespace}}}
+spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{app}"}}}}}}
+""")  # fmt: skip
+        path = "jsonpath={.status.expectedPods}"
+        wait_until(
+            lambda: self.kubectl("get", "pdb", "pdb", "-n", namespace, "-o", path).stdout == "1",
+            timeout=30, what=f"the PDB over app={app} counting its pod",
+        )  # fmt: skip
+
     def ensure_namespace(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException
 

@@ -103,28 +103,7 @@ def test_eviction_honours_pdb_until_the_deadline(kube, kube_cluster) -> None:  #
     app = uuid.uuid4().hex[:6]
     kube.create_running_pod(name, namespace=ns, name="guarded", labels={"app": app})
     kube.create_running_pod(name, namespace=ns, name="free")
-    policy = "policy/v1beta1"
-    kube.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=f"""
-apiVersion: {policy}
-kind: PodDisruptionBudget
-metadata: {{name: pdb, namespace: {ns}}}
-spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{app}"}}}}}}
-""",
-    )
-    wait_for(
-        lambda: (
-            kube.kubectl(
-                "get", "pdb", "pdb", "-n", ns, "-o", "jsonpath={.status.expectedPods}"
-            ).stdout
-            == "1"
-        ),
-        30,
-        "pdb",
-    )
+    kube.guard_with_pdb(ns, app)
     c = kube_cluster(node_selector=sel)
     st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79")
     assert (st.remaining, st.blocked) == (1, 1)  # "free" evicted (v1beta1 here), "guarded" 429
