@@ -140,6 +140,17 @@ def start_agent(
     return agent, subprocess.Popen([sys.executable, "-c", base_code], env=env)
 
 
+def stop(agent: subprocess.Popen[bytes], base: subprocess.Popen[bytes]) -> None:
+    """The agent gets SIGTERM (a clean stop), SIGKILL after 15 s; the baseline SIGKILL."""
+    agent.send_signal(signal.SIGTERM)
+    base.kill()
+    try:
+        agent.wait(15)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+    base.wait(5)
+
+
 def fake_node(work: Path, *, agent: dict[str, object]) -> tuple[FakeSysfs, Path, dict[str, str]]:
     """A fake 8-GPU, 4-adapter InfiniBand node in `work` (sysfs tree, NVML scenario) and
     an agent config for it (`agent` merged into its `agent:` section): (sysfs, config,
@@ -195,13 +206,7 @@ def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
         alive = agent.poll() is None
         rss_base = rss_mb(base.pid)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        base.kill()
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-        base.wait(5)
+        stop(agent, base)
         size = kmsg.stat().st_size / 1e6
         shutil.rmtree(work, ignore_errors=True)
     print(
@@ -296,13 +301,7 @@ def main() -> int:
             )
             poll_lat.append(lat if lat is not None else float("inf"))
     finally:
-        agent.send_signal(signal.SIGTERM)
-        base.kill()
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-        base.wait(5)
+        stop(agent, base)
         shutil.rmtree(work, ignore_errors=True)
 
     core = 100 * cpu
