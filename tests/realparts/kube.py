@@ -104,6 +104,12 @@ class KubeCluster:
             timeout=60,
         )
 
+    def kustomize(self, folder: Path) -> str:
+        """The manifests of the kustomization in `folder`, as the real kubectl renders them."""
+        rendered = self.kubectl("kustomize", str(folder))
+        assert rendered.returncode == 0, rendered.stderr
+        return rendered.stdout
+
     def env(self) -> dict[str, str]:
         """Environment for a subprocess that should talk to this cluster (KUBECONFIG)."""
         return {"KUBECONFIG": str(self.kubeconfig)}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -139,23 +138,17 @@ def test_killed_agent_leaves_a_heartbeat_that_ages(start_agent, kube, tmp_path, 
 def deployed(kube):
     """The shipped manifests, server-side dry run first, then applied for real (the
     DaemonSet's pods never start: there are no kubelets); deleted afterwards."""
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rendered.returncode == 0, rendered.stderr
+    rendered = kube.kustomize(REPO / "deploy/kubernetes")
     ns = kube.kubectl("apply", "-f", str(REPO / "deploy/kubernetes/namespace/namespace.yaml"))
     assert ns.returncode == 0, ns.stderr
-    dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
+    dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert dry.returncode == 0, dry.stderr
-    real = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
+    real = kube.kubectl("apply", "-f", "-", input=rendered)
     assert real.returncode == 0, real.stderr
     yield dry.stdout
     # Everything but the namespace: with no namespace controller running, a deleted
     # namespace stays Terminating, and later tests in this session deploy into it.
-    keep = [d for d in yaml.safe_load_all(rendered.stdout) if d and d.get("kind") != "Namespace"]
+    keep = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") != "Namespace"]
     kube.kubectl("delete", "-f", "-", "--wait=false", input=yaml.safe_dump_all(keep))
 
 

@@ -11,7 +11,6 @@ block stay. A request the controller really sent is acted on (the test can fail)
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -33,17 +32,11 @@ PREFLIGHT = "system:serviceaccount:gpuvigil:gpuvigil-preflight"
 @pytest.fixture(scope="module")
 def shipped(kube):
     """The shipped kustomization rendered and applied with the real kubectl."""
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rendered.returncode == 0, rendered.stderr
-    applied = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
+    rendered = kube.kustomize(REPO / "deploy/kubernetes")
+    applied = kube.kubectl("apply", "-f", "-", input=rendered)
     assert applied.returncode == 0, applied.stderr
     kube.ensure_preflight_template()
-    return rendered.stdout
+    return rendered
 
 
 def impersonated(kube, user: str, *groups: str):
