@@ -167,6 +167,28 @@ class KubeCluster:
         wait_until(untainted, timeout=10, what=f"node {name} without not-ready taint")
         return name
 
+    def unschedulable_pod(
+        self, namespace: str, *, node_selector: dict[str, str], timeout: float = 30
+    ) -> str:
+        """Create a pod `p` for kube-scheduler (start_scheduler first) to place with
+        `node_selector`, wait until the scheduler gives up on it (PodScheduled False,
+        Unschedulable) and return why (the condition's message); the pod stays unbound."""
+        v1 = self.core()
+        v1.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"nodeSelector": node_selector, "containers": [{"name": "c", "image": "x"}]},
+        })  # fmt: skip
+
+        def refused() -> str | None:
+            pod = v1.read_namespaced_pod("p", namespace)
+            cond = {c.type: c for c in pod.status.conditions or []}.get("PodScheduled")
+            if cond is not None and cond.reason == "Unschedulable":
+                assert pod.spec.node_name is None
+                return str(cond.message)
+            return None
+
+        return str(wait_until(refused, timeout=timeout, what="the scheduler to refuse pod p"))
+
     def create_running_pod(
         self,
         node: str,
