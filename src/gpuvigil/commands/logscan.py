@@ -14,24 +14,68 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
 from gpuvigil.node.capture.inputs import InputError, open_input
-from gpuvigil.node.catalog.xid import Rule, XidCatalog, load_catalog
-from gpuvigil.node.probes.kernel_log_capture import unreadable
 from gpuvigil.node.probes.kernel_log_parser import iter_stream
+from gpuvigil.node.probes.kernel_log_shape import unreadable
 from gpuvigil.node.probes.log_lines import LineStats
 from gpuvigil.node.readings import XidEvent
-from gpuvigil.observe.terminal import printable
+from gpuvigil.observe.printable import printable
+
+if TYPE_CHECKING:
+    from gpuvigil.node.catalog.xid import XidCatalog
 
 
-def event_json(ev: XidEvent, rule: Rule | None = None) -> dict[str, Any]:
+class Verdicts:
+    """Each event's own verdict from the catalog (base entries: the GPU's family is not
+    known here), remembered per (kind, code, message): an Xid storm repeats a few texts,
+    and the lookup is most of an event's cost after parsing."""
+
+    def __init__(self) -> None:
+        self._catalog: XidCatalog | None = None
+        self._seen: dict[tuple[str, int, str], dict[str, Any]] = {}
+
+    @property
+    def catalog(self) -> XidCatalog:
+        """Loaded at the first event: a log without one (most) never pays for it."""
+        if self._catalog is None:
+            from gpuvigil.node.catalog.xid import load_catalog
+
+            self._catalog = load_catalog()
+        return self._catalog
+
+    def of(self, ev: XidEvent) -> dict[str, Any]:
+        """The verdict keys of `logscan --json` for one event (shared: do not change)."""
+        key = (ev.kind, ev.code, ev.message)
+        hit = self._seen.get(key)
+        if hit is None:
+            rule = self.catalog.rule(ev.kind, ev.code)
+            verdict = rule.outcome_for(ev.message)
+            hit = {
+                "mnemonic": rule.name,
+                "in_catalog": rule.known,
+                "status": verdict.status.value,
+                "action": verdict.action.value,
+                "fatal": verdict.fatal,
+            }
+            if len(ev.message) <= _MEMO_TEXT:  # memory stays bounded on a hostile log
+                if len(self._seen) >= _MEMO_SIZE:
+                    self._seen.clear()
+                self._seen[key] = hit
+        return hit
+
+
+_MEMO_SIZE, _MEMO_TEXT = 4096, 512
+
+
+def event_json(ev: XidEvent, verdict: dict[str, Any] | None = None) -> dict[str, Any]:
     """One event as the JSON object `logscan --json` prints (stable: add keys, never
-    rename or drop). With the catalog's rule, the event's own verdict is added."""
+    rename or drop). With its verdict (`Verdicts.of`), the event's own verdict is added."""
     out: dict[str, Any] = {
         "kind": ev.kind,
         "code": ev.code,
@@ -48,15 +92,8 @@ def event_json(ev: XidEvent, rule: Rule | None = None) -> dict[str, Any]:
         "seq": ev.seq,
         "line": ev.line,
     }
-    if rule is not None:
-        verdict = rule.outcome_for(ev.message)
-        out |= {
-            "mnemonic": rule.name,
-            "in_catalog": rule.known,
-            "status": verdict.status.value,
-            "action": verdict.action.value,
-            "fatal": verdict.fatal,
-        }
+    if verdict is not None:
+        out.update(verdict)
     return out
 
 
@@ -129,14 +166,14 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"gpuvigil logscan: {e}", err=True)
             raise typer.Exit(2) from e
         stats = LineStats(count_lines=False)  # not reported: spare the scan
-        catalog = load_catalog()
+        verdicts = Verdicts()
         try:
             with stream:
-                events = _counted(iter_stream(stream, year=year, tz=zone, stats=stats))
+                events = _counted(iter_stream(stream, year=year, tz=zone, stats=stats), verdicts)
                 if as_json:
-                    _print_json(events, catalog)
+                    _print_json(events)
                 else:
-                    _print_table(events, catalog, source=path)
+                    _print_table(events, source=path)
         except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
@@ -150,35 +187,32 @@ def register(app: typer.Typer) -> None:
         if why is not None:
             typer.echo(f"gpuvigil logscan: could not tell: {why}", err=True)
             raise typer.Exit(2)
-        raise typer.Exit(1 if events.failed(catalog) else 0)
+        raise typer.Exit(1 if events.failed else 0)
 
 
 class _counted:
     """The events as they stream by, remembered only as counts (memory stays flat)."""
 
-    def __init__(self, events: Iterator[XidEvent]) -> None:
-        self.events, self.count, self.codes = events, 0, set()
+    def __init__(self, events: Iterator[XidEvent], verdicts: Verdicts) -> None:
+        self.events, self.verdicts = events, verdicts
+        self.count, self.failed = 0, False
 
-    def __iter__(self) -> Iterator[XidEvent]:
+    def __iter__(self) -> Iterator[tuple[XidEvent, dict[str, Any]]]:
         for ev in self.events:
             self.count += 1
-            self.codes.add((ev.kind, ev.code, ev.message[:200]))
-            yield ev
-
-    def failed(self, catalog: XidCatalog) -> bool:
-        return any(
-            catalog.rule(kind, code).outcome_for(msg).status.value == "FAILED"
-            for kind, code, msg in self.codes
-        )
+            verdict = self.verdicts.of(ev)
+            if verdict["status"] == "FAILED":
+                self.failed = True
+            yield ev, verdict
 
 
-def _print_json(events: Iterator[XidEvent], catalog: XidCatalog) -> None:
+def _print_json(events: Iterable[tuple[XidEvent, dict[str, Any]]]) -> None:
     out = sys.stdout
     out.write("[")
     sep = "\n  "
-    for ev in events:
+    for ev, verdict in events:
         out.write(sep)
-        out.write(_ENCODE(event_json(ev, catalog.rule(ev.kind, ev.code))))
+        out.write(_ENCODE(event_json(ev, verdict)))
         sep = ",\n  "
     out.write("\n]\n" if sep != "\n  " else "]\n")
     out.flush()
@@ -191,14 +225,12 @@ _ENCODE = json.JSONEncoder(ensure_ascii=False).encode
 TABLE_MAX_ROWS = 1000  # rich lays a table out row by row (~3 ms each); more go plain
 
 
-def _row(n: int, ev: XidEvent, catalog: XidCatalog) -> tuple[str, ...]:
+def _row(n: int, ev: XidEvent, verdict: dict[str, Any]) -> tuple[str, ...]:
     proc = ev.process or ev.device or ""
     if ev.pid is not None:
         proc = f"{proc} ({ev.pid})"
-    rule = catalog.rule(ev.kind, ev.code)
-    verdict = rule.outcome_for(ev.message)
-    text = f"{verdict.status.value} {verdict.action.value}{' fatal' if verdict.fatal else ''}"
-    if not rule.known:
+    text = f"{verdict['status']} {verdict['action']}{' fatal' if verdict['fatal'] else ''}"
+    if not verdict["in_catalog"]:
         text += " (not in catalog)"
     return tuple(
         printable(cell)
@@ -218,7 +250,7 @@ def _row(n: int, ev: XidEvent, catalog: XidCatalog) -> tuple[str, ...]:
 _COLUMNS = ("#", "kind", "code", "PCI bus id", "timestamp", "process", "verdict", "message")
 
 
-def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str) -> None:
+def _print_table(events: Iterable[tuple[XidEvent, dict[str, Any]]], *, source: str) -> None:
     """A rich table for up to TABLE_MAX_ROWS events; beyond that, plain aligned columns
     streamed as they are found (a 20,000-event log prints in a second, not minutes)."""
     from rich.console import Console
@@ -233,9 +265,9 @@ def _print_table(events: Iterator[XidEvent], catalog: XidCatalog, *, source: str
     counts: Counter[str] = Counter()
     rows: list[tuple[str, ...]] = []
     plain = False
-    for n, ev in enumerate(events, 1):
+    for n, (ev, verdict) in enumerate(events, 1):
         counts[f"{'SXid' if ev.kind == 'sxid' else 'Xid'} {ev.code}"] += 1
-        rows.append(_row(n, ev, catalog))
+        rows.append(_row(n, ev, verdict))
         if len(rows) > TABLE_MAX_ROWS:
             if not plain:
                 plain = True

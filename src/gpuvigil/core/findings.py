@@ -6,60 +6,14 @@ the training health gate, the simulator and the reports all read these same type
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from gpuvigil.core import codes
 from gpuvigil.core.conditions import Condition, derive_conditions
-
-
-class Status(StrEnum):
-    """A check's verdict. A check that could not run is FAILED, never OK."""
-
-    OK = "OK"
-    WARNING = "WARNING"
-    FAILED = "FAILED"
-
-    @property
-    def rank(self) -> int:
-        return _STATUS_RANK[self]
-
-    @classmethod
-    def worst(cls, statuses: Iterable[Status]) -> Status:
-        return max(statuses, key=lambda s: s.rank, default=cls.OK)
-
-
-_STATUS_RANK = {Status.OK: 0, Status.WARNING: 1, Status.FAILED: 2}
-
-
-class Action(StrEnum):
-    """What a finding calls for, in escalation order; INVESTIGATE asks for a human.
-
-    INVESTIGATE ranks above REPLACE: when a human is needed, no automatic step should
-    race them (the policy quarantines the node instead).
-    """
-
-    NONE = "NONE"
-    RESTART_APP = "RESTART_APP"
-    RESET_GPU = "RESET_GPU"
-    REBOOT = "REBOOT"
-    REPLACE = "REPLACE"
-    INVESTIGATE = "INVESTIGATE"
-
-    @property
-    def rank(self) -> int:
-        return _ACTION_RANK[self]
-
-    @classmethod
-    def worst(cls, actions: Iterable[Action]) -> Action:
-        return max(actions, key=lambda a: a.rank, default=cls.NONE)
-
-
-_ACTION_RANK = {a: i for i, a in enumerate(Action)}
+from gpuvigil.core.verdicts import Action, Status
 
 
 def utcnow() -> datetime:

@@ -12,7 +12,6 @@ some rows says how many it left out and how to see the rest.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from rich.markup import escape
 from rich.progress import TaskID
 from rich.table import Table
 from rich.text import Text
+
+from gpuvigil.observe.printable import printable
 
 Cell = str | Text  # a str is rich markup (escape() text that is not)
 PAD = 2  # each column's padding: one space either side
@@ -44,17 +45,6 @@ def console(*, stderr: bool = False) -> Console:
 
 def text(cell: Cell) -> Text:
     return cell if isinstance(cell, Text) else Text.from_markup(cell)
-
-
-# Control characters but tab and newline: a kernel log or a file name can carry escape
-# sequences (`ESC [ 2 J` clears the screen, `ESC ] 0 ;` retitles the window, C1 `CSI`),
-# which printed raw would act on the reader's terminal.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character but tab and newline shown as `\\xNN`."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def plain(s: str) -> Text:

@@ -92,7 +92,7 @@ def detect(head: bytes) -> str | None:
 def _kernel_log(lines: list[str]) -> bool:
     """Most of the first lines look like kernel-log lines, or an NVIDIA driver line is
     there (a grep of a kernel log)."""
-    from gpuvigil.node.probes.kernel_log_capture import looks_like_kernel_line
+    from gpuvigil.node.probes.kernel_log_shape import looks_like_kernel_line
 
     sample = lines[:50]
     if not sample:

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ConfigDict, Field, field_validator
 
 from gpuvigil.core.config import StrictModel
-from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.verdicts import Action, Status
 
 FAMILIES = ("volta", "ampere", "hopper", "blackwell")
 # NVIDIA: "On Volta and older GPUs" the older catalog applies; Turing predates the

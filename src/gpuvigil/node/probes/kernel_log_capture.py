@@ -25,11 +25,10 @@ from gpuvigil.node.probes import kernel_faults
 from gpuvigil.node.probes.kernel_log_parser import (
     driver_load_stamp,
     fix_year,
-    is_kmsg_record,
     parse_line,
-    parse_stamp,
     stamp_before,
 )
+from gpuvigil.node.probes.kernel_log_shape import unreadable
 from gpuvigil.node.probes.log_lines import LineStats, iter_lines
 from gpuvigil.node.readings import GpuRef, KernelLog, KnownGpus, XidEvent
 
@@ -37,8 +36,6 @@ CHECK = "kernel_log"
 _XID = b"Xid ("
 _LOAD = b"NVRM: loading NVIDIA UNIX"
 NEEDLES = (_XID, _LOAD, *kernel_faults.NEEDLES)
-_KERNELISH = ("kernel:", "NVRM:", "kern  :", "kern:")
-MAX_BINARY_SHARE = 0.01  # more control bytes than this: not a text log
 
 
 @dataclass(frozen=True)
@@ -141,31 +138,6 @@ def analyze_stream(
     cfg = cfg or KernelLogConfig()
     capture = read_capture(stream, tz=tz, now=now or utcnow(), year=year, max_bytes=max_bytes)
     return judge(capture, cfg=cfg, gpus=gpus, now=now)
-
-
-def unreadable(*, found: bool, stats: LineStats) -> str | None:
-    """Why a stream in which `found` (anything a kernel log holds) is not a readable kernel
-    log, or None when it is one."""
-    if stats.bytes_read == 0 or not bytes(stats.sample).strip():
-        return "the kernel log is empty"
-    if stats.control_bytes > MAX_BINARY_SHARE * stats.bytes_read and not found:
-        return f"this is not text ({stats.control_bytes} control bytes): not a kernel log"
-    if found:
-        return None
-    lines = [ln for ln in bytes(stats.sample).decode("utf-8", "replace").splitlines() if ln.strip()]
-    if not any(looks_like_kernel_line(ln) for ln in lines[:200]):
-        return "no line has a kernel log prefix or time stamp: not a kernel log"
-    return None
-
-
-def looks_like_kernel_line(line: str) -> bool:
-    """A line with a time stamp a kernel log prints, a /dev/kmsg header, or a kernel tag."""
-    head = line[:200]
-    return (
-        parse_stamp(line[:120]).text is not None
-        or is_kmsg_record(line)
-        or any(tag in head for tag in _KERNELISH)
-    )
 
 
 def _could_not_tell(why: str, stats: LineStats) -> Finding:

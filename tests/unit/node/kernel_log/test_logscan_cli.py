@@ -140,3 +140,49 @@ def test_corpus_ground_truth(run_cli, corpus):
         )
         notes = dict(p.strip().split("=") for p in row["notes"].split(";")[:2])
         assert len(events) == int(notes["xid_event_lines"]) + int(notes["sxid_event_lines"])
+
+
+def test_a_quiet_log_loads_neither_the_catalog_nor_rich(tmp_path):
+    """Start-up is most of logscan's cost on an ordinary log (docs/performance.md): with
+    no event and `--json`, neither the catalog (YAML, its pydantic models) nor the
+    report models nor the table (rich) load. (pydantic itself comes with typer.)"""
+    import subprocess
+    import sys
+
+    from testkit import cli_env
+
+    f = tmp_path / "quiet.log"
+    f.write_text(LOG.splitlines()[0] + "\n")
+    probe = (
+        "import sys\nfrom gpuvigil import cli\n"
+        f"try:\n    cli.main(['logscan', {str(f)!r}, '--json'])\nexcept SystemExit as e:\n"
+        "    print('EXIT', e.code)\n"
+        "print('MODULES ' + ' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=cli_env(), capture_output=True,
+                         text=True, timeout=120).stdout  # fmt: skip
+    assert "EXIT 0" in out, out
+    loaded = out.rsplit("MODULES ", 1)[-1].split()
+    heavy = [m for m in loaded if m.split(".")[0] in {"rich", "yaml"}]
+    heavy += [m for m in loaded if m.startswith(("gpuvigil.node.catalog", "gpuvigil.core.findings",
+                                                 "gpuvigil.node.config"))]  # fmt: skip
+    assert loaded and not heavy, heavy
+
+
+def test_verdicts_are_remembered_within_bounds():
+    """One catalog lookup per distinct (kind, code, text); a log of endless distinct texts
+    (or very long ones) does not grow the memo without bound."""
+    from gpuvigil.commands import logscan
+    from gpuvigil.node.probes.kernel_log_parser import parse_line
+
+    verdicts = logscan.Verdicts()
+    line = LOG.splitlines()[1]
+    first = verdicts.of(parse_line(line))
+    assert verdicts.of(parse_line(line)) is first
+    assert (first["status"], first["action"], first["fatal"]) == ("FAILED", "REBOOT", True)
+    for n in range(logscan._MEMO_SIZE + 10):
+        verdicts.of(parse_line(line.replace("bus.", f"bus {n}.")))
+    assert len(verdicts._seen) <= logscan._MEMO_SIZE
+    long = parse_line(line.replace("bus.", "x" * (logscan._MEMO_TEXT + 1)))
+    assert verdicts.of(long)["status"] == "FAILED"
+    assert long.message not in {key[2] for key in verdicts._seen}
