@@ -140,29 +140,41 @@ def start_agent(
     return agent, subprocess.Popen([sys.executable, "-c", base_code], env=env)
 
 
-def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
-    """The kernel-log flood: peak RSS of the agent while Xids are appended flat out."""
-    work = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-flood-"))
+def stop(agent: subprocess.Popen[bytes], base: subprocess.Popen[bytes]) -> None:
+    """The agent gets SIGTERM (a clean stop), SIGKILL after 15 s; the baseline SIGKILL."""
+    agent.send_signal(signal.SIGTERM)
+    base.kill()
+    try:
+        agent.wait(15)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+    base.wait(5)
+
+
+def fake_node(work: Path, *, agent: dict[str, object]) -> tuple[FakeSysfs, Path, dict[str, str]]:
+    """A fake 8-GPU, 4-adapter InfiniBand node in `work` (sysfs tree, NVML scenario) and
+    an agent config for it (`agent` merged into its `agent:` section): (sysfs, config,
+    the agent's environment)."""
     fs = FakeSysfs.node(work / "root", gpus=8, kind="ib", adapters=4, rate_gbps=400)
     scenario = work / "nvml.json"
     make_node(8).save(scenario)
+    node = {
+        "expect_gpus": 8,
+        "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
+        "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400},
+    }
+    cfg = work / "agent.yaml"
+    cfg.write_text(yaml.safe_dump({"node": node, "agent": {"sysfs_root": str(fs.root), **agent}}))
+    return fs, cfg, {**os.environ, "PYTHONPATH": str(ROOT / "src"), SCENARIO_ENV: str(scenario)}
+
+
+def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
+    """The kernel-log flood: peak RSS of the agent while Xids are appended flat out."""
+    work = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-flood-"))
+    _, cfg, env = fake_node(work, agent={"state_dir": str(work / "state")})
     kmsg = work / "kern.log"
     write_backlog(kmsg, backlog_mb)
     state = work / "report.json"
-    cfg = work / "agent.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "node": {
-                    "expect_gpus": 8,
-                    "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
-                    "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400},
-                },
-                "agent": {"sysfs_root": str(fs.root), "state_dir": str(work / "state")},
-            }
-        )
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), SCENARIO_ENV: str(scenario)}
     agent, base = start_agent(work, cfg=cfg, kmsg=kmsg, state=state, env=env)
     lines = 0
     try:
@@ -194,13 +206,7 @@ def flood(seconds: float, backlog_mb: float, lines_per_s: float) -> int:
         alive = agent.poll() is None
         rss_base = rss_mb(base.pid)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        base.kill()
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-        base.wait(5)
+        stop(agent, base)
         size = kmsg.stat().st_size / 1e6
         shutil.rmtree(work, ignore_errors=True)
     print(
@@ -246,31 +252,11 @@ def main() -> int:
     # SIGTERM/SIGINT still stop the agent it started (the `finally` below runs).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     work = Path(tempfile.mkdtemp(prefix="gpuvigil-bench-agent-"))
-    fs = FakeSysfs.node(work / "root", gpus=8, kind="ib", adapters=4, rate_gbps=400)
-    scenario = work / "nvml.json"
-    make_node(8).save(scenario)
+    fs, cfg, env = fake_node(work, agent={"fast_interval_s": args.interval})
+    env["NODE_NAME"] = "bench-node"
     kmsg = work / "kern.log"
     kmsg.write_text("[    0.000000] Linux version 6.1.0\n")
     state = work / "report.json"
-    cfg = work / "agent.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "node": {
-                    "expect_gpus": 8,
-                    "gpu": {"nvml_module": "gpuvigil.fakes.nvml"},
-                    "fabric": {"expect_adapters": 4, "kind": "ib", "expect_rate_gbps": 400},
-                },
-                "agent": {"sysfs_root": str(fs.root), "fast_interval_s": args.interval},
-            }
-        )
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
-        SCENARIO_ENV: str(scenario),
-        "NODE_NAME": "bench-node",
-    }
     agent, base = start_agent(work, cfg=cfg, kmsg=kmsg, state=state, env=env)
     try:
         if wait_for(state.exists, 60) is None:
@@ -315,13 +301,7 @@ def main() -> int:
             )
             poll_lat.append(lat if lat is not None else float("inf"))
     finally:
-        agent.send_signal(signal.SIGTERM)
-        base.kill()
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-        base.wait(5)
+        stop(agent, base)
         shutil.rmtree(work, ignore_errors=True)
 
     core = 100 * cpu

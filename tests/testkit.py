@@ -48,3 +48,11 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def gpuvigil_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpuvigil", *args]
+
+
+def cli_flags(command: str) -> list[str]:
+    """Every long option of `gpuvigil COMMAND`, read from the command itself (so a test
+    that checks each one is documented cannot miss a new one)."""
+    from gpuvigil.cli import load
+
+    return [o for p in load(command).params for o in p.opts if o.startswith("--")]

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -24,32 +26,37 @@ from realparts import slurm as slurm_mod
 from testkit import require
 
 
+class _Server(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
+def _session(parts: ModuleType, make: Callable[[Path], S]) -> Iterator[S]:
+    """One server of `parts` (`available`, `make_workdir`) for the session: started in
+    its own folder, stopped and its folder removed at the end."""
+    ok, why = parts.available()
+    require(ok, why)
+    workdir = parts.make_workdir()
+    server = make(workdir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def kube() -> Iterator[kube_mod.KubeCluster]:
-    ok, why = kube_mod.available()
-    require(ok, why)
-    workdir = kube_mod.make_workdir()
-    cluster = kube_mod.KubeCluster(workdir)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from _session(kube_mod, kube_mod.KubeCluster)
 
 
 @pytest.fixture(scope="session")
 def _slurm_session() -> Iterator[slurm_mod.SlurmCluster]:
-    ok, why = slurm_mod.available()
-    require(ok, why)
-    workdir = slurm_mod.make_workdir()
-    cluster = slurm_mod.SlurmCluster(workdir)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from _session(slurm_mod, slurm_mod.SlurmCluster)
 
 
 @pytest.fixture

@@ -104,6 +104,12 @@ class KubeCluster:
             timeout=60,
         )
 
+    def kustomize(self, folder: Path) -> str:
+        """The manifests of the kustomization in `folder`, as the real kubectl renders them."""
+        rendered = self.kubectl("kustomize", str(folder))
+        assert rendered.returncode == 0, rendered.stderr
+        return rendered.stdout
+
     def env(self) -> dict[str, str]:
         """Environment for a subprocess that should talk to this cluster (KUBECONFIG)."""
         return {"KUBECONFIG": str(self.kubeconfig)}
@@ -161,6 +167,28 @@ class KubeCluster:
         wait_until(untainted, timeout=10, what=f"node {name} without not-ready taint")
         return name
 
+    def unschedulable_pod(
+        self, namespace: str, *, node_selector: dict[str, str], timeout: float = 30
+    ) -> str:
+        """Create a pod `p` for kube-scheduler (start_scheduler first) to place with
+        `node_selector`, wait until the scheduler gives up on it (PodScheduled False,
+        Unschedulable) and return why (the condition's message); the pod stays unbound."""
+        v1 = self.core()
+        v1.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"nodeSelector": node_selector, "containers": [{"name": "c", "image": "x"}]},
+        })  # fmt: skip
+
+        def refused() -> str | None:
+            pod = v1.read_namespaced_pod("p", namespace)
+            cond = {c.type: c for c in pod.status.conditions or []}.get("PodScheduled")
+            if cond is not None and cond.reason == "Unschedulable":
+                assert pod.spec.node_name is None
+                return str(cond.message)
+            return None
+
+        return str(wait_until(refused, timeout=timeout, what="the scheduler to refuse pod p"))
+
     def create_running_pod(
         self,
         node: str,
@@ -200,6 +228,24 @@ class KubeCluster:
             },
         )
         return name
+
+    def guard_with_pdb(
+        self, namespace: str, app: str, *, api_version: str = "policy/v1beta1"
+    ) -> None:
+        """A PodDisruptionBudget `pdb` (minAvailable 1) over the pods labelled `app`, once
+        the disruption controller counts them (start_disruption_controller first): from
+        then on an eviction of the one such pod is refused with 429."""
+        self.kubectl("apply", "-f", "-", input=f"""
+apiVersion: {api_version}
+kind: PodDisruptionBudget
+metadata: {{name: pdb, namespace: {namespace}}}
+spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{app}"}}}}}}
+""")  # fmt: skip
+        path = "jsonpath={.status.expectedPods}"
+        wait_until(
+            lambda: self.kubectl("get", "pdb", "pdb", "-n", namespace, "-o", path).stdout == "1",
+            timeout=30, what=f"the PDB over app={app} counting its pod",
+        )  # fmt: skip
 
     def ensure_namespace(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException

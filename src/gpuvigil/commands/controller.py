@@ -56,7 +56,12 @@ def open_or_exit(cfg: Any, kubernetes: Any = None) -> Any:
     from gpuvigil.platform.clusters import open_cluster
 
     try:
-        return open_cluster(cfg.cluster, kubernetes=kubernetes or cfg.kubernetes, slurm=cfg.slurm)
+        return open_cluster(
+            cfg.cluster,
+            kubernetes=kubernetes or cfg.kubernetes,
+            slurm=cfg.slurm,
+            pool_label=cfg.safety.pool_label,
+        )
     except KubeConfigError as e:
         typer.echo(f"cannot open the {cfg.cluster} cluster: {e}", err=True)
         raise typer.Exit(2) from e

@@ -36,6 +36,30 @@ def missing() -> str | None:
     return None
 
 
+def write_kubeconfig(
+    path: Path, *, server: str, token: str, context: str, user: str = "admin"
+) -> Path:
+    """A kubeconfig (mode 0600) of one cluster and one context, both named `context`, and
+    one bearer-token `user`; TLS unverified: a loopback API server's self-signed cert."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: {context}
+  cluster: {{server: "{server}", insecure-skip-tls-verify: true}}
+users:
+- name: {user}
+  user: {{token: "{token}"}}
+contexts:
+- name: {context}
+  context: {{cluster: {context}, user: {user}}}
+current-context: {context}
+"""
+    )
+    path.chmod(0o600)
+    return path
+
+
 class ControlPlane:
     def __init__(
         self,
@@ -172,24 +196,10 @@ class ControlPlane:
         return self._write_kubeconfig(self.dir / f"kubeconfig-{user}", f"{user}-token")
 
     def _write_kubeconfig(self, path: Path | None = None, token: str | None = None) -> Path:
-        path = path or self.kubeconfig
-        path.write_text(
-            f"""apiVersion: v1
-kind: Config
-clusters:
-- name: {self.context}
-  cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
-users:
-- name: admin
-  user: {{token: "{token or self.token}"}}
-contexts:
-- name: {self.context}
-  context: {{cluster: {self.context}, user: admin}}
-current-context: {self.context}
-"""
-        )
-        path.chmod(0o600)
-        return path
+        return write_kubeconfig(
+            path or self.kubeconfig, server=self.url, token=token or self.token,
+            context=self.context,
+        )  # fmt: skip
 
     def dead(self) -> list[str]:
         """Components that exited (the lab stops rather than follow a broken cluster)."""

@@ -44,6 +44,7 @@ from gpuvigil.lab.result import (
     report,
     slice_logs,
 )
+from gpuvigil.platform.state import POOL_LABEL
 
 REPO = SRC.parent
 POOL = "lab"
@@ -104,6 +105,7 @@ class Lab:
         shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
         agent_cfg = deep_merge(shipped, self.cfg.agent)
         self.say(f"registering {len(self.names)} GPU nodes, starting their agents")
+        pool_label = self.cfg.controller.get("safety", {}).get("pool_label", POOL_LABEL)
         for name in self.names:
             m = Machine(
                 name,
@@ -117,7 +119,7 @@ class Lab:
             m.create()
             self.machines[name] = m
             k = Kubelet(m, self.api, pods_dir=self.dir / "pods")
-            k.register(labels={"nvidia.com/gpu.present": "true", "gpuvigil.io/pool": POOL},
+            k.register(labels={"nvidia.com/gpu.present": "true", pool_label: POOL},
                        taints=[])  # fmt: skip
             self.kubelets[name] = k
             m.start_agent()

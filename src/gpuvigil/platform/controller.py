@@ -114,6 +114,13 @@ class Controller:
         self.metrics = metrics
         self.identity = identity
         policy, safety = self.config.policy, self.config.safety
+        label = getattr(cluster, "pool_label", safety.pool_label)
+        if label != safety.pool_label:  # budgets and the adapter's grace would part ways
+            raise ValueError(
+                f"the cluster adapter reads pools from the label {label!r} but "
+                f"safety.pool_label is {safety.pool_label!r}: open it with "
+                "open_cluster(..., pool_label=config.safety.pool_label)"
+            )
         self.breaker = Breaker(safety, heartbeat_stale_s=policy.heartbeat_stale_s)
         self.replacements = Replacements(timeout_s=policy.replace_timeout_s)
         self.voice = Announcer(cluster, dry_run=self.config.dry_run, metrics=metrics, events=events)

@@ -22,7 +22,14 @@ from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.platform.policy import Fleet
-from gpuvigil.platform.state import NodeView, Record, State
+from gpuvigil.platform.state import (
+    DEFAULT_POOL,
+    POOL_LABEL,
+    NodeView,
+    Record,
+    State,
+    pool_of_labels,
+)
 
 if TYPE_CHECKING:
     from gpuvigil.platform.breaker import Breaker
@@ -53,7 +60,7 @@ class SafetyConfig(StrictModel):
 
     max_disrupted: int = Field(2, ge=0)  # nodes DRAINING/REMEDIATING per pool, at most
     max_disrupted_percent: float = Field(10.0, ge=0, le=100)  # of the pool, rounded up
-    pool_label: str = "gpuvigil.io/pool"  # nodes without it are in pool "default"
+    pool_label: str = POOL_LABEL  # nodes without it are in pool "default"
     pools: dict[str, PoolLimit] = Field(default_factory=dict)  # per-pool overrides
     max_actions: int = Field(10, ge=0)  # new disruptions per rate window, fleet-wide
     rate_window_s: float = Field(300.0, gt=0)
@@ -83,7 +90,9 @@ def excluded(node: NodeView, config: SafetyConfig) -> bool:
 
 
 def pool_of(node: NodeView, config: SafetyConfig) -> str:
-    return node.labels.get(config.pool_label) or node.pool or "default"
+    # A view the adapter built has the pool already; one built from labels alone (the
+    # simulator's, a test's) has only the label.
+    return pool_of_labels(node.labels, label=config.pool_label, default=node.pool or DEFAULT_POOL)
 
 
 def pool_limit(pool: str, size: int, config: SafetyConfig) -> int:

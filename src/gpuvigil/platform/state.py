@@ -29,6 +29,10 @@ from gpuvigil.core.wire import DOMAIN, HealthSummary
 STATE_ANNOTATION = f"{DOMAIN}/state"
 TAG_PREFIX = states.TAG_PREFIX  # Slurm drain reasons written by gpuvigil start with this
 HISTORY_LIMIT = 12  # transitions kept on the node (annotation size stays ~2 KB)
+# The node label naming a node's pool (budgets, eviction grace), unless `safety.pool_label`
+# names another; a node without it is in pool DEFAULT_POOL.
+POOL_LABEL = f"{DOMAIN}/pool"
+DEFAULT_POOL = "default"
 
 # The remediation ladder: each step is tried once per episode, in this order.
 LADDER: tuple[Action, ...] = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
@@ -134,6 +138,14 @@ def parse_tag(text: str | None) -> tuple[State, Action | None, str] | None:
         return None
 
 
+def pool_of_labels(
+    labels: Mapping[str, str], *, label: str = POOL_LABEL, default: str = DEFAULT_POOL
+) -> str:
+    """A node's pool from its labels: the value of `label` (pass the configured
+    `safety.pool_label`); `default` when the node has none (or an empty one)."""
+    return labels.get(label) or default
+
+
 @dataclass(frozen=True)
 class AgentResult:
     """The agent's answer to a remediation request (`core.wire.RESULT_ANNOTATION`)."""
@@ -166,7 +178,7 @@ class NodeView:
     """
 
     name: str
-    pool: str = "default"
+    pool: str = DEFAULT_POOL  # `pool_of_labels(labels, label=<the configured pool_label>)`
     labels: Mapping[str, str] = field(default_factory=dict)
     health: HealthSummary | None = None
     health_error: str | None = "absent"  # None | "absent" | "unreadable"

@@ -68,7 +68,10 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self.seed = seed
         self.rng = random.Random(f"{seed}:delays")
         places, cfg = random.Random(f"{seed}:placement"), self.cfg
-        self.fleet = Fleet(nodes, places, pool_nodes=cfg.pool_nodes, rack_nodes=cfg.rack_nodes)
+        self.fleet = Fleet(
+            nodes, places, pool_nodes=cfg.pool_nodes, rack_nodes=cfg.rack_nodes,
+            pool_label=(controller or ControllerConfig()).safety.pool_label,
+        )  # fmt: skip
         self.by_name = {n.name: n.id for n in self.fleet.nodes}
         attack = ATTACKS[scenario.attack](days * DAY) if scenario.attack else None
         self.platform = Platform(

@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpuvigil.platform.state import POOL_LABEL
 from gpuvigil.sim.faults import Cause, FaultKind
 
 
@@ -75,21 +76,31 @@ BASE_FACTS = {"driver-version": "550.54.15", "kernel-version": "5.15.0-1051-aws"
               "os-image": "Ubuntu 22.04.4 LTS"}  # fmt: skip
 
 
-def labels(i: int, *, pool_nodes: int, rack_nodes: int) -> dict[str, str]:
-    """A node's labels: pools of `pool_nodes` (each in one of three zones), racks of
-    `rack_nodes`, one instance type."""
+def labels(
+    i: int, *, pool_nodes: int, rack_nodes: int, pool_label: str = POOL_LABEL
+) -> dict[str, str]:
+    """A node's labels: pools of `pool_nodes` (each in one of three zones, its name in
+    `pool_label`), racks of `rack_nodes`, one instance type."""
     pool = i // pool_nodes
-    return {"gpuvigil.io/pool": f"pool-{pool}", "topology.kubernetes.io/zone": f"zone-{pool % 3}",
+    return {pool_label: f"pool-{pool}", "topology.kubernetes.io/zone": f"zone-{pool % 3}",
             "gpuvigil.io/rack": f"rack-{i // rack_nodes}",
             "node.kubernetes.io/instance-type": "p5.48xlarge"}  # fmt: skip
 
 
 class Fleet:
     def __init__(
-        self, size: int, rng: random.Random, *, pool_nodes: int = 64, rack_nodes: int = 4
+        self,
+        size: int,
+        rng: random.Random,
+        *,
+        pool_nodes: int = 64,
+        rack_nodes: int = 4,
+        pool_label: str = POOL_LABEL,
     ) -> None:
+        self.pool_label = pool_label  # the controller's `safety.pool_label`
         self.nodes = [
-            Node(i, labels=labels(i, pool_nodes=pool_nodes, rack_nodes=rack_nodes),
+            Node(i, labels=labels(i, pool_nodes=pool_nodes, rack_nodes=rack_nodes,
+                                  pool_label=pool_label),
                  facts=dict(BASE_FACTS))
             for i in range(size)
         ]  # fmt: skip

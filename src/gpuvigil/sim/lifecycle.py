@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action
+from gpuvigil.platform.state import pool_of_labels
 from gpuvigil.sim import restart
 from gpuvigil.sim.faults import STORM_KINDS, Cause, Effect
 from gpuvigil.sim.fleet import BASE_FACTS, FaultInstance, Node, NodeState
@@ -121,9 +122,10 @@ class Lifecycle:
         rng = self.draws("storm")
         ids = [n.id for n in self.fleet.nodes]
         if self.storm.pool:
-            pools = sorted({n.labels["gpuvigil.io/pool"] for n in self.fleet.nodes})
+            label = self.fleet.pool_label
+            pools = sorted({pool_of_labels(n.labels, label=label) for n in self.fleet.nodes})
             pool = pools[rng.randrange(len(pools))]
-            ids = [n.id for n in self.fleet.nodes if n.labels["gpuvigil.io/pool"] == pool]
+            ids = [n.id for n in self.fleet.nodes if pool_of_labels(n.labels, label=label) == pool]
         hit = rng.sample(ids, int(self.storm.fraction * len(ids)))
         self.storm_hit = set(hit)
         self.relabel(hit, new=True)

@@ -33,7 +33,7 @@ from gpuvigil.platform.clusters.memory import EPOCH, MemoryCluster, Pod
 from gpuvigil.platform.controller import Controller, ControllerConfig, PassResult
 from gpuvigil.platform.safety import pool_limit
 from gpuvigil.platform.signatures import attributes_of, count
-from gpuvigil.platform.state import NodeView, State
+from gpuvigil.platform.state import NodeView, State, pool_of_labels
 from gpuvigil.sim.adversity import ApiOutage, Outage, Replicas, SplitBrain
 
 LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
@@ -63,13 +63,21 @@ class SimCluster(MemoryCluster):
     """The controller's in-memory cluster, listing and advancing only active nodes."""
 
     def __init__(
-        self, *, total: int, reset_s: float, reboot_s: float, preflight_s: float, beat_s: float
+        self,
+        *,
+        total: int,
+        reset_s: float,
+        reboot_s: float,
+        preflight_s: float,
+        beat_s: float,
+        pool_label: str,
     ):
         # agents publish every `beat_s` (inside the policy's staleness): a node whose agent
         # has nothing new stays the same view, and the controller reuses its decision
         super().__init__(
-            reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s, heartbeat_s=beat_s
-        )
+            reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s, heartbeat_s=beat_s,
+            pool_label=pool_label,
+        )  # fmt: skip
         self.total = total
         self.active: set[str] = set()
         self.census: Counter[tuple[str, str]] = Counter()
@@ -141,7 +149,7 @@ class Platform:
         self.config = cfg
         self.cluster = SimCluster(
             total=len(machines), reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
-            beat_s=0.8 * cfg.policy.heartbeat_stale_s,
+            beat_s=0.8 * cfg.policy.heartbeat_stale_s, pool_label=cfg.safety.pool_label,
         )  # fmt: skip
         # name -> (labels, facts): the same dicts the engine's nodes carry
         self.machines = {name: (labels, facts) for name, labels, facts in machines}
@@ -171,7 +179,7 @@ class Platform:
     def limits(self) -> dict[str, int]:
         """Each pool's disruption budget, as the safety rules compute it for its size."""
         safety = self.config.safety
-        sizes = Counter(labels.get(safety.pool_label, "default") for labels, _ in
+        sizes = Counter(pool_of_labels(labels, label=safety.pool_label) for labels, _ in
                         self.machines.values())  # fmt: skip
         return {pool: pool_limit(pool, n, safety) for pool, n in sizes.items()}
 
@@ -180,7 +188,7 @@ class Platform:
         """The fleet's attribute census (after a storm changed a driver or an image)."""
         safety = self.config.safety
         self.cluster.census = count(
-            attributes_of(labels, facts, pool=labels.get(safety.pool_label, "default"),
+            attributes_of(labels, facts, pool=pool_of_labels(labels, label=safety.pool_label),
                           config=safety)
             for labels, facts in self.machines.values()
         )  # fmt: skip
@@ -191,7 +199,7 @@ class Platform:
 
     def _add(self, name: str) -> None:
         labels, facts = self.machines.get(name, ({}, {}))
-        pool = labels.get(self.config.safety.pool_label, "default")
+        pool = pool_of_labels(labels, label=self.config.safety.pool_label)
         self.cluster.add_node(name, pool=pool, labels=labels, attributes=facts)
 
     def _hush(self, name: str) -> None:

@@ -220,6 +220,35 @@ def start_agent(tmp_path: Path, fake_bin) -> Iterator[Callable[..., AgentProc]]:
         a.stop(signal.SIGKILL if a.proc.poll() is None else signal.SIGTERM, timeout=5)
 
 
+def start_kube_agent(
+    start_agent: Callable[..., AgentProc],
+    node: str,
+    *,
+    kubeconfig: Path,
+    trust: Path,
+    sinks: tuple[str, ...] = ("state-file", "http"),
+    poll_s: float = 0.5,
+    remediation: dict[str, Any] | None = None,
+    agent: dict[str, Any] | None = None,
+    **kw: Any,
+) -> AgentProc:
+    """An agent on `node` with the Kubernetes sink (and `sinks`): a heartbeat every second,
+    requests polled every `poll_s`, signed by the key whose public half is in `trust`.
+    `agent` merges into its `agent:` settings; `kw` goes to `start_agent`."""
+    k8s: dict[str, Any] = {
+        "heartbeat_interval_s": 1.0,
+        "request_poll_interval_s": poll_s,
+        "trust": {"controller_public_key_file": str(trust)},
+    }
+    if remediation is not None:
+        k8s["remediation"] = remediation
+    config = {"agent": {**(agent or {}), "sinks": {"kubernetes": k8s}}}
+    argv = ["--interval", "1", "--node-name", node, "--kubeconfig", str(kubeconfig)]
+    for sink in ("kubernetes", *sinks):
+        argv += ["--sink", sink]
+    return start_agent(config, *argv, **kw)
+
+
 def controller_key(folder: Path) -> tuple[Any, Path]:
     """A controller signing key and the public-key file an agent trusts (docs/security.md)."""
     from gpuvigil.core.signing import Signer
@@ -247,18 +276,9 @@ def signed_request(signer: Any, node: str, req: dict[str, Any]) -> dict[str, str
 def sa_kubeconfig(kube: Any, path: Path, *, sa: str, namespace: str = "gpuvigil") -> Path:
     """A kubeconfig with a TokenRequest token of the ServiceAccount `sa`."""
     spec = {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}
+    from gpuvigil.lab.control_plane import write_kubeconfig
+
     tok = kube.core().create_namespaced_service_account_token(sa, namespace, {"spec": spec})
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {{server: "{kube.url}", insecure-skip-tls-verify: true}}
-users:
-- name: sa
-  user: {{token: "{tok.status.token}"}}
-contexts:
-- name: test
-  context: {{cluster: test, user: sa}}
-current-context: test
-""")
-    return path
+    return write_kubeconfig(
+        path, server=kube.url, token=tok.status.token, context="test", user="sa"
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,34 +37,10 @@ def k8s_agent(start_agent, kube, node: str, tmp_path: Path, fake_bin, **kw):
     resets = tmp_path / "resets.log"
     fake_bin("nvidia-smi", f'#!/bin/sh\necho "$@" >> {resets}\n')
     signer, pub = agent_helpers.controller_key(tmp_path)
-    cfg = {
-        "agent": {
-            "sinks": {
-                "kubernetes": {
-                    "heartbeat_interval_s": 1.0,
-                    "request_poll_interval_s": 0.5,
-                    "trust": {"controller_public_key_file": str(pub)},
-                    "remediation": {"boot_id_path": str(tmp_path / "boot_id")},
-                }
-            }
-        }
-    }
-    a = start_agent(
-        cfg,
-        "--interval",
-        "1",
-        "--node-name",
-        node,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--sink",
-        "http",
-        "--kubeconfig",
-        str(kube.kubeconfig),
-        **kw,
-    )
+    a = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=kube.kubeconfig, trust=pub,
+        remediation={"boot_id_path": str(tmp_path / "boot_id")}, **kw,
+    )  # fmt: skip
     a.extra["resets"] = resets
     a.extra["signer"] = signer
     return a
@@ -163,23 +138,17 @@ def test_killed_agent_leaves_a_heartbeat_that_ages(start_agent, kube, tmp_path, 
 def deployed(kube):
     """The shipped manifests, server-side dry run first, then applied for real (the
     DaemonSet's pods never start: there are no kubelets); deleted afterwards."""
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rendered.returncode == 0, rendered.stderr
+    rendered = kube.kustomize(REPO / "deploy/kubernetes")
     ns = kube.kubectl("apply", "-f", str(REPO / "deploy/kubernetes/namespace/namespace.yaml"))
     assert ns.returncode == 0, ns.stderr
-    dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
+    dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert dry.returncode == 0, dry.stderr
-    real = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
+    real = kube.kubectl("apply", "-f", "-", input=rendered)
     assert real.returncode == 0, real.stderr
     yield dry.stdout
     # Everything but the namespace: with no namespace controller running, a deleted
     # namespace stays Terminating, and later tests in this session deploy into it.
-    keep = [d for d in yaml.safe_load_all(rendered.stdout) if d and d.get("kind") != "Namespace"]
+    keep = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") != "Namespace"]
     kube.kubectl("delete", "-f", "-", "--wait=false", input=yaml.safe_dump_all(keep))
 
 
@@ -213,30 +182,10 @@ def test_the_agent_needs_nothing_beyond_its_rbac(start_agent, kube, deployed, tm
     node = kube.create_node()
     resets = tmp_path / "resets.log"
     fake_bin("nvidia-smi", f'#!/bin/sh\necho "$@" >> {resets}\n')
-    a = start_agent(
-        {
-            "agent": {
-                "sinks": {
-                    "kubernetes": {
-                        "heartbeat_interval_s": 1.0,
-                        "request_poll_interval_s": 0.5,
-                        "trust": {"controller_public_key_file": str(pub)},
-                        "remediation": {"boot_id_path": str(tmp_path / "boot_id")},
-                    }
-                }
-            }
-        },
-        "--interval",
-        "1",
-        "--node-name",
-        node,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--kubeconfig",
-        str(cfg),
-    )
+    a = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=cfg, trust=pub, sinks=("state-file",),
+        remediation={"boot_id_path": str(tmp_path / "boot_id")},
+    )  # fmt: skip
     wait_until(lambda: set(codes.FAMILIES) <= set(conds(kube, node)), 15, "our conditions")
     a.machine.log(XID79)
     wait_until(lambda: conds(kube, node)["GPUXidError"]["status"] == "True", 5, "GPUXidError")

@@ -11,6 +11,8 @@ import time
 import agent_helpers
 from agent_helpers import http_get, wait_until
 
+from testkit import cli_flags
+
 start_agent = agent_helpers.start_agent  # the fixture
 
 INTERVAL = 1.0
@@ -109,18 +111,8 @@ def test_bad_config_exits_2_naming_the_key(run_cli, tmp_path):
 def test_help_stands_alone(run_cli):
     p = run_cli("agent", "--help")
     assert p.returncode == 0
-    for flag in (
-        "--config",
-        "--kmsg-file",
-        "--state-file",
-        "--interval",
-        "--expect-gpus",
-        "--sysfs-root",
-        "--listen",
-        "--node-name",
-        "--sink",
-    ):
-        assert flag in p.stdout
+    for flag in cli_flags("agent"):
+        assert flag in p.stdout, flag
 
 
 def test_kubernetes_sink_without_credentials_exits_2(run_cli, tmp_path):

@@ -26,30 +26,10 @@ def test_release_reaches_the_agent(start_agent, kube, tmp_path, fake_bin):
     kube.ensure_namespace("gpuvigil")  # where `release` keeps the controller's signing key
     state = tmp_path / "state"
     trusted = tmp_path / "trust" / "controller.pub"  # as the DaemonSet mounts the ConfigMap
-    a = start_agent(
-        {
-            "agent": {
-                "state_dir": str(state),
-                "sinks": {
-                    "kubernetes": {
-                        "heartbeat_interval_s": 1.0,
-                        "request_poll_interval_s": 0.5,
-                        "trust": {"controller_public_key_file": str(trusted)},
-                    }
-                },
-            }
-        },
-        "--interval",
-        "1",
-        "--node-name",
-        node,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--kubeconfig",
-        str(kube.kubeconfig),
-    )
+    a = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=kube.kubeconfig, trust=trusted, sinks=("state-file",),
+        agent={"state_dir": str(state)},
+    )  # fmt: skip
     at = utcnow() - timedelta(minutes=1)
     a.machine.log(
         f"{at.isoformat().replace('.', ',')} NVRM: Xid (PCI:0000:18:00): 54, "

@@ -64,12 +64,10 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     signer, pub = agent_helpers.controller_key(tmp_path)
     key = tmp_path / "controller.key"
     key.write_bytes(signer.private_pem())
-    k8s = {"heartbeat_interval_s": 1.0, "request_poll_interval_s": 0.5,
-           "remediation": {"boot_id_path": str(tmp_path / "boot_id")},
-           "trust": {"controller_public_key_file": str(pub)}}  # fmt: skip
-    argv = ["--interval", "1", "--node-name", node, "--sink", "kubernetes", "--sink",
-            "state-file", "--sink", "http", "--kubeconfig", str(kube.kubeconfig)]  # fmt: skip
-    a = start_agent({"agent": {"sinks": {"kubernetes": k8s}}}, *argv, wait_ready=False)
+    a = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=kube.kubeconfig, trust=pub,
+        remediation={"boot_id_path": str(tmp_path / "boot_id")}, wait_ready=False,
+    )  # fmt: skip
     # The kubernetes client alone takes seconds of CPU to import: give a loaded machine time.
     wait_until(a.state_file.exists, 90, "the agent's first report")
     # The fault: a DBE on GPU 0, seen by NVML (volatile ECC, a pending row remap) and in

@@ -11,7 +11,6 @@ block stay. A request the controller really sent is acted on (the test can fail)
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -33,17 +32,11 @@ PREFLIGHT = "system:serviceaccount:gpuvigil:gpuvigil-preflight"
 @pytest.fixture(scope="module")
 def shipped(kube):
     """The shipped kustomization rendered and applied with the real kubectl."""
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(REPO / "deploy/kubernetes")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rendered.returncode == 0, rendered.stderr
-    applied = kube.kubectl("apply", "-f", "-", input=rendered.stdout)
+    rendered = kube.kustomize(REPO / "deploy/kubernetes")
+    applied = kube.kubectl("apply", "-f", "-", input=rendered)
     assert applied.returncode == 0, applied.stderr
     kube.ensure_preflight_template()
-    return rendered.stdout
+    return rendered
 
 
 def impersonated(kube, user: str, *groups: str):
@@ -98,35 +91,10 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
     fake_bin("nvidia-smi", f'#!/bin/sh\necho reset "$@" >> {acted}\n')
     fake_bin("reboot-now", f"#!/bin/sh\necho reboot >> {acted}\n")
     sa_cfg = agent_helpers.sa_kubeconfig(kube, tmp_path / "agent.kubeconfig", sa="gpuvigil-agent")
-    victim_agent = start_agent(
-        {
-            "agent": {
-                "sinks": {
-                    "kubernetes": {
-                        "heartbeat_interval_s": 1.0,
-                        "request_poll_interval_s": 0.3,
-                        "trust": {"controller_public_key_file": str(trusted)},
-                        "remediation": {
-                            "reboot_argv": ["reboot-now"],
-                            "boot_id_path": str(tmp_path / "boot_id"),
-                        },
-                    }
-                }
-            }
-        },
-        "--interval",
-        "1",
-        "--node-name",
-        victim,
-        "--sink",
-        "kubernetes",
-        "--sink",
-        "state-file",
-        "--sink",
-        "http",
-        "--kubeconfig",
-        str(sa_cfg),
-    )
+    victim_agent = agent_helpers.start_kube_agent(
+        start_agent, victim, kubeconfig=sa_cfg, trust=trusted, poll_s=0.3,
+        remediation={"reboot_argv": ["reboot-now"], "boot_id_path": str(tmp_path / "boot_id")},
+    )  # fmt: skip
     wait_until(
         lambda: wire.HEALTH_ANNOTATION in (admin.read_node(victim).metadata.annotations or {}),
         20,

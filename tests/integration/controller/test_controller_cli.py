@@ -83,27 +83,7 @@ def test_killed_mid_drain_resumes_without_repeating(kube, agent, tmp_path) -> No
     node = kube.create_node(f"gpu-{tag}", labels={"fleet": tag})
     ns = kube.namespace()
     kube.create_running_pod(node, namespace=ns, name="guarded", labels={"app": tag})
-    kube.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=f"""
-apiVersion: policy/v1beta1
-kind: PodDisruptionBudget
-metadata: {{name: pdb, namespace: {ns}}}
-spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{tag}"}}}}}}
-""",
-    )
-    wait_for(
-        lambda: (
-            kube.kubectl(
-                "get", "pdb", "pdb", "-n", ns, "-o", "jsonpath={.status.expectedPods}"
-            ).stdout
-            == "1"
-        ),
-        30,
-        "pdb",
-    )
+    kube.guard_with_pdb(ns, tag)
     agent.publish(node, FATAL)
     cfg = write_config(tmp_path, f"fleet={tag}", kube=kube)
     proc, _ = start(kube, cfg, tmp_path, "a")

@@ -4,7 +4,6 @@ kube-controller-manager's disruption controller): no kubelets, the test plays th
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -73,22 +72,10 @@ def test_taint_keeps_new_pods_off(kube, kube_cluster) -> None:  # type: ignore[n
     c = kube_cluster(node_selector=sel)
     c.block(name, reason="t")
     ns = kube.namespace()
-    v1 = kube.core()
-    v1.create_namespaced_pod(
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "p"},
-            "spec": {
-                "nodeSelector": {"fleet": sel.split("=")[1]},
-                "containers": [{"name": "c", "image": "x"}],
-            },
-        },
-    )
-    time.sleep(3)
-    assert v1.read_namespaced_pod("p", ns).spec.node_name is None  # kept off by the taint
+    why = kube.unschedulable_pod(ns, node_selector={"fleet": sel.split("=")[1]})
+    assert "taint" in why, why  # kept off by the taint (the scheduler says so)
     c.unblock(name)
+    v1 = kube.core()
     wait_for(lambda: v1.read_namespaced_pod("p", ns).spec.node_name == name, 30, "scheduled")
 
 
@@ -103,28 +90,7 @@ def test_eviction_honours_pdb_until_the_deadline(kube, kube_cluster) -> None:  #
     app = uuid.uuid4().hex[:6]
     kube.create_running_pod(name, namespace=ns, name="guarded", labels={"app": app})
     kube.create_running_pod(name, namespace=ns, name="free")
-    policy = "policy/v1beta1"
-    kube.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=f"""
-apiVersion: {policy}
-kind: PodDisruptionBudget
-metadata: {{name: pdb, namespace: {ns}}}
-spec: {{minAvailable: 1, selector: {{matchLabels: {{app: "{app}"}}}}}}
-""",
-    )
-    wait_for(
-        lambda: (
-            kube.kubectl(
-                "get", "pdb", "pdb", "-n", ns, "-o", "jsonpath={.status.expectedPods}"
-            ).stdout
-            == "1"
-        ),
-        30,
-        "pdb",
-    )
+    kube.guard_with_pdb(ns, app)
     c = kube_cluster(node_selector=sel)
     st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79")
     assert (st.remaining, st.blocked) == (1, 1)  # "free" evicted (v1beta1 here), "guarded" 429
@@ -148,6 +114,45 @@ def test_evicted_pods_carry_disruption_target(kube, kube_cluster) -> None:  # ty
     assert pod.metadata.deletion_timestamp is not None
     cond = {c.type: c for c in pod.status.conditions}["DisruptionTarget"]
     assert cond.status == "True" and "XID_79" in cond.message
+
+
+def test_pool_grace_follows_the_configured_pool_label(kube, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A site that names its own pool label gets its pools' eviction grace: the config file
+    goes through `gpuvigil controller`'s own loading and adapter opening, and the evicted
+    pod's deletionGracePeriodSeconds on the API server shows which pool the node was in."""
+    from datetime import timedelta
+
+    from gpuvigil.commands.controller import load_controller_config, open_or_exit
+    from gpuvigil.core.findings import utcnow
+
+    sel, (name,) = fleet(kube, 1)
+    # the site's label names the pool; the default label on the same node names another
+    kube.core().patch_node(
+        name, {"metadata": {"labels": {"example.com/gpu-pool": "big", "gpuvigil.io/pool": "x"}}}
+    )
+    ns = kube.namespace()
+    kube.create_running_pod(name, namespace=ns, name="job-pod")
+    path = tmp_path / "controller.yaml"
+    path.write_text(
+        "controller:\n"
+        "  cluster: kubernetes\n"
+        "  safety: {pool_label: example.com/gpu-pool}\n"
+        "  kubernetes:\n"
+        f"    kubeconfig: {kube.kubeconfig}\n"
+        f"    node_selector: '{sel}'\n"
+        f"    lease_namespace: {kube.namespace('lease')}\n"
+        "    eviction_grace_s: 30\n"
+        "    pool_eviction_grace_s: {big: 45, x: 40}\n"
+    )
+    c = open_or_exit(load_controller_config(path, {}).controller)
+    try:
+        assert [v.pool for v in c.list_nodes()] == ["big"]
+        st = c.drain(name, deadline=utcnow() + timedelta(seconds=60), reason="XID_79")
+        assert st.remaining == 1  # stays Terminating (no kubelet), with the grace it was given
+        pod = kube.core().read_namespaced_pod("job-pod", ns)
+        assert pod.metadata.deletion_grace_period_seconds == 45
+    finally:
+        c.close()
 
 
 def test_full_ladder_and_a_humans_cordon(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]

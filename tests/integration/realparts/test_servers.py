@@ -20,29 +20,11 @@ def test_kube_scheduler_keeps_pods_off_a_tainted_node(kube) -> None:
     tainted = kube.create_node(
         taints=[{"key": "gpuvigil.io/unhealthy", "value": "true", "effect": "NoSchedule"}]
     )
-    v1 = kube.core()
     ns = kube.namespace()
-    v1.create_namespaced_pod(
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "p"},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": tainted},
-                "containers": [{"name": "c", "image": "busybox"}],
-            },
-        },
-    )
-
     # The scheduler sees the pod and reports it unschedulable because of the taint.
-    def unschedulable() -> bool:
-        pod = v1.read_namespaced_pod("p", ns)
-        conds = {c.type: c for c in (pod.status.conditions or [])}
-        return "PodScheduled" in conds and conds["PodScheduled"].reason == "Unschedulable"
-
-    wait_until(unschedulable, timeout=30, what="pod unschedulable")
-    assert v1.read_namespaced_pod("p", ns).spec.node_name is None
+    why = kube.unschedulable_pod(ns, node_selector={"kubernetes.io/hostname": tainted})
+    assert "taint" in why, why
+    assert kube.core().read_namespaced_pod("p", ns).spec.node_name is None
 
 
 @pytest.mark.realparts

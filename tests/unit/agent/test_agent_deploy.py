@@ -11,6 +11,7 @@ import yaml
 from gpuvigil import config as gconfig
 from gpuvigil.core import codes
 from gpuvigil.node import checks, sweep
+from testkit import cli_flags
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
@@ -79,20 +80,5 @@ def test_docs_list_every_agent_setting_and_flag():
         for name, field in model.model_fields.items():
             assert f"| `{name}` |" in doc, f"{model.__name__}.{name} missing in docs/agent.md"
             assert field.description, f"{model.__name__}.{name} has no description"
-    for flag in (
-        "--config",
-        "--kmsg-file",
-        "--state-file",
-        "--interval",
-        "--expect-gpus",
-        "--sysfs-root",
-        "--listen",
-        "--node-name",
-        "--sink",
-        "--slurm-mode",
-        "--kubeconfig",
-        "--context",
-        "--events-file",
-        "--log-level",
-    ):
+    for flag in cli_flags("agent"):
         assert f"`{flag}" in doc, flag

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import FATAL
 from prometheus_client import CollectorRegistry
 
@@ -13,6 +14,7 @@ from gpuvigil.platform.clusters.base import Conflict
 from gpuvigil.platform.clusters.memory import MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
 from gpuvigil.platform.policy import PolicyConfig
+from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import State
 
 AT_ONCE = ControllerConfig(policy=PolicyConfig(fatal_grace_s=0))  # a fatal finding drains now
@@ -175,3 +177,12 @@ def test_without_holding_blocks_a_dropped_binary_blocks_but_never_drains() -> No
     ctl.reconcile()
     assert reg.get_sample_value("gpuvigil_nodes", {"state": "HEALTHY"}) == 100
     assert reg.get_sample_value("gpuvigil_nodes_in_service") == 100
+
+
+def test_an_adapter_reading_another_pool_label_is_refused() -> None:
+    """Budgets (safety.pool_label) and the adapter's pools (Kubernetes: the eviction grace)
+    must name the same pools: a mismatch is a wiring error, refused at start."""
+    custom = ControllerConfig(safety=SafetyConfig(pool_label="example.com/gpu-pool"))
+    with pytest.raises(ValueError, match="example.com/gpu-pool"):
+        Controller(MemoryCluster(), config=custom)
+    Controller(MemoryCluster(pool_label="example.com/gpu-pool"), config=custom)

@@ -27,6 +27,11 @@ def rec(state: State, since_s: float = 0, **kw: object) -> Record:
     return Record(state=state, since=T0 - since_s * S, **kw)  # type: ignore[arg-type]
 
 
+def asked(step: Action, since_s: float, **kw: object) -> Record:
+    """REMEDIATING: `step` requested of the node (request "r", issued) `since_s` ago."""
+    return rec(State.REMEDIATING, since_s, step=step, request_id="r", issued="r", **kw)
+
+
 def kinds(d) -> list[str]:  # type: ignore[no-untyped-def]
     return [op.kind.value for op in d.ops]
 
@@ -113,10 +118,7 @@ CASES = [
     ),
     (
         "step issued: wait, no resend",
-        view(
-            FATAL,
-            record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r", issued="r"),
-        ),
+        view(FATAL, record=asked(Action.RESET_GPU, 10)),
         Fleet(),
         State.REMEDIATING,
         [],
@@ -132,7 +134,7 @@ CASES = [
         "reset done -> validating",
         view(
             FATAL,
-            record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r", issued="r"),
+            record=asked(Action.RESET_GPU, 10),
             agent_result=AgentResult("r", True),
         ),
         Fleet(),
@@ -143,7 +145,7 @@ CASES = [
         "reset failed -> reboot",
         view(
             FATAL,
-            record=rec(State.REMEDIATING, 10, step=Action.RESET_GPU, request_id="r", issued="r"),
+            record=asked(Action.RESET_GPU, 10),
             agent_result=AgentResult("r", False),
         ),
         Fleet(),
@@ -154,9 +156,7 @@ CASES = [
         "reboot reported, same boot id: wait",
         view(
             FATAL,
-            record=rec(
-                State.REMEDIATING, 10, step=Action.REBOOT, request_id="r", boot_id="b1", issued="r"
-            ),
+            record=asked(Action.REBOOT, 10, boot_id="b1"),
             agent_result=AgentResult("r", True),
             boot_id="b1",
         ),
@@ -166,20 +166,14 @@ CASES = [
     ),
     (
         "reset timed out -> reboot",
-        view(
-            FATAL,
-            record=rec(State.REMEDIATING, 601, step=Action.RESET_GPU, request_id="r", issued="r"),
-        ),
+        view(FATAL, record=asked(Action.RESET_GPU, 601)),
         Fleet(),
         State.REMEDIATING,
         ["request"],
     ),
     (
         "replace still here after timeout -> quarantine",
-        view(
-            REPLACE,
-            record=rec(State.REMEDIATING, 3601, step=Action.REPLACE, request_id="r", issued="r"),
-        ),
+        view(REPLACE, record=asked(Action.REPLACE, 3601)),
         Fleet(),
         State.QUARANTINED,
         [],
@@ -332,10 +326,7 @@ CASES = [
     ),
     (
         "silent pool: a step that got no answer waits, no escalation",
-        view(
-            at=T0 - 400 * S,
-            record=rec(State.REMEDIATING, 601, step=Action.RESET_GPU, request_id="r", issued="r"),
-        ),
+        view(at=T0 - 400 * S, record=asked(Action.RESET_GPU, 601)),
         STALE,
         State.REMEDIATING,
         [],
@@ -468,14 +459,7 @@ CASES = [
         "replace: the same machine is still here -> wait",
         view(
             REPLACE,
-            record=rec(
-                State.REMEDIATING,
-                60,
-                step=Action.REPLACE,
-                request_id="r",
-                issued="r",
-                provider_id="aws:///i-1",
-            ),
+            record=asked(Action.REPLACE, 60, provider_id="aws:///i-1"),
             provider_id="aws:///i-1",
         ),
         Fleet(),
@@ -485,14 +469,7 @@ CASES = [
     (
         "replace: a new machine -> validating",
         view(
-            record=rec(
-                State.REMEDIATING,
-                60,
-                step=Action.REPLACE,
-                request_id="r",
-                issued="r",
-                provider_id="aws:///i-1",
-            ),
+            record=asked(Action.REPLACE, 60, provider_id="aws:///i-1"),
             provider_id="aws:///i-2",
         ),
         Fleet(),
@@ -503,14 +480,7 @@ CASES = [
         "replace: timed out with the same machine -> quarantine",
         view(
             REPLACE,
-            record=rec(
-                State.REMEDIATING,
-                3601,
-                step=Action.REPLACE,
-                request_id="r",
-                issued="r",
-                boot_id="b1",
-            ),
+            record=asked(Action.REPLACE, 3601, boot_id="b1"),
             boot_id="b1",
         ),
         Fleet(),
@@ -593,7 +563,7 @@ def test_problem_back_long_after_starts_the_ladder_again() -> None:
 
 
 def test_k_failed_steps_quarantine() -> None:
-    r = rec(State.REMEDIATING, 10, step=Action.REBOOT, request_id="r", issued="r", failures=2)
+    r = asked(Action.REBOOT, 10, failures=2)
     d = decide(view(FATAL, record=r, agent_result=AgentResult("r", False)), now=T0, config=CFG)
     assert d.state is State.QUARANTINED
 

@@ -33,6 +33,12 @@ def test_foreign_drain_and_our_drain() -> None:
     assert v.labels == {"gpuvigil.io/pool": "gpu"} and not v.preflight_supported
 
 
+def test_pool_is_the_first_partition_under_the_configured_label() -> None:
+    v = view(node(partitions=["llm", "debug"]), pool_label="example.com/gpu-pool")
+    assert (v.pool, v.labels) == ("llm", {"example.com/gpu-pool": "llm"})
+    assert view(node(partitions=[])).pool == "default"
+
+
 def test_record_from_comment_else_from_reason() -> None:
     rec = Record(state=State.DRAINING, since=T0, code="XID_79")
     v = view(node(state_flags=["DRAIN"], reason=rec.tag(), comment=rec.encode()))

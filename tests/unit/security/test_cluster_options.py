@@ -12,23 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from gpuvigil.lab.control_plane import write_kubeconfig
 from gpuvigil.node.sinks.http import _loopback
 from gpuvigil.node.sinks.kube_client import KubeConfigError, connect
 from testkit import cli_env
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: dead
-  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
-users:
-- name: u
-  user: {{token: "t"}}
-contexts:
-- name: dead
-  context: {{cluster: dead, user: u}}
-current-context: dead
-"""
+
+def dead_kubeconfig(path: Path, port: int) -> Path:
+    """A kubeconfig whose one context, `dead`, points at 127.0.0.1:`port`."""
+    return write_kubeconfig(path, server=f"https://127.0.0.1:{port}", token="t", context="dead")
 
 
 def dead_port() -> int:
@@ -57,8 +49,7 @@ def test_missing_kubeconfig_says_what_was_tried(tmp_path, monkeypatch):
 
 
 def test_unknown_context_names_the_known_ones(tmp_path):
-    cfg = tmp_path / "kubeconfig"
-    cfg.write_text(KUBECONFIG.format(port=1))
+    cfg = dead_kubeconfig(tmp_path / "kubeconfig", 1)
     with pytest.raises(KubeConfigError, match=r"no context 'prod' \(contexts: dead\)"):
         connect(kubeconfig=cfg, context="prod")
     (tmp_path / "junk").write_text("just: [text")
@@ -77,8 +68,7 @@ def test_every_cluster_command_takes_kubeconfig_and_context(tmp_path):
 
 
 def test_a_dead_api_server_is_one_clear_line(tmp_path):
-    cfg = tmp_path / "kubeconfig"
-    cfg.write_text(KUBECONFIG.format(port=dead_port()))
+    cfg = dead_kubeconfig(tmp_path / "kubeconfig", dead_port())
     t0 = time.monotonic()
     p = run("nodes", "--kubeconfig", str(cfg), "--context", "dead")
     assert p.returncode == 2

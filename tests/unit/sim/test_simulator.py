@@ -119,3 +119,25 @@ def test_storms_are_deterministic():
         a, b = (simulate("driver-storm+breaker", **kw).to_json() for _ in range(2))  # type: ignore[arg-type]
         a.pop("wall_s"), b.pop("wall_s")
         assert a == b
+
+
+@pytest.mark.parametrize("label", ["gpuvigil.io/pool", "example.com/gpu-pool"])
+def test_the_fleet_names_its_pools_with_the_configured_label(label: str) -> None:
+    """The simulated fleet labels its pools with the controller's `safety.pool_label`, so
+    the real controller's budgets count three pools of 64, whatever the label is called."""
+    from collections import Counter
+
+    from gpuvigil.platform.controller import ControllerConfig
+    from gpuvigil.platform.safety import SafetyConfig, pool_of
+    from gpuvigil.sim.engine import Engine
+    from gpuvigil.sim.jobs import WORKLOADS
+    from gpuvigil.sim.scenarios import SCENARIOS
+
+    cfg = ControllerConfig(safety=SafetyConfig(pool_label=label))
+    eng = Engine(scenario=SCENARIOS["full"], nodes=192, days=1, seed=1,
+                 workload=WORKLOADS["mixed"], controller=cfg)  # fmt: skip
+    assert eng.platform is not None
+    assert eng.platform.limits() == {"pool-0": 2, "pool-1": 2, "pool-2": 2}
+    eng.platform.silence(eng.platform.machines)  # puts every node on the cluster, listed
+    pools = Counter(pool_of(v, cfg.safety) for v in eng.platform.cluster.list_nodes())
+    assert pools == {"pool-0": 64, "pool-1": 64, "pool-2": 64}

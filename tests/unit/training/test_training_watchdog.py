@@ -45,6 +45,13 @@ def _watchdog(tmp_path: Path, **kw: object) -> tuple[Watchdog, list[int], list[H
     return wd, exits, records
 
 
+def _until_fired(exits: list[int], timeout_s: float = 5.0) -> None:
+    """Poll (the watchdog fires on its own thread) until it exits or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_fires_when_steps_stop_and_dumps_stacks(tmp_path: Path) -> None:
     wd, exits, records = _watchdog(tmp_path)
     wd.start()
@@ -53,9 +60,7 @@ def test_fires_when_steps_stop_and_dumps_stacks(tmp_path: Path) -> None:
             wd.kick(step, 0.01)
             time.sleep(0.05)
         assert exits == []
-        t0 = time.monotonic()
-        while not exits and time.monotonic() - t0 < 5:
-            time.sleep(0.02)
+        _until_fired(exits)
     finally:
         wd.stop()
     assert exits == [exit_codes.HANG]
@@ -87,9 +92,7 @@ def test_peer_flag_in_the_store_fires_at_once(tmp_path: Path) -> None:
     wd.start()
     try:
         threading.Timer(0.2, lambda: store.set(HANG_KEY, "0")).start()
-        t0 = time.monotonic()
-        while not exits and time.monotonic() - t0 < 5:
-            time.sleep(0.02)
+        _until_fired(exits)
     finally:
         wd.stop()
     assert exits == [exit_codes.HANG]

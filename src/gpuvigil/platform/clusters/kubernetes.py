@@ -71,17 +71,19 @@ from gpuvigil.platform.clusters.k8s_keys import load_signer
 from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
-from gpuvigil.platform.state import STATE_ANNOTATION, State, decode_record
+from gpuvigil.platform.state import (
+    POOL_LABEL,
+    STATE_ANNOTATION,
+    State,
+    decode_record,
+    pool_of_labels,
+)
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
 OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
 BLOCK_TAINT = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
 T = TypeVar("T")
-
-
-def pool_label(labels: dict[str, str]) -> str:
-    return labels.get("gpuvigil.io/pool", "default")
 
 
 # nodeInfo fields the circuit breaker may group findings by (a kernel or image rollout).
@@ -100,9 +102,14 @@ class KubernetesCluster:
     fence: Fence = staticmethod(unfenced)  # the controller sets its leader elector's
 
     def __init__(
-        self, settings: KubernetesSettings | None = None, *, api_client: Any = None
+        self,
+        settings: KubernetesSettings | None = None,
+        *,
+        api_client: Any = None,
+        pool_label: str = POOL_LABEL,
     ) -> None:
         self.settings = settings or KubernetesSettings()
+        self.pool_label = pool_label  # the controller's `safety.pool_label`
         self.api_client = api_client or load_api_client(self.settings)
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = self.settings.request_timeout_s
@@ -250,7 +257,7 @@ class KubernetesCluster:
         res = json_object(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
-            pool=pool_label(labels),
+            pool=pool_of_labels(labels, label=self.pool_label),
             labels=labels,
             health=health,
             health_error=None if health else ("unreadable" if health_text else "absent"),
@@ -388,7 +395,7 @@ class KubernetesCluster:
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
         raw = self.watch.get(name)  # the node as last seen, for its pool label
         if raw is not None:
-            pool = pool_label(raw["metadata"].get("labels") or {})
+            pool = pool_of_labels(raw["metadata"].get("labels") or {}, label=self.pool_label)
         else:
             pool = self.get_node(name).pool
         grace = self.settings.eviction_grace_for(pool)

@@ -41,7 +41,7 @@ from gpuvigil.platform.clusters.base import (
     Unavailable,
     unfenced,
 )
-from gpuvigil.platform.state import State, decode_record
+from gpuvigil.platform.state import DEFAULT_POOL, POOL_LABEL, State, decode_record
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -69,7 +69,7 @@ class Pod:
 @dataclass
 class MemNode:
     name: str
-    pool: str = "default"
+    pool: str = DEFAULT_POOL
     labels: dict[str, str] = field(default_factory=dict)
     faults: list[FindingSummary] = field(default_factory=list)
     fixed_by: Action | None = Action.RESET_GPU  # the least ladder step that clears the faults
@@ -147,8 +147,10 @@ class MemoryCluster:
         auto_preflight: bool = True,
         replace_adds_node: bool = True,
         heartbeat_s: float = 0.0,
+        pool_label: str = POOL_LABEL,
     ) -> None:
         self.clock = clock or VirtualClock()
+        self.pool_label = pool_label  # the label add_node writes each node's pool to
         self.nodes: dict[str, MemNode] = {}
         self.calls: Counter[str] = Counter()
         self.reset_s, self.reboot_s, self.preflight_s = reset_s, reboot_s, preflight_s
@@ -169,7 +171,7 @@ class MemoryCluster:
         self,
         name: str,
         *,
-        pool: str = "default",
+        pool: str = DEFAULT_POOL,
         labels: dict[str, str] | None = None,
         pods: int = 0,
         protected_pods: int = 0,
@@ -180,7 +182,7 @@ class MemoryCluster:
         node = MemNode(name=name, pool=pool, labels=dict(labels or {}),
                        provider_id=f"memory:///machine-{self.machines}",
                        attributes=dict(attributes or {}))  # fmt: skip
-        node.labels.setdefault("gpuvigil.io/pool", pool)
+        node.labels.setdefault(self.pool_label, pool)
         node.pods = [Pod(f"{name}-p{i}") for i in range(pods)]
         node.pods += [Pod(f"{name}-pdb{i}", protected=True) for i in range(protected_pods)]
         if unvalidated:

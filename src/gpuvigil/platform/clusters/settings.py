@@ -25,8 +25,9 @@ class KubernetesSettings(StrictModel):
     # The grace period evicted pods get (SIGTERM, then SIGKILL when it runs out): long enough
     # for training to finish its step and save a checkpoint. None: each pod's own.
     eviction_grace_s: int | None = Field(None, ge=0)
-    # Per pool (the node's `gpuvigil.io/pool` label): pools whose jobs save bigger
-    # checkpoints need longer. A pool not listed gets `eviction_grace_s`.
+    # Per pool (the value of the node's `safety.pool_label` label, the same pools the
+    # budgets count): pools whose jobs save bigger checkpoints need longer. A pool not
+    # listed gets `eviction_grace_s`.
     pool_eviction_grace_s: dict[str, int] = Field(default_factory=dict)
 
     def eviction_grace_for(self, pool: str) -> int | None:

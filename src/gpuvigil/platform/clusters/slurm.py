@@ -55,7 +55,14 @@ from gpuvigil.platform.clusters.base import (
 )
 from gpuvigil.platform.clusters.settings import SlurmSettings
 from gpuvigil.platform.clusters.slurm_lease import FileLease
-from gpuvigil.platform.state import TAG_PREFIX, State, decode_record, parse_tag
+from gpuvigil.platform.state import (
+    DEFAULT_POOL,
+    POOL_LABEL,
+    TAG_PREFIX,
+    State,
+    decode_record,
+    parse_tag,
+)
 
 REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"}
@@ -101,10 +108,10 @@ def _flags(raw: dict[str, Any]) -> set[str]:
     return {str(s).upper() for s in [*states, *(raw.get("state_flags") or [])]}
 
 
-def _labels(raw: dict[str, Any]) -> dict[str, str]:
+def _pool(raw: dict[str, Any]) -> str | None:
     """A Slurm node's pool is its first partition (budgets are per pool)."""
     parts = raw.get("partitions") or []
-    return {"gpuvigil.io/pool": str(parts[0])} if parts else {}
+    return str(parts[0]) if parts else None
 
 
 def facts(raw: dict[str, Any]) -> dict[str, str]:
@@ -126,8 +133,15 @@ def facts(raw: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def view(raw: dict[str, Any], running: int = 0, *, replace_supported: bool = False) -> NodeView:
-    """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output)."""
+def view(
+    raw: dict[str, Any],
+    running: int = 0,
+    *,
+    replace_supported: bool = False,
+    pool_label: str = POOL_LABEL,
+) -> NodeView:
+    """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output). Its
+    partition is also its `pool_label` label, where the breaker and the budgets look."""
     flags = _flags(raw)
     reason = str(raw.get("reason") or "")
     # Ours only if it parses as our tag: the agent's standalone drains ("gpuvigil: XID_79
@@ -155,10 +169,11 @@ def view(raw: dict[str, Any], running: int = 0, *, replace_supported: bool = Fal
             result = AgentResult(record.request_id, False, None, reason)
         elif not flags & REBOOT_FLAGS and boot and requested and boot > requested:
             result = AgentResult(record.request_id, True, boot, "rebooted")
+    pool = _pool(raw)
     return NodeView(
         name=str(raw.get("name")),
-        pool="default",
-        labels=_labels(raw),
+        pool=pool or DEFAULT_POOL,
+        labels={pool_label: pool} if pool else {},
         health=health,
         health_error=None if health else ("unreadable" if extra else "absent"),
         heartbeat_at=health.generated_at if health else None,
@@ -180,8 +195,11 @@ class SlurmCluster:
     name = "slurm"
     fence: Fence = staticmethod(unfenced)  # the controller sets its leader elector's
 
-    def __init__(self, settings: SlurmSettings | None = None) -> None:
+    def __init__(
+        self, settings: SlurmSettings | None = None, *, pool_label: str = POOL_LABEL
+    ) -> None:
         self.settings = settings or SlurmSettings()
+        self.pool_label = pool_label  # the controller's `safety.pool_label`
         self.client = SlurmClient(
             bin_dir=self.settings.bin_dir,
             conf=self.settings.conf,
@@ -218,15 +236,17 @@ class SlurmCluster:
         running: Counter[str] = Counter()
         for job in self._jobs():
             running.update(expand_hostlist(str(job.get("nodes") or "")))
-        hook = bool(self.settings.replace_hook)
-        return [view(n, running[n.get("name")], replace_supported=hook) for n in self._raw_nodes()]
+        return [self._view(n, running[n.get("name")]) for n in self._raw_nodes()]
 
     def get_node(self, name: str) -> NodeView:
         for raw in self._raw_nodes(name):
             if raw.get("name") == name:
-                hook = bool(self.settings.replace_hook)
-                return view(raw, len(self._jobs(name)), replace_supported=hook)
+                return self._view(raw, len(self._jobs(name)))
         raise Forbidden(f"no Slurm node {name}")
+
+    def _view(self, raw: dict[str, Any], running: int) -> NodeView:
+        hook = bool(self.settings.replace_hook)
+        return view(raw, running, replace_supported=hook, pool_label=self.pool_label)
 
     def _update(self, name: str, *fields: str) -> None:
         self._run("scontrol", "update", f"NodeName={name}", *fields)
