@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -40,7 +41,9 @@ CAUSES = (
     "checkpoint_failed",  # saves failed too often in a row
     "user_code",  # an exception in the training script
     "drain",  # SIGTERM: the step finished, a checkpoint saved, exit 89
-    "victim",  # a rank that waited on a collective for a culprit elsewhere
+    "victim",  # a rank that waited on a collective for a culprit elsewhere, or one that
+    # SIGTERM killed outright: torchrun (and the kubelet, through it) stops the survivors of a
+    # failed group with SIGTERM, and a rank that meant to stop on it drains and exits 89
 )
 
 
@@ -104,7 +107,12 @@ def culprit(records: list[ExitRecord]) -> ExitRecord | None:
 
 
 def cause_of_exit(code: int) -> str:
-    """The cause a rank's exit code stands for (for records the monitor writes)."""
+    """The cause a rank's exit code stands for (for records the monitor writes). A death
+    by SIGTERM is a victim's: the monitor records every rank torchrun reports, in rank
+    order, so a survivor that torchrun's SIGTERM caught unwinding (its drain handler
+    already restored) must not outrank the rank whose death stopped the group."""
+    if code in (-signal.SIGTERM, exit_codes.SIGNAL_BASE + signal.SIGTERM):
+        return "victim"
     return {
         exit_codes.HANG: "hang",
         exit_codes.DRAINED: "drain",

@@ -31,6 +31,18 @@ def test_the_frozen_rank_is_the_culprit_not_the_peers_that_waited_for_it() -> No
     assert lifecycle.culprit([]) is None
 
 
+def test_a_rank_sigterm_killed_is_not_the_culprit_of_a_peers_sigkill() -> None:
+    """The monitor writes torchrun's failures in rank order: rank 0, caught by torchrun's
+    SIGTERM on its way out, is recorded before rank 1, whose SIGKILL ended the group (seen
+    in `test_sigkill_mid_run_resumes_...` under load). The restart names rank 1."""
+    records = [
+        lifecycle.ExitRecord(1.0, lifecycle.cause_of_exit(-15), 0, "vm", -15, 12, "SIGTERM"),
+        lifecycle.ExitRecord(1.001, lifecycle.cause_of_exit(-9), 1, "vm", -9, 12, "SIGKILL"),
+    ]
+    c = lifecycle.culprit(records)
+    assert c is not None and (c.rank, c.cause, c.exit_code) == (1, "dead", -9)
+
+
 def test_restart_data_names_cause_culprit_and_lost_work() -> None:
     records = [rec("victim", 0, 1.0, step=13), rec("dead", 1, 2.0, step=12)]
     d = lifecycle.restart_data(records, attempt=2, resumed_step=10, saved_ts=100.0, now=130.0)
@@ -55,6 +67,8 @@ def test_restart_data_names_cause_culprit_and_lost_work() -> None:
         (87, "node_unhealthy"),
         (-9, "dead"),
         (137, "dead"),
+        (-15, "victim"),
+        (143, "victim"),
         (1, "user_code"),
     ],
 )
