@@ -358,6 +358,27 @@ def test_health_unreadable_is_check_error() -> None:
     assert summary(found) == [("CHECK_ERROR", "FAILED", "node")]
 
 
+# Real: dcgmi 4.7.0's health commands on a host where the health module's API version
+# mismatched (https://github.com/NVIDIA/DCGM/issues/314, `dcgmi health --set a` and
+# `dcgmi health -f`). Whatever health command hit it, the answer is "could not tell".
+REAL_314 = (
+    "Error: Unable to set health watches. Return: API version mismatch\n",
+    "Error: Unable to get health watches. Return: API version mismatch\n",
+)
+
+
+@pytest.mark.parametrize("text", REAL_314)
+def test_health_real_api_version_mismatch_is_could_not_tell(text: str, tmp_path: Path) -> None:
+    found = rules.health(parse_health(text), now=NOW)
+    assert summary(found) == [("CHECK_ERROR", "FAILED", "node")]
+    assert NodeReport(node="n", findings=tuple(found)).exit_code() == 2
+    f = tmp_path / "health.txt"
+    f.write_text(text)
+    assert detect(f.read_bytes()) is None  # an error line, not a report: named, not judged
+    report, _ = analyze([(str(f), None)], opts=OPTS)
+    assert report.exit_code() == 2
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(st.text(max_size=3000), st.binary(max_size=1000)))
 def test_garbage_never_raises_and_never_passes(data) -> None:
