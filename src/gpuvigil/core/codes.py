@@ -94,6 +94,39 @@ _CODES = [
     Code("FABRIC_RATE_LOW", NETWORK_FABRIC, "a port's rate is below the expected rate"),
     Code("FABRIC_ERRORS", NETWORK_FABRIC, "link-downed / symbol errors are rising"),
     Code("FABRIC_SLOW", NETWORK_FABRIC, "all-reduce bus bandwidth below the expected fraction"),
+    # Pasted tool outputs (analyze): Fabric Manager, NVLink and NIC counters, topology.
+    Code("FABRIC_MANAGER_FAILED", GPU_INTERCONNECT, "Fabric Manager failed to start or exited"),
+    Code(
+        "FABRIC_MANAGER_STOPPED",
+        GPU_INTERCONNECT,
+        "Fabric Manager was stopped and not started again: NVSwitch GPUs cannot run CUDA work",
+    ),
+    Code("FABRIC_MANAGER_ERROR", GPU_INTERCONNECT, "Fabric Manager logged an error"),
+    Code(
+        "GPU_FABRIC_NOT_REGISTERED",
+        GPU_INTERCONNECT,
+        "a GPU has not completed NVLink fabric registration (nvidia-smi -q Fabric State/Status)",
+    ),
+    Code(
+        "PARTIAL_INPUT",
+        HEALTH_CHECK,
+        "a filtered or excerpted output: the checks its lines could not support (OK, a note)",
+    ),
+    Code(
+        "NVLINK_ERROR_COUNTS",
+        GPU_INTERCONNECT,
+        "an NVLink error counter is above its threshold in one capture (since driver load)",
+    ),
+    Code(
+        "NIC_ERROR_COUNTS",
+        NETWORK_FABRIC,
+        "a NIC port error counter is above its threshold in one capture (perfquery, ethtool -S)",
+    ),
+    Code(
+        "TOPOLOGY_NVLINK_MISSING",
+        GPU_INTERCONNECT,
+        "nvidia-smi topo -m shows a GPU pair without the NVLinks the other pairs have",
+    ),
     # Kernel log stream.
     Code("KMSG_GAP", HEALTH_CHECK, "kernel log records were lost (ring buffer overrun)"),
     Code(

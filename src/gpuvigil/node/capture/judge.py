@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding
+from gpuvigil.node.capture import tool_kinds
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.pipeline.judge import judge as pipeline_judge
 from gpuvigil.node.probes import fabric_tools, kernel_log_capture, nvidia_smi
@@ -45,6 +46,9 @@ class Expect:
 def read(kind: str, data: bytes) -> list[Reading]:
     """The readings of one document (fi_info behind mpirun is one reading per rank)."""
     text = data.decode("utf-8", errors="replace")
+    pasted = tool_kinds.read(kind, text)  # the pasted-tool kinds (capture.tool_kinds)
+    if pasted is not None:
+        return pasted  # type: ignore[return-value]
     if kind in ("nvidia-smi-xml", "nvidia-smi-q", "nvidia-smi-error"):
         return [nvidia_smi.parse_xml(text)]
     if kind == "nvidia-smi-csv":
@@ -77,6 +81,8 @@ def judge(
     check: str,
     gpus: Mapping[str, GpuRef] | None = None,
 ) -> list[Finding]:
+    if isinstance(reading, tool_kinds.TOOL_READINGS):
+        return tool_kinds.judge(reading, node=node, expect=expect, now=now, check=check)
     if isinstance(reading, GpuInventory):
         expected = ExpectedGpus(expect.gpus, "analyze" if expect.gpus is not None else "none")
         return pipeline_judge(

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuvigil.node.capture import tool_kinds
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -39,6 +41,9 @@ KINDS: dict[str, Kind] = {
         Kind("sysfs", "fabric", "a captured /sys tree (folder or tar)"),
     )
 }
+# The pasted-tool kinds (Fabric Manager, topo -m, the plain table, NVLink and NIC counters,
+# rdma link): declared, detected and read in `capture.tool_kinds`.
+KINDS |= {k.name: k for k in tool_kinds.kinds()}
 
 _M = re.MULTILINE
 _MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -77,10 +82,16 @@ def detect(head: bytes) -> str | None:
     from gpuvigil.node.probes import nvidia_smi_csv, nvidia_smi_errors
 
     text = head.decode("utf-8", errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    strong = tool_kinds.detect(text, lines, strong=True)
+    if strong is not None:
+        return strong
     for name, mark in _MARKS:
         if mark.search(text):
             return name
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    shaped = tool_kinds.detect(text, lines, strong=False)
+    if shaped is not None:
+        return shaped
     if lines and nvidia_smi_csv.looks_like_header(lines[0]):
         return "nvidia-smi-csv"
     said = nvidia_smi_errors.scan(text)

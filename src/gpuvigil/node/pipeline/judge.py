@@ -27,6 +27,10 @@ RULE_MODULES = (
     "gpuvigil.node.rules.dcgm",
     "gpuvigil.node.rules.fabric",
     "gpuvigil.node.rules.pcie",
+    # Pasted tool outputs (gpuvigil analyze): Fabric Manager, NVLink/NIC counters, topo -m.
+    "gpuvigil.node.rules.fabric_manager",
+    "gpuvigil.node.rules.counts",
+    "gpuvigil.node.rules.topology",
 )
 
 

@@ -22,6 +22,7 @@ GPU_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$
 _LINK = re.compile(r"^\s+Link (\d+): (.*?)\s*$")
 _SPEED = re.compile(r"^\d+(?:\.\d+)?\s*[GM]B/s$", re.I)
 _ALL_INACTIVE = "all links are inactive"
+_COUNTER = re.compile(r"^[a-z][a-z ]*errors?\s*:", re.I)
 
 
 def parse_nvlink_status(text: str | bytes, *, observed_at: datetime | None = None) -> GpuInventory:
@@ -45,6 +46,8 @@ def parse_nvlink_status(text: str | bytes, *, observed_at: datetime | None = Non
                 blocks[-1][3].append(NvLinkReading(link=int(lm.group(1)), active=False))
             elif _SPEED.match(state):
                 blocks[-1][3].append(NvLinkReading(link=int(lm.group(1)), active=True))
+            elif _COUNTER.match(state):
+                pass  # an `nvlink -e` line pasted with `-s`: read by probes.nvlink_counters
             else:
                 other += 1
         elif _ALL_INACTIVE in line.lower():
