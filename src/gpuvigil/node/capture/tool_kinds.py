@@ -181,6 +181,18 @@ def _partial(
     from gpuvigil.node.readings import ExpectedGpus
 
     inv = reading.inventory
+    if not reading.sections and not any(g.lost for g in inv.gpus) and not inv.errors:
+        return [
+            Finding(
+                check=check,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                component="node",
+                message="no nvidia-smi -q section this reader knows in the input: nothing judged",
+                evidence={"command": reading.command},
+                observed_at=now,
+            )
+        ]
     stated = inv.count is not None and expect.gpus is not None
     expected = ExpectedGpus(expect.gpus if stated else None, "analyze" if stated else "none")
     out = pipeline_judge([inv, expected], config=node, now=inv.observed_at, check=check)

@@ -40,8 +40,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
 }
 _SECTION_NAMES = {s for names in CHECKS.values() for s in names}
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][\w ./()-]*?)\s*(?::\s*(?P<value>.*?))?\s*$")
-_CMD = re.compile(r"nvidia-smi\s+(?P<args>(?:-\S+|--\S+)(?:\s+\S+)*)")
-_GPU = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_CMD = re.compile(r"nvidia-smi[ \t]+(?P<args>-[^\n|;&>]*)")  # to the end of the command
+_GPU = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", re.M)
 _STAND_IN_BUS = "00000000:00:00.0"
 
 
@@ -86,7 +86,7 @@ def is_partial(text: str) -> bool:
 
 def _command_args(text: str) -> str | None:
     m = _CMD.search(text)
-    return m.group("args") if m else None
+    return m.group("args").strip() if m else None
 
 
 def _ids(args: str | None) -> list[int] | None:

@@ -15,6 +15,7 @@ read.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import datetime
 
 from gpuvigil.core.findings import utcnow
@@ -57,6 +58,14 @@ def parse(text: str, *, observed_at: datetime | None = None) -> GpuInventory:
     errors: list[ReadError] = []
     gpus = nvidia_smi_errors.capped([_gpu(b) for b in blocks], errors)
     said = nvidia_smi_errors.scan(text)
+    # A GPU nvidia-smi says it cannot reach is lost, whether or not the table still lists it.
+    lost = {g.pci_bus_id: g for g in said.lost}
+    gpus = [
+        replace(g, lost=True, errors=g.errors + lost[g.pci_bus_id].errors)
+        if g.pci_bus_id in lost
+        else g
+        for g in gpus
+    ]
     known = {g.pci_bus_id for g in gpus}
     gpus += [g for g in said.lost if g.pci_bus_id not in known]
     if said.driver is not None:

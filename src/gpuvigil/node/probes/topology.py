@@ -16,6 +16,7 @@ from gpuvigil.node.tool_readings import GpuTopology
 
 MAX_DEVICES = 128
 _GPU = re.compile(r"^GPU(\d+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # nvidia-smi underlines the header on a terminal
 _LEGEND_NIC = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _CELL = re.compile(r"^(?:X|NV\d+|SYS|NODE|PHB|PXB|PIX|SOC|N/A)$")
 
@@ -23,7 +24,7 @@ _CELL = re.compile(r"^(?:X|NV\d+|SYS|NODE|PHB|PXB|PIX|SOC|N/A)$")
 def header_of(lines: list[str]) -> int | None:
     """The index of the matrix's header line (`GPU0 GPU1 ... CPU Affinity`), or None."""
     for i, line in enumerate(lines[:400]):
-        tokens = line.split()
+        tokens = _ANSI.sub("", line).split()
         if tokens and tokens[0] == "GPU0" and ("Affinity" in tokens or _matrix_follows(lines, i)):
             return i
     return None
@@ -35,7 +36,7 @@ def _matrix_follows(lines: list[str], i: int) -> bool:
 
 
 def parse(text: str) -> GpuTopology:
-    lines = text.splitlines()
+    lines = _ANSI.sub("", text).splitlines()
     at = header_of(lines)
     if at is None:
         return GpuTopology(problems=("no 'GPU0 ... CPU Affinity' header",))

@@ -47,6 +47,19 @@ def fabric_manager_rule(log: FabricManagerLog, on: Inputs) -> list[Finding]:
             )
         )
 
+    if log.lines_read == 0:
+        return [
+            Finding(
+                check=on.check,
+                status=Status.FAILED,
+                code="CHECK_ERROR",
+                component="fabric_manager",
+                message="no Fabric Manager line in this input (nv-fabricmanager journal, "
+                "fabricmanager.log or systemctl status): nothing was judged",
+                evidence={"source": log.source},
+                observed_at=on.now,
+            )
+        ]
     life = [e for e in log.events if e.kind in LIFECYCLE]
     if life and life[-1].kind == "failed":
         add(

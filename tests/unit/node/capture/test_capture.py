@@ -90,7 +90,9 @@ def test_every_corpus_output_is_taken_for_its_kind(corpus: Path) -> None:
                 if name.startswith("q_")
                 else "nvidia-smi-nvlink"
                 if name.startswith("nvlink")
-                else None  # the plain `nvidia-smi` table: not a kind gpuvigil judges
+                else "nvidia-smi-table"
+                if name.startswith("table_")
+                else None
             )
             assert detect(p.read_bytes()[:65536]) == want, name
             seen += 1

@@ -215,13 +215,24 @@ DCGMI_NVLINK_JSON = """{
 """
 
 
-@pytest.mark.parametrize("text", [DCGMI_TOPO_JSON, DCGMI_NVLINK_JSON])
-def test_other_dcgmi_json_is_not_a_health_report(text: str, tmp_path: Path) -> None:
-    assert detect(text.encode()) is None
+def test_other_dcgmi_json_is_not_a_health_report(tmp_path: Path) -> None:
+    assert detect(DCGMI_TOPO_JSON.encode()) is None
     path = tmp_path / "dcgmi.json"
-    path.write_text(text)
+    path.write_text(DCGMI_TOPO_JSON)
     report, [inp] = analyze([(str(path), None)], opts=OPTS)
     assert inp.kind is None and report.exit_code() == 2  # named as not recognised, not judged
+
+
+def test_dcgmi_nvlink_json_is_read_as_nvlink_counters(tmp_path: Path) -> None:
+    # `dcgmi nvlink -e -j` shares the JSON framing but is its own kind (capture.tool_kinds).
+    assert detect(DCGMI_NVLINK_JSON.encode()) == "nvlink-counters"
+    path = tmp_path / "dcgmi.json"
+    path.write_text(DCGMI_NVLINK_JSON)
+    report, [inp] = analyze([(str(path), None)], opts=OPTS)
+    assert inp.kind == "nvlink-counters" and report.exit_code() == 0  # CRC Data Error 0
+    path.write_text(DCGMI_NVLINK_JSON.replace('"value" : "0"', '"value" : "12"'))
+    report, _ = analyze([(str(path), None)], opts=OPTS)
+    assert {(f.code, f.component) for f in report.problems} == {("NVLINK_ERROR_COUNTS", "gpu:0")}
 
 
 # The JSON dcgmi 4.x writes for `health -c -j` when there are incidents. Invented (edge case):
