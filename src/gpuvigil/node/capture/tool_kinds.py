@@ -58,9 +58,10 @@ def kinds() -> tuple[Kind, ...]:
 
 
 def detect(text: str, lines: list[str], *, strong: bool) -> str | None:
-    """The kind of a pasted tool output, or None. `strong`: only the kinds with a header
-    of their own (tried before the other kinds' marks); else the line-shape kinds (tried
-    after them, before the kernel-log guess)."""
+    """The kind of a pasted tool output, or None. `strong`: only the kinds that must win
+    over another kind's mark (`nvlink -e` carries the `nvlink -s` GPU lines), tried before
+    the marks; else the rest, tried after the marks (so a bundle that holds a whole `-q`
+    stays `-q`) and before the kernel-log guess."""
     from gpuvigil.node.probes import (
         fabric_manager_log,
         nic_counters,
@@ -72,16 +73,16 @@ def detect(text: str, lines: list[str], *, strong: bool) -> str | None:
     )
 
     if strong:
-        if topology.header_of(lines) is not None:
-            return "nvidia-smi-topo"
-        if nvidia_smi_table.looks_like(text):
-            return "nvidia-smi-table"
         if nvlink_counters.looks_like(text) or _dcgmi_nvlink_json(text):
             return "nvlink-counters"
-        nic = nic_counters.looks_like(text)
-        if nic is not None:
-            return "perfquery" if nic == "perfquery" else "ethtool-stats"
         return None
+    if topology.header_of(lines) is not None:
+        return "nvidia-smi-topo"
+    if nvidia_smi_table.looks_like(text):
+        return "nvidia-smi-table"
+    nic = nic_counters.looks_like(text)
+    if nic is not None:
+        return "perfquery" if nic == "perfquery" else "ethtool-stats"
     if rdma_link.looks_like(lines):
         return "rdma-link"
     if fabric_manager_log.looks_like(lines):

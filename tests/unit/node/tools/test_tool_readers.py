@@ -80,6 +80,14 @@ def test_a_kernel_log_with_fabric_manager_lines_stays_a_kernel_log() -> None:
     assert detect(text.encode()) == "kernel-log"
 
 
+def test_a_whole_q_pasted_with_the_table_stays_a_q() -> None:
+    # A support bundle's one file: the real `-q -d ECC` then the real table (both real).
+    text = real("q_d_ecc_real_hpe_elearning_a100_555.txt") + real(
+        "table_real_hpe_elearning_a100_555.txt"
+    )
+    assert detect(text.encode()) == "nvidia-smi-q"
+
+
 def test_topology_nvlink_missing_and_extra_columns(tmp_path: Path) -> None:
     # The real H100 matrix with GPU3's links replaced by SYS (as when its NVLinks are down),
     # and an extra column: GPU3 is named, no other GPU.
