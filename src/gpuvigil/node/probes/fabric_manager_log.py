@@ -31,7 +31,8 @@ _SWITCH = re.compile(r"pci bus id (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-
 _FAILED = re.compile(
     r"Failed with result|Failed to start|Control process exited, code=\w+, status=(?!0/)"
     r"|Main process exited, code=\w+, status=(?!0/)|failed! Exit code: [1-9]"
-    r"|terminat(?:ed|ing) abnormally|exiting (?:due to|with) (?:an )?error",
+    r"|terminat(?:ed|ing) abnormally|exiting (?:due to|with) (?:an )?error"
+    r"|failed to (?:start|initiali[sz]e)|initiali[sz]ation (?:has )?failed|\baborting\b",
     re.I,
 )
 _STARTED = re.compile(
@@ -128,7 +129,7 @@ def _event(msg: str, level: str | None, stamp: str | None, line: str) -> FmEvent
             if state == "failed"
             else "stopped"
         )
-    elif _FAILED.search(msg):
+    elif _FAILED.search(msg) or (level or "").upper() in ("FATAL", "CRITICAL"):
         kind = "failed"
     elif _STOPPED.search(msg):
         kind = "stopped"

@@ -36,7 +36,9 @@ _STATES = {"U": "up", "D": "down", "X": "disabled"}
 
 def looks_like(text: str) -> str | None:
     """ "nvidia-smi", "dcgmi" when the text carries that tool's NVLink marks."""
-    if re.search(r"^\s*Link \d+:\s*(?:Replay|Recovery|CRC)[A-Za-z ]*Errors?\s*:", text, re.M):
+    # `Link 0: Replay Errors: 0`; r570+ `Link 0: Tx Packets: 1, Rx Errors: 0, ...`. Not
+    # `-s` (`Link 0: 26.562 GB/s`) nor `-gt d` (`Link 0: Data Tx: 0 KiB`): an error count.
+    if re.search(r"^\s*Link \d+:.*\b(?:Errors?|downed)\b[^:,]*:\s*\d", text, re.M):
         return "nvidia-smi"
     if re.search(r"NVLINK Error Counts|NvLink Link Status|^\s*gpuId \d+:\s*[UDX_ ]*$", text, re.M):
         return "dcgmi"
@@ -62,6 +64,16 @@ def _value(raw: str) -> int | None:
     return int(raw) if re.fullmatch(r"\d{1,19}", raw) else None
 
 
+def _unreadable(raw: str) -> bool:
+    """Not a count, not N/A and not a rate (Blackwell's `Effective BER: 1.5e-15`)."""
+    raw = raw.strip()
+    return (
+        bool(raw)
+        and raw.upper() not in ("N/A", "[N/A]")
+        and not re.fullmatch(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*%?", raw)
+    )
+
+
 def _smi(text: str) -> NvLinkReport:
     owners: list[tuple[str, str | None, str | None, dict[int, dict[str, int]]]] = []
     problems: list[str] = []
@@ -77,7 +89,7 @@ def _smi(text: str) -> NvLinkReport:
             value = _value(raw)
             links = owners[-1][3].setdefault(int(lm.group(1)), {})
             if value is None:
-                if raw.strip().upper() not in ("N/A", "[N/A]"):
+                if _unreadable(raw):
                     problems.append(f"{owners[-1][0]} link {lm.group(1)}: {name} {raw!r}")
                 continue
             links[counter_name(name)] = value
@@ -130,7 +142,7 @@ def _dcgmi(text: str) -> NvLinkReport:
         for name, raw in pairs:
             value = _value(raw)
             if value is None:
-                if raw.strip() and raw.strip().upper() != "N/A":
+                if _unreadable(raw):
                     problems.append(f"{counts[-1][0]} link {link}: {name.strip()} {raw!r}")
                 continue
             counts[-1][3][link][counter_name(name)] = value
@@ -154,7 +166,7 @@ def _json(text: str) -> NvLinkReport:
                 raw = str(leaf.get("value", "")) if isinstance(leaf, dict) else ""
                 value = _value(raw)
                 if value is None:
-                    if raw.upper() != "N/A":
+                    if _unreadable(raw):
                         problems.append(f"link {lk.group(1)}: {name} {raw!r}")
                     continue
                 links.setdefault(int(lk.group(1)), {})[counter_name(name)] = value

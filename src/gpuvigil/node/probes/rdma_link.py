@@ -10,6 +10,7 @@ port state, physical state and the adapter count (`rules.fabric`).
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 
@@ -21,6 +22,9 @@ _LINE = re.compile(r"^\s*(?:\d+/\d+:\s*)?link\s+(?P<dev>[\w.\-]+)/(?P<port>\d+)\
 
 
 def looks_like(lines: list[str]) -> bool:
+    head = "\n".join(lines[:200])
+    if head.lstrip().startswith("[") and '"physical_state"' in head and '"ifname"' in head:
+        return True  # `rdma -j link` (-p: pretty)
     sample = [ln for ln in lines[:100] if ln.strip()]
     ours = sum(1 for ln in sample if _LINE.match(ln) and " state " in f" {ln} ")
     return bool(sample) and ours * 2 >= len(sample)
@@ -29,7 +33,7 @@ def looks_like(lines: list[str]) -> bool:
 def parse(text: str, *, taken_at: datetime | None = None) -> FabricReading:
     by_dev: dict[str, tuple[list[FabricPort], list[NetDev]]] = {}
     problems: list[str] = []
-    for line in text.splitlines():
+    for line in _json_lines(text, problems) if text.lstrip().startswith("[") else text.splitlines():
         m = _LINE.match(line)
         if m is None:
             if line.strip() and not line.lstrip().startswith(("#", "$")):
@@ -68,3 +72,21 @@ def _fields(rest: str) -> dict[str, str]:
         out[key] = value
         i += 2
     return out
+
+
+def _json_lines(text: str, problems: list[str]) -> list[str]:
+    """`rdma -j link`: each object as the line the plain form prints, read the same way."""
+    try:
+        items = json.loads(text)
+    except ValueError as e:
+        problems.append(f"{SOURCE} -j: not JSON: {e}")
+        return []
+    lines = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict) or "ifname" not in item or "port" not in item:
+            problems.append(f"{SOURCE} -j: not a link object: {str(item)[:120]!r}")
+            continue
+        keys = ("subnet_prefix", "lid", "sm_lid", "lmc", "state", "physical_state", "netdev")
+        rest = " ".join(f"{k} {item[k]}" for k in keys if k in item)
+        lines.append(f"link {item['ifname']}/{item['port']} {rest}")
+    return lines

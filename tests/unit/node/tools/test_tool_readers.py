@@ -256,3 +256,44 @@ def test_a_cut_real_output_still_reads(tmp_path: Path, name: str) -> None:
     text = real(name)
     _, inp = judged(tmp_path, text[: len(text) // 2])
     assert inp.kind is not None
+
+
+def test_rdma_link_json(tmp_path: Path) -> None:
+    # `rdma -j link`: the keys iproute2's rdma/link.c prints (invented values; no JSON
+    # output has been posted with a port down).
+    text = (
+        '[{"ifindex":0,"ifname":"mlx5_0","port":1,"state":"ACTIVE","physical_state":"LINK_UP",'
+        '"netdev":"ens1f0","netdev_index":4},{"ifindex":1,"ifname":"mlx5_1","port":1,'
+        '"state":"DOWN","physical_state":"DISABLED","netdev":"ens1f1","netdev_index":5}]\n'
+    )
+    report, inp = judged(tmp_path, text)
+    assert inp.kind == "rdma-link"
+    assert problems(report) == {("FABRIC_PORT_DOWN", "nic:mlx5_1")}
+
+
+def test_nvlink_e_r570_counter_names(tmp_path: Path) -> None:
+    # The r570+ per-link layout (counter names as facebookresearch/gcm's parser test quotes
+    # them; values invented): a BER is a rate, not unreadable; post-FEC errors are judged.
+    text = (
+        "GPU 0: NVIDIA B200 (UUID: GPU-0)\n"
+        "\t Link 0: Tx Packets: 10, Rx Errors: 0, Effective Errors: 2, Effective BER: 1.5e-15\n"
+        "\t Link 1: Tx Packets: 10, Rx Errors: 0, Effective Errors: 0, Effective BER: 0\n"
+    )
+    report, inp = judged(tmp_path, text)
+    assert inp.kind == "nvlink-counters"
+    assert problems(report) == {("NVLINK_ERROR_COUNTS", "gpu:0")}
+    [finding] = report.problems
+    assert [o["link"] for o in finding.evidence["over"]] == [0]
+
+
+def test_fabric_manager_log_file_that_could_not_start(tmp_path: Path) -> None:
+    # FM's own log when its config is rejected (the line siderolabs/extensions#511 quotes),
+    # then a FATAL line (invented): FAILED, from the log file alone.
+    text = (
+        "[Nov 03 2024 10:00:00] [ERROR] [tid 12] fabric manager config file item: "
+        "FABRIC_NODE_CONFIG_FILE has an invalid value\n"
+        "[Nov 03 2024 10:00:00] [FATAL] [tid 12] Fabric Manager initialization failed\n"
+    )
+    report, inp = judged(tmp_path, text)
+    assert inp.kind == "fabric-manager"
+    assert {c for c, _ in problems(report)} == {"FABRIC_MANAGER_FAILED", "FABRIC_MANAGER_ERROR"}
