@@ -24,6 +24,7 @@ _FILE = re.compile(
 # A journal or syslog line: "<stamp> <host> <process>[<pid>]: <message>".
 _JOURNAL = re.compile(r"^(?P<ts>.*?)\s*\S+\s+(?P<proc>[\w.@-]+)(?:\[\d+\])?:\s(?P<msg>.*)$")
 _ACTIVE = re.compile(r"^\s*Active:\s*(?P<state>\S+)(?:\s+\((?P<sub>[^)]*)\))?(?P<rest>.*)$")
+_KERNEL = re.compile(r"NVRM:|\bS?Xid \(|nvidia-nvswitch\d*:")
 _UNIT = re.compile(r"nvidia-fabricmanager(?:\.service)?\b|nv-fabricmanager", re.I)
 
 _SXID = re.compile(r"detected NVSwitch (?P<class>non-fatal|fatal) error (?P<code>\d+)", re.I)
@@ -50,9 +51,10 @@ _ERRORISH = re.compile(
 
 def looks_like(lines: list[str]) -> bool:
     """Most of the lines are Fabric Manager's (a journal of its unit, its log file, or
-    `systemctl status` of it), and no NVIDIA kernel driver line is there."""
+    `systemctl status` of it), and no NVIDIA kernel-driver line (NVRM, an Xid or an
+    NVSwitch SXid) is there: a journal with those is a kernel log first."""
     sample = [ln for ln in lines[:200] if ln.strip()]
-    if not sample or any("NVRM:" in ln for ln in lines[:2000]):
+    if not sample or any(_KERNEL.search(ln) for ln in lines[:2000]):
         return False
     ours = sum(1 for ln in sample if _fm_text(ln) is not None)
     return ours * 2 >= len(sample) or (

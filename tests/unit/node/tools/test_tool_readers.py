@@ -297,3 +297,9 @@ def test_fabric_manager_log_file_that_could_not_start(tmp_path: Path) -> None:
     report, inp = judged(tmp_path, text)
     assert inp.kind == "fabric-manager"
     assert {c for c, _ in problems(report)} == {"FABRIC_MANAGER_FAILED", "FABRIC_MANAGER_ERROR"}
+
+
+def test_a_journal_with_nvswitch_sxid_kernel_lines_is_a_kernel_log() -> None:
+    # The real FM journal lines with an NVSwitch driver line (the corpus's SXid form).
+    sxid = "Jul 23 07:53:55 host kernel: nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal\n"
+    assert detect((real("fm_journal_real_cube_studio_29.txt") + sxid).encode()) == "kernel-log"
