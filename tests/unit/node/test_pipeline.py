@@ -17,7 +17,7 @@ from gpuvigil.core.findings import Finding, Status
 from gpuvigil.fakes import faults
 from gpuvigil.fakes.faults import Fault
 from gpuvigil.fakes.gpu import make_node
-from gpuvigil.node import readings, sweep
+from gpuvigil.node import readings, sweep, tool_readings
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
@@ -31,8 +31,9 @@ from gpuvigil.sim import hardware, replay
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 READING_TYPES = {
     obj
-    for obj in vars(readings).values()
-    if isinstance(obj, type) and obj.__module__ == readings.__name__
+    for module in (readings, tool_readings)  # the live checks' readings; the pasted tools'
+    for obj in vars(module).values()
+    if isinstance(obj, type) and obj.__module__ == module.__name__
 }
 
 
