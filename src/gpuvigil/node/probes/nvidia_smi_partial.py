@@ -143,7 +143,9 @@ def _placed(
         if g.pci_bus_id == _STAND_IN_BUS:
             gpus = [replace(x, pci_bus_id=None) if x is g else x for x in gpus]
     if ids is not None and len(ids) == len(gpus):
-        return [replace(g, index=i) for g, i in zip(gpus, ids, strict=True)], []
+        # Indexes follow bus order (nvidia-smi's default enumeration): pair them so.
+        ordered = sorted(gpus, key=lambda g: g.pci_bus_id or "")
+        return [replace(g, index=i) for g, i in zip(ordered, sorted(ids), strict=True)], []
     if attached is not None and len(gpus) == attached and all(g.pci_bus_id for g in gpus):
         ordered = sorted(gpus, key=lambda g: g.pci_bus_id or "")
         return [replace(g, index=i) for i, g in enumerate(ordered)], []

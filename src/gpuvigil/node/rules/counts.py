@@ -26,19 +26,20 @@ def nvlink_counts(report: NvLinkReport, on: Inputs) -> list[Finding]:
     for owner in report.owners:
         down = [link.link for link in owner.links if link.state == "down"]
         disabled = [link.link for link in owner.links if link.state == "disabled"]
-        if down or disabled:
-            # Down on a GPU: FAILED. Disabled (`X`: switched off, by an admin or by the
-            # driver after errors) or down on an NVSwitch: WARNING, never healthy.
-            gpu = owner.component.startswith("gpu:")
+        # NVSwitch rows are read, not judged for state: a switch's unused ports (trunks on
+        # a single baseboard) print Down too, and every GPU link has its GPU end judged.
+        if (down or disabled) and owner.component.startswith("gpu:"):
+            # Down: FAILED. Disabled (`X`: switched off by an admin, or by the driver after
+            # errors): WARNING, never healthy.
             out.append(
                 Finding(
                     check=on.check,
-                    status=Status.FAILED if gpu and down else Status.WARNING,
+                    status=Status.FAILED if down else Status.WARNING,
                     code="NVLINK_DOWN",
                     component=owner.component,
                     message=f"NVLink link(s) {down or disabled} "
                     f"{'down' if down else 'disabled'} ({report.source})",
-                    action=Action.RESET_GPU if gpu else Action.INVESTIGATE,
+                    action=Action.RESET_GPU,
                     evidence={
                         "links_down": down,
                         "links_disabled": disabled,

@@ -303,3 +303,15 @@ def test_a_journal_with_nvswitch_sxid_kernel_lines_is_a_kernel_log() -> None:
     # The real FM journal lines with an NVSwitch driver line (the corpus's SXid form).
     sxid = "Jul 23 07:53:55 host kernel: nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal\n"
     assert detect((real("fm_journal_real_cube_studio_29.txt") + sxid).encode()) == "kernel-log"
+
+
+def test_dcgmi_nvlink_s_switch_rows_are_read_not_judged(tmp_path: Path) -> None:
+    # The real H800 listing with an NvSwitches section as DCGM's dcgmi/Nvlink.cpp prints it
+    # (`physicalId N:` then its row; invented states): unused switch ports print D.
+    text = real("dcgmi_nvlink_s_real_llm_action_h800.txt").replace(
+        "    No NvSwitches found.\n", "    physicalId 8:\n        U U U U D D D D _ _\n"
+    )
+    report, _ = judged(tmp_path, text)
+    assert report.exit_code() == 0
+    owners = nvlink_counters.parse(text).owners
+    assert owners[-1].component == "nvswitch:8" and len(owners) == 9
