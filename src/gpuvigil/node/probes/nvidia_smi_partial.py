@@ -42,7 +42,9 @@ _SECTION_NAMES = {s for names in CHECKS.values() for s in names}
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][\w ./()-]*?)\s*(?::\s*(?P<value>.*?))?\s*$")
 _CMD = re.compile(r"nvidia-smi[ \t]+(?P<args>-[^\n|;&>]*)")  # to the end of the command
 _GPU = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", re.M)
-_STAND_IN_BUS = "00000000:00:00.0"
+# The bus id of a stand-in GPU block for sections pasted without their `GPU <bus id>` line
+# (`-q | grep -A 4 "Remapped Rows"`): one per repetition of the first section's title.
+_STAND_IN = re.compile(r"^FFFF(?P<k>[0-9A-F]{4}):FF:FF\.0$")
 
 
 def sections_of(text: str) -> tuple[str, ...]:
@@ -96,7 +98,7 @@ def _ids(args: str | None) -> list[int] | None:
 
 def parse(text: str, *, observed_at: datetime | None = None) -> PartialGpuInventory:
     args = _command_args(text)
-    body = text if _GPU.search(text) else f"GPU {_STAND_IN_BUS}\n{text}"
+    body = text if _GPU.search(text) else _with_stand_ins(text)
     errors: list[ReadError] = []
     gpus: list[GpuReading] = []
     attached: int | None = None
@@ -139,9 +141,13 @@ def _placed(
     gpus: list[GpuReading], ids: list[int] | None, attached: int | None
 ) -> tuple[list[GpuReading], list[tuple[int, str]]]:
     """Each block's GPU index, or a negative stand-in (with its bus id) when unknown."""
-    for g in gpus:
-        if g.pci_bus_id == _STAND_IN_BUS:
-            gpus = [replace(x, pci_bus_id=None) if x is g else x for x in gpus]
+    stand_ins = sum(1 for g in gpus if _STAND_IN.match(g.pci_bus_id or ""))
+    labels: dict[int, str] = {}
+    for i, g in enumerate(gpus):
+        m = _STAND_IN.match(g.pci_bus_id or "")
+        if m:
+            labels[i] = "?" if stand_ins == 1 else f"?{int(m.group('k'), 16)}"
+            gpus[i] = replace(g, pci_bus_id=None)
     if ids is not None and len(ids) == len(gpus):
         # Indexes follow bus order (nvidia-smi's default enumeration): pair them so.
         ordered = sorted(gpus, key=lambda g: g.pci_bus_id or "")
@@ -149,13 +155,39 @@ def _placed(
     if attached is not None and len(gpus) == attached and all(g.pci_bus_id for g in gpus):
         ordered = sorted(gpus, key=lambda g: g.pci_bus_id or "")
         return [replace(g, index=i) for i, g in enumerate(ordered)], []
-    unnamed = [(-(i + 1), g.pci_bus_id or "?") for i, g in enumerate(gpus)]
+    unnamed = [(-(i + 1), g.pci_bus_id or labels.get(i, "?")) for i, g in enumerate(gpus)]
     return [replace(g, index=k) for g, (k, _) in zip(gpus, unnamed, strict=True)], unnamed
+
+
+def _with_stand_ins(text: str) -> str:
+    """Sections without GPU lines, each repetition of the first section title a GPU."""
+    lines = text.splitlines()
+    first: tuple[int, str] | None = None
+    out: list[str] = []
+    k = 0
+    for line in lines:
+        m = _KEY.match(line)
+        title = (
+            (len(m.group("indent")), m.group("key").lower())
+            if m and not m.group("value") and m.group("key").lower() in _SECTION_NAMES
+            else None
+        )
+        if title is not None and first is None:
+            first = title
+        if title is not None and title == first:
+            k += 1
+            out.append(f"GPU FFFF{k:04X}:FF:FF.0")
+        out.append(line)
+    if k == 0:
+        out.insert(0, "GPU FFFF0001:FF:FF.0")
+    return "\n".join(out)
 
 
 def fabric_states(text: str, gpus: tuple[GpuReading, ...] = ()) -> GpuFabricStates | None:
     """Each GPU block's Fabric State/Status, or None when no block has a Fabric section."""
     by_bus = {g.pci_bus_id: g.index for g in gpus if g.pci_bus_id}
+    if not _GPU.search(text):
+        text = _with_stand_ins(text)  # sections without GPU lines: one stand-in each
     out: list[FabricRegistration] = []
     bus: str | None = None
     block = -1
@@ -172,7 +204,7 @@ def fabric_states(text: str, gpus: tuple[GpuReading, ...] = ()) -> GpuFabricStat
         if g:
             close()
             in_fabric, current, block = None, {}, block + 1
-            bus = g.group(1).upper()
+            bus = None if _STAND_IN.match(g.group(1).upper()) else g.group(1).upper()
             continue
         m = _KEY.match(line)
         if m is None:

@@ -16,7 +16,12 @@ from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.tool_readings import FabricManagerLog, FmEvent, GpuFabricStates
+from gpuvigil.node.tool_readings import (
+    FabricManagerLog,
+    FabricRegistration,
+    FmEvent,
+    GpuFabricStates,
+)
 
 LIFECYCLE = ("started", "stopped", "failed")
 MAX_LINES = 5  # lines kept as evidence per finding
@@ -137,6 +142,7 @@ def gpu_fabric_registration(states: GpuFabricStates, on: Inputs) -> list[Finding
     registered the GPU, and CUDA fails with cudaErrorSystemNotReady; a Status other than
     Success is a failed registration. GPUs without NVSwitch print N/A."""
     out = []
+    unplaced = sum(1 for g in states.gpus if g.index < 0 and not g.bus_id)
     for g in states.gpus:
         state, status = (g.state or "").lower(), (g.status or "").lower()
         if state in _DONE_STATES and status in _DONE_STATUSES:
@@ -146,7 +152,7 @@ def gpu_fabric_registration(states: GpuFabricStates, on: Inputs) -> list[Finding
                 check=on.check,
                 status=Status.FAILED,
                 code="GPU_FABRIC_NOT_REGISTERED",
-                component=f"gpu:{g.index}" if g.index >= 0 else f"gpu:{g.bus_id or '?'}",
+                component=_component(g, unplaced),
                 message=f"GPU fabric registration: State {g.state}, Status {g.status}",
                 action=Action.INVESTIGATE,
                 evidence={"state": g.state, "status": g.status, "pci_bus_id": g.bus_id},
@@ -154,3 +160,13 @@ def gpu_fabric_registration(states: GpuFabricStates, on: Inputs) -> list[Finding
             )
         )
     return out
+
+
+def _component(g: FabricRegistration, unplaced: int) -> str:
+    """`gpu:N`; a GPU the output does not place: its bus id, else `gpu:?` (`gpu:?k`, the
+    k-th section, when the paste holds several)."""
+    if g.index >= 0:
+        return f"gpu:{g.index}"
+    if g.bus_id:
+        return f"gpu:{g.bus_id}"
+    return "gpu:?" if unplaced == 1 else f"gpu:?{-g.index}"

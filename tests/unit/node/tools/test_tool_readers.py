@@ -315,3 +315,17 @@ def test_dcgmi_nvlink_s_switch_rows_are_read_not_judged(tmp_path: Path) -> None:
     assert report.exit_code() == 0
     owners = nvlink_counters.parse(text).owners
     assert owners[-1].component == "nvswitch:8" and len(owners) == 9
+
+
+def test_grepped_sections_of_several_gpus_are_kept_apart(tmp_path: Path) -> None:
+    # `-q | grep -A 10 "Remapped Rows"` on two GPUs: the real A10 section (pending) then the
+    # same section with its pending flag cleared, grep's `--` between. The healthy second
+    # must not overwrite the first: each section is a GPU of its own.
+    pending = real("q_excerpt_remapped_rows_a10_gpud.txt")
+    clean = pending.replace(
+        "Pending                           : Yes", "Pending                           : No"
+    )
+    report, _ = judged(tmp_path, pending + "--\n" + clean)
+    assert problems(report) == {("ROW_REMAP_PENDING", "gpu:?1")}
+    report, _ = judged(tmp_path, clean + "--\n" + pending)
+    assert problems(report) == {("ROW_REMAP_PENDING", "gpu:?2")}
