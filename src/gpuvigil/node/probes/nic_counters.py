@@ -24,7 +24,7 @@ _PQ_BANNER = re.compile(
 _PQ_LINE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9]*):\.*\s*(?P<value>\S+)\s*$")
 _ETH_CMD = re.compile(r"ethtool\s+(?:-S|--statistics)\s+(?P<dev>\S+)")
 _ETH_LINE = re.compile(
-    r"^\s+(?P<name>(?:\[\d+\]:\s*|\w+:\s+)?[\w.\-/]+):\s+(?P<value>-?\d+)\s*(?:#.*)?$"
+    r"^\s*(?P<name>(?:\[\d+\]:\s*|\w+:\s+)?[\w.\-/]+):\s+(?P<value>-?\d+)\s*(?:#.*)?$"
 )
 
 # perfquery's names -> the names of /sys/class/infiniband/*/ports/*/counters.
