@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tool_data import DATA, FABRIC, REMAPPED_ROWS, corpus_excerpt
 
 from gpuvigil.core.findings import Status
 from gpuvigil.node.capture.bundle import Limits
@@ -18,7 +19,6 @@ from gpuvigil.node.capture.session import Options, analyze
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.rules.fabric import FabricExpectation
 
-DATA = Path(__file__).parent / "data"
 OK, WARN, FAIL = Status.OK, Status.WARNING, Status.FAILED
 
 # file -> (kind, worst status, {(code, component)} of the problems, source)
@@ -201,19 +201,6 @@ CASES: dict[str, tuple[str, Status, set[tuple[str, str]], str]] = {
         set(),
         "HPE-Japan-Presales/e-learning gpu/a100/mgmt_on_ubuntu22.04.4lts.md @ b3530162",
     ),
-    "q_excerpt_remapped_rows_a10_gpud.txt": (
-        "nvidia-smi-q",
-        FAIL,
-        {("ROW_REMAP_PENDING", "gpu:?")},
-        "leptonai/gpud .../testdata/nvidia-smi-query.535.129.03.out.0.valid.a10 (lines 139-149;"
-        " ../shared/corpus/nvidia_smi/q_a10_535.129.03_remap-pending_gpud.txt)",
-    ),
-    "q_excerpt_fabric_h100_gpud.txt": (
-        "nvidia-smi-q",
-        OK,
-        set(),
-        "leptonai/gpud .../nvidia-smi-query.535.183.01.out.0.valid (lines 208-210)",
-    ),
     # DCGM 3.x diag table fragments without a header, each showing a failed memory test.
     "dcgmi_diag_fragment_real_go_dcgm_52.txt": (
         "dcgmi-diag",
@@ -256,6 +243,22 @@ def test_topology_against_the_instance_type() -> None:
     h100 = DATA / "topo_m_real_ml_engineering_h100.txt"
     report, _ = analyze([(str(h100), None)], opts=Options(node=NodeConfig(), expect=Expect(gpus=8)))
     assert report.exit_code() == 0
+
+
+@pytest.mark.parametrize(
+    ("excerpt", "want"),
+    [(REMAPPED_ROWS, {("ROW_REMAP_PENDING", "gpu:?")}), (FABRIC, set())],
+    ids=["remapped-rows", "fabric"],
+)
+def test_a_one_section_excerpt_of_a_real_q(corpus: Path, tmp_path: Path, excerpt, want) -> None:
+    # One section of the corpus's real `-q` outputs (leptonai/gpud testdata), as
+    # `nvidia-smi -q | grep -A 10 "Remapped Rows"` keeps it: no header, no GPU line.
+    path = tmp_path / "excerpt.txt"
+    path.write_text(corpus_excerpt(corpus, *excerpt))
+    report, [inp] = analyze([(str(path), None)], opts=OPTS)
+    assert inp.kind == "nvidia-smi-q"
+    assert {(f.code, f.component) for f in report.problems} == want
+    assert any(f.code == "PARTIAL_INPUT" for f in report.findings)
 
 
 def test_a_partial_q_says_which_checks_it_could_not_make() -> None:

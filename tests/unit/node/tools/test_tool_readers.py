@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tool_data import FABRIC, REMAPPED_ROWS, corpus_excerpt, real
 
 from gpuvigil.node.capture.bundle import Limits
 from gpuvigil.node.capture.judge import Expect
@@ -28,12 +29,7 @@ from gpuvigil.node.probes import (
     topology,
 )
 
-DATA = Path(__file__).parent / "data"
 OPTS = Options(node=NodeConfig(), expect=Expect(), limits=Limits())
-
-
-def real(name: str) -> str:
-    return (DATA / name).read_text()
 
 
 def judged(tmp_path: Path, text: str, kind: str | None = None):
@@ -155,10 +151,10 @@ def test_a_q_for_one_gpu_is_pinned_to_the_gpu_it_names(tmp_path: Path) -> None:
     assert first  # the real output had both blocks
 
 
-def test_fabric_state_in_progress(tmp_path: Path) -> None:
-    # The real H100 Fabric excerpt with the state siderolabs/extensions#717 describes for a
-    # GPU whose fabric manager is not running ("In Progress").
-    text = real("q_excerpt_fabric_h100_gpud.txt").replace("Completed", "In Progress")
+def test_fabric_state_in_progress(corpus: Path, tmp_path: Path) -> None:
+    # The corpus's real H100 Fabric section with the state siderolabs/extensions#717
+    # describes for a GPU whose fabric manager is not running ("In Progress").
+    text = corpus_excerpt(corpus, *FABRIC).replace("Completed", "In Progress")
     report, _ = judged(tmp_path, text)
     assert problems(report) == {("GPU_FABRIC_NOT_REGISTERED", "gpu:?")}
 
@@ -317,11 +313,11 @@ def test_dcgmi_nvlink_s_switch_rows_are_read_not_judged(tmp_path: Path) -> None:
     assert owners[-1].component == "nvswitch:8" and len(owners) == 9
 
 
-def test_grepped_sections_of_several_gpus_are_kept_apart(tmp_path: Path) -> None:
-    # `-q | grep -A 10 "Remapped Rows"` on two GPUs: the real A10 section (pending) then the
-    # same section with its pending flag cleared, grep's `--` between. The healthy second
-    # must not overwrite the first: each section is a GPU of its own.
-    pending = real("q_excerpt_remapped_rows_a10_gpud.txt")
+def test_grepped_sections_of_several_gpus_are_kept_apart(corpus: Path, tmp_path: Path) -> None:
+    # `-q | grep -A 10 "Remapped Rows"` on two GPUs: the corpus's real A10 section (pending)
+    # then the same section with its pending flag cleared, grep's `--` between. The healthy
+    # second must not overwrite the first: each section is a GPU of its own.
+    pending = corpus_excerpt(corpus, *REMAPPED_ROWS)
     clean = pending.replace(
         "Pending                           : Yes", "Pending                           : No"
     )
