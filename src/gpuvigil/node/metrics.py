@@ -1,17 +1,23 @@
 """The agent's Prometheus metric families, declared on an explicit registry.
 
 Called by the agent (`gpuvigil.node.agent`) when it composes itself: `build(registry)`
-declares every family once; the agent updates them as checks finish and reports are
-published; the HTTP sink renders the registry at scrape time. Nothing is registered at
-import. No `node` label: the scrape target identifies the node, and `gpuvigil_agent_info`
-carries the name for joins.
+declares every family once; the agent updates the counters as checks finish, and hands
+each published report to a `ReportCollector`, which renders the per-check and per-condition
+gauges from that report at scrape time (so a label set the latest report lacks simply is not
+rendered: nothing to remove by hand, and no scrape can see a half-updated set). Nothing is
+registered at import. No `node` label: the scrape target identifies the node, and
+`gpuvigil_agent_info` carries the name for joins.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gpuvigil.core import codes
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status
@@ -24,12 +30,10 @@ STATUS_VALUE = {Status.OK: 0, Status.WARNING: 1, Status.FAILED: 2}
 @dataclass(frozen=True)
 class AgentMetrics:
     info: Gauge
-    check_status: Gauge
-    check_could_not_run: Gauge
+    report: ReportCollector
     check_last_success: Gauge
     check_duration: Histogram
     check_runs: Counter
-    node_condition: Gauge
     xid_events: Counter
     sxid_events: Counter
     loop_last: Gauge
@@ -38,9 +42,75 @@ class AgentMetrics:
     last_publish: Gauge
     remediations: Counter
     rejected_messages: Counter
-    # Label sets rendered by the last report, so vanished ones are removed without a
-    # clear() that a concurrent scrape could observe as "no series at all".
-    rendered: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
+
+
+class ReportCollector(Collector):
+    """gpuvigil_check_status, gpuvigil_check_could_not_run and gpuvigil_node_condition,
+    rendered from the latest published NodeReport each time the registry is collected.
+
+    Before the first report nothing is rendered (an empty report would read as healthy)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._report: NodeReport | None = None
+
+    def set(self, report: NodeReport) -> None:
+        with self._lock:
+            self._report = report
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(_families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            report = self._report
+        status, could_not, condition = _families()
+        if report is not None:
+            worst, closed = _render(report)
+            for (check, component), st in sorted(worst.items()):
+                status.add_metric([check, component], STATUS_VALUE[st])
+            for check, v in sorted(closed.items()):
+                could_not.add_metric([check], v)
+            for cond in report.conditions:
+                condition.add_metric([cond.type], 1 if cond.status else 0)
+        return iter((status, could_not, condition))
+
+
+def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    return (
+        GaugeMetricFamily(
+            "gpuvigil_check_status",
+            "Worst status of a check's findings per component: 0 OK, 1 WARNING, 2 FAILED.",
+            labels=("check", "component"),
+        ),
+        GaugeMetricFamily(
+            "gpuvigil_check_could_not_run",
+            "1 while the check fails closed (timeout, error, missing dependency, stale result).",
+            labels=("check",),
+        ),
+        GaugeMetricFamily(
+            "gpuvigil_node_condition",
+            "1 when the problem family (node condition) is present.",
+            labels=("condition",),
+        ),
+    )
+
+
+def _render(report: NodeReport) -> tuple[dict[tuple[str, str], Status], dict[str, int]]:
+    """(worst status per (check, component), could-not-run per check) of one report."""
+    worst: dict[tuple[str, str], Status] = {}
+    could_not: dict[str, int] = {run.check: 0 for run in report.checks}
+    for f in report.findings:
+        k = (f.check, f.component)
+        worst[k] = Status.worst([worst.get(k, Status.OK), f.status])
+        if f.could_not_run and f.status is Status.FAILED:
+            could_not[f.check] = 1
+        else:
+            could_not.setdefault(f.check, 0)
+    for run in report.checks:  # a check with no findings is OK on the node
+        if not any(c == run.check for c, _ in worst):
+            worst[(run.check, "node")] = run.status
+    return worst, could_not
 
 
 def build(registry: CollectorRegistry) -> AgentMetrics:
@@ -52,22 +122,15 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
     def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter(name, doc, labels, registry=registry)
 
+    report = ReportCollector()
+    registry.register(report)
     return AgentMetrics(
         info=gauge(
             "gpuvigil_agent_info",
             "Always 1; labels name the node and version.",
             ("node", "version"),
         ),
-        check_status=gauge(
-            "gpuvigil_check_status",
-            "Worst status of a check's findings per component: 0 OK, 1 WARNING, 2 FAILED.",
-            ("check", "component"),
-        ),
-        check_could_not_run=gauge(
-            "gpuvigil_check_could_not_run",
-            "1 while the check fails closed (timeout, error, missing dependency, stale result).",
-            ("check",),
-        ),
+        report=report,
         check_last_success=gauge(
             "gpuvigil_check_last_success_timestamp_seconds",
             "When the check last ran to completion (any verdict but could-not-run), Unix time.",
@@ -84,11 +147,6 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
             "gpuvigil_check_runs_total",
             "Check runs by result: ok, warning, failed, timeout, error.",
             ("check", "result"),
-        ),
-        node_condition=gauge(
-            "gpuvigil_node_condition",
-            "1 when the problem family (node condition) is present.",
-            ("condition",),
         ),
         xid_events=counter(
             "gpuvigil_xid_events_total", "Xid events seen in the kernel log.", ("code", "gpu")
@@ -148,33 +206,5 @@ def observe_run(m: AgentMetrics, findings: list[Finding], run: CheckRun, *, now_
 
 
 def observe_report(m: AgentMetrics, report: NodeReport) -> None:
-    """Re-render the per-check and per-condition gauges from the latest report."""
-    worst: dict[tuple[str, str], Status] = {}
-    could_not: dict[str, int] = {run.check: 0 for run in report.checks}
-    for f in report.findings:
-        k = (f.check, f.component)
-        worst[k] = Status.worst([worst.get(k, Status.OK), f.status])
-        if f.could_not_run and f.status is Status.FAILED:
-            could_not[f.check] = 1
-        else:
-            could_not.setdefault(f.check, 0)
-    for run in report.checks:  # a check with no findings is OK on the node
-        if not any(c == run.check for c, _ in worst):
-            worst[(run.check, "node")] = run.status
-    for (check, component), status in worst.items():
-        m.check_status.labels(check, component).set(STATUS_VALUE[status])
-    for check, v in could_not.items():
-        m.check_could_not_run.labels(check).set(v)
-    _drop_vanished(m, "status", m.check_status, set(worst))
-    _drop_vanished(m, "could_not_run", m.check_could_not_run, {(c,) for c in could_not})
-    for cond in report.conditions:
-        m.node_condition.labels(cond.type).set(1 if cond.status else 0)
-
-
-def _drop_vanished(m: AgentMetrics, key: str, gauge: Gauge, now: set[tuple[str, ...]]) -> None:
-    for labels in m.rendered.get(key, set()) - now:
-        try:
-            gauge.remove(*labels)
-        except KeyError:
-            pass
-    m.rendered[key] = now
+    """The next scrape renders the per-check and per-condition gauges from this report."""
+    m.report.set(report)

@@ -8,15 +8,18 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuvigil.core.findings import Action, CheckRun, Finding, NodeReport, Status
 from gpuvigil.node import metrics as agent_metrics
 from gpuvigil.node.sinks import SinkWorker
 from gpuvigil.node.sinks import slurm as sl
+from gpuvigil.node.sinks.http import HttpConfig, HttpSink
 from gpuvigil.node.sinks.kubernetes import merge_conditions
 from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator
 from gpuvigil.node.sinks.state_file import read_report, write_atomic
@@ -163,9 +166,21 @@ def test_reboot_succeeds_only_when_the_boot_id_changes(fake_bin, tmp_path):
     assert answers[-1]["result"] == "succeeded"
 
 
-def test_metrics_follow_the_report():
+def _scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One real HTTP scrape of the agent's /metrics, parsed with prometheus_client's parser."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def test_metrics_follow_the_report_at_scrape_time():
     reg = CollectorRegistry()
     m = agent_metrics.build(reg)
+    sink = HttpSink(HttpConfig(listen="127.0.0.1:0"), registry=reg, health=lambda: (True, {}))
     timeout = Finding(check="nvml", status=Status.FAILED, code="CHECK_TIMEOUT")
     r = NodeReport(
         node="gpu1",
@@ -177,22 +192,33 @@ def test_metrics_follow_the_report():
             CheckRun(check="pcie", status=Status.OK, started_at=datetime.now(UTC), duration_s=0.1),
         ),
     )
-    agent_metrics.observe_report(m, r)
-    agent_metrics.observe_run(m, [timeout], r.checks[0], now_s=5.0)
-    v = reg.get_sample_value
-    assert v("gpuvigil_check_status", {"check": "kernel_log_stream", "component": "gpu:3"}) == 2
-    assert v("gpuvigil_check_status", {"check": "pcie", "component": "node"}) == 0
-    assert v("gpuvigil_check_could_not_run", {"check": "nvml"}) == 1
-    assert v("gpuvigil_check_could_not_run", {"check": "pcie"}) == 0
-    assert v("gpuvigil_node_condition", {"condition": "GPUXidError"}) == 1
-    assert v("gpuvigil_node_condition", {"condition": "GPUThermal"}) == 0
-    assert v("gpuvigil_check_runs_total", {"check": "nvml", "result": "timeout"}) == 1
-    assert v("gpuvigil_check_last_success_timestamp_seconds", {"check": "nvml"}) is None
-    # The next report no longer has the Xid: its series goes, the others stay.
-    agent_metrics.observe_report(m, r.model_copy(update={"findings": (timeout,)}))
-    assert v("gpuvigil_check_status", {"check": "kernel_log_stream", "component": "gpu:3"}) is None
-    assert v("gpuvigil_check_status", {"check": "pcie", "component": "node"}) == 0
-    assert v("gpuvigil_node_condition", {"condition": "GPUXidError"}) == 0
+    try:
+        # Before the first report nothing is rendered: an empty report would read healthy.
+        assert not any(n == "gpuvigil_check_status" for n, _ in _scrape(sink.address))
+        agent_metrics.observe_report(m, r)
+        agent_metrics.observe_run(m, [timeout], r.checks[0], now_s=5.0)
+        v = _scrape(sink.address)
+
+        def at(name: str, **labels: str) -> float | None:
+            return v.get((name, tuple(sorted(labels.items()))))
+
+        assert at("gpuvigil_check_status", check="kernel_log_stream", component="gpu:3") == 2
+        assert at("gpuvigil_check_status", check="pcie", component="node") == 0
+        assert at("gpuvigil_check_could_not_run", check="nvml") == 1
+        assert at("gpuvigil_check_could_not_run", check="pcie") == 0
+        assert at("gpuvigil_node_condition", condition="GPUXidError") == 1
+        assert at("gpuvigil_node_condition", condition="GPUThermal") == 0
+        assert at("gpuvigil_check_runs_total", check="nvml", result="timeout") == 1
+        assert at("gpuvigil_check_last_success_timestamp_seconds", check="nvml") is None
+        # The next report no longer has the Xid: the next scrape lacks its series, the
+        # others stay, with no clean-up by the agent.
+        agent_metrics.observe_report(m, r.model_copy(update={"findings": (timeout,)}))
+        v = _scrape(sink.address)
+        assert at("gpuvigil_check_status", check="kernel_log_stream", component="gpu:3") is None
+        assert at("gpuvigil_check_status", check="pcie", component="node") == 0
+        assert at("gpuvigil_node_condition", condition="GPUXidError") == 0
+    finally:
+        sink.close()
 
 
 def test_sink_worker_retries_with_the_newest_report():
