@@ -13,8 +13,10 @@ condition's status does. A heartbeat older than a few intervals means the agent 
 (SIGKILL, node hung): the controller must treat the verdict as unknown, never as healthy.
 On a graceful stop the agent sets its conditions to status `Unknown`, reason `AgentStopped`.
 
-Remediation. The controller writes `REQUEST_ANNOTATION`; the agent answers in
-`RESULT_ANNOTATION` with the same `id`, idempotently (a request id is acted on at most once):
+Remediation. The controller writes a `RemediationRequest` in `REQUEST_ANNOTATION` (with
+`encode_request`, signed: `core.signing`); the agent reads it with `decode_request` and
+answers a `RemediationResult` in `RESULT_ANNOTATION` with the same `id`, idempotently (a
+request id is acted on at most once). Both decoders never raise: garbage is (None, why).
 - `started` first, before the command runs (with `boot_id` for a REBOOT), so an agent
   restarted mid-action never repeats it;
 - then `succeeded` or `failed` (with `detail`); a REBOOT is `succeeded` only once the node's
@@ -27,18 +29,16 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from gpuvigil.core.findings import Action, NodeReport, Status
 
 DOMAIN = "gpuvigil.io"
 HEALTH_ANNOTATION = f"{DOMAIN}/health"
-# Controller -> agent: {"id": str, "action": "RESET_GPU"|"REBOOT", "gpus": [int], "at": iso}
-REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"
-# Agent -> controller: {"id": str, "action": str, "result": "started"|"succeeded"|"failed",
-# "at": iso, "detail": str, "boot_id": str (REBOOT, with "started")}
-RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"
+REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"  # controller -> agent: RemediationRequest
+RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"  # agent -> controller: RemediationResult
 # Controller (`gpuvigil release NODE`) -> agent: an ISO time with zone. The agent forgets the
 # Xid events it kept across reboots (REPLACE/INVESTIGATE) that were logged before it.
 RELEASED_ANNOTATION = f"{DOMAIN}/released-at"
@@ -120,3 +120,79 @@ def decode_time(text: str | None, *, assume_utc: bool = False) -> datetime | Non
     if t.tzinfo is None:
         return t.replace(tzinfo=UTC) if assume_utc else None
     return t
+
+
+# ---- remediation requests and results ------------------------------------------------
+
+MAX_MESSAGE = 4096  # bytes of JSON; a request or result is ~200
+Gpu = Annotated[int, Field(strict=True, ge=0, le=1023)]
+Outcome = Literal["started", "succeeded", "failed"]
+
+
+class RemediationRequest(BaseModel):
+    """What the controller asks of one node's agent. `action` stays a string: an action
+    this agent does not know is answered `failed`, not ignored, so the controller moves on."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(min_length=1, max_length=128)
+    action: str = Field(max_length=32)
+    gpus: tuple[Gpu, ...] = Field((), max_length=64)  # none: every GPU
+    at: AwareDatetime  # when the controller asked; the agent ignores stale ones
+
+
+class RemediationResult(BaseModel):
+    """The agent's answer to the request with the same `id`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(min_length=1, max_length=128)
+    action: str = Field("", max_length=32)
+    result: Outcome
+    at: AwareDatetime
+    detail: str = Field("", max_length=500)
+    boot_id: str = Field("", max_length=64)  # a REBOOT's `started`: the boot it started in
+
+    @property
+    def final(self) -> bool:
+        return self.result != "started"
+
+
+M = TypeVar("M", RemediationRequest, RemediationResult)
+
+
+def _encode(message: BaseModel) -> str:
+    return message.model_dump_json(exclude_defaults=True)
+
+
+def encode_request(request: RemediationRequest) -> str:
+    return _encode(request)
+
+
+def encode_result(result: RemediationResult) -> str:
+    return _encode(result)
+
+
+def _decode(model: type[M], what: str, text: str | None) -> tuple[M | None, str]:
+    if not text:
+        return None, f"no {what}"
+    if len(text) > MAX_MESSAGE:
+        return None, f"{what}: longer than {MAX_MESSAGE} bytes"
+    try:
+        return model.model_validate_json(text), ""
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "message"
+        return None, f"{what}: {where}: {err.get('msg', 'invalid')}"[:200]
+    except (ValueError, TypeError, RecursionError) as e:  # belt and braces: never raise
+        return None, f"{what}: unreadable ({type(e).__name__})"
+
+
+def decode_request(text: str | None) -> tuple[RemediationRequest | None, str]:
+    """The request in `text`, or (None, why): never raises."""
+    return _decode(RemediationRequest, "remediation request", text)
+
+
+def decode_result(text: str | None) -> tuple[RemediationResult | None, str]:
+    """The result in `text`, or (None, why): never raises."""
+    return _decode(RemediationResult, "remediation result", text)

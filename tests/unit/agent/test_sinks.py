@@ -15,7 +15,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuvigil.core.findings import Action, CheckRun, Finding, NodeReport, Status
+from gpuvigil.core.findings import Action, CheckRun, Finding, NodeReport, Status, utcnow
+from gpuvigil.core.wire import RemediationRequest, RemediationResult
 from gpuvigil.node import metrics as agent_metrics
 from gpuvigil.node.sinks import SinkWorker
 from gpuvigil.node.sinks import slurm as sl
@@ -130,20 +131,20 @@ def test_remediation_is_idempotent_by_request_id(fake_bin, tmp_path):
     fake_bin("nvidia-smi", f'#!/bin/sh\necho "$@" >> {log}\n')
     env = {"PATH": f"{fake_bin.dir}:{os.environ['PATH']}"}
     rem = Remediator(RemediationConfig(boot_id_path=tmp_path / "boot"), env=env)
-    answers: list[dict] = []
-    req = {"id": "r1", "action": "RESET_GPU", "gpus": [3, 5]}
+    answers: list[RemediationResult] = []
+    req = RemediationRequest(id="r1", action="RESET_GPU", gpus=(3, 5), at=utcnow())
     rem.handle(req, None, answers.append)
     rem.handle(req, answers[-1], answers.append)  # while running: nothing new
     deadline = time.monotonic() + 5
     while len(answers) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert [a["result"] for a in answers] == ["started", "succeeded"]
+    assert [a.result for a in answers] == ["started", "succeeded"]
     rem.handle(req, answers[-1], answers.append)  # done: never run again
     assert log.read_text().splitlines() == ["--gpu-reset -i 3", "--gpu-reset -i 5"]
     # An agent that died mid-reset answers failed instead of resetting twice.
     fresh = Remediator(RemediationConfig(), env=env)
-    fresh.handle(req, {"id": "r1", "result": "started"}, answers.append)
-    assert answers[-1]["result"] == "failed" and len(log.read_text().splitlines()) == 2
+    fresh.handle(req, answers[0], answers.append)  # its ledger says `started`
+    assert answers[-1].result == "failed" and len(log.read_text().splitlines()) == 2
 
 
 def test_reboot_succeeds_only_when_the_boot_id_changes(fake_bin, tmp_path):
@@ -152,10 +153,10 @@ def test_reboot_succeeds_only_when_the_boot_id_changes(fake_bin, tmp_path):
     fake_bin("systemctl", "#!/bin/sh\nexit 0\n")
     env = {"PATH": f"{fake_bin.dir}:{os.environ['PATH']}"}
     rem = Remediator(RemediationConfig(boot_id_path=boot), env=env)
-    answers: list[dict] = []
-    req = {"id": "b1", "action": "REBOOT"}
+    answers: list[RemediationResult] = []
+    req = RemediationRequest(id="b1", action="REBOOT", at=utcnow())
     rem.handle(req, None, answers.append)
-    assert answers[0]["result"] == "started" and answers[0]["boot_id"] == "aaa"
+    assert answers[0].result == "started" and answers[0].boot_id == "aaa"
     time.sleep(0.3)
     rem.handle(req, answers[0], answers.append)
     assert len(answers) == 1  # command accepted, node not rebooted yet
@@ -163,7 +164,7 @@ def test_reboot_succeeds_only_when_the_boot_id_changes(fake_bin, tmp_path):
     Remediator(RemediationConfig(boot_id_path=boot), env=env).handle(
         req, answers[0], answers.append
     )
-    assert answers[-1]["result"] == "succeeded"
+    assert answers[-1].result == "succeeded"
 
 
 def _scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

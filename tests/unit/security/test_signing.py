@@ -42,7 +42,7 @@ def trust(tmp_path, node: str = "gpu-1", rejected: list | None = None) -> Trust:
 
 
 def test_a_signed_fresh_request_for_this_node_is_admitted(tmp_path, ctl):
-    assert trust(tmp_path).admit_request(request("gpu-1", ctl))["id"] == "r1"
+    assert trust(tmp_path).admit_request(request("gpu-1", ctl)).id == "r1"
 
 
 def test_what_is_not_the_controllers_own_for_this_node_is_ignored(tmp_path, ctl):
@@ -113,9 +113,10 @@ def test_require_signed_false_trusts_the_node_object(tmp_path, ctl):
 
 def test_ledger_survives_a_restart(tmp_path):
     led = Ledger(tmp_path)
-    led.record({"id": "r1", "result": "started"})
-    led.record({"id": "r1", "result": "succeeded"})
-    assert Ledger(tmp_path).get("r1") == {"id": "r1", "result": "succeeded"}
+    done = wire.RemediationResult(id="r1", result="succeeded", at=NOW)
+    led.record(wire.RemediationResult(id="r1", result="started", at=NOW))
+    led.record(done)
+    assert Ledger(tmp_path).get("r1") == done
     (tmp_path / "remediation-ledger.json").write_text("garbage")
     assert Ledger(tmp_path).get("r1") is None  # unreadable: start empty, never crash
     assert Ledger(None).get("x") is None

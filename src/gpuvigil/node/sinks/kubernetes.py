@@ -20,7 +20,6 @@ The `kubernetes` client is imported when the sink is built, not at import.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from pydantic import Field
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.sinks.remediation import OnReset, RemediationConfig, Remediator, decode
+from gpuvigil.node.sinks.remediation import OnReset, RemediationConfig, Remediator
 from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig
 
 log = logging.getLogger("gpuvigil.agent.kubernetes")
@@ -196,19 +195,19 @@ class KubernetesSink:
         req = self.trust.admit_request(annotations)
         if req is None:
             return
-        shown = decode(annotations.get(wire.RESULT_ANNOTATION))
-        seen = self.ledger.get(req["id"])
-        if seen is not None and seen.get("result") in ("succeeded", "failed"):
+        shown, _ = wire.decode_result(annotations.get(wire.RESULT_ANNOTATION))
+        seen = self.ledger.get(req.id)
+        if seen is not None and seen.final:
             if shown != seen:
-                self._annotate({wire.RESULT_ANNOTATION: _compact(seen)})
+                self._annotate({wire.RESULT_ANNOTATION: wire.encode_result(seen)})
             return
         self.remediator.handle(req, seen or shown, self._answer)
 
-    def _answer(self, result: dict[str, Any]) -> None:
+    def _answer(self, result: wire.RemediationResult) -> None:
         self.ledger.record(result)  # before the Node: `started` is remembered before acting
-        self._annotate({wire.RESULT_ANNOTATION: _compact(result)})
-        if self._on_remediation and result.get("result") in ("succeeded", "failed"):
-            self._on_remediation(str(result.get("action")), str(result["result"]))
+        self._annotate({wire.RESULT_ANNOTATION: wire.encode_result(result)})
+        if self._on_remediation and result.final:
+            self._on_remediation(result.action, result.result)
 
     def _annotate(self, annotations: dict[str, str]) -> None:
         # Through the status subresource: it carries metadata too, and it is all the agent's
@@ -278,10 +277,6 @@ class KubernetesSink:
             )
         except Exception as e:  # noqa: BLE001 - best effort on the way out
             log.warning("marking conditions Unknown failed: %s", e)
-
-
-def _compact(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 def _summary_without_time(report: NodeReport) -> str:

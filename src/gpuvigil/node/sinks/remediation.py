@@ -17,17 +17,16 @@ so the controller's validation sees the cured node, not the Xid the reset cured.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import utcnow
+from gpuvigil.core.wire import Outcome, RemediationRequest, RemediationResult
 from gpuvigil.node.probes import exec as ex
 from gpuvigil.node.readings import GpuReset
 
@@ -69,20 +68,7 @@ def read_boot_id(path: Path) -> str:
         return ""
 
 
-def decode(text: str | None) -> dict[str, Any] | None:
-    """A request or result annotation as a dict with an `id`, or None (never raises)."""
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("id"), str):
-        return None
-    return value
-
-
-Answer = Callable[[dict[str, Any]], None]
+Answer = Callable[[RemediationResult], None]
 OnReset = Callable[[GpuReset], None]  # blocking: returns once the node's verdict has it
 
 
@@ -96,45 +82,48 @@ class Remediator:
     ) -> None:
         self.config, self.env, self.on_reset = config, env, on_reset
         self._busy: str | None = None
-        self._done: dict[str, dict[str, Any]] = {}  # results to re-send if a write failed
+        self._done: dict[str, RemediationResult] = {}  # results to re-send if a write failed
         self._lock = threading.Lock()
 
-    def result(self, req: dict[str, Any], result: str, detail: str, **extra: Any) -> dict[str, Any]:
-        return {
-            "id": req["id"],
-            "action": req.get("action"),
-            "result": result,
-            "at": utcnow().isoformat(),
-            "detail": detail[:500],
-            **extra,
-        }
+    def result(
+        self, req: RemediationRequest, result: Outcome, detail: str, *, boot_id: str = ""
+    ) -> RemediationResult:
+        return RemediationResult(
+            id=req.id,
+            action=req.action,
+            result=result,
+            at=utcnow(),
+            detail=detail[:500],
+            boot_id=boot_id[:64],
+        )
 
     def handle(
-        self, req: dict[str, Any] | None, last: dict[str, Any] | None, answer: Answer
+        self, req: RemediationRequest | None, last: RemediationResult | None, answer: Answer
     ) -> None:
-        """Called on every publish with the current request and result annotations."""
+        """Called on every publish with the current request and this agent's last answer
+        to it (from its ledger)."""
         if req is None:
             return
-        same = last is not None and last.get("id") == req["id"]
-        if same and last.get("result") in ("succeeded", "failed"):
+        same = last is not None and last.id == req.id
+        if same and last.final:
             return  # done already: idempotent by id
         with self._lock:
-            if same and last.get("result") == "started":
-                if req["id"] in self._done:
-                    answer(self._done[req["id"]])  # the first write of the result failed
+            if same and last.result == "started":
+                if req.id in self._done:
+                    answer(self._done[req.id])  # the first write of the result failed
                     return
                 self._resume(req, last, answer)
                 return
-            if self._busy == req["id"]:
+            if self._busy == req.id:
                 return  # running; its `started` answer is not visible yet
-            action = req.get("action")
+            action = req.action
             if action not in ACTIONS:
                 answer(self.result(req, "failed", f"unknown action {action!r}"))
                 return
             if not self.config.enabled:
                 answer(self.result(req, "failed", "remediation disabled on this node"))
                 return
-            self._busy = req["id"]
+            self._busy = req.id
         # Record `started` before acting: a crash after this point never repeats the action.
         try:
             answer(
@@ -153,48 +142,48 @@ class Remediator:
             target=self._act, args=(req, answer), name="remediation", daemon=True
         ).start()
 
-    def _resume(self, req: dict[str, Any], last: dict[str, Any], answer: Answer) -> None:
-        if req.get("action") == "REBOOT":
+    def _resume(self, req: RemediationRequest, last: RemediationResult, answer: Answer) -> None:
+        if req.action == "REBOOT":
             now_id = read_boot_id(self.config.boot_id_path)
-            if now_id and last.get("boot_id") and now_id != last.get("boot_id"):
+            if now_id and last.boot_id and now_id != last.boot_id:
                 answer(self.result(req, "succeeded", "node rebooted (boot id changed)"))
             return  # still waiting for the reboot; the controller owns the deadline
-        if self._busy != req["id"]:  # an earlier agent died during the reset
+        if self._busy != req.id:  # an earlier agent died during the reset
             answer(self.result(req, "failed", "agent restarted while the action ran"))
 
-    def _act(self, req: dict[str, Any], answer: Answer) -> None:
+    def _act(self, req: RemediationRequest, answer: Answer) -> None:
         ok, detail = False, "remediation crashed"
         started = utcnow()
         try:
             ok, detail = self._run(req)
-            if ok and req["action"] == "RESET_GPU" and self.on_reset is not None:
+            if ok and req.action == "RESET_GPU" and self.on_reset is not None:
                 self.on_reset(
                     GpuReset(
                         at=started,
-                        gpus=tuple(_gpus(req)),
+                        gpus=req.gpus,
                         boot_id=read_boot_id(self.config.boot_id_path) or None,
                     )
                 )
         finally:
-            if req["action"] == "REBOOT" and ok:
+            if req.action == "REBOOT" and ok:
                 # `succeeded` is written once the boot id has changed; stay busy so the
                 # request is never run twice by this process.
                 log.warning("reboot command accepted: waiting for the node to go down")
             else:
                 done = self.result(req, "succeeded" if ok else "failed", detail)
                 with self._lock:
-                    self._done[req["id"]], self._busy = done, None
+                    self._done[req.id], self._busy = done, None
                 try:
                     answer(done)
                 except Exception as e:  # noqa: BLE001 - re-sent on the next publish
                     log.warning("writing the remediation result failed: %s", e)
 
-    def _run(self, req: dict[str, Any]) -> tuple[bool, str]:
+    def _run(self, req: RemediationRequest) -> tuple[bool, str]:
         c = self.config
-        if req["action"] == "REBOOT":
+        if req.action == "REBOOT":
             plans = [c.reboot_argv]
         else:
-            gpus = _gpus(req)
+            gpus = req.gpus  # validated by `wire.decode_request`: indices >= 0
             plans = [[a.replace("{gpu}", str(g)) for a in c.reset_gpu_argv] for g in gpus] or [
                 c.reset_all_argv
             ]
@@ -203,15 +192,9 @@ class Remediator:
             res = ex.run(argv, timeout_s=c.timeout_s, env=self.env)
             bad = ex.failure_finding(res, check="remediation")
             log.warning(
-                "remediation %s: %s -> %s", req["id"], argv, "ok" if bad is None else bad.message
+                "remediation %s: %s -> %s", req.id, argv, "ok" if bad is None else bad.message
             )
             if bad is not None:
                 return False, f"{' '.join(argv)}: {bad.code}: {bad.message}"
             details.append(" ".join(argv))
         return True, "ran: " + "; ".join(details)
-
-
-def _gpus(req: dict[str, Any]) -> list[int]:
-    """The GPU indices a request names (none: every GPU)."""
-    gpus = req.get("gpus") or []
-    return [g for g in gpus if isinstance(g, int) and not isinstance(g, bool) and g >= 0]

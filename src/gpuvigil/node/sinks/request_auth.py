@@ -23,9 +23,8 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
@@ -101,21 +100,18 @@ class Trust:
             self._on_reject(kind, reason.split(":", maxsplit=1)[0])
         log.warning("ignoring %s on node %s: %s: %.200s", kind, self.node, why, text)
 
-    def admit_request(self, annotations: dict[str, str]) -> dict[str, Any] | None:
+    def admit_request(self, annotations: dict[str, str]) -> wire.RemediationRequest | None:
         text = annotations.get(wire.REQUEST_ANNOTATION)
         if not text:
             return None
         sig = annotations.get(sig_annotation(wire.REQUEST_ANNOTATION))
         why = self._verify("remediation-request", text, sig)
-        req = _decode(text)
+        req, unreadable = wire.decode_request(text)
         if not why and req is None:
-            why = "unreadable"
+            why = f"unreadable: {unreadable}"
         if not why and req is not None:
-            at = wire.decode_time(str(req.get("at") or ""))
-            now = self.clock()
-            if at is None:
-                why = "no time"
-            elif at > now + timedelta(minutes=5):
+            at, now = req.at, self.clock()
+            if at > now + timedelta(minutes=5):
                 why = "from the future"
             elif (now - at).total_seconds() > self.config.request_max_age_s:
                 why = "too old"
@@ -136,40 +132,35 @@ class Trust:
         return wire.decode_time(text)
 
 
-def _decode(text: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("id"), str):
-        return None
-    return value
-
-
 class Ledger:
     """The answers this agent gave, by request id; kept across restarts in `state_dir`."""
 
     def __init__(self, state_dir: Path | None) -> None:
         self.path = state_dir / LEDGER_FILE if state_dir is not None else None
         self._lock = threading.Lock()
-        self._answers: dict[str, dict[str, Any]] = {}
+        self._answers: dict[str, wire.RemediationResult] = {}
         if self.path is not None:
             try:
                 doc = json.loads(self.path.read_bytes())
-                if isinstance(doc, dict):
-                    self._answers = {k: v for k, v in doc.items() if isinstance(v, dict)}
             except (OSError, ValueError):
-                pass  # absent or unreadable: start empty (results on the Node still count)
+                doc = None  # absent or unreadable: start empty
+            if isinstance(doc, dict):
+                for k, v in doc.items():
+                    try:
+                        self._answers[k] = wire.RemediationResult.model_validate(v)
+                    except ValidationError:
+                        log.warning("ledger %s: entry %.80s unreadable; dropped", self.path, k)
 
-    def get(self, request_id: str) -> dict[str, Any] | None:
+    def get(self, request_id: str) -> wire.RemediationResult | None:
         with self._lock:
             return self._answers.get(request_id)
 
-    def record(self, result: dict[str, Any]) -> None:
+    def record(self, result: wire.RemediationResult) -> None:
         """Kept before the answer is written anywhere else (`started` before acting)."""
         with self._lock:
-            self._answers[str(result["id"])] = result
+            self._answers[result.id] = result
             while len(self._answers) > MAX_LEDGER:
                 self._answers.pop(next(iter(self._answers)))
             if self.path is not None:
-                write_atomic(self.path, json.dumps(self._answers).encode())
+                doc = {k: v.model_dump(mode="json") for k, v in self._answers.items()}
+                write_atomic(self.path, json.dumps(doc).encode())

@@ -62,7 +62,6 @@ from gpuvigil.platform.clusters.eviction import Drainer, workload
 from gpuvigil.platform.clusters.k8s_api import (
     LeaseStore,
     api_call,
-    json_object,
     load_api_client,
     when,
 )
@@ -254,7 +253,7 @@ class KubernetesCluster:
         keys = {t.get("key") for t in taints}
         rec_text = ann.get(STATE_ANNOTATION)
         record = decode_record(rec_text)
-        res = json_object(ann.get(wire.RESULT_ANNOTATION))
+        res, _ = wire.decode_result(ann.get(wire.RESULT_ANNOTATION))
         return NodeView(
             name=meta["name"],
             pool=pool_of_labels(labels, label=self.pool_label),
@@ -269,14 +268,9 @@ class KubernetesCluster:
             unvalidated=wire.UNVALIDATED_TAINT in keys,
             running=running,
             preflight=preflight,
-            agent_result=AgentResult(
-                str(res.get("id", "")),
-                res.get("result") == "succeeded",
-                when(res.get("at")),
-                str(res.get("detail", "")),
-            )
+            agent_result=AgentResult(res.id, res.result == "succeeded", res.at, res.detail)
             # "started" (the agent records it before acting) is not an answer yet.
-            if res and res.get("result") in ("succeeded", "failed")
+            if res is not None and res.final
             else None,
             boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
             provider_id=str(spec.get("providerID") or ""),
@@ -342,8 +336,10 @@ class KubernetesCluster:
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"the agent cannot {action.value}")
-        body = {"id": request_id, "action": action.value, "gpus": gpus, "at": utcnow().isoformat()}
-        text = json.dumps(body, separators=(",", ":"))
+        body = wire.RemediationRequest(
+            id=request_id, action=action.value, gpus=tuple(gpus), at=utcnow()
+        )
+        text = wire.encode_request(body)
         ann = self._signed(wire.REQUEST_ANNOTATION, "remediation-request", name, text)
         self._patch_node("request", name, {"metadata": {"annotations": ann}})
 
