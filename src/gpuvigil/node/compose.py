@@ -23,9 +23,10 @@ from gpuvigil.node.agent import Agent, AgentConfig
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelWatch
-from gpuvigil.node.metrics import AgentMetrics, build, observe_run
+from gpuvigil.node.metrics import AgentMetrics, build, observe_run, zero_known
 from gpuvigil.node.scheduler import Scheduler, with_schedule
 from gpuvigil.node.sinks import SinkWorker
+from gpuvigil.node.sinks.remediation import ACTIONS as REMEDIATION_ACTIONS
 from gpuvigil.node.watchdog import Watchdog
 
 log = logging.getLogger("gpuvigil.agent")
@@ -133,6 +134,12 @@ def build_agent(
     )
     where = _build_sinks(
         a, node=node, env=env, registry=registry, metrics=metrics, agent=agent, workers=workers
+    )
+    zero_known(
+        metrics,
+        checks=[spec.name for spec in specs],
+        sinks=list(where),  # keyed by each sink's name
+        actions=REMEDIATION_ACTIONS if a.sinks.kubernetes.enabled else (),
     )
     return agent, where
 

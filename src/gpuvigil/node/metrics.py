@@ -186,6 +186,27 @@ def build(registry: CollectorRegistry) -> AgentMetrics:
     )
 
 
+RUN_RESULTS = ("ok", "warning", "failed", "timeout", "error")
+AGENT_REMEDIATION_RESULTS = ("succeeded", "failed")
+
+
+def zero_known(
+    m: AgentMetrics, *, checks: list[str], sinks: list[str], actions: tuple[str, ...]
+) -> None:
+    """Create every counter at 0 for the label sets known at start-up, so the first run,
+    error or remediation is an increase from 0 that increase()/rate() count (a series
+    born at 1 reads as "no change"). Xid/SXid series (code, GPU) are not knowable ahead:
+    the dashboard counts their first event with `or (x unless x offset R)`."""
+    for check in checks:
+        for result in RUN_RESULTS:
+            m.check_runs.labels(check, result)
+    for sink in sinks:
+        m.publish_errors.labels(sink)
+    for action in actions:
+        for result in AGENT_REMEDIATION_RESULTS:
+            m.remediations.labels(action, result)
+
+
 def run_result(findings: list[Finding], run: CheckRun) -> str:
     """The `result` label of one run: timeout and error are told apart from verdicts."""
     codes_seen = {f.code for f in findings if f.status is Status.FAILED}

@@ -10,6 +10,15 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from gpuvigil.core.verdicts import Action
+
+# Every counter starts at 0 for the label sets it can take, so the first event is an
+# increase from 0 that increase()/rate() see (a series born at 1 shows 0 on a graph).
+REMEDIATION_ACTIONS = (Action.RESET_GPU.value, Action.REBOOT.value, Action.REPLACE.value)
+REMEDIATION_RESULTS = ("started", "succeeded", "failed")
+API_ERROR_KINDS = ("error", "conflict", "unavailable", "forbidden", "fenced")
+DECISION_KINDS = ("decided", "reused")
+
 
 @dataclass(frozen=True)
 class ControllerMetrics:
@@ -34,6 +43,18 @@ class ControllerMetrics:
 
 def build(registry: CollectorRegistry) -> ControllerMetrics:
     disable_created_metrics()  # no `<name>_created` series (docs/metrics.md)
+    m = _declare(registry)
+    for action in ("DRAIN", *REMEDIATION_ACTIONS):
+        for result in REMEDIATION_RESULTS:
+            m.remediations.labels(action, result)
+    for kind in API_ERROR_KINDS:
+        m.api_errors.labels(kind)
+    for kind in DECISION_KINDS:
+        m.decisions.labels(kind)
+    return m
+
+
+def _declare(registry: CollectorRegistry) -> ControllerMetrics:
     return ControllerMetrics(
         nodes=Gauge("gpuvigil_nodes", "Nodes per policy state.", ["state"], registry=registry),
         nodes_total=Gauge("gpuvigil_nodes_total", "Nodes the controller sees.", registry=registry),

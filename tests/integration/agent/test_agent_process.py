@@ -36,6 +36,11 @@ def test_faults_injected_while_running_are_published(start_agent, fake_bin, tmp_
     wait_until(lambda: a.report()["status"] == "OK", 10, "a healthy first report")
     status, body = http_get(a.url + "/healthz")
     assert status == 200 and json.loads(body)["ok"]
+    # Every counter exists at 0 for its known label sets before anything happens, so the
+    # first timeout or publish error is an increase that rate()/increase() see.
+    metrics = a.metrics()
+    assert 'gpuvigil_check_runs_total{check="site_link",result="timeout"} 0.0' in metrics
+    assert 'gpuvigil_agent_publish_errors_total{sink="state_file"} 0.0' in metrics
 
     # A link goes down.
     link_state.write_text("down\n")

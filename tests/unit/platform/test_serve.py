@@ -41,6 +41,10 @@ def test_healthz_and_metrics() -> None:
         assert get(port, "/healthz")[0] == 200
         code, body = get(port, "/metrics")
         assert code == 200 and "gpuvigil_nodes_total 7.0" in body
+        # Counters exist at 0 before their first event, so increase() counts that event.
+        assert 'gpuvigil_remediations_total{action="REBOOT",result="started"} 0.0' in body
+        assert 'gpuvigil_remediations_total{action="DRAIN",result="succeeded"} 0.0' in body
+        assert 'gpuvigil_controller_api_errors_total{kind="conflict"} 0.0' in body
     finally:
         server.shutdown()
         server.server_close()
