@@ -57,6 +57,7 @@ from gpuvigil.platform.metrics import ControllerMetrics
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
+from gpuvigil.platform.state import State
 
 log = logging.getLogger("gpuvigil.controller")
 
@@ -180,6 +181,9 @@ class Controller:
                 gate.consume(node)
             elif node.record and node.record.in_budget and not d.record.in_budget:
                 gate.release(node)
+            was = node.record.state if node.record else State.HEALTHY
+            if d.state is State.QUARANTINED and was is not State.QUARANTINED:
+                gate.quarantined()
             if d.held:
                 held += 1
                 self.voice.say(node.name, f"held: {d.held}", now)

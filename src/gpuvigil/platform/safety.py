@@ -64,6 +64,10 @@ class SafetyConfig(StrictModel):
     pools: dict[str, PoolLimit] = Field(default_factory=dict)  # per-pool overrides
     max_actions: int = Field(10, ge=0)  # new disruptions per rate window, fleet-wide
     rate_window_s: float = Field(300.0, gt=0)
+    # Quarantines, the costliest action (a person must look), fleet-wide per window: past
+    # it a node due one stays blocked (SUSPECT) until a slot frees.
+    max_quarantines: int = Field(5, ge=0)
+    quarantine_window_s: float = Field(3600.0, gt=0)
     # The circuit breaker (platform.breaker, platform.signatures; docs/controller.md).
     breaker_attributes: list[str] = Field(default_factory=lambda: list(DEFAULT_ATTRIBUTES))
     breaker_background_per_node_day: float = Field(0.02, gt=0)  # one finding, one node
@@ -147,7 +151,7 @@ class Gate:
         if own is not None:
             sizes = census(nodes, config)
             self.size.update({p: n for (a, p), n in sizes.items() if a == config.pool_label})
-        recent = 0
+        recent = quarantines = 0
         for v in nodes:
             pool = pool_of(v, config)
             if own is None:
@@ -159,9 +163,17 @@ class Gate:
             last = rec.last_action_at if rec is not None else None
             if last is not None and (now - last).total_seconds() < config.rate_window_s:
                 recent += 1
+            if (
+                rec is not None
+                and rec.state is State.QUARANTINED
+                and rec.since is not None
+                and (now - rec.since).total_seconds() < config.quarantine_window_s
+            ):
+                quarantines += 1
         for pool in slots.values():  # slots whose record does not show it (yet)
             self.in_use[pool] += 1
         self.tokens = max(0, config.max_actions - recent)
+        self.quarantine_tokens = max(0, config.max_quarantines - quarantines)
         # once per pass: every node of a pool asks for the same limit
         self._limits = {p: pool_limit(p, n, config) for p, n in self.size.items()}
 
@@ -194,11 +206,19 @@ class Gate:
             returned=machine.returned if machine else "",
             replaces=machine.replaces if machine else "",
             breaker_open=self.breaker is not None and self.breaker.status.open,
-        )
+            may_quarantine=self.quarantine_tokens > 0,
+            quarantine_why="" if self.quarantine_tokens > 0 else (
+                f"quarantine rate limit ({self.config.max_quarantines} per "
+                f"{self.config.quarantine_window_s:.0f} s)"),
+        )  # fmt: skip
 
     def consume(self, node: NodeView) -> None:
         self.in_use[pool_of(node, self.config)] += 1
         self.tokens -= 1
+
+    def quarantined(self) -> None:
+        """A node entered QUARANTINED during this pass: one quarantine slot fewer."""
+        self.quarantine_tokens -= 1
 
     def release(self, node: NodeView) -> None:
         """A node left DRAINING/REMEDIATING during this pass: its budget is free again."""

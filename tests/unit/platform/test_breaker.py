@@ -298,18 +298,22 @@ def test_a_real_fault_gets_the_ladder_while_a_signature_holds() -> None:
 
 def test_a_bad_driver_burst_is_held_before_any_drain() -> None:
     """25 of 100 nodes read lost GPUs at once (fatal findings): the breaker trips in the
-    pass that sees the third, before any fatal grace ends, so nothing is drained; the held
-    nodes stay in service; when the rollback lands it closes with hysteresis."""
+    pass that sees the third, before any fatal grace ends, so nothing is drained. A held
+    fatal finding still blocks (the breaker holds remediation, never detection); the
+    healthy nodes stay in service; when the rollback lands every block is lifted and the
+    breaker closes with hysteresis."""
     c, ctl = _run(["fatal"] * 25 + ["none"] * 75, passes=120)  # two hours
     assert ctl.breaker.status.open
     assert not any(a[0] in ("drain", "request") for n in c.nodes.values() for a in n.actions)
-    assert not any(blocked(c, i) for i in range(25))
+    assert all(blocked(c, i) for i in range(25))
+    assert not any(blocked(c, i) for i in range(25, 100))
     for i in range(25):
         c.clear_findings(f"n{i}")
     for _ in range(17):
         ctl.reconcile()
         c.advance(60)
     assert not ctl.breaker.status.open
+    assert not any(blocked(c, i) for i in range(100))
 
 
 kinds = st.sampled_from(["none", "none", "cannot_run", "fatal", "nonfatal", "both"])
@@ -319,7 +323,8 @@ kinds = st.sampled_from(["none", "none", "cannot_run", "fatal", "nonfatal", "bot
 @given(kinds=st.lists(kinds, min_size=5, max_size=40), hold=st.booleans())
 def test_breaker_blocks_exactly_what_it_should(kinds, hold) -> None:  # type: ignore[no-untyped-def]
     """Whatever the mix: a healthy node is never blocked; a node whose findings a signature
-    holds is not blocked (unless holding is off) and never disrupted; a node with a finding
+    holds is not blocked (unless holding is off, or a held finding is fatal) and never
+    disrupted; a node with a finding
     no signature holds is blocked or under repair."""
     c, ctl = _run(kinds, breaker_hold_blocks=hold)
     for i, kind in enumerate(kinds):
@@ -329,7 +334,8 @@ def test_breaker_blocks_exactly_what_it_should(kinds, hold) -> None:  # type: ig
         if kind == "none":
             assert not blocked(c, i)
         elif shown <= held:
-            assert blocked(c, i) is not hold
+            severe = any(f.fatal for f in v.health.findings)  # type: ignore[union-attr]
+            assert blocked(c, i) is (severe or not hold)
             assert not [a for a in c.nodes[f"n{i}"].actions if a[0] in ("drain", "request")]
         else:
             rec = v.record

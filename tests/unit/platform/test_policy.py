@@ -17,6 +17,7 @@ TOOL = Fleet(held=frozenset({("nvml", "DEPENDENCY_MISSING")}), held_reason="hold
              breaker_open=True)  # fmt: skip
 SHARE = Fleet(held=frozenset({("xid", "XID_79")}), held_reason="holds xid/XID_79",
               breaker_open=True)  # fmt: skip
+SOFT = finding()  # XID_79 as a non-fatal finding: what SHARE holds, without a fatal flag
 STALE = Fleet(stale="pool silent", breaker_open=True)  # the pool's reports are stale
 HUNG = finding("CHECK_TIMEOUT", action=Action.NONE, component="gpu:2", check="gpu")
 OTHER_TOOL = finding("DEPENDENCY_MISSING", action=Action.NONE, component="node", check="fabric")
@@ -380,7 +381,7 @@ CASES = [
     # A held signature holds the next ladder step too; a cleared problem revalidates.
     (
         "held signature: validation waits for preflight, no escalation",
-        view(FATAL, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
+        view(SOFT, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
         SHARE,
         State.VALIDATING,
         ["revalidate"],
@@ -388,7 +389,7 @@ CASES = [
     (
         "held signature: a failed preflight holds the next step",
         view(
-            FATAL,
+            SOFT,
             record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r"),
             preflight=Preflight(False, at=T0),
         ),
@@ -397,18 +398,69 @@ CASES = [
         [],
     ),
     (
-        "held signature: a fatal held finding neither blocks nor drains",
-        view(FATAL, record=rec(State.SUSPECT, 9999)),
+        "held signature: a non-fatal held finding neither blocks nor drains",
+        view(SOFT, record=rec(State.SUSPECT, 9999)),
         SHARE,
         State.HEALTHY,
         ["unblock"],
     ),
     (
         "held signature: a node drained before the trip validates, no step",
-        view(FATAL, record=rec(State.DRAINING, 60, fatal=True)),
+        view(SOFT, record=rec(State.DRAINING, 60, fatal=True)),
         SHARE,
         State.VALIDATING,
         ["revalidate"],
+    ),
+    # The breaker holds remediation, never detection: a held fatal finding stays blocked,
+    # off the disruption budget, with no step.
+    (
+        "held fatal finding: stays blocked, never drained",
+        view(FATAL, record=rec(State.SUSPECT, 9999)),
+        SHARE,
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "held fatal finding on a healthy node: blocked at once",
+        view(FATAL),
+        SHARE,
+        State.SUSPECT,
+        ["block"],
+    ),
+    (
+        "held fatal finding after the drain: blocked, no step, off budget",
+        view(FATAL, record=rec(State.DRAINING, 60, fatal=True)),
+        SHARE,
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "held fatal finding never validates",
+        view(FATAL, record=rec(State.VALIDATING, 60, step=Action.RESET_GPU, request_id="r")),
+        SHARE,
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "quarantine rate spent: a human-needing finding waits blocked",
+        view(INVESTIGATE),
+        Fleet(may_quarantine=False, quarantine_why="quarantine rate limit"),
+        State.SUSPECT,
+        ["block"],
+    ),
+    (
+        "quarantine rate spent: the waiting node waits on",
+        view(INVESTIGATE, record=rec(State.SUSPECT, 60, reason="waiting to quarantine: x")),
+        Fleet(may_quarantine=False, quarantine_why="quarantine rate limit"),
+        State.SUSPECT,
+        [],
+    ),
+    (
+        "quarantine slot free: the waiting node is quarantined",
+        view(INVESTIGATE, record=rec(State.SUSPECT, 60, reason="waiting to quarantine: x")),
+        Fleet(),
+        State.QUARANTINED,
+        [],
     ),
     (
         "held signature, strict setting: blocked but never drained",

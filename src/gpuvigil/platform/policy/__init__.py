@@ -52,6 +52,8 @@ __all__ = [
 
 
 UNKNOWN = "unknown: "  # reason prefix of a block set because the node could not be read
+# reason prefix of a SUSPECT node that is due a quarantine the quarantine rate holds back
+QUEUED = "waiting to quarantine: "
 
 
 def _next_step(after: Action | None, wanted: Action, cap: Action | None = None) -> Action | None:
@@ -113,6 +115,12 @@ class _Ctx:
         return bool(self.a.held) and self.a.readable and not self.a.repairable
 
     @property
+    def held_blocked(self) -> bool:
+        """Held, yet blocked: a fatal or INVESTIGATE held finding always blocks (the breaker
+        holds remediation, never detection), and any held one under the strict setting."""
+        return self.held_only and (self.a.held_severe or not self.fleet.hold_blocks)
+
+    @property
     def stale(self) -> bool:
         """Unreadable in a pool the breaker found silent: the monitoring's failure."""
         return not self.a.readable and bool(self.fleet.stale)
@@ -127,6 +135,13 @@ class _Ctx:
     def go(
         self, to: State, reason: str, *ops: Op, disruptive: bool = False, **kw: object
     ) -> Decision:
+        if to is State.QUARANTINED and not self.fleet.may_quarantine:
+            # the costliest action, rate-limited fleet-wide: wait blocked for a slot
+            why = reason.removeprefix(QUEUED)
+            if self.rec.state is State.SUSPECT and self.rec.reason.startswith(QUEUED):
+                return self.keep(held=self.fleet.quarantine_why)
+            d = self.go(State.SUSPECT, f"{QUEUED}{why}")
+            return replace(d, held=self.fleet.quarantine_why)
         rec = self.rec.moved(
             to, at=self.now, reason=reason, code=self.a.code or self.rec.code, **kw
         )
@@ -266,7 +281,7 @@ def _healthy(c: _Ctx) -> Decision:
         if a.fatal and c.cfg.fatal_grace_s <= 0:
             return c.drain_or_hold(f"fatal: {a.describe()}")
         return c.go(State.SUSPECT, ("fatal: " if a.fatal else "") + a.describe())
-    if c.held_only and not c.fleet.hold_blocks:  # the strict setting: blocked, never acted on
+    if c.held_blocked:  # blocked, never acted on
         return c.go(State.SUSPECT, c.fleet.held_reason)
     unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us or node.unvalidated else ()
     return Decision(c.rec, unblock, c.held_reason() or "healthy", held=c.held_reason())
@@ -281,8 +296,10 @@ def _suspect(c: _Ctx) -> Decision:
         # Staleness never quarantines: a dead agent is not a dead GPU, and the block heals
         # by itself when the reports return.
         return c.keep(f"{UNKNOWN}{a.unknown_reason}", held=c.fleet.stale)
+    if c.rec.reason.startswith(QUEUED) and (a.problems or c.held_blocked):
+        return c.go(State.QUARANTINED, c.rec.reason)  # its slot, or wait on
     if not a.problems:
-        if c.held_only and not c.fleet.hold_blocks:
+        if c.held_blocked:
             return c.keep(c.fleet.held_reason, held=c.fleet.held_reason)
         why = c.held_reason()
         return c.go(State.HEALTHY, f"block lifted: {why}" if why else "problem cleared",
@@ -307,6 +324,8 @@ def _draining(c: _Ctx) -> Decision:
     a = c.a
     if c.stale:  # no step on a node nobody can read in a silent pool: wait for reports
         return c.keep(f"drained; waiting for reports ({a.unknown_reason})", held=c.fleet.stale)
+    if c.held_blocked:  # what is left is held and still blocks: wait blocked, off budget
+        return c.go(State.SUSPECT, f"drained; {c.fleet.held_reason}")
     if a.readable and not a.problems and (not c.rec.fatal or a.held):
         # the problem cleared, or what is left is the breaker's cause: validate, no step
         why = f"; {c.fleet.held_reason}" if a.held else ""
@@ -356,6 +375,8 @@ def _validating(c: _Ctx) -> Decision:
             d = c.fail_step(f"validation failed: {why}")
             return replace(d, disruptive=d.record.in_budget)
         return c.fail_step(f"validation failed: {why}")
+    if c.held_blocked:  # a held fatal finding never validates: wait blocked, off budget
+        return c.go(State.SUSPECT, f"validation held: {c.fleet.held_reason}")
     if fresh_pf and pf is not None and not pf.passed:
         return c.fail_step(f"preflight failed: {pf.summary}".rstrip(": "))
     healthy_now = a.readable and not a.problems and node.heartbeat_at is not None

@@ -82,6 +82,8 @@ class Fleet:
     returned: str = ""  # this machine was given back for replacement and came back: why
     replaces: str = ""  # this new node answers the replacement of that node
     breaker_open: bool = False  # any cause is open, here or elsewhere in the fleet
+    may_quarantine: bool = True  # the fleet-wide quarantine rate has a slot left
+    quarantine_why: str = ""  # the reason when it has not
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,12 @@ class Assessment:
     @property
     def fatal(self) -> bool:
         return any(p.fatal for p in self.real)
+
+    @property
+    def held_severe(self) -> bool:
+        """A held finding that is fatal or needs a human: the breaker may hold its repair,
+        never its block (a bad change explains the burst, not that this GPU works)."""
+        return any(p.fatal or p.action is Action.INVESTIGATE for p in self.held)
 
     @property
     def action(self) -> Action:
