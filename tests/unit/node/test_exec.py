@@ -161,3 +161,16 @@ def test_crash_by_signal() -> None:
     r = ex.run(["sh", "-c", "kill -SEGV $$"])
     f = ex.failure_finding(r, check="c")
     assert f is not None and f.code == "CHECK_ERROR" and r.returncode == -11
+
+
+def test_an_escapee_adopted_by_init_dies_at_the_deadline_too(tmp_path: Path) -> None:
+    """Not a subreaper (this test session, like `gpuvigil check`): the tool's subshell starts
+    a `setsid sleep` and exits at once, so the sleep is re-parented to init (out of the
+    tool's tree, session and group); the tool then hangs past its deadline. The sleep is
+    found in /proc by the run's mark and killed."""
+    pidfile = tmp_path / "escapee.pid"
+    escape = f"(setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' </dev/null >/dev/null 2>&1 &)"
+    r = ex.run(["sh", "-c", f"{escape}; sleep 60"], timeout_s=1.0)
+    assert r.error == "timeout"
+    gc = int(pidfile.read_text())
+    assert _wait_gone(gc), f"setsid escapee {gc}, adopted by init, survived the deadline"

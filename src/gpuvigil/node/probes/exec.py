@@ -12,8 +12,11 @@ is killed, and so is any process that left the group with `setsid`. For the last
 agent's process is a child subreaper (`PR_SET_CHILD_SUBREAPER`, `become_subreaper()`), so
 a daemonised grandchild whose parent exited is re-parented to it instead of to init, and
 each run's environment is marked (`GPUVIGIL_RUN`), so such an orphan is recognised among
-its children, killed and reaped. A cgroup would do the same, but a DaemonSet rarely may
-create one.
+its children, killed and reaped. At a deadline (and after every run in a process that is
+not a subreaper: `gpuvigil check`, preflight, `slurm-healthcheck`), /proc is also scanned
+for the run's mark and the tool's session, so an escapee that init adopted (its parent
+exited before the deadline) dies too. A cgroup would do the same, but a DaemonSet rarely
+may create one.
 
 Only the agent opts in: a subreaper also adopts the orphans of every daemon it ever
 started, and they would live on as its children. A controller, a test session or a
@@ -167,7 +170,7 @@ def run(
             timed_out = True
     # At the deadline the whole tree dies; after a clean exit, whatever the tool left
     # behind (a daemonised helper that hangs, in the group or escaped with setsid) too.
-    _kill_tree(proc, mark)
+    _kill_tree(proc, mark, scan=timed_out or not _subreaper)
     duration = time.monotonic() - started
     return ExecResult(
         argv,
@@ -269,12 +272,42 @@ def _kill_all(pids: Iterable[int]) -> None:
             pass
 
 
-def _kill_tree(proc: subprocess.Popen[bytes], mark: str) -> None:
-    """SIGKILL the tool's process group, every descendant under it, and every orphan of
-    this run that was re-parented to us (setsid escapees whose parent died), then reap
-    them. Processes of other runs and our other children are never touched."""
+def _scan(mark: str, session: int | None) -> set[int]:
+    """Every process in /proc that carries this run's mark, or (while the tool is unreaped,
+    so its pid is surely its own) is in the tool's session: the escapees whose parent
+    exited and that init adopted, where no subreaper caught them. ~10 ms per 100
+    processes, so only at a deadline, or after any run where we are not a subreaper."""
+    me, found = os.getpid(), set()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == me:
+            continue
+        if (session is not None and _session(pid) == session) or _marked(pid, mark):
+            found.add(pid)
+    return found
+
+
+def _session(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[3])  # field 6: session id
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], mark: str, *, scan: bool = False) -> None:
+    """SIGKILL the tool's process group, every descendant under it, every orphan of this
+    run that was re-parented to us (setsid escapees whose parent died) and, with `scan`,
+    every process of this run anywhere (`_scan`); then reap them. Processes of other runs
+    and our other children are never touched."""
     # Only while it is unreaped is its pid surely still the tool's (never kill a reused pid).
-    doomed = _tree(proc.pid) if proc.poll() is None else set()
+    alive = proc.poll() is None
+    doomed = _tree(proc.pid) if alive else set()
+    if scan:
+        doomed |= _scan(mark, proc.pid if alive else None)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -284,6 +317,8 @@ def _kill_tree(proc: subprocess.Popen[bytes], mark: str) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:  # a process in uninterruptible sleep (D state)
         pass
+    if scan:  # anything it forked between the scan and its death
+        _kill_all(_scan(mark, None) - doomed)
     me = os.getpid()
     for _ in range(5):  # killed parents re-parent their children to us: sweep until none
         mine = [c for c in _children(me) if c != proc.pid]
