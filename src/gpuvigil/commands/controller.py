@@ -86,6 +86,12 @@ def register(app: typer.Typer) -> None:
         ),
         kubeconfig: Path = KUBECONFIG_OPTION,
         context: str = CONTEXT_OPTION,
+        metrics_address: str = typer.Option(
+            None,
+            "--metrics-address",
+            help="Address /metrics and /healthz listen on (default: controller.metrics_address "
+            "in the config, else 0.0.0.0, every interface); 127.0.0.1 keeps them local.",
+        ),
     ) -> None:
         """Watch every node's health and remediate progressively and safely.
 
@@ -104,6 +110,8 @@ def register(app: typer.Typer) -> None:
         overrides = cluster_overrides(cluster, kubeconfig, context)
         if dry_run:
             overrides["dry_run"] = True
+        if metrics_address is not None:
+            overrides["metrics_address"] = metrics_address
         cfg = load_controller_config(config, overrides).controller
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -119,6 +127,22 @@ def register(app: typer.Typer) -> None:
         ctl = Controller(
             adapter, config=cfg, metrics=metrics, events=events, identity=me, elector=elector
         )
+        if cfg.metrics_port and not once:  # before anything starts: a taken port exits 2 here
+            app = serve.health_app(
+                registry, last_pass=lambda: ctl.last_pass_at, is_leader=ctl.is_leader,
+                stale_after_s=max(120.0, 6 * cfg.interval_s),
+                watch_age=getattr(adapter, "watch_age_s", None),
+                watch_stale_s=getattr(cfg.kubernetes, "watch_stale_s", 0.0),
+                watch_blind=_blind(adapter, 2 * cfg.interval_s),
+            )  # fmt: skip
+            where = f"{cfg.metrics_address}:{cfg.metrics_port}"
+            try:
+                serve.serve(app, port=cfg.metrics_port, host=cfg.metrics_address)
+            except OSError as e:
+                typer.echo(f"gpuvigil controller: cannot listen on {where} "
+                           f"(controller.metrics_address, metrics_port): {e.strerror or e}",
+                           err=True)  # fmt: skip
+                raise typer.Exit(2) from None
         if not cfg.dry_run and hasattr(adapter, "signer"):  # in the background: start at once
             threading.Thread(target=_publish_key, args=(adapter,), daemon=True).start()
         if once:
@@ -131,19 +155,18 @@ def register(app: typer.Typer) -> None:
         if elector is not None and elector.elect:
             thread = threading.Thread(target=elector.run, args=(stop,), name="leader", daemon=True)
             thread.start()
-        if cfg.metrics_port:
-            app = serve.health_app(
-                registry, last_pass=lambda: ctl.last_pass_at, is_leader=ctl.is_leader,
-                stale_after_s=max(120.0, 6 * cfg.interval_s),
-                watch_age=getattr(adapter, "watch_age_s", None),
-                watch_stale_s=getattr(cfg.kubernetes, "watch_stale_s", 0.0),
-            )  # fmt: skip
-            serve.serve(app, port=cfg.metrics_port)
         ctl.run(stop)
         if thread is not None:
             thread.join(timeout=10)  # it gives the Lease up, so a standby starts at once
         if events:
             events.close()
+
+
+def _blind(adapter: Any, after_s: float) -> Any:
+    """/healthz's question to the adapter's node watch (Kubernetes only): fail once the
+    watch is refused, or has failed to open for two passes."""
+    blind = getattr(adapter, "watch_blind", None)
+    return None if blind is None else lambda: blind(after_s)
 
 
 def _publish_key(adapter: Any) -> None:

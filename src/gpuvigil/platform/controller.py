@@ -71,6 +71,7 @@ class ControllerConfig(StrictModel):
     dry_run: bool = False  # decide and record (events, metrics, log), never act
     events_path: Path | None = None  # JSONL event log (core.events); None: none written
     metrics_port: int = Field(9403, ge=0, le=65535)  # 0: no metrics endpoint
+    metrics_address: str = "0.0.0.0"  # where /metrics and /healthz listen; 127.0.0.1: local
     leader_election: bool = True  # one acting replica (Kubernetes Lease; Slurm lease files)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     recheck_s: float = Field(60.0, gt=0)  # an unchanged node's no-op decision is reused this long

@@ -4,8 +4,9 @@ Started by `gpuvigil controller`. `/healthz` fails (503) when the reconcile loop
 finished a pass for `stale_after_s` while this replica leads: a stuck loop (a hung API call
 past its timeout, a deadlock) gets the pod restarted instead of silently stopping all
 remediation. It also fails when the node watch (Kubernetes) has heard nothing for
-`watch_stale_s`: a stalled watch is a blind controller (kopf #585, #957). A standby is
-healthy while its loop runs.
+`watch_stale_s`: a stalled watch is a blind controller (kopf #585, #957); and at once when
+`watch_blind` says why the watch cannot see (the server refuses it, or it has failed to open
+for two passes). A standby is healthy while its loop runs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def health_app(
     clock: Callable[[], float] = time.time,
     watch_age: Callable[[], float] | None = None,
     watch_stale_s: float = 0.0,
+    watch_blind: Callable[[], str | None] | None = None,
 ) -> Callable[..., Iterable[bytes]]:
     metrics = make_wsgi_app(registry)
 
@@ -51,6 +53,10 @@ def health_app(
         if watch_stale_s and heard > watch_stale_s:
             start("503 Service Unavailable", [("Content-Type", "text/plain")])
             return [f"the node watch heard nothing for {heard:.0f} s\n".encode()]
+        blind = watch_blind() if watch_blind is not None else None
+        if blind:
+            start("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [f"{blind}\n".encode()]
         start("200 OK", [("Content-Type", "text/plain")])
         return [b"ok\n"]
 

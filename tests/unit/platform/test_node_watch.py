@@ -76,3 +76,39 @@ def test_our_own_write_shows_before_the_watch_brings_it() -> None:
     w.remember(node("a", "120", "mine"))
     w._event({"type": "MODIFIED", "object": node("a", "110", "theirs, earlier")})
     assert w.get("a")["metadata"]["annotations"]["n"] == "mine"  # type: ignore[index]
+
+
+def test_a_refused_watch_is_blind_at_once_and_a_failing_one_after_two_passes(caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+    import threading
+
+    import pytest
+
+    from gpuvigil.platform.clusters.base import Unavailable
+
+    t = {"now": 0.0}
+    w = NodeWatch(Core([node("a", "90")], watch_status=403), KubernetesSettings(), Counter(),
+                  clock=lambda: t["now"])  # fmt: skip
+    w._list()
+    assert w.blind(20) is None  # the LIST worked
+    w._start()
+    with caplog.at_level(logging.INFO, logger="gpuvigil.clusters.kubernetes"):
+        deadline = threading.Event()
+        for _ in range(50):
+            if w.blind(20):
+                break
+            deadline.wait(0.05)
+    w.stop()
+    assert "refused" in (w.blind(20) or "")
+    assert [r.levelname for r in caplog.records if "node watch" in r.message][:1] == ["WARNING"]
+    with pytest.raises(Unavailable, match="refused"):
+        w.nodes()  # the next pass acts on nothing
+    # a 500 on every try (not refused): blind once it has lasted the two passes asked
+    w = NodeWatch(Core([node("a", "90")], watch_status=500), KubernetesSettings(), Counter(),
+                  clock=lambda: t["now"])  # fmt: skip
+    w._list()
+    w._failed(Unavailable("500 Gone"))
+    t["now"] = 19.0
+    assert w.blind(20) is None and w.nodes()
+    t["now"] = 21.0
+    assert "failed for 21 s" in (w.blind(20) or "")

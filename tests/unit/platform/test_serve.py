@@ -71,3 +71,20 @@ def test_healthz_fails_on_a_stale_node_watch() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_healthz_fails_when_the_node_watch_is_blind() -> None:
+    why: dict[str, str | None] = {"s": None}
+    app = serve.health_app(
+        CollectorRegistry(), last_pass=lambda: 1000.0, is_leader=lambda: True,
+        stale_after_s=120, clock=lambda: 1000.0, watch_blind=lambda: why["s"],
+    )  # fmt: skip
+    server = serve.serve(app, port=0, host="127.0.0.1")
+    try:
+        port = server.server_port
+        assert get(port, "/healthz") == (200, "ok\n")
+        why["s"] = "the node watch is refused: Forbidden: 403"
+        assert get(port, "/healthz") == (503, "the node watch is refused: Forbidden: 403\n")
+    finally:
+        server.shutdown()
+        server.server_close()

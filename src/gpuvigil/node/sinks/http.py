@@ -112,7 +112,11 @@ class HttpSink:
                 pass  # scrapes every 15 s would drown the agent's own log
 
         host, port = parse_listen(config.listen)
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:  # a taken port: one line and exit 2 (commands/agent.py)
+            raise OSError(e.errno, f"cannot listen on {config.listen} (agent.sinks.http.listen, "
+                          f"--listen): {e.strerror or e}") from None  # fmt: skip
         self.server.daemon_threads = True
         self.address = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
         # The accept loop wakes only for requests (and every POLL_S): at the default 0.5 s

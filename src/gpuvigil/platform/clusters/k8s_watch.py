@@ -11,6 +11,10 @@ node on every pass (5,000 nodes were 4.3 MB every 10 s).
   `age_s()` is the time since the last one (`gpuvigil_controller_watch_last_event_age_seconds`).
   Past `watch_stale_s`, `nodes()` raises Unavailable: the controller acts on nothing
   rather than on a picture of the cluster it cannot vouch for, and /healthz fails.
+- A watch the server refuses (401/403: the RBAC lacks `watch nodes`) is a controller that
+  will never see a change: it is logged at WARNING, `nodes()` raises Unavailable from the
+  next pass on, and `blind()` says so at once (/healthz fails). Any other failure to open
+  the watch is logged at WARNING too, and counts as blind once it has lasted `after_s`.
 - The adapter's own writes update the cache from their responses (`remember`), so a pass
   sees its own previous writes even if the watch lags; an older version never overwrites
   a newer one.
@@ -30,7 +34,7 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuvigil.platform.clusters.base import Unavailable
+from gpuvigil.platform.clusters.base import Forbidden, Unavailable
 from gpuvigil.platform.clusters.k8s_api import api_call, map_error
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 
@@ -67,6 +71,11 @@ class NodeWatch:
         self._thread: threading.Thread | None = None
         self._resp: Any = None
         self.relists = 0  # how often a 410 (or a broken stream) forced a new LIST
+        # Why the last attempt to watch failed, since when (clock()), and whether the server
+        # refused it (no retry can fix that); cleared when a watch opens.
+        self._trouble: str | None = None
+        self._trouble_since = 0.0
+        self._denied = False
 
     # ---- what the adapter asks --------------------------------------------------------
 
@@ -79,6 +88,11 @@ class NodeWatch:
         elif not self._synced:
             self._list()
             self._start()
+        if self._denied:
+            raise Unavailable(
+                f"the node watch is refused ({self._trouble}): not acting on a picture "
+                "that can never change; grant `watch` on nodes (deploy/kubernetes/controller)"
+            )
         age = self.age_s()
         if age > self.settings.watch_stale_s:
             raise Unavailable(
@@ -90,6 +104,19 @@ class NodeWatch:
 
     def age_s(self) -> float:
         return max(0.0, self.clock() - self._heard) if self._synced else 0.0
+
+    def blind(self, after_s: float) -> str | None:
+        """Why this watch cannot see the cluster, or None: refused by the server (at once),
+        or failing to open for longer than `after_s`."""
+        trouble = self._trouble
+        if trouble is None:
+            return None
+        if self._denied:
+            return f"the node watch is refused: {trouble}"
+        lasted = self.clock() - self._trouble_since
+        if lasted > after_s:
+            return f"the node watch has failed for {lasted:.0f} s: {trouble}"
+        return None
 
     def remember(self, raw: Raw) -> None:
         """A node object the API server returned to one of our writes."""
@@ -177,7 +204,8 @@ class NodeWatch:
             except Exception as e:  # noqa: BLE001  (any break: watch again from _rv)
                 if self._stop.is_set():
                     return
-                log.info("node watch: %s: %s; again in %.0f s", type(e).__name__, e, backoff)
+                self._failed(e)
+                log.warning("node watch: %s: %s; again in %.0f s", type(e).__name__, e, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -204,6 +232,7 @@ class NodeWatch:
             raise Unavailable(f"node watch: {e}") from e
         self._resp = resp
         self._heard = self.clock()
+        self._trouble, self._denied = None, False
         try:
             for line in _lines(resp):
                 if self._stop.is_set():
@@ -221,7 +250,7 @@ class NodeWatch:
         meta = obj.get("metadata") or {}
         rv = str(meta.get("resourceVersion") or "")
         if kind == "ERROR":  # a Status: 410 Gone (compacted) or another server complaint
-            log.info("node watch: %s %s", obj.get("code"), obj.get("message", "")[:200])
+            log.warning("node watch: %s %s", obj.get("code"), obj.get("message", "")[:200])
             return True
         with self._lock:
             if rv:
@@ -238,6 +267,12 @@ class NodeWatch:
                 if old is None or _newer(rv, str(old["metadata"].get("resourceVersion") or "")):
                     self._nodes[name] = obj
         return False
+
+    def _failed(self, e: Exception) -> None:
+        if self._trouble is None:
+            self._trouble_since = self.clock()
+        self._trouble = f"{type(e).__name__}: {e}"[:300]
+        self._denied = isinstance(e, Forbidden)
 
 
 def _lines(resp: Any) -> Iterator[str]:

@@ -206,6 +206,10 @@ class KubernetesCluster:
         """Seconds since the node watch last heard anything (metrics, /healthz)."""
         return self.watch.age_s()
 
+    def watch_blind(self, after_s: float) -> str | None:
+        """Why the node watch cannot see (refused, or failing for `after_s`), or None."""
+        return self.watch.blind(after_s)
+
     def _counts(self, nodes: list[dict[str, Any]]) -> Counter[str]:
         """Running pods per node. Only a DRAINING node's count matters to the policy, so by
         default only those are listed (one field-selected list each); many of them, or
