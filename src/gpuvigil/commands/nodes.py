@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -18,12 +19,58 @@ from gpuvigil.commands.controller import (
     open_or_exit,
 )
 
+if TYPE_CHECKING:
+    from gpuvigil.platform.state import NodeView
+
 
 def _ago(t: datetime | None, now: datetime) -> str:
     if t is None:
         return "-"
     s = int((now - t).total_seconds())
     return f"{s // 86400}d" if s >= 86400 else f"{s // 3600}h" if s >= 3600 else f"{s // 60}m"
+
+
+def _since(row: dict[str, Any]) -> datetime | None:
+    return datetime.fromisoformat(row["since"]) if row["since"] else None
+
+
+def node_row(v: NodeView) -> dict[str, Any]:
+    """One node as `gpuvigil nodes --json` prints it. Where a dry-run controller published
+    its decision, `state`, `reason`, `history` are those of the record it would have
+    stored (what the live controller would have done), `stored_state` what is really on
+    the node, and `dry_run` is true."""
+    from gpuvigil.platform.state import State
+
+    intent = v.intent
+    dry = intent is not None and intent.dry_run and intent.record is not None
+    rec = intent.record if dry and intent is not None else v.record
+    blocked = (["gpuvigil"] if v.blocked_by_us else []) + list(v.blocked_by_others)
+    decision = None
+    if intent is not None:
+        decision = {"at": intent.at.isoformat(), "state": intent.state.value,
+                    "reason": intent.reason, "next": intent.next, "held": intent.held,
+                    "held_by": intent.held_by, "dry_run": intent.dry_run}  # fmt: skip
+    return {
+        "node": v.name,
+        "state": rec.state.value if rec else State.HEALTHY.value,
+        "since": rec.since.isoformat() if rec and rec.since else None,
+        "reason": rec.reason if rec else "",
+        "step": rec.step.value if rec and rec.step else None,
+        "failures": rec.failures if rec else 0,
+        "dry_run": dry,
+        "stored_state": v.record.state.value if v.record else State.HEALTHY.value,
+        "decision": decision,
+        "next": intent.next if intent else "",
+        "held": intent.held if intent else "",
+        "held_by": intent.held_by if intent else "",
+        "blocked_by": blocked,
+        "running": v.running,
+        "health": v.health.status.value if v.health else (v.health_error or "absent"),
+        "history": [
+            {"at": t.at.isoformat(), "to": t.to.value, "reason": t.reason}
+            for t in (rec.history if rec else ())
+        ],
+    }
 
 
 def register(app: typer.Typer) -> None:
@@ -37,10 +84,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="One JSON object per node."),
     ) -> None:
         """List each node's gpuvigil state (HEALTHY, SUSPECT, DRAINING, REMEDIATING,
-        VALIDATING, QUARANTINED), since when, why, who blocks it, and its history."""
+        VALIDATING, QUARANTINED), since when, why, who blocks it, what the controller
+        does next and what holds it (budget, breaker, capacity, cooldown); one NODE adds
+        its history. Under a dry-run controller the state, reason and history are what the
+        live controller would have done, marked "(dry run)". The story of one node in time
+        order: gpuvigil explain NODE."""
         from gpuvigil.core.findings import utcnow
         from gpuvigil.platform.clusters.base import ClusterError, NotFound
-        from gpuvigil.platform.state import State
 
         cfg = load_controller_config(
             config, cluster_overrides(cluster, kubeconfig, context)
@@ -56,31 +106,13 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"cannot read the nodes: {e}", err=True)
             raise typer.Exit(2) from e
         now = utcnow()
-        rows = []
         views_sorted = sorted(views, key=lambda v: v.name)
-        for v in views_sorted:
-            rec = v.record
-            blocked = (["gpuvigil"] if v.blocked_by_us else []) + list(v.blocked_by_others)
-            rows.append({
-                "node": v.name,
-                "state": rec.state.value if rec else State.HEALTHY.value,
-                "since": rec.since.isoformat() if rec and rec.since else None,
-                "reason": rec.reason if rec else "",
-                "step": rec.step.value if rec and rec.step else None,
-                "failures": rec.failures if rec else 0,
-                "blocked_by": blocked,
-                "running": v.running,
-                "health": v.health.status.value if v.health else (v.health_error or "absent"),
-                "history": [
-                    {"at": t.at.isoformat(), "to": t.to.value, "reason": t.reason}
-                    for t in (rec.history if rec else ())
-                ],
-            })  # fmt: skip
+        rows = [node_row(v) for v in views_sorted]
         if as_json:
             for row in rows:
                 typer.echo(json.dumps(row))
             return
-        ages = [_ago(v.record.since if v.record else None, now) for v in views_sorted]
+        ages = [_ago(_since(r), now) for r in rows]
         render(rows, ages, history=bool(name))
 
 
@@ -93,11 +125,14 @@ def render(rows: list[dict[str, object]], ages: list[str], *, history: bool) -> 
     console = terminal.console()
     cols = (Column("node", key=True), Column("state"), Column("age", justify="right"),
             Column("health"), Column("blocked by"), Column("work", justify="right"),
-            Column("reason"))  # fmt: skip
+            Column("reason"), Column("next"), Column("held by"))  # fmt: skip
     cells = [
-        [plain(str(r["node"])), plain(str(r["state"])), age, plain(str(r["health"])),
+        [plain(str(r["node"])),
+         plain(f"{r['state']} (dry run)" if r["dry_run"] else str(r["state"])), age,
+         plain(str(r["health"])),
          plain(", ".join(r["blocked_by"]) or "-"),  # type: ignore[arg-type]
-         str(r["running"]), plain(str(r["reason"]))]
+         str(r["running"]), plain(str(r["reason"])), plain(str(r["next"]) or "-"),
+         plain(f"{r['held_by']}: {r['held']}" if r["held"] else "-")]
         for r, age in zip(rows, ages, strict=True)
     ]  # fmt: skip
     console.print(terminal.render(cols, cells, width=console.width))

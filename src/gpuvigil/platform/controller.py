@@ -38,6 +38,7 @@ from pydantic import Field
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.events import EventWriter
 from gpuvigil.core.findings import utcnow
+from gpuvigil.platform import intent
 from gpuvigil.platform.announce import Announcer
 from gpuvigil.platform.apply import apply
 from gpuvigil.platform.breaker import Breaker
@@ -157,6 +158,8 @@ class Controller:
             log.warning("cannot list nodes: %s", e)
             result.listed, result.fenced = False, isinstance(e, Fenced)
             return result
+        if self.config.dry_run:  # decide from the records a live controller would have
+            nodes = [intent.shadow(n) for n in nodes]
         self.voice.observed(nodes, now)
         for change in self.breaker.update(nodes, now=now):
             self.voice.breaker_changed(self.breaker, change, now)
@@ -200,12 +203,35 @@ class Controller:
             work, applied=applied, nodes=nodes, slots=slots, gate=gate, now=now, result=result
         )
         self._apply_all(disruptions, now, result)
+        self._publish(nodes, now, result)
         self.voice.export(
             nodes, result, gate=gate, breaker=self.breaker, held=held, started=started
         )
         result.fenced = self._fenced.is_set()
         self.last_pass_at = time.time()
         return result
+
+    def _publish(self, nodes: list[NodeView], now: datetime, result: PassResult) -> None:
+        """Put each node's decision on it (`platform.intent`) where it changed, so
+        `gpuvigil nodes` shows what the controller decided, would do next and why it is
+        held; a healthy node with nothing published is left alone (no write per node)."""
+        for node in nodes:
+            d = result.decisions.get(node.name)
+            if d is None or not node.intent_supported or self._fenced.is_set():
+                continue
+            said = intent.intent_of(
+                node, d, now=now, dry_run=self.config.dry_run, config=self.config.policy
+            )
+            if said.same(node.intent) or (node.intent is None and intent.quiet(said)):
+                continue
+            try:
+                self.cluster.publish(node.name, said)
+            except Fenced as e:
+                self._fenced.set()
+                self.voice.api_error(e)
+            except ClusterError as e:  # for people only: the next pass says it again
+                self.voice.api_error(e)
+                log.info("node %s: cannot publish the decision: %s", node.name, e)
 
     def _given_back(self, node: NodeView, now: datetime) -> None:
         """A machine goes back for replacement: the ledger waits for a new one to join."""

@@ -27,6 +27,7 @@ from gpuvigil.core.states import State
 from gpuvigil.core.wire import DOMAIN, HealthSummary
 
 STATE_ANNOTATION = f"{DOMAIN}/state"
+INTENT_ANNOTATION = f"{DOMAIN}/intent"  # the controller's latest decision (`Intent`)
 TAG_PREFIX = states.TAG_PREFIX  # Slurm drain reasons written by gpuvigil start with this
 HISTORY_LIMIT = 12  # transitions kept on the node (annotation size stays ~2 KB)
 # The node label naming a node's pool (budgets, eviction grace), unless `safety.pool_label`
@@ -106,6 +107,41 @@ class Record(BaseModel):
         }
         update.update(changes)
         return self.model_copy(update=update)
+
+
+class Intent(BaseModel):
+    """What the controller last decided for a node, published on the node for people
+    (`gpuvigil nodes`, `gpuvigil explain`); the policy never reads it. A dry-run controller
+    also keeps there the record it would have stored (`record`), and decides from it, so
+    it follows the live controller's path and `gpuvigil nodes` shows that path."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    at: datetime
+    dry_run: bool = False
+    state: State = State.HEALTHY  # the state decided (dry run: that it would be in)
+    reason: str = ""
+    next: str = ""  # what it does (would do) next, in words
+    held: str = ""  # a disruption the node needs that safety held back: why
+    held_by: str = ""  # budget | breaker | capacity | cooldown | stale | rate | ""
+    record: Record | None = None  # dry run only: the record it would have stored
+
+    def encode(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+    def same(self, other: Intent | None) -> bool:
+        """The same decision, whenever it was taken (a re-publish would say nothing new)."""
+        return other is not None and self.model_copy(update={"at": other.at}) == other
+
+
+def decode_intent(text: str | None) -> Intent | None:
+    """Intent from its stored JSON; None for absent or garbage (never raises)."""
+    if not text:
+        return None
+    try:
+        return Intent.model_validate(json.loads(text))
+    except (ValueError, ValidationError, TypeError):
+        return None
 
 
 def decode_record(text: str | None) -> Record | None:
@@ -199,6 +235,8 @@ class NodeView:
     # Facts about the node other than its labels that the circuit breaker groups findings
     # by (k8s nodeInfo: kernel-version, os-image; Slurm: features, kernel-version).
     attributes: Mapping[str, str] = field(default_factory=dict)
+    intent: Intent | None = None  # the controller's published decision (INTENT_ANNOTATION)
+    intent_supported: bool = True  # False where the cluster has no field to publish it in
 
     @property
     def blocked_by_someone_else(self) -> bool:

@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.state import (
     AgentResult,
+    Intent,
     NodeView,
     Preflight,
     Record,
@@ -44,6 +45,7 @@ __all__ = [
     "Fence",
     "Fenced",
     "Forbidden",
+    "Intent",
     "LeaseObject",
     "LeaseStore",
     "NodeView",
@@ -210,4 +212,11 @@ class Cluster(Protocol):
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         """A human-readable event on the node (k8s Event; Slurm: the controller's log)."""
+        ...
+
+    def publish(self, name: str, intent: Intent) -> None:
+        """Put the controller's latest decision on the node for people (`gpuvigil nodes`;
+        k8s: the annotation `state.INTENT_ANNOTATION`). Never read by the policy, so a
+        dry-run controller writes it too. Where `NodeView.intent_supported` is False
+        (Slurm: no node field is free) the controller does not call it."""
         ...

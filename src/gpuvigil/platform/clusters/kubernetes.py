@@ -71,9 +71,12 @@ from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.state import (
+    INTENT_ANNOTATION,
     POOL_LABEL,
     STATE_ANNOTATION,
+    Intent,
     State,
+    decode_intent,
     decode_record,
     pool_of_labels,
 )
@@ -281,6 +284,7 @@ class KubernetesCluster:
             version=meta.get("resourceVersion", ""),
             replace_supported=self.settings.replace != "none",
             attributes=node_facts(status.get("nodeInfo") or {}),
+            intent=decode_intent(ann.get(INTENT_ANNOTATION)),
         )
 
     # ---- writing --------------------------------------------------------------------
@@ -336,6 +340,10 @@ class KubernetesCluster:
             if new != taints:
                 body["spec"] = {"taints": new}
         self._patch_node("store", name, body)
+
+    def publish(self, name: str, intent: Intent) -> None:
+        body = {"metadata": {"annotations": {INTENT_ANNOTATION: intent.encode()}}}
+        self._patch_node("publish", name, body)
 
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         if action not in (Action.RESET_GPU, Action.REBOOT):

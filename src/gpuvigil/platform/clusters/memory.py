@@ -41,7 +41,14 @@ from gpuvigil.platform.clusters.base import (
     Unavailable,
     unfenced,
 )
-from gpuvigil.platform.state import DEFAULT_POOL, POOL_LABEL, State, decode_record
+from gpuvigil.platform.state import (
+    DEFAULT_POOL,
+    POOL_LABEL,
+    Intent,
+    State,
+    decode_intent,
+    decode_record,
+)
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -77,6 +84,7 @@ class MemNode:
     agent_alive: bool = True
     heartbeat_at: datetime | None = None
     record_raw: str | None = None
+    intent_raw: str | None = None  # what `publish` wrote (the k8s intent annotation)
     our_taints: set[str] = field(default_factory=set)  # "unhealthy" | "unvalidated"
     other_blocks: set[str] = field(default_factory=set)  # "cordon", "taint:<key>", ...
     pods: list[Pod] = field(default_factory=list)
@@ -313,7 +321,8 @@ class MemoryCluster:
     def _view(self, node: MemNode) -> NodeView:
         """Built again only when something it shows changed (the simulator lists the same
         nodes pass after pass)."""
-        key = (node.version, node.heartbeat_at, len(node.pods), node.record_raw, node.health_raw)
+        key = (node.version, node.heartbeat_at, len(node.pods), node.record_raw, node.health_raw,
+               node.intent_raw)  # fmt: skip
         hit = self._views.get(node.name)
         if hit is not None and hit[0] == key:
             return hit[1]
@@ -349,6 +358,7 @@ class MemoryCluster:
             provider_id=node.provider_id,
             version=str(node.version),
             attributes=dict(node.attributes),
+            intent=decode_intent(node.intent_raw),
         )
 
     def list_nodes(self) -> list[NodeView]:
@@ -437,6 +447,13 @@ class MemoryCluster:
             node.actions.append(("block", record.tag()))
             changed = True
         if changed:
+            node.version += 1
+
+    def publish(self, name: str, intent: Intent) -> None:
+        node = self._write("publish", name)
+        text = intent.encode()
+        if text != node.intent_raw:
+            node.intent_raw = text
             node.version += 1
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:

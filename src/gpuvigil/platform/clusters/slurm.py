@@ -59,6 +59,7 @@ from gpuvigil.platform.state import (
     DEFAULT_POOL,
     POOL_LABEL,
     TAG_PREFIX,
+    Intent,
     State,
     decode_record,
     parse_tag,
@@ -186,6 +187,7 @@ def view(
         boot_id=str(int(boot.timestamp())) if boot else "",
         version=version_of(raw),
         preflight_supported=False,
+        intent_supported=False,  # Comment holds the record, Extra the health summary
         replace_supported=replace_supported,  # only through a hook: else quarantine at once
         attributes=facts(raw),
     )
@@ -340,6 +342,9 @@ class SlurmCluster:
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         """Slurm has no event object: the controller's event log and log lines carry it."""
         self.calls["event"] += 1
+
+    def publish(self, name: str, intent: Intent) -> None:
+        raise Forbidden("a Slurm node has no free field for the controller's intent")
 
     def lease_store(self) -> FileLease:
         """The lease files in `lease_dir`, or `gpuvigil-lease` in the StateSaveLocation
