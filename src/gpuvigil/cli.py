@@ -43,8 +43,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller", "Watch every node's health and remediate progressively "
                    "and safely."),
     "nodes": ("nodes", "List each node's gpuvigil state (HEALTHY, SUSPECT, DRAINING, "
-              "REMEDIATING, VALIDATING, QUARANTINED), since when, why, who blocks it, and "
-              "its history."),
+              "REMEDIATING, VALIDATING, QUARANTINED), since when, why, who blocks it, what "
+              "the controller does next and what holds it (budget, breaker, capacity, "
+              "cooldown); one NODE adds its history."),
+    "explain": ("explain", "Tell one node's story in time order: what the agent found, what "
+                "the controller decided (or, in dry run, would have) and why, from the event "
+                "logs and the node's API object."),
     "release": ("release", "Release a QUARANTINED node: gpuvigil forgets its failed steps "
                 "and moves it to VALIDATING; it returns to service when preflight passes "
                 "(and a fresh health summary is clean)."),

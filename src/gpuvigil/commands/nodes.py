@@ -86,7 +86,9 @@ def register(app: typer.Typer) -> None:
         """List each node's gpuvigil state (HEALTHY, SUSPECT, DRAINING, REMEDIATING,
         VALIDATING, QUARANTINED), since when, why, who blocks it, what the controller
         does next and what holds it (budget, breaker, capacity, cooldown); one NODE adds
-        its history. Under a dry-run controller the state, reason and history are what the
+        its history.
+
+        Under a dry-run controller the state, reason and history are what the
         live controller would have done, marked "(dry run)". The story of one node in time
         order: gpuvigil explain NODE."""
         from gpuvigil.core.findings import utcnow
@@ -128,11 +130,11 @@ def render(rows: list[dict[str, object]], ages: list[str], *, history: bool) -> 
             Column("reason"), Column("next"), Column("held by"))  # fmt: skip
     cells = [
         [plain(str(r["node"])),
-         plain(f"{r['state']} (dry run)" if r["dry_run"] else str(r["state"])), age,
+         plain(f"{r['state']} (dry run)" if r.get("dry_run") else str(r["state"])), age,
          plain(str(r["health"])),
          plain(", ".join(r["blocked_by"]) or "-"),  # type: ignore[arg-type]
-         str(r["running"]), plain(str(r["reason"])), plain(str(r["next"]) or "-"),
-         plain(f"{r['held_by']}: {r['held']}" if r["held"] else "-")]
+         str(r["running"]), plain(str(r["reason"])), plain(str(r.get("next") or "-")),
+         plain(f"{r.get('held_by')}: {r['held']}" if r.get("held") else "-")]
         for r, age in zip(rows, ages, strict=True)
     ]  # fmt: skip
     console.print(terminal.render(cols, cells, width=console.width))

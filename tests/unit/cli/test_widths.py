@@ -117,7 +117,9 @@ def test_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
         {"node": f"gpu-node-{i:03d}.cluster.internal", "state": s, "health": "FAILED",
          "blocked_by": ["gpuvigil", "node.kubernetes.io/unschedulable"], "running": True,
          "reason": "validation failed: ECC_UNCORRECTED_VOLATILE gpu:3, ROW_REMAP_PENDING gpu:3 "
-                   "after RESET_GPU",
+                   "after RESET_GPU", "dry_run": i == 0,
+         "next": "wait for RESET_GPU (fails at 2026-01-01T00:10:00+00:00)",
+         "held": "disruption budget of pool default in use (2/2)", "held_by": "budget",
          "history": [{"at": "2026-01-01T00:00:00+00:00", "to": s, "reason": "persisted: XID_79"}]}
         for i, s in enumerate(("REMEDIATING", "QUARANTINED", "HEALTHY"))
     ]  # fmt: skip

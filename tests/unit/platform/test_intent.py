@@ -95,3 +95,30 @@ def test_held_by_names_the_mechanism() -> None:
     assert intent.held_by("cooldown (12 s left)") == "cooldown"
     assert intent.held_by("rate limit (5 per 600 s)") == "rate"
     assert intent.held_by("") == ""
+
+
+def test_explain_tells_the_story_in_time_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuvigil.commands.explain import story
+    from gpuvigil.core.events import EventWriter
+    from gpuvigil.observe.events import read_events
+
+    c = cluster()
+    log = tmp_path / "ev.jsonl"
+    cfg = CFG.model_copy(update={"dry_run": True})
+    with EventWriter(log) as w:
+        ctl = Controller(c, config=cfg, clock=c.clock.now, events=w)
+        c.set_findings("n1", [FATAL])
+        c.set_findings("n2", [FATAL])
+        for _ in range(4):
+            ctl.reconcile()
+            c.advance(70)
+    lines = story(c.get_node("n2"), read_events([log]), node="n2")
+    what = [w for _, _, w in lines]
+    assert [t for t, _, _ in lines] == sorted(t for t, _, _ in lines)
+    first = next(i for i, w in enumerate(what) if "would move HEALTHY -> SUSPECT" in w)
+    held = next(i for i, w in enumerate(what) if w.startswith("held: disruption budget"))
+    decided = [w for w in what if w.startswith("decided ")]
+    assert first < held and len(decided) == 1
+    assert "decided SUSPECT" in decided[0] and "held (budget)" in decided[0]
+    assert any(w == "reports FAILED XID_79 gpu:3" for w in what)
+    assert not any("n1" in w for w in what)  # another node's story is not this one's
