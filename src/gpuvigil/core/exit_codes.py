@@ -52,6 +52,7 @@ NODE_UNHEALTHY = 87
 NODE_STATE_UNKNOWN = 88
 DRAINED = 89
 CHECKPOINT_FAILED = 90
+NO_VERIFIED_CHECKPOINT = 91
 
 TABLE: dict[int, ExitCode] = {
     e.code: e
@@ -92,6 +93,16 @@ TABLE: dict[int, ExitCode] = {
             "checkpoints failed to save too many times in a row",
             Charged.STORAGE,
             Retry.COUNT,
+        ),
+        ExitCode(
+            NO_VERIFIED_CHECKPOINT,
+            "NO_VERIFIED_CHECKPOINT",
+            "checkpoints exist but none could be verified; the job refuses to start again "
+            "at step 0 (checkpoint.allow_fresh_start / --allow-fresh-start overrides)",
+            Charged.STORAGE,
+            # Retrying reads the same damaged folders: a person repairs them or allows a
+            # fresh start.
+            Retry.FAIL,
         ),
     )
 }

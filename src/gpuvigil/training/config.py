@@ -48,6 +48,13 @@ class CheckpointConfig(StrictModel):
         "(each rank its own share). Sums are always computed while writing; false checks "
         "sizes only on load.",
     )
+    allow_fresh_start: bool = Field(
+        False,
+        description="When checkpoints exist but none can be verified (all damaged), start "
+        "again at step 0 instead of exiting with code 91 (NO_VERIFIED_CHECKPOINT). The damaged "
+        "folders are kept either way, renamed `damaged-step-N`. The launcher's "
+        "--allow-fresh-start sets it.",
+    )
     save_final: bool = Field(True, description="Also save after the last step of `steps(n)`.")
     max_consecutive_failures: int = Field(
         3,

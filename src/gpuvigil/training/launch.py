@@ -10,6 +10,11 @@ Takes exactly torchrun's arguments and runs torchrun's own agent in this process
 - **drains that exit 89**: torchrun waits `monitor.shutdown_timeout_s` (not its default
   30 s) for ranks finishing a step and a save after SIGTERM, and this process then exits
   with `exit_codes.DRAINED` when every local rank drained (plain torchrun exits 1);
+- **no restart that cannot help**: a rank that exits with a code whose retry is FAIL (91,
+  every checkpoint damaged) ends the job at once, without spending torchrun's restarts;
+- **`--allow-fresh-start`** (before the script, among torchrun's options): sets
+  `checkpoint.allow_fresh_start` for the ranks, which then start again at step 0 when no
+  checkpoint verifies instead of exiting 91;
 - **the job's exit code**: when torchrun gives up, this process exits with the first failed
   rank's code (86-90 stay what they are: a hang, a bad node, a drain, failed saves; a
   signal becomes 128 + N) and writes `job.end` (failed) on the node of rank 0.
@@ -36,6 +41,25 @@ from gpuvigil.training.monitor import Monitor
 
 log = logging.getLogger("gpuvigil.training.launch")
 
+ALLOW_FRESH_START = "--allow-fresh-start"
+ALLOW_FRESH_START_ENV = "GPUVIGIL__TRAINING__CHECKPOINT__ALLOW_FRESH_START"
+
+
+def own_flags(argv: list[str], *, script: str) -> tuple[list[str], bool]:
+    """(torchrun's arguments, allow_fresh_start): the launcher's own flag counts only
+    before the training script; after it, the flag is the script's."""
+    at = argv.index(script) if script in argv else len(argv)
+    ours = ALLOW_FRESH_START in argv[:at]
+    return [a for a in argv[:at] if a != ALLOW_FRESH_START] + argv[at:], ours
+
+
+def hopeless(failures: dict[int, Any]) -> bool:
+    """Some rank exited with a code whose retry is FAIL: another attempt cannot help."""
+    return any(
+        exit_codes.lookup(exit_code_of(int(f.exitcode))).retry is exit_codes.Retry.FAIL
+        for f in failures.values()
+    )
+
 
 def _agent_class(monitor: Monitor, codes: dict[int, int]) -> Any:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -47,6 +71,13 @@ def _agent_class(monitor: Monitor, codes: dict[int, int]) -> Any:
             result = super()._monitor_workers(worker_group)
             if result.is_failed():
                 monitor.failed(result.failures)
+                if hopeless(result.failures) and self._remaining_restarts > 0:
+                    log.error(
+                        "gpuvigil launch: a rank exited with a code no restart can help; not "
+                        "restarting (%d restarts left unused)",
+                        self._remaining_restarts,
+                    )
+                    self._remaining_restarts = 0
             return result
 
         def _start_workers(self, worker_group: Any) -> Any:
@@ -102,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s")
     config = TrainingConfig.load()
-    args = parse_args(argv if argv is not None else sys.argv[1:])
+    raw = list(argv if argv is not None else sys.argv[1:])
+    script = parse_args([a for a in raw if a != ALLOW_FRESH_START]).training_script
+    raw, fresh = own_flags(raw, script=script)
+    args = parse_args(raw)
+    if fresh:
+        os.environ[ALLOW_FRESH_START_ENV] = "true"
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if not config.job_id:  # one name for the job in every rank's events and in ours
         rdzv = None if args.standalone else getattr(args, "rdzv_id", None)

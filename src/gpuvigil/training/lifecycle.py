@@ -117,6 +117,7 @@ def cause_of_exit(code: int) -> str:
         exit_codes.HANG: "hang",
         exit_codes.DRAINED: "drain",
         exit_codes.CHECKPOINT_FAILED: "checkpoint_failed",
+        exit_codes.NO_VERIFIED_CHECKPOINT: "checkpoint_failed",
         exit_codes.NODE_UNHEALTHY: "node_unhealthy",
         exit_codes.NODE_STATE_UNKNOWN: "node_unhealthy",
     }.get(code, "dead" if code < 0 or code > exit_codes.SIGNAL_BASE else "user_code")

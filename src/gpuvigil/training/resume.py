@@ -8,6 +8,11 @@ Called by `run.Run` when it starts. For the newest checkpoint folder first:
    largest rank's share, not with the whole checkpoint;
 3. the verdicts are gathered: if any file is damaged, every rank skips the folder for the
    previous one, logged with the reason and counted.
+A damaged folder is never deleted: rank 0 renames it `damaged-step-N` (`keep_damaged`), out
+of reach of pruning and of a new save of the same step. When checkpoints exist but none
+verifies, the job does not start again at step 0: every rank exits with
+`exit_codes.NO_VERIFIED_CHECKPOINT` (`NoVerifiedCheckpoint`), unless
+`checkpoint.allow_fresh_start` says so.
 Only then do the ranks read: tensors through DCP (`dcp_storage`: bytes into tensors of the
 dtype and shape the JSON metadata names) and state from JSON (`state_codec`).
 """
@@ -22,11 +27,14 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from gpuvigil.core import exit_codes
 from gpuvigil.training import dcp_storage, manifest, state_codec, tensor_tree
 from gpuvigil.training.checkpoint import GLOBAL, rank_file
 from gpuvigil.training.storage import Storage
 
 log = logging.getLogger("gpuvigil.training.checkpoint")
+
+DAMAGED_PREFIX = "damaged-"
 
 
 @dataclass
@@ -137,6 +145,60 @@ def describe(s: Skipped) -> str:
         f"gpuvigil checkpoint: {s.folder} is DAMAGED ({s.detail}); falling back to the "
         "previous checkpoint"
     )
+
+
+class NoVerifiedCheckpoint(SystemExit):
+    """Ends the job: checkpoints exist, none verifies (exit_codes.NO_VERIFIED_CHECKPOINT)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(exit_codes.NO_VERIFIED_CHECKPOINT)
+        self.message = message
+
+
+def refusal(choice: Choice, *, location: str) -> str:
+    """ "" when the job may go on (a checkpoint verified, or there was none to verify);
+    else the ERROR naming each damaged checkpoint. A folder whose save never committed is
+    no checkpoint: a job whose first save was interrupted starts at step 0."""
+    damaged = [s for s in choice.skipped if s.reason == "damaged"]
+    if choice.folder is not None or not damaged:
+        return ""
+    each = "; ".join(f"{s.folder}: {s.detail}" for s in damaged)
+    return (
+        f"gpuvigil checkpoint: {len(damaged)} checkpoint(s) in {location} and none can be "
+        f"verified ({each}); refusing to start again at step 0 and exiting with code "
+        f"{exit_codes.NO_VERIFIED_CHECKPOINT}. Nothing was deleted. Repair or restore them, or "
+        "start from scratch on purpose with --allow-fresh-start "
+        "(checkpoint.allow_fresh_start: true)"
+    )
+
+
+def keep_damaged(storage: Storage, skipped: list[Skipped]) -> list[str]:
+    """Rank 0: rename each damaged folder `damaged-<folder>` (a number added when that name
+    is taken), so neither pruning nor a new save of the same step ever deletes it; returns
+    the new names. A rename that fails is logged: the folder then stays where it is."""
+    kept = []
+    for s in skipped:
+        if s.reason != "damaged":
+            continue
+        names = [f"{DAMAGED_PREFIX}{s.folder}"] + [
+            f"{DAMAGED_PREFIX}{s.folder}.{i}" for i in range(2, 100)
+        ]
+        to = next((n for n in names if not storage.exists(n)), None)
+        try:
+            if to is None:
+                raise FileExistsError(names[-1])
+            storage.move(s.folder, to)
+        except OSError as e:
+            log.error("gpuvigil checkpoint: could not set damaged %s aside: %s", s.folder, e)
+            continue
+        log.warning(
+            "gpuvigil checkpoint: kept the damaged %s as %s (never deleted; remove it by hand "
+            "once looked at)",
+            s.folder,
+            to,
+        )
+        kept.append(to)
+    return kept
 
 
 def _state(storage: Storage, folder: str, name: str) -> dict[str, Any]:

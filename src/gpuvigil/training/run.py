@@ -126,7 +126,11 @@ class Run:
         if env.world_size > 1:
             nodes = [None] * env.world_size
             dist.all_gather_object(nodes, env.node, group=env.groups["monitor"])
-        self._restore(nodes)
+        try:
+            self._restore(nodes)
+        except BaseException as e:  # no verified checkpoint: __exit__ is not called for us
+            self.__exit__(type(e), e, e.__traceback__)
+            raise
         if cfg.straggler.enabled and env.world_size > 1:
             self._stragglers = StragglerWatch(self, nodes=nodes)
         return self

@@ -106,6 +106,19 @@ def load(run: Run) -> resume.Loaded | None:
         if env.rank == 0:
             log.warning(resume.describe(s))
     run.metrics.checkpoint_verified_bytes.inc(choice.verified_bytes)
+    # Every rank has the same choice (the verdicts were gathered): all refuse, or none.
+    refused = resume.refusal(choice, location=ckpt.storage.location)
+    if refused and not run.config.checkpoint.allow_fresh_start:
+        if env.rank == 0:
+            log.error(refused)
+        raise resume.NoVerifiedCheckpoint(refused)
+    if env.rank == 0:
+        if refused:
+            log.warning(
+                "gpuvigil checkpoint: no checkpoint verifies; starting again at step 0 as "
+                "checkpoint.allow_fresh_start asks"
+            )
+        resume.keep_damaged(ckpt.storage, choice.skipped)
     if choice.folder is None:
         return None
     loaded = resume.load(

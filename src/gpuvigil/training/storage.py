@@ -137,6 +137,14 @@ class LocalStorage:
     def remove(self, rel: str) -> None:
         Path(self.path(rel)).unlink(missing_ok=True)
 
+    def move(self, rel: str, to: str) -> None:
+        """Rename a file or folder inside the root (refuses an existing target)."""
+        dst = self.path(to)
+        if os.path.lexists(dst):
+            raise FileExistsError(dst)
+        os.rename(self.path(rel), dst)
+        self.fsync_dir(posixpath.dirname(_rel(to)))
+
 
 class FsspecStorage:
     """Any fsspec file system; used when the checkpoint dir is a URL such as s3://b/run."""
@@ -210,6 +218,11 @@ class FsspecStorage:
     def remove(self, rel: str) -> None:
         if self.fs.exists(self.path(rel)):
             self.fs.rm(self.path(rel))
+
+    def move(self, rel: str, to: str) -> None:
+        if self.fs.exists(self.path(to)):
+            raise FileExistsError(self.path(to))
+        self.fs.mv(self.path(rel), self.path(to), recursive=True)
 
 
 Storage = LocalStorage | FsspecStorage

@@ -69,6 +69,7 @@ class Job:
         script: Path = EXAMPLE,
         final: str | None = "final.pt",
         extra: tuple[str, ...] | list[str] = (),
+        launch: tuple[str, ...] = (),
     ) -> Job:
         """`elastic=(node, port)`: one agent of a 1-2 node job (c10d rendezvous on the port,
         through `python -m gpuvigil.training.launch`), else a standalone single-node job
@@ -93,6 +94,7 @@ class Job:
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
+            *launch,
             str(FAULTY),
             str(script),
             "--steps",

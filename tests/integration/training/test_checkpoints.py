@@ -130,3 +130,58 @@ def test_a_planted_pickle_never_runs(baseline: Job, job: Any, tmp_path: Path) ->
     assert "step-000000024 is DAMAGED (file " in log and "is not gpuvigil data" in log
     assert "resumed from " + str(j.ckpt / manifest.dir_name(20)) in log
     assert params_equal(j.final, baseline.final)
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
+
+
+def test_every_checkpoint_damaged_exits_91_keeps_them_and_fresh_start_is_explicit(
+    job: Any,
+) -> None:
+    """Both checkpoints of a 2-rank job are damaged (a flipped byte in rank 1's tensors of
+    one, a truncated manifest of the other). The next run exits 91 with an ERROR naming
+    each, without a torchrun restart, and deletes nothing. Only --allow-fresh-start
+    starts again at step 0, and even then the damaged folders are kept, set aside."""
+    j: Job = job()
+    assert j.run(steps=8, every=4) == 0, j.text()[-4000:]
+    s4, s8 = (j.ckpt / manifest.dir_name(n) for n in (4, 8))
+    raw = bytearray((s4 / "__1_0.distcp").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (s4 / "__1_0.distcp").write_bytes(bytes(raw))
+    m8 = (s8 / manifest.MANIFEST).read_bytes()
+    (s8 / manifest.MANIFEST).write_bytes(m8[: len(m8) // 2])
+    before = {f.name: _digests(f) for f in (s4, s8)}
+
+    refused = job(f"{j.dir.name}-refused")
+    rc = refused.run(steps=8, every=4, ckpt=j.ckpt, max_restarts=3)
+    log = refused.text()
+    assert rc == exit_codes.NO_VERIFIED_CHECKPOINT, log[-4000:]
+    (line,) = {x.split("rank0 ", 1)[-1] for x in log.splitlines() if "none can be verified" in x}
+    assert "2 checkpoint(s) in" in line and "refusing to start again at step 0" in line
+    assert "step-000000008: manifest is not JSON" in line
+    assert "step-000000004: file __1_0.distcp fails its SHA-256 check" in line
+    # No restart: every retry would read the same folders.
+    assert log.count("gpuvigil launch: starting the workers") == 1
+    assert "not restarting (3 restarts left unused)" in log
+    assert {f.name: _digests(f) for f in (s4, s8)} == before  # nothing deleted or changed
+    assert sorted(p.name for p in j.ckpt.iterdir() if p.name.startswith("step-")) == [
+        s4.name,
+        s8.name,
+    ]
+    assert not refused.event_list("job.start") and not refused.event_list("checkpoint")
+    (end,) = refused.event_list("job.end")
+    assert (end["data"]["result"], end["data"]["exit_code"]) == ("failed", 91)
+
+    fresh = job(f"{j.dir.name}-fresh")
+    rc = fresh.run(steps=8, every=4, ckpt=j.ckpt, launch=("--allow-fresh-start",))
+    log = fresh.text()
+    assert rc == 0, log[-4000:]
+    assert "starting again at step 0 as checkpoint.allow_fresh_start asks" in log
+    for f in (s4, s8):  # set aside, byte for byte, and out of reach of pruning
+        assert _digests(j.ckpt / f"damaged-{f.name}") == before[f.name]
+    assert [s for s, _ in manifest.committed(j.storage())] == [8, 4]  # the fresh run's own

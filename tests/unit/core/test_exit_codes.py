@@ -17,6 +17,7 @@ from gpuvigil.core import exit_codes as ec
         (ec.NODE_STATE_UNKNOWN, ec.Charged.NODE),
         (ec.DRAINED, ec.Charged.DRAIN),
         (ec.CHECKPOINT_FAILED, ec.Charged.STORAGE),
+        (ec.NO_VERIFIED_CHECKPOINT, ec.Charged.STORAGE),
         (137, ec.Charged.UNKNOWN),
         (-9, ec.Charged.UNKNOWN),
     ],
@@ -38,6 +39,10 @@ def test_signals_are_named() -> None:
 
 def test_spared_codes_are_the_nodes_and_the_drains() -> None:
     assert ec.spared() == (ec.NODE_UNHEALTHY, ec.NODE_STATE_UNKNOWN, ec.DRAINED)
+
+
+def test_a_job_whose_checkpoints_are_all_damaged_is_never_retried() -> None:
+    assert ec.spared(ec.Retry.FAIL) == (ec.NO_VERIFIED_CHECKPOINT,)
 
 
 def test_codes_stay_out_of_reserved_ranges() -> None:

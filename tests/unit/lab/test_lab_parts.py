@@ -50,6 +50,7 @@ def status(code: int | None = None, *, container: str = "trainer", init: bool = 
         (status(exit_codes.DRAINED), "Ignore"),
         (status(exit_codes.HANG), "Count"),  # a program that deadlocks itself must not loop
         (status(exit_codes.CHECKPOINT_FAILED), "Count"),
+        (status(exit_codes.NO_VERIFIED_CHECKPOINT), "FailJob"),  # every retry reads the same
         (status(1), "Count"),
         (status(exit_codes.NODE_UNHEALTHY, container="sidecar"), "Count"),  # not the trainer
         (status(exit_codes.DRAINED, init=True), "Ignore"),  # init containers count too
