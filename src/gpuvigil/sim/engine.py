@@ -38,6 +38,7 @@ from gpuvigil.sim.scenarios import Scenario, SimConfig
 
 FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
 EXPIRE = 15  # after episodes' CONTROL_PASS .. SILENCE_END
+OFFER = 16  # a node a GPU fault just crashed a job on is offered to the scheduler again
 
 
 class Engine(lifecycle.Lifecycle, episodes.Episodes):
@@ -96,9 +97,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
         self._fault_ids = 0
-        for onset, kind, nid in self.model.sample(
-            random.Random(f"{seed}:faults"), nodes=nodes, horizon_s=self.horizon
-        ):
+        for onset, kind, nid in self.model.sample(seed, nodes=nodes, horizon_s=self.horizon):
             self.push(onset, FAULT, self._instance(kind, nid, onset))
         for job in self.jobs:
             self.push(job.submit_s, ARRIVE, job)
@@ -124,7 +123,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_HUMAN: self.on_control_human,
             episodes.PUBLISH: self.on_publish,
             episodes.SILENCE: self.on_silence, episodes.SILENCE_END: self.on_silence_end,
-            EXPIRE: self.on_expire,
+            EXPIRE: self.on_expire, OFFER: self.on_offer,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0

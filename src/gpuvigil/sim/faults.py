@@ -307,16 +307,19 @@ class FaultModel:
         self.by_name = {k.name: k for k in self.kinds}
 
     def sample(
-        self, rng: random.Random, *, nodes: int, horizon_s: float
+        self, seed: object, *, nodes: int, horizon_s: float
     ) -> list[tuple[float, FaultKind, int]]:
         """Onsets of every fault over the horizon: (time, kind, node), sorted by time.
 
         Each kind is a fleet-wide Poisson process (rate x nodes); onsets land on nodes
-        uniformly. Cost is proportional to the number of faults, not to the horizon.
+        uniformly. Each kind draws from its own stream (`seed`:faults:`name`), so adding,
+        removing or rescaling one kind leaves every other kind's faults as they were.
+        Cost is proportional to the number of faults, not to the horizon.
         """
         out: list[tuple[float, FaultKind, int]] = []
         days = horizon_s / 86400.0
         for kind in self.kinds:
+            rng = kind_stream(seed, kind.name)
             mean = kind.per_node_day * self.scale * nodes * days
             for _ in range(_poisson(rng, mean)):
                 out.append((rng.uniform(0.0, horizon_s), kind, rng.randrange(nodes)))
@@ -327,6 +330,11 @@ class FaultModel:
         """Which GPU of its node a fault strikes: any of them alike (a node-wide fault,
         such as a dead host or a missing tool, ignores it)."""
         return rng.randrange(gpus)
+
+
+def kind_stream(seed: object, name: str) -> random.Random:
+    """The random stream of one fault kind's onsets under one seed."""
+    return random.Random(f"{seed}:faults:{name}")
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

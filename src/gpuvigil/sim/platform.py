@@ -36,7 +36,6 @@ from gpuvigil.platform.signatures import attributes_of, count
 from gpuvigil.platform.state import NodeView, State, pool_of_labels
 from gpuvigil.sim.adversity import ApiOutage, Outage, Replicas, SplitBrain
 
-LADDER = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
 # Virtual time has microsecond steps: wake a little after a deadline, never on it.
 SLACK_S = 0.01
 
@@ -172,6 +171,7 @@ class Platform:
         if isinstance(adversity, ApiOutage):
             self.outage = Outage(self.cluster, adversity, lambda: self.t)
         self.passes = 0
+        self._nudged: set[tuple[object, str, object]] = set()  # probes passed on (_breaker_closes)
         self.held_retry_s = max(cfg.interval_s, 60.0)
         for name in ("gpuvigil.controller", "gpuvigil.leader"):
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -318,7 +318,7 @@ class Platform:
             quiet = d.state is State.HEALTHY and not node.faults and not node.our_taints
             if quiet and name not in probes:
                 self.cluster.active.discard(name)
-        closes = self._breaker_closes()
+        closes = self._breaker_closes(wake.states)
         if closes is not None and (wake.at is None or closes < wake.at):
             wake.at = closes
         attack = self.replicas or self.outage
@@ -334,7 +334,12 @@ class Platform:
             results = self.replicas.reconcile()
             merged = PassResult(at=self.cluster.clock.now())
             for r in results:
-                merged.decisions.update(r.decisions)
+                # A fenced pass (the stalled replica's resumed pass on its old list) wrote
+                # nothing: its decisions are not the cluster's. Applying them put a node the
+                # leader had just quarantined back in service (HEALTHY from the list read
+                # before its finding), a job landed on it and gave up (split-brain at 1,024).
+                if not r.fenced:
+                    merged.decisions.update(r.decisions)
             return merged
         self.cluster.controller_calling = True
         try:
@@ -350,15 +355,22 @@ class Platform:
         attack = self.replicas or self.outage
         return attack.report() if attack is not None else {}
 
-    def _breaker_closes(self) -> float | None:
+    def _breaker_closes(self, states: dict[str, State]) -> float | None:
         """A cause that is gone closes `breaker_close_after_s` later; an open signature
         starts probing `breaker_probe_after_s` after it opened: pass then, so both happen
-        on time even when nothing else happens."""
+        on time even when nothing else happens. A probe whose node this pass quarantined
+        (or that left the list) ends at the breaker's next look: pass at once, so the next
+        probe's wait starts now, not at the next news (hours later)."""
         br, safety = self.controller.breaker, self.config.safety
         times = [c.clear_since for c in (*br.signatures.values(), *br.stale.values())
                  if c.clear_since is not None]  # fmt: skip
         due = [seconds(t - EPOCH) + safety.breaker_close_after_s for t in times]
-        for sig in br.signatures.values():
+        for sid, sig in br.signatures.items():
+            ending = sig.probe and (states.get(sig.probe) is State.QUARANTINED
+                                    or sig.probe not in self.cluster.active)  # fmt: skip
+            if ending and (key := (sid, sig.probe, sig.probe_since)) not in self._nudged:
+                self._nudged.add(key)  # once per probe: never a pass loop
+                due.append(self.t)
             if not sig.probe:
                 since = sig.last_probe_end or sig.opened_at
                 wait = safety.breaker_probe_interval_s if sig.last_probe_end else \

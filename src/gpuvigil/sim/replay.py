@@ -28,8 +28,9 @@ from gpuvigil.node.readings import KernelLog
 from gpuvigil.observe.events import read_events
 from gpuvigil.platform.clusters.memory import EPOCH
 from gpuvigil.platform.controller import ControllerConfig
+from gpuvigil.platform.state import LADDER
 from gpuvigil.sim import replay_diff
-from gpuvigil.sim.platform import LADDER, Platform
+from gpuvigil.sim.platform import Platform
 
 # (time, node, findings now FAILED or WARNING on it): one entry per change of a node.
 Change = tuple[float, str, list[Finding]]

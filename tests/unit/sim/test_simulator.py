@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from gpuvigil.sim import faults
@@ -104,12 +102,22 @@ def test_fault_model_rates_follow_the_llama3_table():
 
 def test_sampling_is_poisson_and_seeded():
     model = FaultModel()
-    a = model.sample(random.Random(1), nodes=1000, horizon_s=30 * 86400.0)
-    b = model.sample(random.Random(1), nodes=1000, horizon_s=30 * 86400.0)
+    a = model.sample(1, nodes=1000, horizon_s=30 * 86400.0)
+    b = model.sample(1, nodes=1000, horizon_s=30 * 86400.0)
     assert [(t, k.name, n) for t, k, n in a] == [(t, k.name, n) for t, k, n in b]
     expected = sum(k.per_node_day for k in model.kinds) * 1000 * 30
     assert abs(len(a) - expected) < 4 * expected**0.5
     assert [t for t, _, _ in a] == sorted(t for t, _, _ in a)
+
+
+def test_each_kind_has_its_own_stream():
+    """Adding a kind (or dropping one) leaves every other kind's onsets as they were."""
+    model = FaultModel()
+    fewer = FaultModel(kinds=tuple(k for k in model.kinds if k.name != "hbm_ecc"))
+    a = model.sample(3, nodes=500, horizon_s=20 * 86400.0)
+    b = fewer.sample(3, nodes=500, horizon_s=20 * 86400.0)
+    assert [e for e in a if e[1].name != "hbm_ecc"] == b
+    assert len(b) < len(a)
 
 
 def test_storms_are_deterministic():
