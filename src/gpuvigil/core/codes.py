@@ -44,6 +44,11 @@ _CODES = [
         HEALTH_CHECK,
         "a check was switched off in the config (reported, not hidden)",
     ),
+    Code(
+        "ERROR_TEXT",
+        HEALTH_CHECK,
+        "an input holds an error message (catalog/phrases.yaml) that no rule judged",
+    ),
     Code("SOURCE_FALLBACK", HEALTH_CHECK, "the primary source is broken; a fallback is in use"),
     # GPU presence and driver.
     Code(
@@ -143,7 +148,14 @@ CODES: dict[str, Code] = {c.name: c for c in _CODES}
 
 # A FAILED finding with one of these codes means "could not tell", not "found a problem".
 COULD_NOT_RUN = frozenset(
-    {"CHECK_TIMEOUT", "CHECK_ERROR", "DEPENDENCY_MISSING", "RESULT_STALE", "DRIVER_UNAVAILABLE"}
+    {
+        "CHECK_TIMEOUT",
+        "CHECK_ERROR",
+        "DEPENDENCY_MISSING",
+        "RESULT_STALE",
+        "DRIVER_UNAVAILABLE",
+        "ERROR_TEXT",
+    }
 )
 
 _XID = re.compile(r"^(S?XID)_(\d+)$")

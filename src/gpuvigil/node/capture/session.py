@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
+from gpuvigil.node.capture import error_text
 from gpuvigil.node.capture import judge as judging
 from gpuvigil.node.capture.bundle import Entry, Limits, expand
 from gpuvigil.node.capture.inputs import Input, InputError, open_input
 from gpuvigil.node.capture.kinds import KINDS, detect
+from gpuvigil.node.catalog import phrases as catalog_phrases
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.probes import kernel_log_capture
@@ -162,7 +164,10 @@ def _document(run: _Run, inp: Input, kind: str) -> list[Finding]:
         out += judging.judge(
             reading, node=run.opts.node, expect=run.opts.expect, now=now, check=check
         )
-    return out
+    said = catalog_phrases.hits_in_text(data.decode("utf-8", errors="replace"))
+    return out + error_text.unexplained(
+        said, kind=kind, findings=out, check=check, input_name=inp.name
+    )
 
 
 def _log(run: _Run, entry: Entry) -> list[Finding]:
@@ -184,13 +189,16 @@ def _stream_log(run: _Run, inp: Input) -> list[Finding]:
         )
     except InputError as e:
         return [_could_not_tell(inp.name, str(e), check=kernel_log_capture.CHECK)]
-    return judging.judge(
+    out = judging.judge(
         capture,
         node=run.opts.node,
         expect=run.opts.expect,
         now=utcnow(),
         check="kernel_log",
         gpus=run.gpus,
+    )
+    return out + error_text.unexplained(
+        capture.phrases, kind="kernel-log", findings=out, check="kernel_log", input_name=inp.name
     )
 
 

@@ -20,6 +20,7 @@ from datetime import datetime, tzinfo
 from typing import BinaryIO
 
 from gpuvigil.core.findings import Finding, Status, utcnow
+from gpuvigil.node.catalog import phrases
 from gpuvigil.node.config import KernelLogConfig
 from gpuvigil.node.probes import kernel_faults
 from gpuvigil.node.probes.kernel_log_parser import (
@@ -35,7 +36,13 @@ from gpuvigil.node.readings import GpuRef, KernelLog, KnownGpus, XidEvent
 CHECK = "kernel_log"
 _XID = b"Xid ("
 _LOAD = b"NVRM: loading NVIDIA UNIX"
-NEEDLES = (_XID, _LOAD, *kernel_faults.NEEDLES)
+_NEEDLES = (_XID, _LOAD, *kernel_faults.NEEDLES)
+
+
+def needles() -> tuple[bytes, ...]:
+    """The reader's own needles and the error phrases' anchors (`catalog/phrases.yaml`),
+    each once: every needle is one more pass over the log."""
+    return tuple(dict.fromkeys((*_NEEDLES, *phrases.load().log_needles())))
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class Capture:
     end: datetime | None  # the last time stamp seen (the capture's end)
     stats: LineStats
     unreadable: str | None  # why this is not a kernel log that could be read, else None
+    phrases: tuple[phrases.Hit, ...] = ()  # the error phrases seen (capture.error_text)
 
 
 def read_capture(
@@ -60,9 +68,11 @@ def read_capture(
     events: list[XidEvent] = []
     loaded: datetime | None = None
     faults = kernel_faults.FaultScanner(tz=tz, year=year)
+    said = phrases.HitCounter(phrases.load())
     kw = {"chunk_size": chunk_size} if chunk_size else {}
-    for raw in iter_lines(stream, NEEDLES, max_bytes=max_bytes, stats=stats, **kw):
+    for raw in iter_lines(stream, needles(), max_bytes=max_bytes, stats=stats, **kw):
         line = raw.decode("utf-8", errors="replace")
+        said.feed(line)
         if _XID in raw:
             ev = parse_line(line, source="file", tz=tz, year=year)
             if ev is not None:
@@ -89,7 +99,13 @@ def read_capture(
         faults=tuple(faults.faults),
     )
     found = bool(log.events or log.faults or log.driver_loaded_at)
-    return Capture(log, max(times) if times else None, stats, unreadable(found=found, stats=stats))
+    return Capture(
+        log,
+        max(times) if times else None,
+        stats,
+        unreadable(found=found, stats=stats),
+        said.hits(),
+    )
 
 
 def judge(

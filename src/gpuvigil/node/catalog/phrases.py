@@ -1,0 +1,96 @@
+"""The error phrases (`phrases.yaml`): text that means something failed, wherever it is.
+
+Read by `capture.error_text` (every input of `analyze`, and `check`'s nvidia-smi fallback)
+and by the kernel-log capture reader, which looks for `needles()` in the same pass as the
+Xid lines. Pure data and lookups: what counts as "explained" is decided in
+`capture.error_text`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuvigil.core.config import StrictModel, validate
+
+
+class Phrase(StrictModel):
+    id: str
+    domain: str  # nvidia-driver, nvml, dcgm, fabric-manager, mlx5, efa, pcie-aer
+    text: str = Field(min_length=6)  # matched literally, case-sensitively
+    means: str
+    source: str  # where the message is printed (a document or the code that prints it)
+    explained_by: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # kind -> prefixes
+    anchor: str | None = None  # on every kernel-log line that can hold it (see the yaml)
+
+
+class PhraseCatalog(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: int
+    phrases: tuple[Phrase, ...]
+
+    def log_needles(self) -> tuple[bytes, ...]:
+        """The byte needles a streamed kernel log is searched for (one per anchor)."""
+        return tuple(dict.fromkeys(p.anchor.encode() for p in self.phrases if p.anchor))
+
+    def in_line(self, line: str) -> list[Phrase]:
+        return [p for p in self.phrases if p.text in line]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One phrase as seen in one input: the first line that holds it, and how often."""
+
+    phrase: str  # Phrase.id
+    line: str
+    count: int = 1
+
+
+MAX_LINE = 300  # of a hit's line kept as evidence
+
+
+def hits_in_text(text: str, catalog: PhraseCatalog | None = None) -> list[Hit]:
+    """Every phrase found in a document, with the first line that holds it."""
+    cat = catalog or load()
+    out: list[Hit] = []
+    for p in cat.phrases:
+        at = text.find(p.text)
+        if at < 0:
+            continue
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        line = text[start : end if end >= 0 else len(text)].strip()
+        out.append(Hit(p.id, line[:MAX_LINE], text.count(p.text)))
+    return out
+
+
+@dataclass
+class HitCounter:
+    """Hits gathered line by line (the kernel-log reader feeds it the lines it scans)."""
+
+    catalog: PhraseCatalog
+    seen: dict[str, Hit] | None = None
+
+    def feed(self, line: str) -> None:
+        for p in self.catalog.in_line(line):
+            if self.seen is None:
+                self.seen = {}
+            old = self.seen.get(p.id)
+            self.seen[p.id] = (
+                Hit(p.id, line.strip()[:MAX_LINE])
+                if old is None
+                else Hit(old.phrase, old.line, old.count + 1)
+            )
+
+    def hits(self) -> tuple[Hit, ...]:
+        return tuple((self.seen or {}).values())
+
+
+@cache
+def load() -> PhraseCatalog:
+    text = resources.files(__package__).joinpath("phrases.yaml").read_text("utf-8")
+    return validate(PhraseCatalog, yaml.safe_load(text), source="phrases.yaml")
