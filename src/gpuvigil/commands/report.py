@@ -17,6 +17,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpuvigil.core import slo_targets
+
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -69,11 +71,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
         availability_target: Annotated[
             float,
-            typer.Option(min=0.0, max=1.0, help="Node availability SLO target (0.9995 = 99.95%)."),
-        ] = 0.9995,
+            typer.Option(
+                min=0.0,
+                max=1.0,
+                help="Node availability SLO target (0.9995 = 99.95%).",
+            ),
+        ] = slo_targets.AVAILABILITY,
         job_success_target: Annotated[
             float, typer.Option(min=0.0, max=1.0, help="Job success SLO target (0.995 = 99.5%).")
-        ] = 0.995,
+        ] = slo_targets.JOB_SUCCESS,
         in_service_state: Annotated[
             list[str] | None,
             typer.Option(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuvigil.core import slo_targets
 from gpuvigil.observe.stats import Distribution, budget_burn, ratio
 from gpuvigil.observe.timeline import Timeline
 
@@ -17,8 +18,8 @@ from gpuvigil.observe.timeline import Timeline
 class Targets:
     """SLO targets over the report window (defaults: 99.95% availability, 99.5% jobs)."""
 
-    availability: float = 0.9995
-    job_success: float = 0.995
+    availability: float = slo_targets.AVAILABILITY
+    job_success: float = slo_targets.JOB_SUCCESS
 
 
 @dataclass

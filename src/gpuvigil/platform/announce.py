@@ -17,7 +17,7 @@ from gpuvigil.core.states import REMOVED
 from gpuvigil.platform.breaker import Breaker, Change
 from gpuvigil.platform.clusters.base import Cluster, ClusterError, NodeView
 from gpuvigil.platform.metrics import ControllerMetrics
-from gpuvigil.platform.policy import Decision, OpKind
+from gpuvigil.platform.policy import Decision, OpKind, PolicyConfig, state_deadline
 from gpuvigil.platform.safety import Gate
 from gpuvigil.platform.state import Record, State
 
@@ -40,6 +40,7 @@ class Announcer:
         self.metrics, self.events = metrics, events
         self._said: dict[str, str] = {}  # node -> last held/left-alone message (no spam)
         self._shown: dict[str, State] = {}  # node -> state exported in gpuvigil_node_state
+        self._clocks: dict[str, tuple[str, ...]] = {}  # node -> its deadline series' labels
         self._announced: set[str] = set()  # nodes whose state this process has put on record
         self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
 
@@ -151,6 +152,29 @@ class Announcer:
             m.breaker_signature.labels(*labels).set(nodes)
         self._signatures = set(now)
 
+    def _export_clocks(
+        self, m: ControllerMetrics, nodes: list[NodeView], result: PassResult, policy: PolicyConfig
+    ) -> None:
+        """Per node out of service: when it left service, and its state's deadline."""
+        now: dict[str, tuple[str, ...]] = {}
+        for node in nodes:
+            d = result.decisions.get(node.name)
+            record = d.record if d else node.record
+            if record is None or (since := record.out_of_service_since()) is None:
+                continue
+            m.out_of_service_since.labels(node.name).set(since.timestamp())
+            now[node.name] = ()
+            deadline = state_deadline(record, policy)
+            if deadline is not None:
+                m.state_deadline.labels(node.name, record.state.value).set(deadline.timestamp())
+                now[node.name] = (record.state.value,)
+        for name, labels in self._clocks.items():
+            if name not in now:
+                m.out_of_service_since.remove(name)
+            if labels and now.get(name) != labels:
+                m.state_deadline.remove(name, *labels)
+        self._clocks = now
+
     def api_error(self, e: ClusterError) -> None:
         if self.metrics:
             self.metrics.api_errors.labels(e.kind).inc()
@@ -164,6 +188,7 @@ class Announcer:
         breaker: Breaker,
         held: int,
         started: float,
+        policy: PolicyConfig | None = None,
     ) -> None:
         m = self.metrics
         if m is None:
@@ -194,6 +219,7 @@ class Announcer:
             present = {n.name for n in nodes}
             for gone in [n for n in self._shown if n not in present]:
                 m.node_state.remove(gone, self._shown.pop(gone).value)
+        self._export_clocks(m, nodes, result, policy or PolicyConfig())
         for state, count in counts.items():
             m.nodes.labels(state.value).set(count)
         m.nodes_total.set(len(nodes))

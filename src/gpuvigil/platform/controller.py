@@ -205,8 +205,9 @@ class Controller:
         self._apply_all(disruptions, now, result)
         self._publish(nodes, now, result)
         self.voice.export(
-            nodes, result, gate=gate, breaker=self.breaker, held=held, started=started
-        )
+            nodes, result, gate=gate, breaker=self.breaker, held=held, started=started,
+            policy=self.config.policy,
+        )  # fmt: skip
         result.fenced = self._fenced.is_set()
         self.last_pass_at = time.time()
         return result

@@ -26,6 +26,8 @@ class ControllerMetrics:
     nodes_total: Gauge
     nodes_in_service: Gauge
     node_state: Gauge
+    out_of_service_since: Gauge
+    state_deadline: Gauge
     remediations: Counter
     breaker_open: Gauge
     breaker_trips: Counter
@@ -66,6 +68,20 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
         node_state=Gauge(
             "gpuvigil_node_state",
             "1 for each node's current policy state (one series per node).",
+            ["node", "state"],
+            registry=registry,
+        ),
+        out_of_service_since=Gauge(
+            "gpuvigil_node_out_of_service_since_seconds",
+            "When the node left HEALTHY, Unix time (one series per node out of service): "
+            "state changes within the episode do not restart it.",
+            ["node"],
+            registry=registry,
+        ),
+        state_deadline=Gauge(
+            "gpuvigil_node_state_deadline_timestamp_seconds",
+            "When the policy's own timeout ends the node's DRAINING, REMEDIATING or "
+            "VALIDATING state at the latest, Unix time (one series per node in one).",
             ["node", "state"],
             registry=registry,
         ),

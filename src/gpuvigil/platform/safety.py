@@ -27,7 +27,6 @@ from gpuvigil.platform.state import (
     POOL_LABEL,
     NodeView,
     Record,
-    State,
     pool_of_labels,
 )
 
@@ -113,14 +112,7 @@ def pool_limit(pool: str, size: int, config: SafetyConfig) -> int:
 
 def episode_start(record: Record | None) -> datetime | None:
     """When the node last left HEALTHY (None while it is HEALTHY)."""
-    if record is None or record.state is State.HEALTHY:
-        return None
-    start = record.since
-    for t in reversed(record.history):
-        if t.to is State.HEALTHY:
-            break
-        start = t.at
-    return start
+    return None if record is None else record.out_of_service_since()
 
 
 class Gate:

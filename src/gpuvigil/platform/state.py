@@ -56,6 +56,9 @@ class Record(BaseModel):
     v: int = 1
     state: State = State.HEALTHY
     since: datetime | None = None  # when `state` began
+    # When the node last left HEALTHY (None while HEALTHY): the clock of "out of service
+    # too long", which later state changes in the same episode do not restart.
+    left_service: datetime | None = None
     reason: str = ""  # for people: why the node is in this state
     code: str = ""  # the finding code that drove the latest transition
     fatal: bool = False  # the episode began with a fatal finding
@@ -105,8 +108,27 @@ class Record(BaseModel):
             "reason": reason,
             "history": hist[-HISTORY_LIMIT:],
         }
+        if to is State.HEALTHY:
+            update["left_service"] = None
+        elif self.state is State.HEALTHY or self.left_service is None:
+            update["left_service"] = self.out_of_service_since() or at
         update.update(changes)
         return self.model_copy(update=update)
+
+    def out_of_service_since(self) -> datetime | None:
+        """When this episode out of service began; None while HEALTHY. A record stored
+        before `left_service` existed: the start of the trailing non-HEALTHY run of its
+        history (later than the truth when the history was cut, never earlier)."""
+        if self.state is State.HEALTHY:
+            return None
+        if self.left_service is not None:
+            return self.left_service
+        start = self.since
+        for t in reversed(self.history):
+            if t.to is State.HEALTHY:
+                break
+            start = t.at
+        return start
 
 
 class Intent(BaseModel):

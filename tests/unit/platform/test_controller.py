@@ -186,3 +186,53 @@ def test_an_adapter_reading_another_pool_label_is_refused() -> None:
     with pytest.raises(ValueError, match="example.com/gpu-pool"):
         Controller(MemoryCluster(), config=custom)
     Controller(MemoryCluster(pool_label="example.com/gpu-pool"), config=custom)
+
+
+def test_out_of_service_clock_starts_when_the_node_leaves_service() -> None:
+    """gpuvigil_node_out_of_service_since_seconds keeps the moment the node left HEALTHY
+    through every later state change; the state's deadline follows the policy's timeout."""
+    c = fleet()
+    reg = CollectorRegistry()
+    ctl = Controller(c, config=AT_ONCE, clock=c.clock.now, metrics=pmetrics.build(reg))
+    ctl.reconcile()
+    assert (
+        reg.get_sample_value("gpuvigil_node_out_of_service_since_seconds", {"node": "n1"}) is None
+    )
+    c.set_findings("n1", [FATAL])
+    left = c.clock.now().timestamp()
+    ctl.reconcile()
+    v = reg.get_sample_value
+    assert v("gpuvigil_node_out_of_service_since_seconds", {"node": "n1"}) == left
+    drain_deadline = left + AT_ONCE.policy.drain_timeout_s
+    assert (
+        v("gpuvigil_node_state_deadline_timestamp_seconds", {"node": "n1", "state": "DRAINING"})
+        == drain_deadline
+    )
+    seen = {State.DRAINING}
+    for _ in range(40):  # drain, remediate, fail, escalate...: the clock never restarts
+        c.clock.advance(120)
+        r = ctl.reconcile()
+        state = r.decisions["n1"].state if "n1" in r.decisions else None
+        if state is None or state is State.HEALTHY:
+            break
+        seen.add(state)
+        assert v("gpuvigil_node_out_of_service_since_seconds", {"node": "n1"}) == left
+    assert len(seen) >= 2, seen  # it did change state while out of service
+    assert (
+        v("gpuvigil_node_state_deadline_timestamp_seconds", {"node": "n1", "state": "DRAINING"})
+        is None
+    )
+
+
+def test_a_stored_record_without_the_field_reads_its_history() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from gpuvigil.platform.state import Record
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    r = Record().moved(State.SUSPECT, at=t0, reason="x")
+    r = r.moved(State.DRAINING, at=t0 + timedelta(hours=1), reason="y")
+    assert r.left_service == t0 and r.out_of_service_since() == t0
+    old = r.model_copy(update={"left_service": None})  # written by an older controller
+    assert old.out_of_service_since() == t0
+    assert r.moved(State.HEALTHY, at=t0 + timedelta(hours=2), reason="z").left_service is None

@@ -78,6 +78,23 @@ def _timeout(step: Action | None, config: PolicyConfig) -> float:
     return config.replace_timeout_s
 
 
+def state_deadline(record: Record, config: PolicyConfig) -> datetime | None:
+    """The latest the policy itself ends the record's state (its timeout: the step fails or
+    the drain removes what is left); None for states without one. Past it (and a pass or
+    two), remediation is stuck: gpuvigil_node_state_deadline_timestamp_seconds pages."""
+    if record.since is None:
+        return None
+    if record.state is State.DRAINING:
+        limit = config.drain_timeout_s
+    elif record.state is State.REMEDIATING:
+        limit = _timeout(record.step, config)
+    elif record.state is State.VALIDATING:
+        limit = config.validation_timeout_s
+    else:
+        return None
+    return record.since + timedelta(seconds=limit)
+
+
 def _age(since: datetime | None, now: datetime) -> float:
     return (now - since).total_seconds() if since is not None else 0.0
 
