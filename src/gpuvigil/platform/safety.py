@@ -27,6 +27,7 @@ from gpuvigil.platform.state import (
     POOL_LABEL,
     NodeView,
     Record,
+    State,
     pool_of_labels,
 )
 
