@@ -44,7 +44,8 @@ def console(*, stderr: bool = False) -> Console:
 
 
 def text(cell: Cell) -> Text:
-    return cell if isinstance(cell, Text) else Text.from_markup(cell)
+    # emoji=False: ":ab:" in a bus id (0000:ab:00) is text, not an emoji code.
+    return cell if isinstance(cell, Text) else Text.from_markup(cell, emoji=False)
 
 
 def plain(s: str) -> Text:

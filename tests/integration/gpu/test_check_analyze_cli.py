@@ -172,8 +172,10 @@ def test_analyze_the_bundle_folder_as_is(run_cli) -> None:
         ("GPU_LOST", "gpu:3"),
         ("FABRIC_PORT_DOWN", "nic:rdmap36s0"),
     } <= found
-    readme = next(f for f in doc["findings"] if f["component"].endswith("README.md"))
-    assert readme["code"] == "CHECK_ERROR" and "not an output gpuvigil reads" in readme["message"]
+    # The bundle's README is listed as skipped and never judged (no finding, no exit 2).
+    assert not [f for f in doc["findings"] if f["component"].endswith("README.md")]
+    readme = next(i for i in doc["inputs"] if i["path"].endswith("README.md"))
+    assert readme["how"].startswith("skipped: not an output") and readme["status"] == "OK"
 
 
 def test_analyze_table_output_and_pasted_dcgm_table(run_cli, tmp_path: Path) -> None:

@@ -6,13 +6,15 @@ A folder is walked in name order; a captured sysfs tree inside it (a root holdin
 or compressed) is unpacked into a private folder under caps: total bytes, member count;
 devices, FIFOs, absolute links and paths or links that escape are refused (tarfile's
 "data" filter; a sysfs capture keeps its relative links). Outside a sysfs tree, symbolic
-links in a folder or archive are not followed: they are listed as skipped.
+links in a folder or archive are not followed: they are listed as skipped, and so is a
+bundle's own documentation (`README*`, `*.md`): it describes the outputs, it is not one.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -20,6 +22,9 @@ from pathlib import Path
 
 MAX_DEPTH = 2  # archives inside archives inside the bundle, no deeper
 _SERIAL = itertools.count()  # unique names for scratch folders
+# A bundle's documentation, by name (a README may quote the errors the bundle shows).
+_DOCS = re.compile(r"^(?:README|READ\.ME)(?:\.[\w.]+)?$|\.(?:md|rst)$", re.I)
+NOT_AN_OUTPUT = "not an output (the bundle's documentation): never judged"
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,9 @@ def _walk(
             f = d / n
             if f.is_symlink():
                 out.append(Entry(name(f), skipped="a symbolic link (not followed)"))
+                continue
+            if _DOCS.search(n):
+                out.append(Entry(name(f), skipped=NOT_AN_OUTPUT))
                 continue
             files += 1
             if files > limits.max_files:

@@ -14,6 +14,7 @@ judged and never a pass.
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -97,6 +98,21 @@ def analyze(
     return report, run.inputs
 
 
+_CHECKSUM_LINE = re.compile(
+    rb"^(?:[0-9a-fA-F]{32,128}\s+\*?\S.*|\S+ \([^)]+\) = [0-9a-fA-F]{32,128})$"
+)
+_CHECKSUMS = "a checksum file (sha256sum/md5sum output), not an output: never judged"
+
+
+def _checksums(head: bytes) -> bool:
+    """`sha256sum`/`md5sum` lines (or BSD `SHA256 (f) = ...`), and nothing else."""
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip()]
+    return bool(lines) and len(head) < HEAD_LIMIT and all(_CHECKSUM_LINE.match(ln) for ln in lines)
+
+
+HEAD_LIMIT = 65536  # a whole checksum file fits in the head
+
+
 def _guarded(run: _Run, path: str, fn: Callable[[], T]) -> T | None:
     """A bug of a reader on one input is that input's could-not-tell, never a traceback."""
     try:
@@ -134,6 +150,9 @@ def _first_pass(run: _Run, entry: Entry, forced: str | None) -> None:
         return
     with inp:
         kind = forced or detect(inp.head)
+        if kind is None and _checksums(inp.head):
+            run.inputs.append(InputResult(entry.path, None, f"skipped: {_CHECKSUMS}"))
+            return
         if kind is None:
             how = "empty" if not inp.head.strip() else "not recognised"
             _judged(run, entry.path, how=how, fn=lambda: [_unrecognised(entry.path, inp.head)])

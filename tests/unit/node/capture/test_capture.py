@@ -251,3 +251,21 @@ def test_a_copy_of_sys_class_infiniband_is_a_sysfs_capture(corpus: Path) -> None
     assert codes(report) == {("FABRIC_ERRORS", "nic:mlx5_1")}
     assert [r.check for r in report.checks] == ["fabric"]  # no PCI devices in this capture
     assert report.exit_code() == 0
+
+
+def test_a_bundles_readme_and_checksum_files_are_listed_never_judged(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    log = "[  100.000001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07\n"
+    (bundle / "dmesg.txt").write_text(log)
+    # A README may quote the very errors the bundle shows: still not an output.
+    (bundle / "README.md").write_text("# node 7\nGPU 3 has fallen off the bus, see dmesg\n")
+    (bundle / "SHA256SUMS").write_text(f"{'a' * 64}  dmesg.txt\n{'b' * 64} *README.md\n")
+    report, inputs = analyze(
+        [(str(bundle), None)], opts=Options(node=NodeConfig(), expect=Expect())
+    )
+    how = {Path(i.path).name: i.how for i in inputs}
+    assert how["README.md"].startswith("skipped: not an output")
+    assert how["SHA256SUMS"].startswith("skipped: a checksum file")
+    assert how["dmesg.txt"] == "detected"
+    assert report.exit_code() == 0, [f.message for f in report.problems]
