@@ -101,6 +101,12 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             self.push(onset, FAULT, self._instance(kind, nid, onset))
         for job in self.jobs:
             self.push(job.submit_s, ARRIVE, job)
+        if scenario.lemon:  # a lemon: its first fault a day in, on one machine
+            lemon = self.fleet.nodes[self.draws("lemon").randrange(nodes)]
+            lemon.lemon = scenario.lemon
+            first = min(DAY, self.horizon / 3)
+            self.push(first, FAULT, self._instance(self.model.by_name[scenario.lemon],
+                                                   lemon.id, first))  # fmt: skip
         if storm is not None and storm.at_s < self.horizon:
             self.push(storm.at_s, STORM, None)
             self.push(storm.at_s + storm.fixed_after_s, STORM_FIX, None)
@@ -159,6 +165,9 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
         where = "node" if kind.fault in NODE_WIDE else f"gpu:{fi.gpu}"
         self.rec.fault(t, node.name, kind.name, where)
         if kind.persistent:
+            if kind.name in node.cleared:  # repaired on this machine before, and back
+                node.flaps[kind.name] = node.flaps.get(kind.name, 0) + 1
+                self.tally.max_flaps = max(self.tally.max_flaps, node.flaps[kind.name])
             node.faults.append(fi)
             if kind.cause is not Cause.TOOLING:
                 node.hardware_faults += 1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action, Finding
 from gpuvigil.platform.state import State
-from gpuvigil.sim.faults import BAD_DRIVER, BOOT_NOISE, Cause, Effect
+from gpuvigil.sim.faults import BAD_DRIVER, BOOT_NOISE, LEMON_RETURN_S, Cause, Effect
 from gpuvigil.sim.fleet import Node, NodeState
 from gpuvigil.sim.platform import SLACK_S, sample_fixed_by
 
@@ -82,11 +82,14 @@ class Episodes:
                 self.tally.false["replace"] += 1
             self.set_state(node, NodeState.REPAIR, t)
             self.clear_faults(node, t)  # a new machine
+            self.replaced_machine(node)
             self.push(t + self.cfg.replace_s, CONTROL_ARRIVE, node, 0)
         for name in wake.quarantined:
             node = self.fleet.nodes[self.by_name[name]]
             if not node.machine_fault:
                 self.tally.false["quarantine"] += 1
+            node.quarantines += 1
+            self.tally.max_quarantines = max(self.tally.max_quarantines, node.quarantines)
             self.push(t + self._human_repair(node), CONTROL_HUMAN, node, node.repair_epoch)
         for name, state in wake.states.items():
             node = self.fleet.nodes[self.by_name[name]]
@@ -193,6 +196,8 @@ class Episodes:
             fi.repaired_s = t
             if fi.kind.cause is not Cause.TOOLING:
                 node.recovering.append(fi)
+            if fi.kind.persistent:
+                node.cleared.add(fi.kind.name)
         node.faults.clear()
         self.fleet.mark(node, t)
 
@@ -214,6 +219,15 @@ class Episodes:
             self.tally.repair.append(t - fi.onset_s)
         node.recovering.clear()
         self.rec.state(t, node.name, "HEALTHY", "back in service")
+        if node.lemon and not node.faults:  # a lemon's fault returns after every repair
+            kind, back = self.model.by_name[node.lemon], t + LEMON_RETURN_S
+            self.push(back, FAULT_EV, self._instance(kind, node.id, back))
+
+    def replaced_machine(self: Engine, node: Node) -> None:
+        """A new machine takes the node's place: a lemon replaced is a lemon gone."""
+        if node.lemon:
+            self.tally.lemons_replaced += 1
+        node.new_machine()
 
     # --- a silence: every agent stops reporting, then comes back ---------------------------
     def on_silence(self: Engine, t: float, *_: Any) -> None:
@@ -251,4 +265,4 @@ def lifetime_s(findings: tuple[Finding, ...], *, default_s: float = 3600.0) -> f
 
 
 CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH, SILENCE, SILENCE_END = 9, 10, 11, 12, 13, 14
-DETECT_EV = 1
+FAULT_EV, DETECT_EV = 0, 1

@@ -258,6 +258,10 @@ NODE_WIDE = frozenset(
     {"HOST_DOWN", "EFA_DOWN", "EFA_MISSING", "TOOL_HANG", "TOOL_MISSING", "NCCL_HANG"}
 )
 
+# A lemon (scenario `lemon`): its fault (Xid 79, the GPU off the bus) returns this long after
+# each time the machine is back in service, until the machine is replaced (the case).
+LEMON_RETURN_S = 300.0
+
 # Boot noise: benign Xids logged while the driver loads, on this share of boots (assumption).
 BOOT_NOISE_PROBABILITY = 0.2
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuvigil.platform.state import POOL_LABEL
-from gpuvigil.sim.faults import Cause, FaultKind
+from gpuvigil.sim.faults import Cause, Effect, FaultKind
 
 
 class NodeState(StrEnum):
@@ -51,6 +51,12 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)  # pool, zone, rack, instance type
     facts: dict[str, str] = field(default_factory=dict)  # driver, kernel, OS image
     out: str = ""  # while out of service with no fault on the machine: "cordon" | "drain"
+    broken_since: float | None = None  # schedulable with a fault that affects work, since
+    # this machine's memory (a replacement is a new machine and starts afresh)
+    quarantines: int = 0
+    lemon: str = ""  # a lemon's fault kind: it returns after every repair (sim.scenarios)
+    cleared: set[str] = field(default_factory=set)  # fault kinds repaired on this machine
+    flaps: dict[str, int] = field(default_factory=dict)  # kind -> returns after service
 
     @property
     def name(self) -> str:
@@ -61,6 +67,18 @@ class Node:
         """Something on the machine a repair cures (a missing tool or a bad driver image
         leaves the machine fine)."""
         return any(f.kind.on_machine for f in self.faults)
+
+    @property
+    def broken_in_service(self) -> bool:
+        """Schedulable while carrying a fault that affects work (seen or not)."""
+        return self.state is NodeState.UP and any(
+            f.kind.persistent and f.kind.effect is not Effect.NONE for f in self.faults
+        )
+
+    def new_machine(self) -> None:
+        """A replacement arrived: nothing of the old machine's history is its."""
+        self.quarantines, self.lemon = 0, ""
+        self.cleared, self.flaps = set(), {}
 
     @property
     def healthy(self) -> bool:
@@ -108,6 +126,7 @@ class Fleet:
         self._free: list[int] = list(range(size))
         self._pos: dict[int, int] = {i: i for i in range(size)}
         self.unavailable_s = 0.0
+        self.broken_in_service_s = 0.0
 
     # --- the free pool: O(1) add, remove and random pick ---------------------------------
     @property
@@ -146,6 +165,12 @@ class Fleet:
     # --- availability accounting ---------------------------------------------------------
     def mark(self, node: Node, t: float) -> None:
         """Call after any change to the node: opens or closes its unavailable interval."""
+        broken = node.broken_in_service
+        if broken and node.broken_since is None:
+            node.broken_since = t
+        elif not broken and node.broken_since is not None:
+            self.broken_in_service_s += t - node.broken_since
+            node.broken_since = None
         bad = not node.healthy
         if bad and node.unavailable_since is None:
             node.unavailable_since = t
@@ -155,6 +180,9 @@ class Fleet:
 
     def close(self, t: float) -> None:
         for node in self.nodes:
+            if node.broken_since is not None:
+                self.broken_in_service_s += t - node.broken_since
+                node.broken_since = t
             if node.unavailable_since is not None:
                 self.unavailable_s += t - node.unavailable_since
                 node.unavailable_since = t

@@ -101,6 +101,8 @@ class Lifecycle:
             self.interrupt(self.jobs[node.job], t, fi, reason="repair")
         self.rec.remediation(t, node.name, node.last_step, result="succeeded", reason="repaired")
         self.clear_faults(node, t)
+        if node.last_step == "REPLACE":  # a new machine, or a person swapped the broken part
+            self.replaced_machine(node)
         self.came_back(node)
         node.state = NodeState.UP
         self.fleet.add_free(node.id)
@@ -342,6 +344,7 @@ class Lifecycle:
             if node.out:
                 self.tally.false[node.out] += 1
         self.fleet.close(t)
+        self.tally.broken_in_service_s = self.fleet.broken_in_service_s
         self.res.faults_undetected = sum(
             1 for n in self.fleet.nodes for f in n.faults
             if f.detected_s is None and f.kind.cause is not Cause.TOOLING

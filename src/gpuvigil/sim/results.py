@@ -17,6 +17,7 @@ from typing import Any
 from gpuvigil.observe.figures import (
     COUNT,
     GPU_HOURS,
+    NUMBER,
     RATIO,
     SECONDS,
     SETTING,
@@ -83,6 +84,23 @@ class Results:
     healthy_replaced: int = figure(
         0, "healthy replaced", COUNT, "healthy machines replaced", table=2
     )
+    # Exposure (ground truth): what the breaker, budgets and memory of machines let through.
+    broken_in_service_h: float = figure(
+        0.0, "broken in service (node-h)", NUMBER, "node-hours a node with a fault that "
+        "affects work (seen or not) was schedulable", table=2,
+    )  # fmt: skip
+    max_quarantines_per_machine: int = figure(
+        0, "most quarantines", COUNT, "the most times one machine (a replacement is a new "
+        "one) was quarantined", table=2,
+    )  # fmt: skip
+    lemons_replaced: int = figure(
+        0, "lemons replaced", COUNT, "machines whose fault returns after every repair that "
+        "were replaced", table=2,
+    )  # fmt: skip
+    max_flaps_in_service: int = figure(
+        0, "most flaps", COUNT, "the most times one machine went back into service and the "
+        "same fault returned", table=2,
+    )  # fmt: skip
     jobs_finished: int = figure(0, "jobs finished", COUNT)
     jobs_failed: int = figure(0, "jobs failed", COUNT, "jobs that gave up")
     jobs_censored: int = figure(
@@ -145,6 +163,10 @@ class Tally:
         self.false: Counter[str] = Counter()  # cordon | drain | quarantine | replace
         self.remediations = 0
         self.faults = 0
+        self.broken_in_service_s = 0.0
+        self.max_quarantines = 0
+        self.lemons_replaced = 0
+        self.max_flaps = 0
 
     def fault_interruption(self, *, cause: str, calibrated: bool) -> None:
         self.by_fault_cause[cause] += 1
@@ -171,6 +193,10 @@ class Tally:
         res.false_cordons, res.false_drains = self.false["cordon"], self.false["drain"]
         res.false_quarantines = self.false["quarantine"]
         res.healthy_replaced = self.false["replace"]
+        res.broken_in_service_h = self.broken_in_service_s / 3600.0
+        res.max_quarantines_per_machine = self.max_quarantines
+        res.lemons_replaced = self.lemons_replaced
+        res.max_flaps_in_service = self.max_flaps
         res.jobs_finished, res.jobs_failed = self.finished, self.failed
         res.faults = self.faults
         res.remediations = self.remediations

@@ -37,10 +37,11 @@ class Scenario:
     silence_s: float = 0.0  # every agent silent this long, from mid-run
     breaker: bool = True  # False: the circuit breaker never trips (the storms' control run)
     wide_budget: bool = False  # a 10% disruption budget (sim.cli.storm_controller)
+    lemon: str = ""  # one machine whose fault of this kind returns after every repair
 
     @property
     def fleet_event(self) -> bool:
-        return bool(self.storm or self.silence_s)
+        return bool(self.storm or self.silence_s or self.lemon)
 
     def storm_for(self, days: float) -> Storm | None:
         if not self.storm:
@@ -74,6 +75,9 @@ SCENARIOS: dict[str, Scenario] = {
                  storm="driver", storm_fraction=0.75, storm_pool=True),
         Scenario("silence", *_FULL, "every agent silent for 2 h mid-run (an API outage)",
                  silence_s=2 * 3600.0),
+        Scenario("lemon", *_FULL,
+                 "one machine's Xid 79 returns 5 min after each time it is back in service",
+                 lemon="gpu_lost"),
         Scenario("split-brain", *_FULL,
                  "two controllers 20 s apart; the leader stalls mid-pass every 6 h",
                  attack="split-brain"),
