@@ -9,6 +9,7 @@ the command's own help. Nothing here registers metrics or reads the environment 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import re
@@ -123,7 +124,20 @@ class LazyGroup(TyperGroup):
     def resolve_command(
         self, ctx: typer.Context, args: list[str]
     ) -> tuple[str | None, TyperCommand | None, list[str]]:
-        name, cmd, rest = super().resolve_command(ctx, args)
+        try:
+            name, cmd, rest = super().resolve_command(ctx, args)
+        except typer.TyperException as e:  # typer's (vendored) click UsageError
+            # typer suggests from `self.commands`, which holds only the commands already
+            # imported (none: they load lazily): suggest from every command's name.
+            typo = args[0] if args else ""
+            close = difflib.get_close_matches(typo, self.list_commands(ctx))
+            message = getattr(e, "message", None)
+            if typo.startswith("-") or not close or not isinstance(message, str):
+                raise
+            if "Did you mean" in message:
+                raise
+            e.message = f"No such command {typo!r}. Did you mean {', '.join(map(repr, close))}?"
+            raise
         if isinstance(cmd, _Listed) and name is not None:
             cmd = load(name)
         return name, cmd, rest

@@ -56,6 +56,10 @@ def register(app: typer.Typer) -> None:
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil replay: {e}", err=True)
             raise typer.Exit(2) from e
+        empty = [str(p) for p in inputs if not p.read_bytes().strip()]
+        if empty:
+            typer.echo(f"gpuvigil replay: {', '.join(empty)}: empty, nothing to replay", err=True)
+            raise typer.Exit(2)
         events = all(sim_replay.is_event_log(p) for p in inputs)
         fleet = sim_replay.fleet_from_events(inputs) if events else 0
         with terminal.progress(quiet=as_json) as progress:
@@ -64,6 +68,13 @@ def register(app: typer.Typer) -> None:
                 changes = list(sim_replay.changes_from_events(inputs))
             else:
                 changes = list(sim_replay.changes_from_kernel_logs(inputs, config=cfg.node))
+            if events and not changes and not fleet:
+                typer.echo(
+                    "gpuvigil replay: no node and no health change in the event log "
+                    f"{', '.join(map(str, inputs))}: nothing to replay",
+                    err=True,
+                )
+                raise typer.Exit(2)
             progress(f"replaying {len(changes):,} changes", None)
             result = sim_replay.replay(
                 changes, controller=cfg.controller, steps_work=not events, fleet=fleet

@@ -42,8 +42,19 @@ def test_subcommand_short_help_flag() -> None:
 
 
 def test_unknown_command_is_a_usage_error() -> None:
-    code, out = run("chekc")
-    assert code == 2 and "No such command" in out
+    code, out = run("zzqx")
+    assert code == 2 and "No such command 'zzqx'." in out and "Did you mean" not in out
+
+
+TYPOS = [("chekc", "check"), ("nods", "nodes"), ("rport", "report"), ("simulat", "simulate")]
+
+
+@pytest.mark.parametrize(("typo", "meant"), TYPOS)
+def test_a_typo_gets_a_suggestion(typo: str, meant: str) -> None:
+    """The commands load lazily, so the suggestion must come from every command's name,
+    not only the loaded ones (it had regressed to none)."""
+    code, out = run(typo)
+    assert code == 2 and f"No such command '{typo}'. Did you mean '{meant}'" in out
 
 
 def test_help_imports_no_command_module() -> None:

@@ -90,6 +90,20 @@ def test_replay_cli_on_events_and_kernel_logs(run_cli, tmp_path: Path):
     assert p.returncode == 2 and "nope" in p.stderr
 
 
+def test_replay_of_an_empty_input_exits_2_saying_so(run_cli, tmp_path: Path):
+    empty = tmp_path / "events.jsonl"
+    empty.write_text("")
+    p = run_cli("replay", str(empty))
+    assert p.returncode == 2 and "events.jsonl: empty, nothing to replay" in p.stderr
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    assert run_cli("replay", str(blank), "--json").returncode == 2
+    nothing = tmp_path / "other.jsonl"  # an event log, but no node and no change in it
+    nothing.write_text('{"ts": 1, "kind": "job.start", "source": "training"}\n')
+    p = run_cli("replay", str(nothing))
+    assert p.returncode == 2 and "nothing to replay" in p.stderr
+
+
 def test_simulate_policy_what_if(run_cli, tmp_path: Path):
     policy = tmp_path / "policy.yaml"
     policy.write_text("controller:\n  safety:\n    max_disrupted: 0\n")  # never remediate
