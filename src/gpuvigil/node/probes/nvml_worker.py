@@ -19,6 +19,7 @@ subprocess). Kept free of gpuvigil imports so it starts in tens of milliseconds.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -36,6 +37,9 @@ class Worker:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self.event_set: Any = None
+        # Who each registered handle is, read while its GPU still answered: an Xid 79 GPU
+        # (fallen off the bus) answers no call, and its event would name no GPU at all.
+        self.registered: dict[Any, dict[str, Any]] = {}
 
     def err(self, e: Exception) -> dict[str, Any]:
         code = getattr(e, "value", None)
@@ -148,6 +152,11 @@ class Worker:
                 try:
                     h = n.nvmlDeviceGetHandleByIndex(i)
                     n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self.event_set)
+                    self.registered[handle_key(h)] = {
+                        "gpu": i,
+                        "uuid": self.call(n.nvmlDeviceGetUUID, h),
+                        "pci": self.call(lambda h: n.nvmlDeviceGetPciInfo(h).busId, h),
+                    }
                 except Exception as e:  # noqa: BLE001 - a GPU that cannot register is reported
                     out.append({"gpu": i, "register_error": self.err(e)})
         timeout_ms = int(req.get("timeout_ms", 0))
@@ -159,16 +168,30 @@ class Worker:
                     out.append({"wait_error": self.err(e)})
                 break
             timeout_ms = 0
-            out.append(
-                {
-                    "gpu": self.call(n.nvmlDeviceGetIndex, ev.device),
-                    "uuid": self.call(n.nvmlDeviceGetUUID, ev.device),
-                    "pci": self.call(lambda h: n.nvmlDeviceGetPciInfo(h).busId, ev.device),
-                    "event_type": int(ev.eventType),
-                    "xid": int(ev.eventData),
-                }
-            )
+            known = self.registered.get(handle_key(ev.device), {})
+            said = {
+                "gpu": self.call(n.nvmlDeviceGetIndex, ev.device),
+                "uuid": self.call(n.nvmlDeviceGetUUID, ev.device),
+                "pci": self.call(lambda h: n.nvmlDeviceGetPciInfo(h).busId, ev.device),
+            }
+            for key, value in said.items():  # a lost GPU answers errors: who it was
+                if isinstance(value, dict) and isinstance(known.get(key), int | str):
+                    said[key] = known[key]
+            out.append({**said, "event_type": int(ev.eventType), "xid": int(ev.eventData)})
         return out
+
+
+def handle_key(handle: Any) -> Any:
+    """The same device's handles compare equal by this key: pynvml's are ctypes pointers
+    (a new object per call, the same address), the fake's are frozen values."""
+    try:
+        return ("address", ctypes.cast(handle, ctypes.c_void_p).value)
+    except (TypeError, ctypes.ArgumentError):
+        try:
+            hash(handle)
+        except TypeError:
+            return ("id", id(handle))
+        return ("value", handle)
 
 
 def _plain(value: Any) -> Any:

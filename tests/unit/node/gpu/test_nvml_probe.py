@@ -308,3 +308,25 @@ def test_a_gpu_lost_since_the_last_sweep_keeps_its_name_for_its_xid(
 def logged_xid79(findings) -> set[str]:
     """Components of the Xid 79 findings read from the kernel log (not NVML's events)."""
     return {f.component for f in findings if f.code == "XID_79" and "NVML" not in f.message}
+
+
+def test_xid_79_from_nvml_names_the_lost_gpu_and_counts_once(scenario, make_ctx, tmp_path):
+    """A GPU that fell off the bus answers no NVML call, its Xid event included: the worker
+    names it from what the GPU said when it registered for events, so NVML's Xid 79 and
+    the kernel's are one finding on gpu:3 (not a second one on an empty `pci:`)."""
+    node, path = scenario
+    ctx = make_ctx()
+    bus = node.gpus[3].pci_bus_id.removeprefix("0000")
+    run_gpu(ctx)  # healthy; registers for events
+    faults.apply(node, Fault.GPU_OFF_BUS, gpu=3)
+    node.save(path)
+    log = tmp_path / "kern.log"
+    log.write_text(f"[ 100.0] NVRM: Xid (PCI:{bus}): 79, pid=1, name=x, GPU has fallen off\n")
+    ctx.config = ctx.config.model_copy(
+        update={"kernel_log": ctx.config.kernel_log.model_copy(update={"file": str(log)})}
+    )
+    run_gpu(ctx)
+    (ev,) = ctx.facts.get(NvmlXidEvents).events
+    assert (ev.code, ev.bus_id) == (79, "0000:5d:00.0") and "GPU 3" in ev.line
+    xids, _ = run_check(REGISTRY["kernel_log"], ctx)
+    assert [f.component for f in xids if f.code == "XID_79"] == ["gpu:3"]
