@@ -26,15 +26,19 @@ from gpuvigil.core.findings import Action
 from gpuvigil.core.states import State
 from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
 
-HARDWARE, NETWORK, STORAGE, HANG, USER, UNKNOWN = (
+HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, UNKNOWN = (
     "hardware",
     "network",
     "storage",
     "hang",
     "user_code",
+    "tooling",  # our own tools broke (a hung nvidia-smi) while the GPUs answered
     "unknown",
 )
-CAUSES = (HARDWARE, NETWORK, STORAGE, HANG, USER, UNKNOWN)
+CAUSES = (HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, UNKNOWN)
+# A check that timed out on a GPU (`gpu:N`: the driver call on that GPU never returned) is
+# a hung GPU, which is hardware; one that timed out elsewhere is a hung tool.
+HUNG = "CHECK_TIMEOUT"
 
 HW_FAMILIES = frozenset(
     {codes.GPU_XID, codes.GPU_MEMORY, codes.GPU_INTERCONNECT, codes.GPU_THERMAL}
@@ -145,7 +149,9 @@ def to_evidence(ev: Event) -> Evidence | None:
         where = f"{describe_code(code)} on {comp} of {node}"
         strong = bool(d.get("fatal")) or str(d.get("action", "")) in SEVERE_ACTIONS
         family = codes.family_of(code)
-        if code in codes.COULD_NOT_RUN:
+        if code == HUNG and comp.startswith("gpu:"):
+            kind, where = HARDWARE, f"{comp} of {node} hung (no answer in time)"
+        elif code in codes.COULD_NOT_RUN:
             kind = "tool"
         elif app_xid(code):
             kind = "app_xid"
@@ -170,8 +176,10 @@ def to_evidence(ev: Event) -> Evidence | None:
         and not d.get("dry_run")
     ):
         why = str(d.get("reason") or "no reason")
-        # A drain for a check that could not run is tool breakage, not hardware evidence.
-        kind = "tool_drain" if any(c in why for c in codes.COULD_NOT_RUN) else "drain"
+        # A drain for a check that could not run is tool breakage, not hardware evidence;
+        # unless what did not answer was a GPU (`CHECK_TIMEOUT gpu:3`, the policy's words).
+        tool = any(c in why for c in codes.COULD_NOT_RUN) and f"{HUNG} gpu:" not in why
+        kind = "tool_drain" if tool else "drain"
         return Evidence(ev.ts, kind, f"{node} -> {d.get('to')} ({why})", node)
     if ev.kind == Kind.STRAGGLER:
         return Evidence(ev.ts, "info", f"straggler rank {d.get('rank')} on {node}", node)
@@ -186,8 +194,11 @@ def _hardware(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
     hw = _pick(ev, HARDWARE)
     if not hw:
         return None
-    # Prefer the blamed node, then severe findings, then the one closest to the failure.
-    best = min(hw, key=lambda e: (e.node != f.node, not e.strong, abs(e.ts - f.ts)))
+    # Prefer the blamed node, then severe findings, then one placed on a GPU (a finding on
+    # a bus address or the node names less), then the one closest to the failure.
+    best = min(hw, key=lambda e: (e.node != f.node, not e.strong,
+                                  not (e.component or "").startswith("gpu:"),
+                                  abs(e.ts - f.ts)))  # fmt: skip
     conf = 0.9 if best.strong else 0.7
     if best.ts > f.ts:
         conf -= 0.1  # seen only after the crash: likely, not proven, the cause
@@ -221,7 +232,7 @@ RULES = (
     (HANG, _simple(HANG, 0.75)),
     (HARDWARE, _drain("drain", 0.5)),
     # Evicted by a drain that tool breakage caused: not the job's fault, not hardware.
-    (UNKNOWN, _drain("tool_drain", 0.3)),
+    (TOOLING, _drain("tool_drain", 0.5)),
 )
 
 

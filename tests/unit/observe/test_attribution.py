@@ -16,7 +16,8 @@ KILLED = E(1000, "job.end", job="j", result="failed", exit_code=137)
 
 def _xid(ts: float, code: str = "XID_79", node: str = "node-17", **kw) -> object:
     kw.setdefault("status", "FAILED")
-    return E(ts, "finding.set", node=node, code=code, component="gpu:3", **kw)
+    kw.setdefault("component", "gpu:3")
+    return E(ts, "finding.set", node=node, code=code, **kw)
 
 
 CASES = [
@@ -45,16 +46,25 @@ CASES = [
     ("hardware-beats-hang", [E(980, "hang", job="j", rank=3, step=41, where="allreduce"),
                              _xid(985, fatal=True)], KILLED, "hardware", 0.9,
      "Xid 79 on gpu:3 of node-17"),
-    ("tool-breakage-is-not-hardware", [_xid(990, code="CHECK_TIMEOUT")], FAILED, "user_code",
-     0.7, "exit code 1, no hardware evidence"),
+    ("tool-breakage-is-not-hardware", [_xid(990, code="CHECK_TIMEOUT", component="node")],
+     FAILED, "user_code", 0.7, "exit code 1, no hardware evidence"),
+    ("the-gpu-not-the-bus-address", [_xid(990, fatal=True), _xid(995, fatal=True,
+                                                                   component="pci:0000:5d:00.0")],
+     FAILED, "hardware", 0.9, "Xid 79 on gpu:3 of node-17"),
+    ("hung-gpu-is-hardware", [_xid(990, code="CHECK_TIMEOUT")], FAILED, "hardware", 0.7,
+     "gpu:3 of node-17 hung (no answer in time)"),
+    ("drain-for-a-hung-gpu", [E(985, "node.state", node="node-17", to="DRAINING",
+                                reason="persisted: CHECK_TIMEOUT gpu:3")],
+     E(1000, "job.restart", job="j", node="node-17", exit_code=89), "hardware", 0.5,
+     "node-17 -> DRAINING (persisted: CHECK_TIMEOUT gpu:3)"),
     ("app-xid-is-user-code", [_xid(990, code="XID_13")], FAILED, "user_code", 0.8,
      "exit code 1, no hardware evidence; Xid 13 on gpu:3 of node-17"),
     ("drain-only", [E(990, "node.state", node="node-18", to="DRAINING", reason="preflight")],
      KILLED, "hardware", 0.5, "node-18 -> DRAINING (preflight)"),
-    ("drain-for-tool-breakage", [_xid(980, code="CHECK_TIMEOUT"),
+    ("drain-for-tool-breakage", [_xid(980, code="CHECK_TIMEOUT", component="node"),
                                  E(985, "node.state", node="node-17", to="DRAINING",
                                    reason="CHECK_TIMEOUT on node")],
-     KILLED, "unknown", 0.3, "node-17 -> DRAINING (CHECK_TIMEOUT on node)"),
+     KILLED, "tooling", 0.5, "node-17 -> DRAINING (CHECK_TIMEOUT on node)"),
     ("signal-without-evidence", [], KILLED, "unknown", 0.0, "exit code 137, no evidence"),
     ("reason-hint", [], E(1000, "job.end", job="j", result="failed", reason="NCCL timeout"),
      "hang", 0.4, "reason: NCCL timeout"),
