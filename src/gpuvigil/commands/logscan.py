@@ -143,9 +143,10 @@ def register(app: typer.Typer) -> None:
         Reads plain, gzip and UTF-16 logs, bare-CR line ends, lines of any length,
         in bounded memory; escape sequences in the log are shown, not played.
 
-        Exit: 1 when an event's own verdict is FAILED; else 2 when the input could
-        not be read or told (missing, stdin closed, no data before --read-timeout,
-        over --max-bytes, empty, binary, not a kernel log); else 0.
+        Exit: 1 when an event's own verdict is FAILED, also when the input is over
+        --max-bytes (a definite failure wins, as in analyze); else 2 when the input
+        could not be read or told (missing, stdin closed, no data before
+        --read-timeout, over --max-bytes, empty, binary, not a kernel log); else 0.
 
         Examples:
 
@@ -180,14 +181,17 @@ def register(app: typer.Typer) -> None:
         except InputError as e:
             typer.echo(f"gpuvigil logscan: {e}", err=True)
             raise typer.Exit(2) from e
+        # The one exit rule (`analyze`'s too, NodeReport.exit_code): a definite failure wins
+        # over "could not tell" (a FAILED event before the size cap is already enough).
+        told = True
         if stats.bytes_read > max_bytes:
             typer.echo(f"gpuvigil logscan: {path} is over --max-bytes {max_bytes}", err=True)
-            raise typer.Exit(2)
+            told = False
         why = unreadable(found=events.count > 0, stats=stats)
         if why is not None:
             typer.echo(f"gpuvigil logscan: could not tell: {why}", err=True)
-            raise typer.Exit(2)
-        raise typer.Exit(1 if events.failed else 0)
+            told = False
+        raise typer.Exit(1 if events.failed else 0 if told else 2)
 
 
 class _counted:

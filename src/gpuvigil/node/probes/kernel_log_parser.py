@@ -39,9 +39,11 @@ from gpuvigil.node.readings import XidEvent, XidSource, normalize_bus_id
 # The event itself, searched anywhere in the line. The look-behind keeps "fooXid (" out.
 # The driver's optional `pid=<n|'<unknown>'>, name=<process>, ` fields are matched in the
 # same pass (one regex per event line: the event path is what logscan's speed is made of).
+# The code is not range-checked here: a code no catalog knows (or one too long to be real,
+# cut to 20 digits; the line is kept) is an event judged as unknown, never a dropped line.
 _EVENT = re.compile(
     r"(?<![A-Za-z0-9_])(?:(nvidia-nvswitch\d+): )?(S?)Xid \((?:PCI:)?([^()\s]{1,40})\): "
-    r"(\d{1,7})\b,? ?(?:pid=('?<unknown>'?|\d+|'?\d+'?),\s*(?:name=(.*?),\s*)?)?(.*)"
+    r"(\d{1,20})\d*\b,? ?(?:pid=('?<unknown>'?|\d+|'?\d+'?),\s*(?:name=(.*?),\s*)?)?(.*)"
 )
 _DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX")
 

@@ -186,3 +186,34 @@ def test_verdicts_are_remembered_within_bounds():
     long = parse_line(line.replace("bus.", "x" * (logscan._MEMO_TEXT + 1)))
     assert verdicts.of(long)["status"] == "FAILED"
     assert long.message not in {key[2] for key in verdicts._seen}
+
+
+def test_a_failed_event_wins_over_the_size_cap(run_cli, tmp_path):
+    # One exit rule for logscan and analyze: a definite failure is exit 1 even when the
+    # rest of the input could not be read (over --max-bytes), never 2.
+    fatal = (
+        "[  10.000001] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    )
+    f = tmp_path / "big.log"
+    f.write_text(fatal + "[  11.000000] usb 1-1: new device\n" * 2000)
+    p = run_cli("logscan", str(f), "--max-bytes", "4096")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "over --max-bytes" in p.stderr
+    p = run_cli("analyze", str(f), "--max-bytes", "4096", "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("[  11.000000] usb 1-1: new device\n" * 2000)
+    assert run_cli("logscan", str(quiet), "--max-bytes", "4096").returncode == 2
+
+
+def test_an_out_of_range_code_is_an_event_not_a_dropped_line(run_cli, tmp_path):
+    f = tmp_path / "odd.log"
+    f.write_text(
+        "[  10.000001] NVRM: Xid (PCI:0000:3b:00): 99999, pid=1, name=x, odd\n"
+        f"[  10.000002] NVRM: Xid (PCI:0000:3b:00): {'9' * 40}, pid=1, name=x, odder\n"
+    )
+    p = run_cli("logscan", str(f), "--json")
+    events = json.loads(p.stdout)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert len(events) == 2 and all(not e["in_catalog"] for e in events), events
+    assert all(e["status"] == "FAILED" for e in events)
