@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -138,6 +140,17 @@ def controller_env(extra: dict[str, str]) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 15) -> None:
+    """SIGTERM a controller process, SIGKILL it if it has not exited in `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture

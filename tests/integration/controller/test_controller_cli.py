@@ -22,6 +22,7 @@ from ctl_helpers import (  # noqa: F401  (fixtures)
     controller_env,
     finding_investigate,
     kube_cluster,
+    stop,
     wait_for,
 )
 
@@ -65,16 +66,6 @@ def record(kube: Any, node: str) -> Any:
     return decode_record(
         (kube.core().read_node(node).metadata.annotations or {}).get("gpuvigil.io/state")
     )
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_killed_mid_drain_resumes_without_repeating(kube, agent, tmp_path) -> None:  # type: ignore[no-untyped-def]

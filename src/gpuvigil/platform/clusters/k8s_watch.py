@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -139,15 +140,19 @@ class NodeWatch:
             self._nodes.pop(name, None)
 
     def stop(self) -> None:
+        """End the watch now. The stream is cut with a socket shutdown, never with
+        `resp.close()` from this thread: closing a TLS socket another thread is reading
+        waits for that read, i.e. for the server to end the watch (up to `watch_timeout_s`),
+        which made a SIGTERMed controller take 43-57 s to exit."""
         self._stop.set()
-        resp = self._resp
-        if resp is not None:
+        sock = _socket_of(self._resp)
+        if sock is not None:
             try:
-                resp.close()
-            except Exception:  # noqa: BLE001  (closing a dying socket)
+                sock.shutdown(socket.SHUT_RDWR)  # the reader wakes at once with EOF
+            except OSError:  # already closed
                 pass
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=2)
 
     # ---- listing and watching ---------------------------------------------------------
 
@@ -273,6 +278,13 @@ class NodeWatch:
             self._trouble_since = self.clock()
         self._trouble = f"{type(e).__name__}: {e}"[:300]
         self._denied = isinstance(e, Forbidden)
+
+
+def _socket_of(resp: Any) -> socket.socket | None:
+    """The TCP socket under a streaming urllib3 response (TLS wrapped or not), if open."""
+    conn = getattr(resp, "connection", None) if resp is not None else None
+    sock = getattr(conn, "sock", None)
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def _lines(resp: Any) -> Iterator[str]:
