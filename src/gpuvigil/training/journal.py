@@ -54,7 +54,10 @@ class Journal:
             self._writer.close()
             self._writer = None
 
-    def event(self, kind: Kind, data: dict[str, Any], *, node: str | None = None) -> None:
+    def event(
+        self, kind: Kind, data: dict[str, Any], *, node: str | None = None, here: bool = True
+    ) -> None:
+        """`node`: the node the event is about; else this rank's own (`here`), or none."""
         if self._writer is None:
             return
         self._writer.write(
@@ -62,7 +65,7 @@ class Journal:
                 ts=time.time(),
                 kind=kind,
                 source="training",
-                node=node or self.env.node,
+                node=node or (self.env.node if here else None),
                 job=self.env.job,
                 data={k: v for k, v in data.items() if v is not None},
             )
@@ -109,7 +112,9 @@ class Journal:
                 now=time.time(),
             )
             log.warning("gpuvigil: this attempt follows one that ended: %s", data["reason"])
-            self.event(Kind.JOB_RESTART, data, node=data.get("node"))
+            # The culprit's node; none when no record names one (rank 0's own node is
+            # the failed node's healthy peer as often as not).
+            self.event(Kind.JOB_RESTART, data, node=data.get("node"), here=False)
         for name in names:
             try:
                 assert self.storage is not None

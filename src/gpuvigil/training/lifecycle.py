@@ -100,8 +100,19 @@ def read_exits(storage: Storage) -> tuple[list[ExitRecord], list[str]]:
 
 
 def culprit(records: list[ExitRecord]) -> ExitRecord | None:
+    """The record that names why the attempt ended: the most telling cause (`CAUSES`),
+    the earliest of equals. A rank killed by a signal after a peer began to drain is that
+    drain's victim, not its cause: the platform took the peer's node away, the gang was
+    stopped, and a rank waiting in a collective for the drained one could not save in its
+    grace period and was killed (the drained node is the one to name, not its peer)."""
+    drains = [r.ts for r in records if r.cause == "drain"]
+    drained_at = min(drains) if drains else None
+
     def order(r: ExitRecord) -> tuple[int, float]:
-        return (CAUSES.index(r.cause) if r.cause in CAUSES else len(CAUSES), r.ts)
+        cause = r.cause
+        if cause == "dead" and drained_at is not None and r.ts >= drained_at:
+            cause = "victim"
+        return (CAUSES.index(cause) if cause in CAUSES else len(CAUSES), r.ts)
 
     return min(records, key=order) if records else None
 

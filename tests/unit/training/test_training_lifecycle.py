@@ -43,6 +43,19 @@ def test_a_rank_sigterm_killed_is_not_the_culprit_of_a_peers_sigkill() -> None:
     assert c is not None and (c.rank, c.cause, c.exit_code) == (1, "dead", -9)
 
 
+def test_a_drain_names_the_drained_node_not_the_peer_killed_after_it() -> None:
+    """The lab's Xid: the platform drains node A (its rank saves and exits 89); the gang is
+    stopped, and rank 1 on the healthy node B, waiting for A in a collective, is killed
+    past its grace. The restart names A and rank 0; a death before any drain still wins."""
+    drained = lifecycle.ExitRecord(1.0, "drain", 0, "node-a", 89, 12, "SIGTERM: drained")
+    killed = lifecycle.ExitRecord(9.0, "dead", 1, "node-b", -9, 12, "killed by SIGKILL")
+    d = lifecycle.restart_data([killed, drained], attempt=1, resumed_step=10, saved_ts=None,
+                               now=10.0)  # fmt: skip
+    assert (d["node"], d["rank"], d["cause"]) == ("node-a", 0, "drain")
+    earlier = lifecycle.ExitRecord(0.5, "dead", 1, "node-b", -9, 12, "killed by SIGKILL")
+    assert lifecycle.culprit([drained, earlier]) == earlier
+
+
 def test_restart_data_names_cause_culprit_and_lost_work() -> None:
     records = [rec("victim", 0, 1.0, step=13), rec("dead", 1, 2.0, step=12)]
     d = lifecycle.restart_data(records, attempt=2, resumed_step=10, saved_ts=100.0, now=130.0)
@@ -198,3 +211,27 @@ def test_sigterm_on_a_single_rank_stops_after_the_current_step() -> None:
     finally:
         d.uninstall()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_restart_without_a_record_names_no_node(tmp_path: Path) -> None:
+    """Rank 0 writes job.restart; with no exit record nothing names the failed node, and
+    rank 0's own node (often the failed node's healthy peer) must not stand in for it."""
+    import torch
+
+    from gpuvigil.training.journal import Journal
+    from gpuvigil.training.process_group import Env
+
+    env = Env(rank=0, world_size=2, local_rank=0, node="healthy-peer",
+              device=torch.device("cpu"), restart_count=1, round_key="attempt-1", job="j",
+              config=TrainingConfig())  # fmt: skip
+    j = Journal(env)
+    j.open(tmp_path / "ev.jsonl")
+    j.storage = LocalStorage(str(tmp_path / "ckpt"))
+    j.started(nodes=["healthy-peer", "failed"], resumed_step=5, saved_ts=None)
+    drained = lifecycle.ExitRecord(1.0, "drain", 1, "failed", 89, 5, "SIGTERM: drained")
+    lifecycle.write_exit(j.storage, drained)
+    j.started(nodes=["healthy-peer", "failed"], resumed_step=5, saved_ts=None)
+    j.close()
+    first, second = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    assert first["kind"] == "job.restart" and "node" not in first
+    assert (second["node"], second["data"]["rank"]) == ("failed", 1)
