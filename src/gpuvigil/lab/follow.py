@@ -108,6 +108,9 @@ class Follower:
             self.add("state", node, f"{d.get('from')} -> {to}: {d.get('reason')}", ts)
         elif kind == Kind.NODE_STATE:
             self.states.setdefault(str(node), str(d.get("to")))
+        elif kind == Kind.REMEDIATION and str(d.get("reason", "")).startswith("held: "):
+            # the controller held a disruption the node needs (budget, breaker, cooldown)
+            self.add("held", node, str(d.get("reason")).removeprefix("held: "), ts)
         elif kind == Kind.REMEDIATION and d.get("result") != "skipped":
             action, result = d.get("action"), d.get("result")
             if result == "started" and action != "DRAIN":
@@ -174,8 +177,10 @@ class Follower:
             )
         if now["result"] != before["result"] and now["result"]:
             res = _json(now["result"])
-            self.add("agent", name, f"{res.get('action')} {res.get('result')}: "
-                     f"{res.get('detail', '')}"[:200])  # fmt: skip
+            said = f"{res.get('action')} {res.get('result')}"
+            detail = str(res.get("detail") or "")
+            self.add("agent", name, (f"{said}: {detail}" if detail and detail != said
+                                     else said)[:200])  # fmt: skip
         if now["boot"] != before["boot"]:
             self.add("booted", name, f"new boot id {str(now['boot'])[:8]}")
 

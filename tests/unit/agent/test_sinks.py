@@ -139,6 +139,7 @@ def test_remediation_is_idempotent_by_request_id(fake_bin, tmp_path):
     while len(answers) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert [a.result for a in answers] == ["started", "succeeded"]
+    assert answers[0].detail == "resetting GPU 3, 5"  # what it does, not "RESET_GPU started"
     rem.handle(req, answers[-1], answers.append)  # done: never run again
     assert log.read_text().splitlines() == ["--gpu-reset -i 3", "--gpu-reset -i 5"]
     # An agent that died mid-reset answers failed instead of resetting twice.
@@ -157,6 +158,7 @@ def test_reboot_succeeds_only_when_the_boot_id_changes(fake_bin, tmp_path):
     req = RemediationRequest(id="b1", action="REBOOT", at=utcnow())
     rem.handle(req, None, answers.append)
     assert answers[0].result == "started" and answers[0].boot_id == "aaa"
+    assert answers[0].detail == "rebooting from boot aaa"
     time.sleep(0.3)
     rem.handle(req, answers[0], answers.append)
     assert len(answers) == 1  # command accepted, node not rebooted yet

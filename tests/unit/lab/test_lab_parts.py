@@ -170,6 +170,12 @@ def test_follower_reads_the_parts_event_logs(tmp_path: Path) -> None:
          "data": {"action": "RESET_GPU", "result": "started"}},
         {"ts": 103.0, "kind": "job.restart", "source": "training", "job": "j",
          "data": {"lost_steps": 1}},
+        {"ts": 104.0, "kind": "remediation", "source": "controller", "node": "n2",
+         "data": {"action": "NONE", "result": "skipped",
+                  "reason": "held: disruption budget of pool default in use (1/1)"}},
+        {"ts": 105.0, "kind": "remediation", "source": "controller", "node": "n3",
+         "data": {"action": "NONE", "result": "skipped",
+                  "reason": "excluded by label: observed, never acted on"}},
     ]  # fmt: skip
     (ev / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"torn')
     f = Follower(ev)
@@ -177,10 +183,32 @@ def test_follower_reads_the_parts_event_logs(tmp_path: Path) -> None:
     f.read_logs()
     f.read_logs()  # nothing read twice; the torn line waits
     assert [e["event"] for e in f.timeline()] == ["finding", "state", "remediation",
-                                                  "job.restart"]  # fmt: skip
+                                                  "job.restart", "held"]  # fmt: skip
     assert f.timeline()[0]["t_s"] == 1.0
+    held = f.timeline()[-1]
+    assert (held["node"], held["detail"]) == ("n2", "disruption budget of pool default in use "
+                                              "(1/1)")  # fmt: skip
     assert f.states == {"n1": "DRAINING"} and f.left_service == {"n1"}
     assert f.steps == [("n1", "RESET_GPU")] and f.lost_steps == [1]
+
+
+def test_the_agents_answer_is_said_once() -> None:
+    """The agent's `started` answer names what it does; the timeline never says "REBOOT
+    started: REBOOT started"."""
+    from gpuvigil.core import wire
+
+    f = Follower(Path("/nonexistent"))
+    node = {"metadata": {"name": "n1", "annotations": {}}, "status": {}, "spec": {}}
+    f._node("n1", node)
+    for detail in ("rebooting from boot 1234abcd", "REBOOT started", ""):
+        res = {"id": "r", "action": "REBOOT", "result": "started", "detail": detail, "at": detail}
+        node["metadata"]["annotations"] = {wire.RESULT_ANNOTATION: json.dumps(res)}
+        f._node("n1", node)
+    assert [e.detail for e in f.entries] == [
+        "REBOOT started: rebooting from boot 1234abcd",
+        "REBOOT started",
+        "REBOOT started",
+    ]
 
 
 def test_the_lab_command_says_what_is_missing(tmp_path: Path) -> None:

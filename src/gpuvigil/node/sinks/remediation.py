@@ -88,6 +88,7 @@ class Remediator:
     def result(
         self, req: RemediationRequest, result: Outcome, detail: str, *, boot_id: str = ""
     ) -> RemediationResult:
+        """The answer; `detail` says what the fields do not (never "REBOOT started")."""
         return RemediationResult(
             id=req.id,
             action=req.action,
@@ -126,14 +127,8 @@ class Remediator:
             self._busy = req.id
         # Record `started` before acting: a crash after this point never repeats the action.
         try:
-            answer(
-                self.result(
-                    req,
-                    "started",
-                    f"{action} started",
-                    boot_id=read_boot_id(self.config.boot_id_path),
-                )
-            )
+            boot = read_boot_id(self.config.boot_id_path)
+            answer(self.result(req, "started", _doing(req, boot), boot_id=boot))
         except BaseException:
             with self._lock:
                 self._busy = None  # not recorded, so not run: the next publish retries
@@ -198,3 +193,13 @@ class Remediator:
                 return False, f"{' '.join(argv)}: {bad.code}: {bad.message}"
             details.append(" ".join(argv))
         return True, "ran: " + "; ".join(details)
+
+
+def _doing(req: RemediationRequest, boot: str) -> str:
+    """What a `started` answer adds to its action and result: on what, from where."""
+    if req.action == "RESET_GPU":
+        gpus = ", ".join(map(str, req.gpus))
+        return f"resetting GPU {gpus}" if gpus else "resetting every GPU"
+    if req.action == "REBOOT":
+        return f"rebooting from boot {boot[:8]}" if boot else "rebooting"
+    return ""
