@@ -12,6 +12,9 @@ events. Prefixes understood (see docs/kernel-log.md for one example each):
 
 - raw dmesg / journalctl -o short-monotonic `[  123.456789]`, dmesg -r `<4>[ 123.45]`
 - dmesg -T / --time-format ctime `[Mon Nov 30 07:31:02 2026]`
+- dmesg -H / --time-format reltime `[Nov30 07:31]` then `[  +0.000004]` (the deltas have
+  no time of their own; the minute lines have one when the caller passes `year`), and
+  dmesg -d `[  123.456789 <    0.000004>]`
 - dmesg --time-format iso `2026-11-30T07:31:02,123456+00:00`, with or without
   dmesg --decode's `kern  :warn  : ` facility prefix
 - syslog and journalctl short / short-precise `Nov 30 07:31:02[.123456] host kernel: `
@@ -57,6 +60,11 @@ _TALOS = re.compile(
     r"(?:Z|[+-]\d\d:?\d\d))\]:\s"
 )
 _MONO = re.compile(r"\[\s*(\d{1,12}\.\d{1,9})\]")
+# dmesg -H / --time-format reltime: a minute line `[Dec 2 10:15]` (`%b%e %H:%M`, so also
+# `[Dec12 10:15]`, and `[Dec 2 10:15:01]` on some builds), then `[  +0.000004]` deltas.
+# dmesg -d adds the delta to the monotonic stamp: `[  123.456789 <    0.000004>]`.
+_HUMAN = re.compile(r"^\[(([A-Z][a-z]{2}) ?\s?(\d{1,2}) (\d\d):(\d\d)(?::(\d\d))?)\]")
+_DELTA = re.compile(r"^\[\s*(\+\s*\d{1,12}\.\d{1,9}|\d{1,12}\.\d{1,9}\s*<\s*[\d.]+>)\]")
 _CTIME = re.compile(
     r"^\[((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) {1,2}(\d{1,2}) "
     r"(\d\d):(\d\d):(\d\d) (\d{4}))\]"
@@ -195,6 +203,20 @@ def _stamp(
             text, mon, day, hh, mi, ss, yy = cm.groups()
             when = datetime(int(yy), _MONTHS[mon], int(day), int(hh), int(mi), int(ss), tzinfo=tz)
             return (text, when, _inner_uptime(head[cm.end() :]))
+        dm = _DELTA.match(head)
+        if dm is not None:  # relative to the line before: no time of its own
+            text = dm.group(1)
+            up = None if text.startswith("+") else float(text.split("<")[0])
+            return (text, None, up)
+        hm = _HUMAN.match(head)
+        if hm is not None and hm.group(2) in _MONTHS:
+            text, mon, day, hh, mi, ss = hm.groups()
+            when = None
+            if year is not None:
+                when = datetime(
+                    year, _MONTHS[mon], int(day), int(hh), int(mi), int(ss or 0), tzinfo=tz
+                )
+            return (text, when, None)
         return _NONE
     im = _ISO.match(head)
     if im is not None:

@@ -91,7 +91,11 @@ PREFIXES = [
         T,
         None,
     ),
-    (f"[Nov30 07:31] {BODY}", None, None, None),  # dmesg --time-format reltime: no stamp
+    # dmesg -H / --time-format reltime: the minute line has a wall time (with a year), the
+    # deltas after it have none of their own.
+    (f"[Nov30 07:31] {BODY}", "Nov30 07:31", T.replace(second=0), None),
+    (f"[  +0.000004] {BODY}", "+0.000004", None, None),
+    (f"[  812.441210 <    0.000004>] {BODY}", "812.441210 <    0.000004>", None, 812.44121),
     (f"{BODY}", None, None, None),
 ]
 
