@@ -43,6 +43,7 @@ class Announcer:
         self._clocks: dict[str, tuple[str, ...]] = {}  # node -> its deadline series' labels
         self._announced: set[str] = set()  # nodes whose state this process has put on record
         self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
+        self._hardware: set[tuple[str, str, str]] = set()  # exported hardware event series
 
     def transition(self, node: NodeView, old: Record, d: Decision, now: datetime) -> None:
         new = d.record
@@ -129,28 +130,36 @@ class Announcer:
                     data={**data, **change.detail},
                 )
             )
-        if self.metrics and change.state == "open":
+        hardware = bool(change.detail.get("hardware"))
+        if self.metrics and change.state == "open" and not hardware:
             self.metrics.breaker_trips.inc()
         sig = breaker.signatures.get(change.cause)
         if change.state == "open" and sig is not None and not self.dry_run:
             # a cluster event people see (`kubectl get events`), on the burst's first node
-            self.cluster_event(sig.burst.nodes[0], "gpuvigilBreakerOpen",
-                               f"circuit breaker: {change.reason}", True)  # fmt: skip
+            reason = "gpuvigilHardwareEvent" if hardware else "gpuvigilBreakerOpen"
+            what = "hardware event" if hardware else "circuit breaker"
+            self.cluster_event(sig.burst.nodes[0], reason, f"{what}: {change.reason}", True)
 
     def export_signatures(self, m: ControllerMetrics, breaker: Breaker, pool_label: str) -> None:
         """One series per open cause, labelled with what it concentrates on (the alert
         names the suspected change from these labels)."""
         now: dict[tuple[str, str, str], int] = {}
+        hardware: dict[tuple[str, str, str], int] = {}
         for sig in breaker.signatures.values():
             s = sig.signature
-            now[(s.code if s.check != "*" else "*", s.attribute, s.value)] = sig.nodes
+            into = hardware if sig.hardware else now
+            into[(s.code if s.check != "*" else "*", s.attribute, s.value)] = sig.nodes
         for cause in breaker.stale.values():
             now[("STALE", pool_label, cause.pool)] = cause.stale
         for labels in self._signatures - set(now):
             m.breaker_signature.remove(*labels)
+        for labels in self._hardware - set(hardware):
+            m.hardware_event.remove(*labels)
         for labels, nodes in now.items():
             m.breaker_signature.labels(*labels).set(nodes)
-        self._signatures = set(now)
+        for labels, nodes in hardware.items():
+            m.hardware_event.labels(*labels).set(nodes)
+        self._signatures, self._hardware = set(now), set(hardware)
 
     def _export_clocks(
         self, m: ControllerMetrics, nodes: list[NodeView], result: PassResult, policy: PolicyConfig

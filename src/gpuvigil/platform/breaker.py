@@ -30,15 +30,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuvigil.core.findings import Action, Status
+from gpuvigil.platform.policy import PROBE_FAILED
 from gpuvigil.platform.safety import SafetyConfig, episode_start, pool_of
 from gpuvigil.platform.signatures import (
     ANY,
+    FLEET,
     Burst,
     Key,
     Signature,
     bursts,
     census,
     expected,
+    in_pool,
     log_poisson_tail,
     node_attributes,
 )
@@ -60,6 +63,7 @@ class OpenSignature:
     last_probe_end: datetime | None = None
     probes_failed: int = 0
     probe_cured: str = ""  # the probe node whose repair cured it (the signature then closes)
+    hardware: bool = False  # on a topology attribute: a hardware event, held nowhere
 
     @property
     def signature(self) -> Signature:
@@ -85,6 +89,7 @@ class BreakerStatus:
     reason: str = ""
     trips: int = 0
     causes: list[str] = field(default_factory=list)
+    hardware: list[str] = field(default_factory=list)  # open hardware events (never held)
 
 
 class Breaker:
@@ -94,9 +99,21 @@ class Breaker:
         self.signatures: dict[str, OpenSignature] = {}
         self.stale: dict[str, StaleCause] = {}  # pool -> its open stale cause
         self.first_seen: dict[tuple[str, str, str], datetime] = {}
-        self.cured: set[str] = set()  # closed by a probe's repair: not restored from marks
+        # closed by a probe's repair: not restored from marks, and what its nodes showed
+        # before then is no evidence of a cause (the level would re-trip on it)
+        self.cured: dict[str, tuple[Signature, datetime]] = {}
+        self.spent: dict[str, tuple[Signature, datetime]] = {}  # any other closed cause
+        # (node, finding) -> when first seen and the node's attributes then, for
+        # breaker_level_window_s: the level counts nodes repaired or replaced since
+        self.recent: dict[tuple[str, Key], tuple[datetime, dict[str, str]]] = {}
+        # (attribute, value) -> when this process saw it appear in the fleet (None: there
+        # at its first pass, a baseline). Forgotten when no node carries it any more.
+        self.value_since: dict[tuple[str, str], datetime | None] = {}
         self.status = BreakerStatus()
         self._attrs: dict[str, dict[str, str]] = {}
+        self._sizes: Counter[tuple[str, str]] = Counter()
+        self._now: datetime | None = None
+        self._tracked = False  # value_since has its baseline (the first pass)
 
     # ---- one pass -------------------------------------------------------------------
 
@@ -104,7 +121,9 @@ class Breaker:
         """Judge this pass's nodes; returns the causes that opened or closed."""
         cfg = self.config
         self._attrs = {v.name: node_attributes(v, cfg) for v in nodes}
-        sizes = census(nodes, cfg)
+        sizes = self._sizes = census(nodes, cfg)
+        self._now = now
+        self._track_values(sizes, now)
         changes = judge_stale(self.stale, nodes, sizes, now=now, config=cfg,
                               heartbeat_stale_s=self.heartbeat_stale_s)  # fmt: skip
         self.status.trips += sum(c.state == "open" for c in changes)
@@ -114,9 +133,9 @@ class Breaker:
         for sid, sig in list(self.signatures.items()):
             sig.nodes = len(showing.get(sid, ()))
             had = sig.burst.describe(cfg.breaker_window_s)
-            if self._judge_probe(sig, nodes, now):
+            if not sig.hardware and self._judge_probe(sig, nodes, now):
                 del self.signatures[sid]
-                self.cured.add(sid)
+                self.cured[sid] = (sig.signature, now)
                 why = f"a probe's repair cured {sig.probe_cured}: a repairable fault, not a change"
                 changes.append(Change("closed", sid, f"{why}; had held: {had}"))
                 continue
@@ -126,20 +145,137 @@ class Breaker:
             sig.clear_since = sig.clear_since or now
             if (now - sig.clear_since).total_seconds() >= cfg.breaker_close_after_s:
                 del self.signatures[sid]
+                self.spent[sid] = (sig.signature, now)
                 why = f"no node shows it for {cfg.breaker_close_after_s:.0f} s"
                 changes.append(Change("closed", sid, f"{why}; had held: {had}"))
-        # What an open signature already covers is not new evidence of another cause.
-        fresh = {n: {k for k in keys if not self._covered(n, k)} for n, keys in new.items()}
-        for burst in bursts(fresh, self._attrs, sizes, cfg):
-            sid = burst.signature.id
-            if sid in self.signatures:
-                continue
-            self.signatures[sid] = OpenSignature(burst, now, nodes=len(burst.nodes))
-            self.status.trips += 1
-            changes.append(Change("open", sid, burst.describe(cfg.breaker_window_s),
-                                  _detail(burst)))  # fmt: skip
+        changes += self._trip(new, sizes, now)
         self._summarise()
         return changes
+
+    def _trip(
+        self,
+        showing: dict[str, dict[Key, datetime]],
+        sizes: Counter[tuple[str, str]],
+        now: datetime,
+    ) -> list[Change]:
+        """Open the causes that explain the findings: by rate (new within
+        `breaker_window_s`, on the nodes showing them), then by level (begun within
+        `breaker_level_window_s`, on the nodes that showed them, cured or replaced since
+        included: a rollout in small batches whose first nodes were repaired still counts).
+        What an open holding cause covers, or a closed one covered before it closed, is no
+        new evidence. A burst on one topology value is a hardware event; the same finding
+        on a second value of that attribute is no longer one rack's or switch's, and the
+        broader cause is sought without topology."""
+        cfg = self.config
+        topology = set(cfg.breaker_topology_attributes)
+        changes: list[Change] = []
+        level: dict[str, dict[Key, datetime]] = {}
+        then: dict[str, dict[str, str]] = {}  # the level's nodes as they were when seen
+        for (node, key), (first, seen_attrs) in self.recent.items():
+            level.setdefault(node, {})[key] = first
+            then.setdefault(node, seen_attrs)
+        for window, source, attrs in ((cfg.breaker_window_s, showing, self._attrs),
+                                      (cfg.breaker_level_window_s, level, then)):  # fmt: skip
+            fresh = {
+                n: {k for k, t in keys.items()
+                    if (now - t).total_seconds() <= window and not self._covered(n, k, attrs[n])
+                    and not self._cured_before(k, t, attrs[n])}
+                for n, keys in source.items()
+            }  # fmt: skip
+            skip = self._spreading()
+            while True:
+                found = bursts(fresh, attrs, sizes, cfg, window_s=window, admit=self._admit,
+                               no_topology=skip)  # fmt: skip
+                spread = {
+                    b.signature.key
+                    for b in found
+                    if b.signature.attribute in topology and self._elsewhere(b, found)
+                }
+                if spread <= skip:
+                    break
+                skip |= spread
+            for burst in found:
+                sid = burst.signature.id
+                if sid in self.signatures:
+                    continue
+                hardware = burst.signature.attribute in topology
+                self.signatures[sid] = OpenSignature(
+                    burst, now, nodes=len(burst.nodes), hardware=hardware
+                )
+                self.status.trips += not hardware
+                detail = {**_detail(burst), "hardware": hardware}
+                reason = burst.describe(cfg.breaker_window_s)
+                if hardware:
+                    where = reason.split(": suspected")[0]
+                    reason = (f"hardware event, not a change: {where}; every node stays "
+                              "blocked and is repaired within the budget")  # fmt: skip
+                changes.append(Change("open", sid, reason, detail))
+        # a holding cause that covers a hardware event's nodes supersedes it
+        for sid, sig in list(self.signatures.items()):
+            by = self._superseded(sig) if sig.hardware else ""
+            if by:
+                del self.signatures[sid]
+                self.spent[sid] = (sig.signature, now)
+                why = f"superseded by {by}: not one {sig.signature.attribute}'s"
+                changes.append(Change("closed", sid, why, {"hardware": True}))
+        return changes
+
+    def _superseded(self, hw: OpenSignature) -> str:
+        """The holding cause that covers every node of this hardware event, if any."""
+        key = hw.signature.key
+        for sid, o in self.signatures.items():
+            if o.hardware:
+                continue
+            if all(o.signature.covers(key, self._attrs.get(n, {})) for n in hw.burst.nodes):
+                return sid
+        return ""
+
+    def _spreading(self) -> set[Key]:
+        """Findings with open hardware events on two values of one attribute."""
+        seen: dict[tuple[Key, str], set[str]] = {}
+        for sig in self.signatures.values():
+            if sig.hardware:
+                s = sig.signature
+                seen.setdefault((s.key, s.attribute), set()).add(s.value)
+        return {key for (key, _), values in seen.items() if len(values) > 1}
+
+    def _elsewhere(self, burst: Burst, found: list[Burst]) -> bool:
+        """Another value of this burst's topology attribute shows the same finding."""
+        s = burst.signature
+        others = [o.signature for o in self.signatures.values() if o.hardware]
+        others += [b.signature for b in found]
+        return any(o.key == s.key and o.attribute == s.attribute and o.value != s.value
+                   for o in others)  # fmt: skip
+
+    def _track_values(self, sizes: Counter[tuple[str, str]], now: datetime) -> None:
+        """When each attribute value appeared (`value_since`)."""
+        first, self._tracked = not self._tracked, True
+        names = set(self.config.breaker_attributes)
+        present = {k for k, n in sizes.items() if n and k[0] in names}
+        for key in present:
+            if key not in self.value_since:
+                self.value_since[key] = None if first else now
+        for key in [k for k in self.value_since if k not in present]:
+            del self.value_since[key]
+
+    def _admit(self, node: str, attribute: str, value: str) -> bool:
+        """May this node's attribute value name a cause? The fleet and topology always
+        (a topology cause is a hardware event); a pool only from `breaker_min_pool_nodes`
+        nodes; any other attribute only when it is a suspected change: a value that
+        appeared within `breaker_change_window_s`, or a minority of its pool."""
+        cfg, sizes = self.config, self._sizes
+        if attribute == FLEET or attribute in cfg.breaker_topology_attributes:
+            return True
+        if attribute == cfg.pool_label:
+            return sizes.get((attribute, value), 0) >= cfg.breaker_min_pool_nodes
+        since = self.value_since.get((attribute, value))
+        recent = since is not None and self._now is not None
+        if recent and (self._now - since).total_seconds() <= cfg.breaker_change_window_s:  # type: ignore[operator]
+            return True
+        pool = self._attrs.get(node, {}).get(cfg.pool_label, "")
+        size = sizes.get((cfg.pool_label, pool), 0)
+        have = sizes.get((in_pool(attribute, pool), value), 0)
+        return size > 0 and have * 100 < cfg.breaker_minority_percent * size
 
     def _restore(
         self, nodes: Sequence[NodeView], sizes: Counter[tuple[str, str]], now: datetime
@@ -168,22 +304,32 @@ class Breaker:
             out.append(Change("open", sig.id, reason, {**_detail(burst), "restored": True}))
         return out
 
-    def _covered(self, node: str, key: Key) -> bool:
-        attrs = self._attrs.get(node, {})
-        return any(s.signature.covers(key, attrs) for s in self.signatures.values())
+    def _cured_before(self, key: Key, first: datetime, attrs: dict[str, str]) -> bool:
+        closed = [*self.cured.values(), *self.spent.values()]
+        return any(at >= first and s.covers(key, attrs) for s, at in closed)
+
+    def _covered(self, node: str, key: Key, attrs: dict[str, str] | None = None) -> bool:
+        """An open holding cause covers it (a hardware event covers nothing: the same
+        finding elsewhere may show it is no rack's)."""
+        attrs = self._attrs.get(node, {}) if attrs is None else attrs
+        return any(s.signature.covers(key, attrs) for s in self.signatures.values()
+                   if not s.hardware)  # fmt: skip
 
     def _eligible(self, v: NodeView) -> bool:
-        """Nodes a person owns (QUARANTINED, or blocked by someone else and left alone)
-        are not part of a fleet event gpuvigil must judge."""
-        if v.record is not None and v.record.state is State.QUARANTINED:
-            return False
+        """A node blocked by someone else and left alone is not part of a fleet event
+        gpuvigil must judge. A quarantined one is counted (a burst that quarantines nodes
+        one by one must still trip), though the breaker never releases it."""
         return not (episode_start(v.record) is None and v.blocked_by_others)
 
-    def _new_findings(self, nodes: Sequence[NodeView], now: datetime) -> dict[str, set[Key]]:
-        """node -> findings first seen within the window. A node in an episode that this
-        process never saw before dates them from the episode's start (level-based)."""
-        window, seen = self.config.breaker_window_s, set()
-        out: dict[str, set[Key]] = {}
+    def _new_findings(
+        self, nodes: Sequence[NodeView], now: datetime
+    ) -> dict[str, dict[Key, datetime]]:
+        """node -> findings first seen within the level window, with when. A node in an
+        episode that this process never saw before dates them from the episode's start
+        (level-based)."""
+        window = max(self.config.breaker_window_s, self.config.breaker_level_window_s)
+        seen = set()
+        out: dict[str, dict[Key, datetime]] = {}
         for v in nodes:
             if v.health is None or not self._eligible(v):
                 continue
@@ -196,9 +342,16 @@ class Breaker:
                 if first is None:
                     first = self.first_seen[key] = episode_start(v.record) or now
                 if (now - first).total_seconds() <= window:
-                    out.setdefault(v.name, set()).add((f.check, f.code))
+                    out.setdefault(v.name, {})[(f.check, f.code)] = first
+                    self.recent.setdefault(
+                        (v.name, (f.check, f.code)), (first, self._attrs[v.name])
+                    )
         for key in [k for k in self.first_seen if k not in seen]:
             del self.first_seen[key]
+        level = self.config.breaker_level_window_s
+        old = [k for k, (t, _) in self.recent.items() if (now - t).total_seconds() > level]
+        for k in old:
+            del self.recent[k]
         return out
 
     def _showing(self, nodes: Sequence[NodeView]) -> dict[str, set[str]]:
@@ -229,7 +382,13 @@ class Breaker:
             if v is not None and not shows and state is State.HEALTHY:
                 sig.probe_cured = sig.probe
                 return True
-            if v is None or state is State.QUARANTINED:
+            failed = (
+                state is State.SUSPECT
+                and v is not None
+                and v.record is not None
+                and (v.record.reason.startswith(PROBE_FAILED))
+            )
+            if v is None or state is State.QUARANTINED or failed:
                 sig.probe, sig.last_probe_end = "", now
                 sig.probes_failed += 1
             return False
@@ -243,6 +402,7 @@ class Breaker:
             if self._eligible(v)
             and _shows(v, sig.signature, self._attrs.get(v.name, {}))
             and (v.record is None or v.record.state in (State.HEALTHY, State.SUSPECT))
+            and not (v.record is not None and v.record.reason.startswith(PROBE_FAILED))
         ]
         if candidates:  # an idle node first: a probe should cost no job
             pick = min(candidates, key=lambda v: (v.running > 0, v.name))
@@ -263,6 +423,8 @@ class Breaker:
         marks: list[tuple[str, ...]] = []
         probe = False
         for sig in self.signatures.values():
+            if sig.hardware:  # a hardware event holds nothing: its nodes are repaired
+                continue
             if sig.probe == node.name:
                 probe = True
                 continue
@@ -283,9 +445,11 @@ class Breaker:
 
     def _summarise(self) -> None:
         st = self.status
-        st.causes = [*sorted(self.signatures), *(f"stale:{p}" for p in sorted(self.stale))]
+        held = {k: s for k, s in self.signatures.items() if not s.hardware}
+        st.causes = [*sorted(held), *(f"stale:{p}" for p in sorted(self.stale))]
+        st.hardware = sorted(k for k, s in self.signatures.items() if s.hardware)
         st.open = bool(st.causes)
-        parts = [s.burst.describe(self.config.breaker_window_s) for s in self.signatures.values()]
+        parts = [s.burst.describe(self.config.breaker_window_s) for s in held.values()]
         st.reason = "; ".join([*parts, *(c.reason for c in self.stale.values())])
 
 

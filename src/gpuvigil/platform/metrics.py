@@ -32,6 +32,7 @@ class ControllerMetrics:
     breaker_open: Gauge
     breaker_trips: Counter
     breaker_signature: Gauge
+    hardware_event: Gauge
     budget_in_use: Gauge
     budget_limit: Gauge
     reconcile_duration: Histogram
@@ -107,6 +108,14 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
             "Nodes showing each cause the circuit breaker holds: a finding code concentrated "
             "on one node attribute value (attribute empty: fleet-wide; code * : many codes; "
             "code STALE: the pool's reports are stale), i.e. the suspected change.",
+            ["code", "attribute", "value"],
+            registry=registry,
+        ),
+        hardware_event=Gauge(
+            "gpuvigil_hardware_event_nodes",
+            "Nodes showing each open hardware event: one finding code concentrated on a "
+            "topology attribute value (a rack, a leaf switch, a zone). Never held: its "
+            "nodes stay blocked and are repaired within the budget.",
             ["code", "attribute", "value"],
             registry=registry,
         ),

@@ -46,8 +46,12 @@ DEFAULT_ATTRIBUTES = [
     "node.kubernetes.io/instance-type",
     "topology.kubernetes.io/zone",
     "gpuvigil.io/rack",
+    "gpuvigil.io/switch",
     "features",
 ]
+# Attributes that name where a machine is, not what was changed on it: a burst on one is
+# a hardware event (a rack's power, a leaf switch), repaired as such and alerted on.
+TOPOLOGY_ATTRIBUTES = ["topology.kubernetes.io/zone", "gpuvigil.io/rack", "gpuvigil.io/switch"]
 
 
 class PoolLimit(StrictModel):
@@ -74,6 +78,17 @@ class SafetyConfig(StrictModel):
     breaker_p_value: float = Field(1e-6, gt=0, lt=1)  # rarer than this by chance: a cause
     breaker_min_nodes: int = Field(3, ge=1)  # never trip on fewer nodes than this
     breaker_window_s: float = Field(600.0, gt=0)  # findings this recent are "new"
+    # The level: nodes showing a finding now that began within this window (a rollout in
+    # small batches never puts breaker_min_nodes in one breaker_window_s).
+    breaker_level_window_s: float = Field(21600.0, gt=0)
+    # What may name a cause: a value the controller saw appear within this window, or
+    # one fewer than this share of its pool's nodes carry; never a long-shared baseline.
+    breaker_change_window_s: float = Field(604800.0, ge=0)
+    breaker_minority_percent: float = Field(50.0, ge=0, le=100)
+    breaker_min_pool_nodes: int = Field(8, ge=1)  # smaller pools never trip on the pool
+    breaker_topology_attributes: list[str] = Field(
+        default_factory=lambda: list(TOPOLOGY_ATTRIBUTES)
+    )  # a burst on one of these is a hardware event: blocked, repaired, alerted on
     breaker_hold_blocks: bool = True  # held findings do not block (false: block, never act)
     breaker_close_after_s: float = Field(900.0, ge=0)  # a cause gone this long closes
     breaker_probe_after_s: float = Field(28800.0, gt=0)  # then one held node is repaired

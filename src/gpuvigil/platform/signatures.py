@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from gpuvigil.platform.state import POOL_LABEL
 
 if TYPE_CHECKING:
     from gpuvigil.platform.safety import SafetyConfig
@@ -67,13 +69,23 @@ def node_attributes(v: NodeView, config: SafetyConfig) -> dict[str, str]:
     return attributes_of(v.labels, v.attributes, pool=pool_of(v, config), config=config)
 
 
-def count(attrs: Iterable[Mapping[str, str]]) -> Counter[tuple[str, str]]:
-    """How many nodes carry each (attribute, value); (FLEET, "") is the fleet's size."""
+def count(
+    attrs: Iterable[Mapping[str, str]], *, pool_label: str = POOL_LABEL
+) -> Counter[tuple[str, str]]:
+    """How many nodes carry each (attribute, value); (FLEET, "") is the fleet's size; and
+    per pool, (`in_pool(attribute, pool)`, value): whether a value is a minority there."""
     out: Counter[tuple[str, str]] = Counter()
     for a in attrs:
         out[(FLEET, "")] += 1
         out.update(a.items())
+        pool = a.get(pool_label, "")
+        out.update((in_pool(k, pool), v) for k, v in a.items() if k != pool_label)
     return out
+
+
+def in_pool(attribute: str, pool: str) -> str:
+    """The census key of an attribute counted within one pool."""
+    return f"{attribute}@pool={pool}"
 
 
 def census(nodes: Sequence[NodeView], config: SafetyConfig) -> Counter[tuple[str, str]]:
@@ -82,7 +94,7 @@ def census(nodes: Sequence[NodeView], config: SafetyConfig) -> Counter[tuple[str
     own = getattr(nodes, "census", None)
     if own is not None:
         return own  # type: ignore[no-any-return]
-    return count(node_attributes(v, config) for v in nodes)
+    return count((node_attributes(v, config) for v in nodes), pool_label=config.pool_label)
 
 
 def log_poisson_tail(k: int, lam: float) -> float:
@@ -108,9 +120,11 @@ def poisson_tail(k: int, lam: float) -> float:
     return math.exp(log_poisson_tail(k, lam))
 
 
-def expected(population: int, config: SafetyConfig) -> float:
-    """Mean number of a group's nodes that show one finding within a window by chance."""
-    return population * config.breaker_background_per_node_day * config.breaker_window_s / 86400
+def expected(population: int, config: SafetyConfig, window_s: float | None = None) -> float:
+    """Mean number of a group's nodes that show one finding within a window (default
+    `breaker_window_s`) by chance."""
+    window = config.breaker_window_s if window_s is None else window_s
+    return population * config.breaker_background_per_node_day * window / 86400
 
 
 def min_trip(population: int, config: SafetyConfig) -> int:
@@ -163,6 +177,7 @@ class Burst:
     expected: float
     log_p: float  # log P(this many by chance): ranks explanations without underflow
     also: tuple[str, ...] = ()  # other attributes exactly these nodes share (same P)
+    window_s: float = 0.0  # the window the findings appeared in (0: the caller's)
 
     @property
     def p(self) -> float:
@@ -174,6 +189,7 @@ class Burst:
         return f"P=1e{self.log_p / math.log(10):.0f}"
 
     def describe(self, window_s: float) -> str:
+        window_s = self.window_s or window_s
         s, what = self.signature, self.signature.id.split("@")[0]
         where = (
             f"nodes with {s.attribute}={s.value} ({len(self.nodes)} of {self.population})"
@@ -187,26 +203,43 @@ class Burst:
         )
 
 
+Admit = Callable[[str, str, str], bool]  # (node, attribute, value): may it name a cause?
+
+
 def bursts(
     new: Mapping[str, set[Key]],
     attrs: Mapping[str, Mapping[str, str]],
     population: Counter[tuple[str, str]],
     config: SafetyConfig,
+    *,
+    window_s: float | None = None,
+    admit: Admit | None = None,
+    no_topology: set[Key] | None = None,
 ) -> list[Burst]:
     """The signatures that explain the new findings (`new`: node -> keys first seen within
-    the window; `attrs`: node -> its attributes), most specific first; see the module
-    docstring. Cost: the new findings times the attributes, per round."""
+    the window, `window_s`, default `breaker_window_s`; `attrs`: node -> its attributes),
+    most specific first; see the module docstring. `admit` says which of a node's
+    attributes may name a cause (`platform.breaker`: only a suspected change, a big
+    enough pool, or topology); findings in `no_topology` are not grouped by a topology
+    attribute (they spread beyond one rack: `platform.breaker`). Cost: the new findings
+    times the attributes, per round."""
+    window = config.breaker_window_s if window_s is None else window_s
+    topology = set(config.breaker_topology_attributes)
     left = {n: set(keys) for n, keys in new.items() if keys}
     out: list[Burst] = []
     while left:
         groups: dict[Signature, set[str]] = {}
         for node, keys in left.items():
             for attribute, value in [(FLEET, ""), *attrs[node].items()]:
+                if admit is not None and not admit(node, attribute, value):
+                    continue
                 for check, code in [*keys, ANY]:
+                    if no_topology and attribute in topology and (check, code) in no_topology:
+                        continue
                     groups.setdefault(Signature(check, code, attribute, value), set()).add(node)
         # One finding on many nodes first; many codes at once only for what that leaves.
-        burst = _best(groups, population, config, any_code=False) or _best(
-            groups, population, config, any_code=True
+        burst = _best(groups, population, config, window, topology, any_code=False) or _best(
+            groups, population, config, window, topology, any_code=True
         )
         if burst is None:
             return out
@@ -226,28 +259,33 @@ def _best(
     groups: Mapping[Signature, set[str]],
     population: Counter[tuple[str, str]],
     config: SafetyConfig,
+    window_s: float,
+    topology: set[str],
     *,
     any_code: bool,
 ) -> Burst | None:
-    """The group with the smallest P that trips (ties: the smaller group, then by name),
-    naming the other attributes its nodes share exactly as well (`Burst.also`)."""
-    tripped: list[tuple[float, int, str, Burst]] = []
+    """The group with the smallest P that trips (ties: the smaller group, then a change
+    before topology, then by name), naming the other attributes its nodes share exactly as
+    well (`Burst.also`)."""
+    tripped: list[tuple[float, int, bool, str, Burst]] = []
     limit = math.log(config.breaker_p_value)
     for sig, nodes in groups.items():
         if (sig.key == ANY) is not any_code or len(nodes) < config.breaker_min_nodes:
             continue
         n = max(population.get((sig.attribute, sig.value), 0), len(nodes))
-        lam = expected(n, config)
+        lam = expected(n, config, window_s)
         log_p = log_poisson_tail(len(nodes), lam)
         if log_p <= limit:
-            tripped.append((log_p, n, sig.id, Burst(sig, tuple(sorted(nodes)), n, lam, log_p)))
+            burst = Burst(sig, tuple(sorted(nodes)), n, lam, log_p, window_s=window_s)
+            tripped.append((log_p, n, sig.attribute in topology, sig.id, burst))
     if not tripped:
         return None
-    tripped.sort(key=lambda t: t[:3])
-    best = tripped[0][3]
+    tripped.sort(key=lambda t: t[:4])
+    best = tripped[0][4]
     also = tuple(
         b.signature.change
-        for _, _, _, b in tripped[1:]
+        for *_, b in tripped[1:]
         if b.signature.key == best.signature.key and b.nodes == best.nodes and b.log_p == best.log_p
     )
-    return Burst(best.signature, best.nodes, best.population, best.expected, best.log_p, also)
+    return Burst(best.signature, best.nodes, best.population, best.expected, best.log_p, also,
+                 window_s)  # fmt: skip

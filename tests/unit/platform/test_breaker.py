@@ -169,19 +169,29 @@ def test_a_restarted_breaker_retrips_on_what_is_still_shown() -> None:
 
 
 def test_nodes_in_an_old_episode_do_not_look_new_after_a_restart() -> None:
-    old = Record(state=State.SUSPECT, since=T0 - 7200 * S)
+    """Episodes older than the level window are neither new nor the level; within it, ten
+    of a hundred nodes showing one finding now is a cause however slowly they came."""
+    old = Record(state=State.SUSPECT, since=T0 - 30000 * S)
     nodes = [view(FATAL, name=f"n{i}", record=old) for i in range(10)] + [
         view(name=f"h{i}") for i in range(90)
     ]
     assert Breaker(SafetyConfig()).update(nodes, now=T0) == []
+    recent = Record(state=State.SUSPECT, since=T0 - 7200 * S)
+    nodes[:10] = [view(FATAL, name=f"n{i}", record=recent) for i in range(10)]
+    (change,) = Breaker(SafetyConfig()).update(nodes, now=T0)
+    assert change.cause == "xid/XID_79@fleet" and "within 21600 s" in change.reason
 
 
-def test_quarantined_and_foreign_blocked_nodes_are_a_persons() -> None:
+def test_foreign_blocked_nodes_are_a_persons_and_quarantines_count() -> None:
+    """Nodes someone else blocked are not gpuvigil's to judge; nodes gpuvigil quarantined
+    are evidence (a burst that quarantines one node at a time must still trip)."""
     q = Record(state=State.QUARANTINED, since=T0)
-    nodes = [view(FATAL, name=f"q{i}", record=q) for i in range(5)]
-    nodes += [view(FATAL, name=f"c{i}", blocked_by_others=("cordon",)) for i in range(5)]
-    nodes += [view(name=f"h{i}") for i in range(90)]
-    assert Breaker(SafetyConfig()).update(nodes, now=T0) == []
+    foreign = [view(FATAL, name=f"c{i}", blocked_by_others=("cordon",)) for i in range(5)]
+    healthy = [view(name=f"h{i}") for i in range(90)]
+    assert Breaker(SafetyConfig()).update(foreign + healthy, now=T0) == []
+    quarantined = [view(FATAL, name=f"q{i}", record=q) for i in range(5)]
+    (change,) = Breaker(SafetyConfig()).update(foreign + quarantined + healthy, now=T0)
+    assert change.detail["nodes"] == 5
 
 
 def test_probes_start_after_a_while_idle_first_and_close_a_cured_signature() -> None:

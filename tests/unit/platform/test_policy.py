@@ -500,10 +500,10 @@ CASES = [
         [],
     ),
     (
-        "a breaker probe stops at REBOOT",
+        "a breaker probe stops at REBOOT, and goes back to being held, never quarantined",
         view(FATAL, record=rec(State.VALIDATING, 60, step=Action.REBOOT, failures=1)),
         Fleet(max_step=Action.REBOOT),
-        State.QUARANTINED,
+        State.SUSPECT,
         [],
     ),
     # Replace is verified: it counts once another machine stands behind the node.

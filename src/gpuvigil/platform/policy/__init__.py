@@ -39,6 +39,7 @@ from gpuvigil.platform.policy.values import (
 from gpuvigil.platform.state import LADDER, NodeView, Record, State
 
 __all__ = [
+    "PROBE_FAILED",
     "Assessment",
     "Decision",
     "Fleet",
@@ -54,6 +55,9 @@ __all__ = [
 UNKNOWN = "unknown: "  # reason prefix of a block set because the node could not be read
 # reason prefix of a SUSPECT node that is due a quarantine the quarantine rate holds back
 QUEUED = "waiting to quarantine: "
+# reason prefix of a breaker probe whose capped ladder did not cure it: the cause is the
+# change, not this machine, which goes back to being held (never quarantined for it)
+PROBE_FAILED = "probe did not cure it: "
 
 
 def _next_step(after: Action | None, wanted: Action, cap: Action | None = None) -> Action | None:
@@ -207,6 +211,8 @@ class _Ctx:
         return Op(OpKind.DRAIN, deadline=since + timedelta(seconds=self.cfg.drain_timeout_s))
 
     def start_step(self, step: Action | None, reason: str, **kw: object) -> Decision:
+        if step is None and self.fleet.max_step is not None and not self.a.max_step:
+            return self.go(State.SUSPECT, f"{PROBE_FAILED}{reason}", failures=0)
         if step is None or self.rec.failures >= self.cfg.max_failed_steps:
             why = (
                 f"{reason}; {self.rec.failures} failed steps" if step else f"{reason}; ladder ended"
@@ -313,7 +319,7 @@ def _suspect(c: _Ctx) -> Decision:
         # Staleness never quarantines: a dead agent is not a dead GPU, and the block heals
         # by itself when the reports return.
         return c.keep(f"{UNKNOWN}{a.unknown_reason}", held=c.fleet.stale)
-    if c.rec.reason.startswith(QUEUED) and (a.problems or c.held_blocked):
+    if c.rec.reason.startswith(QUEUED) and a.problems:  # held: the breaker's, not this one
         return c.go(State.QUARANTINED, c.rec.reason)  # its slot, or wait on
     if not a.problems:
         if c.held_blocked:

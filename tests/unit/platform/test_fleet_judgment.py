@@ -1,0 +1,271 @@
+"""The controller's fleet judgment, attacked as a chaos engineer would (issue 22): the real
+`Controller` on `MemoryCluster`, a pass every 10 s, faults injected as the issue describes
+them. Each test asserts what an SRE wants, measured as node-seconds a node with a real
+fault stayed schedulable, quarantines, and healthy nodes drained or replaced."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from helpers import finding
+from prometheus_client import CollectorRegistry
+
+from gpuvigil.core.findings import Action
+from gpuvigil.core.wire import FindingSummary
+from gpuvigil.platform import metrics as pmetrics
+from gpuvigil.platform.clusters.memory import MemoryCluster
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.safety import SafetyConfig
+from gpuvigil.platform.state import State, decode_record
+
+PASS_S = 10.0
+POOL, RACK, DRIVER = "gpuvigil.io/pool", "gpuvigil.io/rack", "driver-version"
+BASELINE = "550.54.15"
+EFA_DOWN = finding("EFA_DOWN", action=Action.REBOOT, fatal=True, component="efa:0", check="efa")
+GPU_LOST = finding("GPU_LOST", action=Action.REBOOT, fatal=True, component="gpu:1", check="gpu")
+NEW_XID = finding("XID_999", action=Action.INVESTIGATE, component="gpu:0", check="xid")
+
+
+@dataclass
+class World:
+    """A fleet with `pools` pools of `per_pool` nodes, racks of 8, one baseline driver."""
+
+    c: MemoryCluster
+    ctl: Controller
+    registry: CollectorRegistry
+    real: set[str] = field(default_factory=set)  # nodes with a real fault now
+    exposed_s: float = 0.0  # node-seconds a node with a real fault was schedulable
+    quarantines: int = 0
+    seen_quarantined: set[str] = field(default_factory=set)
+
+    @property
+    def exposed_h(self) -> float:
+        return self.exposed_s / 3600
+
+    def schedulable(self, name: str) -> bool:
+        n = self.c.nodes[name]
+        return not n.our_taints and not n.other_blocks
+
+    def fault(self, name: str, f: FindingSummary, *, fixed_by: Action | None) -> None:
+        self.c.set_findings(name, [f], fixed_by=fixed_by)
+        self.real.add(name)
+
+    def step(self, seconds: float = PASS_S) -> None:
+        """One pass, then time moves on (the exposure of that interval is counted)."""
+        self.ctl.reconcile()
+        for name in list(self.real):
+            if name not in self.c.nodes or not self.c.nodes[name].faults:
+                self.real.discard(name)
+            elif self.schedulable(name):
+                self.exposed_s += seconds
+        for name, n in self.c.nodes.items():
+            rec = decode_record(n.record_raw)
+            if rec is not None and rec.state is State.QUARANTINED:
+                if name not in self.seen_quarantined:
+                    self.quarantines += 1
+                    self.seen_quarantined.add(name)
+            else:
+                self.seen_quarantined.discard(name)
+        self.c.advance(seconds)
+
+    def run(
+        self, seconds: float, each: Callable[[float], None] | None = None, *, every: float = PASS_S
+    ) -> None:
+        """Passes `every` seconds (10 s, the default interval, while faults arrive; a
+        minute after, to keep the test fast), calling `each(t)` before each."""
+        t = 0.0
+        while t < seconds:
+            if each is not None:
+                each(t)
+            self.step(every)
+            t += every
+
+    def drained(self, names: set[str] | None = None) -> set[str]:
+        return {
+            name
+            for name, n in self.c.nodes.items()
+            if (names is None or name in names) and any(a[0] == "drain" for a in n.actions)
+        }
+
+    def state(self, name: str) -> State:
+        rec = self.c.get_node(name).record
+        return rec.state if rec is not None else State.HEALTHY
+
+
+def world(pools: int = 2, per_pool: int = 64, *, extra: dict[str, int] | None = None,
+          **safety: object) -> World:  # fmt: skip
+    c = MemoryCluster()
+    sizes = {f"p{i}": per_pool for i in range(pools)} | (extra or {})
+    i = 0
+    for pool, n in sizes.items():
+        for _ in range(n):
+            labels = {RACK: f"r{i // 8}", DRIVER: BASELINE}
+            c.add_node(f"n{i}", pool=pool, labels=labels, pods=1)
+            i += 1
+    reg = CollectorRegistry()
+    cfg = ControllerConfig(safety=SafetyConfig(**safety))  # type: ignore[arg-type]
+    ctl = Controller(c, config=cfg, clock=c.clock.now, metrics=pmetrics.build(reg))
+    w = World(c, ctl, reg)
+    w.run(60)  # the controller has seen the fleet as it is: its baseline
+    return w
+
+
+# ---- 1, 2: a rack is hardware, a baseline is no change ------------------------------------
+
+
+def test_a_rack_fault_is_a_hardware_event_blocked_and_repaired() -> None:
+    """EFA_DOWN on the 4 nodes of one rack within 30 s: the old breaker held them as a
+    suspected change and left them schedulable for 33.6 node-hours. Now the rack is named
+    as a hardware event (an event and a metric naming the rack), every node is blocked in
+    the pass that sees it and repaired within the budget."""
+    w = world()
+    rack = [f"n{i}" for i in range(8, 12)]  # four nodes of rack r1
+
+    def inject(t: float) -> None:
+        if t < 40:
+            w.fault(rack[int(t // 10)], EFA_DOWN, fixed_by=Action.REBOOT)
+
+    w.run(40, inject)
+    assert w.ctl.breaker.status.hardware == [f"efa/EFA_DOWN@{RACK}=r1"]
+    assert not w.ctl.breaker.status.open  # nothing is held
+    assert (
+        w.registry.get_sample_value(
+            "gpuvigil_hardware_event_nodes", {"code": "EFA_DOWN", "attribute": RACK, "value": "r1"}
+        )
+        == 4
+    )
+    w.run(2 * 3600, every=60)
+    assert w.exposed_s == 0
+    assert all(w.state(n) is State.HEALTHY and not w.c.nodes[n].faults for n in rack)
+    assert w.quarantines == 0 and w.drained() == set(rack)
+
+
+def test_faults_spread_over_racks_never_name_the_baseline_driver() -> None:
+    """The same 4 faults over 4 racks in 2 pools of a 512-node fleet tripped the old breaker
+    on the driver every node runs. A baseline shared for long names no change: no cause
+    opens, each node is blocked and repaired."""
+    w = world(pools=2, per_pool=256)
+    nodes = ["n0", "n100", "n300", "n400"]  # racks r0, r12, r37, r50; pools p0, p1
+
+    def inject(t: float) -> None:
+        if t < 40:
+            w.fault(nodes[int(t // 10)], EFA_DOWN, fixed_by=Action.REBOOT)
+
+    w.run(40, inject)
+    assert not w.ctl.breaker.signatures
+    w.run(2 * 3600, every=60)
+    assert w.exposed_s == 0 and all(w.state(n) is State.HEALTHY for n in nodes)
+
+
+def test_a_pool_of_three_never_trips_on_the_pool() -> None:
+    """The third fatal node of a 3-node pool tripped `pool=tiny` and unblocked the second.
+    Pools below `breaker_min_pool_nodes` never trip on the pool: all three stay blocked and
+    are repaired."""
+    w = world(pools=2, per_pool=256, extra={"tiny": 3})
+    tiny = ["n512", "n513", "n514"]
+
+    def inject(t: float) -> None:
+        if t in (0.0, 100.0, 200.0):
+            w.fault(tiny[int(t // 100)], GPU_LOST, fixed_by=Action.REBOOT)
+
+    w.run(300, inject)
+    assert not w.ctl.breaker.status.causes  # nothing held (the rack is a hardware event)
+    assert all(not w.schedulable(n) for n in tiny)
+    w.run(3 * 3600, every=60)
+    assert w.exposed_s == 0 and all(w.state(n) is State.HEALTHY for n in tiny)
+
+
+def test_a_real_fault_on_a_held_node_stays_blocked() -> None:
+    """A bad driver makes healthy GPUs read as lost on 12 nodes of a pool (held: no drain,
+    no step), and one of those nodes has a real GPU_LOST too. The old breaker left it
+    schedulable until the rollback; now every held fatal finding blocks, and once the
+    driver is rolled back the real fault alone is repaired."""
+    w = world()
+    bad = [f"n{i}" for i in range(12)]
+    for n in bad:
+        w.c.nodes[n].labels[DRIVER] = "560.1"
+        w.c.nodes[n].version += 1
+    w.run(30)
+    for n in bad[1:]:
+        w.c.set_findings(n, [GPU_LOST], fixed_by=None)  # the driver's false alarm
+    w.fault(bad[0], GPU_LOST, fixed_by=Action.REBOOT)  # a real one, same code
+    w.run(600)
+    w.run(3000, every=60)
+    assert w.ctl.breaker.status.causes == [f"gpu/GPU_LOST@{DRIVER}=560.1"]
+    assert w.exposed_s == 0 and all(not w.schedulable(n) for n in bad)
+    assert not w.drained(set(bad)) and not w.c.replaced
+    for n in bad:  # the rollback: the driver's false alarms go; the real fault stays
+        w.c.nodes[n].labels[DRIVER] = BASELINE
+        if n != bad[0]:
+            w.c.clear_findings(n)
+    w.run(3 * 3600, every=60)
+    assert w.exposed_s == 0 and not w.c.nodes[bad[0]].faults
+    assert all(w.state(n) is State.HEALTHY and w.schedulable(n) for n in bad)
+    assert w.drained(set(bad)) == {bad[0]}
+
+
+# ---- 3: level as well as rate; quarantines --------------------------------------------------
+
+
+def test_a_slow_rollout_trips_on_the_level() -> None:
+    """A bad driver rolled out 2 nodes every 11 min (never 3 in one 600 s window) replaced
+    104 healthy machines in 11.7 h. Counting the nodes that show it now (begun within
+    `breaker_level_window_s`) trips it at the second batch: nothing is replaced, and no
+    node drained after the trip."""
+    w = world(pools=1, per_pool=64)
+    rolled: list[str] = []
+
+    def rollout(t: float) -> None:
+        if t % 660 == 0 and len(rolled) < 64:
+            for n in (f"n{len(rolled)}", f"n{len(rolled) + 1}"):
+                w.c.nodes[n].labels[DRIVER] = "560.1"
+                w.c.set_findings(n, [GPU_LOST], fixed_by=None)  # never cured by a step
+                rolled.append(n)
+
+    w.run(12 * 3600, rollout, every=30)
+    assert w.ctl.breaker.status.causes == [f"gpu/GPU_LOST@{DRIVER}=560.1"]
+    # the first batch only: its ladder ran out (replaced in 10 min) before the second
+    # batch showed it; afterwards nothing, and each failed probe goes back to held
+    assert len(w.c.replaced) <= 2 and len(w.drained()) <= 2 + 4  # 4 probes in 12 h
+    assert w.quarantines == 0
+    showing = [n for n in rolled if w.c.nodes[n].faults]
+    assert len(showing) >= 60 and not any(w.schedulable(n) for n in showing)  # held, blocked
+
+
+def test_a_staggered_new_xid_does_not_quarantine_the_fleet() -> None:
+    """A new, unknown Xid (FAILED, INVESTIGATE) reaching one node every 30 s quarantined
+    128 of 128 nodes: quarantined nodes were not counted, so the breaker never tripped.
+    Now they count and quarantines are rate-limited: a handful are quarantined, the rest
+    are held blocked, and no node showing it is ever schedulable."""
+    w = world()
+
+    def spread(t: float) -> None:
+        if t % 30 == 0 and t // 30 < 128:
+            w.fault(f"n{int(t // 30)}", NEW_XID, fixed_by=None)
+
+    w.run(128 * 30, spread)
+    w.run(3600, every=60)
+    causes = set(w.ctl.breaker.status.causes)  # the fleet, or each of its two pools
+    assert causes in ({"xid/XID_999@fleet"}, {f"xid/XID_999@{POOL}=p0", f"xid/XID_999@{POOL}=p1"})
+    assert not w.ctl.breaker.status.hardware  # two racks' worth: no rack's event
+    assert w.quarantines <= 5  # the rate limit's, before the fleet-wide cause showed
+    assert w.exposed_s == 0 and not w.drained()
+
+
+def test_quarantines_are_rate_limited_fleet_wide() -> None:
+    """Past `max_quarantines` per `quarantine_window_s` a node due a quarantine waits
+    blocked (SUSPECT) for a slot: three independent INVESTIGATE findings 20 min apart
+    with two slots an hour: the third waits until the first slot frees."""
+    w = world(max_quarantines=2, quarantine_window_s=3600)
+    nodes = ("n0", "n64", "n127")
+
+    def inject(t: float) -> None:
+        if t % 1200 == 0 and t < 3600:
+            w.fault(nodes[int(t // 1200)], NEW_XID, fixed_by=None)
+
+    w.run(3000, inject, every=60)
+    assert [w.state(n).value for n in nodes] == ["QUARANTINED", "QUARANTINED", "SUSPECT"]
+    assert not w.ctl.breaker.signatures and w.exposed_s == 0
+    w.run(900, every=60)
+    assert all(w.state(n) is State.QUARANTINED for n in nodes)
