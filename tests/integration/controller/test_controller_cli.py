@@ -191,6 +191,12 @@ def test_nodes_and_release(kube, agent, tmp_path, run_cli) -> None:  # type: ign
     dry = run_cli("controller", "--config", str(cfg), "--once", "--dry-run", env=kube.env())
     assert dry.returncode == 0, dry.stderr
     assert f"{node}\tQUARANTINED" in dry.stdout and record(kube, node) is None  # never acted
+    # gpuvigil nodes shows what the live controller would have done (the dry run's intent)
+    would = run_cli("nodes", "--config", str(cfg), "--json", env=kube.env())
+    (wrow,) = [json.loads(line) for line in would.stdout.splitlines()]
+    assert (wrow["state"], wrow["dry_run"], wrow["stored_state"]) == ("QUARANTINED", True,
+                                                                       "HEALTHY")  # fmt: skip
+    assert wrow["blocked_by"] == [] and wrow["decision"]["dry_run"] is True
     done = run_cli("controller", "--config", str(cfg), "--once", env=kube.env())
     assert done.returncode == 0, done.stderr
     assert record(kube, node).state is State.QUARANTINED
@@ -198,6 +204,13 @@ def test_nodes_and_release(kube, agent, tmp_path, run_cli) -> None:  # type: ign
     (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert row["state"] == "QUARANTINED" and "GPU_SDC" in row["reason"]
     assert row["blocked_by"] == ["gpuvigil"]
+    assert (row["reason"], row["next"]) == (wrow["reason"], wrow["next"])  # as it said
+    assert row["dry_run"] is False and row["decision"]["dry_run"] is False
+    story = run_cli("explain", node, "--config", str(cfg), "--json", env=kube.env())
+    assert story.returncode == 0, story.stderr
+    said = [json.loads(line)["what"] for line in story.stdout.splitlines()]
+    assert any(w.startswith("-> QUARANTINED: needs a human") for w in said), said
+    assert any(w.startswith("decided QUARANTINED") for w in said), said
     released = run_cli("release", node, "--config", str(cfg), env=kube.env())
     assert released.returncode == 0, released.stderr
     rec = record(kube, node)
