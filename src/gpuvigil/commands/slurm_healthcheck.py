@@ -11,16 +11,20 @@ from gpuvigil import config as gconfig
 from gpuvigil.commands import options
 from gpuvigil.commands.npd import fresh_report, run_once
 from gpuvigil.core import freshness, naming
+from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.sinks.state_file import DEFAULT_PATH
 
 HELP = (
     "Judge this node once and drain it in Slurm on a problem, the way NHC does; meant for "
     "slurm.conf's HealthCheckProgram (runs as root on every node). Uses the gpuvigil "
     "agent's report when it is fresh (--state-file, --max-age), else runs the fast checks "
-    'itself. Drains with Reason="gpuvigil: <code> <component>" on a fatal finding (or any '
-    "FAILED one with --drain-on failed) and resumes the node only when it drained it itself "
-    "and the finding has cleared. Exit: 0 healthy, 1 unhealthy (a definite failure wins), "
-    "2 a check could not run and nothing else failed.\n\n"
+    "itself; a missing, unreadable or stale report is then a FAILED finding too (RESULT_STALE "
+    "agent: the agent is not running, or cannot write its report), unless --no-agent says "
+    'no agent runs here. Drains with Reason="gpuvigil:SUSPECT:-:<code> <component>" on '
+    "every finding Kubernetes would block new work on (any FAILED one; --drain-on fatal: "
+    "fatal ones only) and resumes the node only when it drained it itself and the finding "
+    "has cleared: a person's drain is never lifted. Exit: 0 healthy, 1 unhealthy (a "
+    "definite failure wins), 2 a check could not run and nothing else failed.\n\n"
     "slurm.conf: HealthCheckProgram=/usr/local/sbin/gpuvigil-healthcheck "
     "HealthCheckInterval=300 HealthCheckNodeState=ANY (the two-line wrapper shipped as "
     "deploy/slurm/gpuvigil-healthcheck; docs/agent.md)"
@@ -53,25 +57,42 @@ def register(app: typer.Typer) -> None:
             ),
         ] = True,
         drain_on: Annotated[
-            str, typer.Option("--drain-on", help="fatal (default) or failed.")
-        ] = "fatal",
+            str,
+            typer.Option(
+                "--drain-on",
+                help="blocked (default: every finding Kubernetes blocks on, core.blocking) "
+                "or fatal (fatal findings only); failed is the old name of blocked.",
+            ),
+        ] = "blocked",
+        agent: Annotated[
+            bool,
+            typer.Option(
+                "--agent/--no-agent",
+                help="An agent runs here (default): its report missing, unreadable or stale "
+                "is a FAILED finding. --no-agent: judge by the checks run now only.",
+            ),
+        ] = True,
         config: options.ConfigFile = None,
         sysfs_root: options.SysfsRoot = None,
         expect_gpus: options.ExpectGpus = None,
     ) -> None:
         from gpuvigil.node.sinks import slurm as sl
 
-        if drain_on not in ("fatal", "failed"):
-            typer.echo("--drain-on must be fatal or failed", err=True)
+        if drain_on not in ("blocked", "fatal", "failed"):
+            typer.echo("--drain-on must be blocked or fatal", err=True)
             raise typer.Exit(2)
         name = naming.node_name(node_name)
-        report = fresh_report(state_file, max_age_s=max_age)
+        report = fresh_report(state_file, max_age_s=max_age) if agent else None
         source = f"agent report {state_file}"
         if report is None:
             report = run_once(
                 config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus, names=None, node=name
             )
             source = "checks run now"
+            if agent:  # the agent's silence is news: it may know what these checks cannot see
+                report = report.model_copy(
+                    update={"findings": (*report.findings, no_agent_report(state_file, max_age))}
+                )
         for f in report.problems:
             typer.echo(f"{f.status.value} {f.code} {f.component}: {f.message}")
         if drain:
@@ -84,3 +105,24 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from e
             typer.echo(f"gpuvigil: {report.status.value} ({source}); slurm: {did}")
         raise typer.Exit(report.exit_code())
+
+
+def no_agent_report(path: Path, max_age_s: float) -> Finding:
+    """The FAILED finding for an agent report that cannot be used (say which way)."""
+    from gpuvigil.node.sinks.state_file import read_report
+
+    report = read_report(path)
+    if report is not None:
+        age = freshness.judge(report.generated_at, now=utcnow(), max_age_s=max_age_s)
+        why = f"{age.freshness.value} ({age.describe()})"
+    else:
+        why = "unreadable" if path.exists() else "missing"
+    return Finding(
+        check="agent",
+        status=Status.FAILED,
+        code="RESULT_STALE",
+        component="agent",
+        message=f"the agent's report {path} is {why}: the agent is not running or cannot "
+        "write it (a full disk); what it knows is not here",
+        evidence={"state_file": str(path), "max_age_s": max_age_s},
+    )

@@ -116,10 +116,10 @@ class AgentConfig(StrictModel):
         300.0,
         gt=0,
         description="/healthz fails (503) once a sink has failed every attempt for this "
-        "long: a node name that does not exist, credentials that were revoked or a state "
-        "file that cannot be written are then a restart the supervisor shows "
-        "(CrashLoopBackOff), not a silently stale verdict. Long enough to ride out an API "
-        "server restart.",
+        "long: a node name that does not exist or credentials that were revoked are then a "
+        "restart the supervisor shows (CrashLoopBackOff), not a silently stale verdict. "
+        "Long enough to ride out an API server restart. The state file has no grace: its "
+        "first failed write fails /healthz.",
     )
     watchdog_timeout_s: float = Field(
         60.0,
@@ -316,7 +316,11 @@ class Agent:
             for w in self.workers
             if w.failing_since is not None
         }
-        stuck = {n: s for n, s in failing.items() if s >= self.config.sink_failure_grace_s}
+        grace = {  # a sink may need less grace than the API-server default (state_file: 0)
+            w.sink.name: getattr(w.sink, "failure_grace_s", self.config.sink_failure_grace_s)
+            for w in self.workers
+        }
+        stuck = {n: s for n, s in failing.items() if s >= grace[n]}
         ok = ok and not stuck
         status = self.latest.status.value if self.latest else None
         return ok, {

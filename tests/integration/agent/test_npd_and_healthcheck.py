@@ -104,3 +104,58 @@ def test_slurm_healthcheck_drains_and_resumes_its_node(run_cli, slurm, tmp_path)
     assert p.returncode == 0 and "resumed" in p.stdout, p.stdout + p.stderr
     info = parse_show_node(slurm.run("scontrol", "show", "node", "gpu4", "-o").stdout)
     assert "DRAIN" not in info["State"]
+
+
+@pytest.mark.realparts
+def test_slurm_healthcheck_drains_what_kubernetes_blocks_never_a_persons_drain(
+    run_cli, slurm, tmp_path
+):
+    """Issue #21's example against a real slurmctld: uncorrectable ECC on fake GPU 5 is
+    FAILED but not fatal. Kubernetes blocks new work on it (core.blocking), so Slurm drains
+    it too; it resumes the node once the fault clears; a person's drain stays."""
+    from gpuvigil.fakes import faults
+    from gpuvigil.fakes.faults import Fault
+    from gpuvigil.fakes.gpu import make_node
+
+    m, cfg, env = setup(tmp_path)
+    data = yaml.safe_load(cfg.read_text())
+    data["agent"]["sinks"] = {"slurm": {"marker_path": str(tmp_path / "marker")}}
+    cfg.write_text(yaml.safe_dump(data))
+    env = {**env, **slurm.env()}
+    args = ("slurm-healthcheck", "--node-name", "gpu3", "--expect-gpus", "8", "--no-agent",
+            "--config", str(cfg))  # fmt: skip
+
+    def show() -> dict:
+        return parse_show_node(slurm.run("scontrol", "show", "node", "gpu3", "-o").stdout)
+
+    def fault(on: bool) -> None:
+        node = make_node(8)
+        if on:
+            faults.apply(node, Fault.ECC_UNCORRECTABLE, gpu=5)
+        m.save_nvml(node)
+
+    try:
+        fault(True)
+        p = run_cli(*args, env=env)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert "FAILED ECC_UNCORRECTED_VOLATILE gpu:5" in p.stdout, p.stdout
+        assert "slurm: drained" in p.stdout, p.stdout
+        info = show()
+        assert "DRAIN" in info["State"], info
+        assert info["Reason"].startswith("gpuvigil:SUSPECT:-:") and "gpu:5" in info["Reason"]
+        fault(False)
+        p = run_cli(*args, env=env)
+        assert p.returncode == 0 and "slurm: resumed" in p.stdout, p.stdout + p.stderr
+        assert "DRAIN" not in show()["State"]
+        # a person drains it: gpuvigil never lifts that, fault or no fault
+        slurm.run("scontrol", "update", "NodeName=gpu3", "State=DRAIN", "Reason=bios update")
+        fault(True)
+        p = run_cli(*args, env=env)
+        assert p.returncode == 1 and "already drained" in p.stdout, p.stdout
+        fault(False)
+        p = run_cli(*args, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        info = show()
+        assert "DRAIN" in info["State"] and info["Reason"] == "bios update", info
+    finally:
+        slurm.run("scontrol", "update", "NodeName=gpu3", "State=RESUME", check=False)

@@ -71,8 +71,9 @@ def test_conditions_keep_transition_time_until_status_changes():
     assert [(n["type"], o["reason"]) for n, o in flipped3] == [("GPUXidError", "XID_79")]
 
 
-def test_drain_trigger_prefers_fatal_and_ignores_could_not_run_by_default():
+def test_drain_trigger_prefers_fatal_and_drain_on_fatal_ignores_could_not_run():
     timeout = Finding(check="nvml", status=Status.FAILED, code="CHECK_TIMEOUT")
+    assert sl.drain_trigger(report(timeout), drain_on="blocked") == timeout  # the default
     assert sl.drain_trigger(report(timeout), drain_on="fatal") is None
     assert sl.drain_trigger(report(timeout, XID79), drain_on="fatal") == XID79
     assert sl.drain_trigger(report(timeout), drain_on="failed") == timeout

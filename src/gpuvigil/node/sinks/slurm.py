@@ -1,10 +1,11 @@
-"""Publishes this node's health to Slurm, and (standalone mode) drains it on a fatal finding.
+"""Publishes this node's health to Slurm, and (standalone mode) drains it on what blocks it.
 
 Called by the agent through a SinkWorker, and by `gpuvigil slurm-healthcheck`.
 - publish (always): the compact `core.wire` summary goes into the node field
   `core.wire.SLURM_HEALTH_FIELD` (`Extra`, free text since Slurm 22.05, shown by
   `scontrol show node` and `sinfo -O extra`), where the controller reads it;
-- standalone (sites without the controller): a fatal finding drains the node with the
+- standalone (sites without the controller): a finding Kubernetes would block new work on
+  (`core.blocking`; `drain_on: fatal` narrows it to fatal ones) drains the node with the
   controller's own reason tag for a blocked node (`core.states.tag`: `gpuvigil:SUSPECT:-:<code>
   <component>`), so a controller added later knows the drain for gpuvigil's; it is resumed
   only when the finding has cleared *and* the node is still drained with exactly the reason
@@ -24,9 +25,10 @@ from typing import Literal
 from pydantic import Field
 
 from gpuvigil.core import wire
+from gpuvigil.core.blocking import blocks_new_work
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.files import write_atomic
-from gpuvigil.core.findings import Finding, NodeReport, Status
+from gpuvigil.core.findings import Finding, NodeReport
 from gpuvigil.core.states import State, tag
 from gpuvigil.node.slurm_client import SlurmClient, parse_show_node
 
@@ -39,13 +41,15 @@ class SlurmConfig(StrictModel):
     mode: Literal["publish", "standalone"] = Field(
         "publish",
         description="publish: only write the summary (the controller acts). "
-        "standalone: also drain on a fatal finding and resume after it clears.",
+        "standalone: also drain on what blocks the node (drain_on) and resume after it clears.",
     )
-    drain_on: Literal["fatal", "failed"] = Field(
-        "fatal",
-        description="Standalone: drain on fatal findings only (default), or on any "
-        "FAILED one. Fatal only, because without the controller's circuit breaker a "
-        "fleet-wide tool breakage (CHECK_ERROR everywhere) would drain every node.",
+    drain_on: Literal["blocked", "fatal", "failed"] = Field(
+        "blocked",
+        description="Standalone: drain on every finding Kubernetes would block new work on "
+        "(`core.blocking`: any FAILED one, a check that could not run included), the "
+        "default; or on fatal findings only (`fatal`: without the controller's circuit "
+        "breaker, a fleet-wide tool breakage, CHECK_ERROR everywhere, drains every node). "
+        "`failed` is the old name of `blocked`.",
     )
     scontrol: str = Field("scontrol", description="The scontrol binary (name or path).")
     timeout_s: float = Field(10.0, gt=0, description="Deadline of each scontrol call.")
@@ -71,7 +75,7 @@ def drain_trigger(report: NodeReport, *, drain_on: str) -> Finding | None:
     bad = [
         f
         for f in report.problems
-        if f.status is Status.FAILED and (f.fatal or drain_on == "failed")
+        if blocks_new_work(f.status) and (f.fatal or drain_on != "fatal")  # the one table
     ]
     bad.sort(key=lambda f: (not f.fatal, -f.action.rank, f.code, f.component))
     return bad[0] if bad else None

@@ -5,11 +5,14 @@ Called by the agent through a SinkWorker. Readers: the training health gate
 never sees a torn file, and a planted symlink never redirects the write
 (`core.files.write_atomic`: a temporary file in the same folder, fsynced, renamed over the
 old one, the folder fsynced). Readers must check `generated_at`:
-a file older than a few agent intervals means the agent is not running.
+a file older than a few agent intervals means the agent is not running. A write that fails
+(a full disk, a read-only folder) removes the old file: it never goes on saying OK while the
+agent knows otherwise, and the agent's /healthz fails at once (`failure_grace_s`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from pydantic import Field
@@ -20,6 +23,7 @@ from gpuvigil.core.findings import NodeReport
 from gpuvigil.core.wire import STATE_FILE
 
 DEFAULT_PATH = STATE_FILE
+log = logging.getLogger("gpuvigil.agent.state_file")
 
 
 class StateFileConfig(StrictModel):
@@ -51,6 +55,9 @@ def read_report(path: Path) -> NodeReport | None:
 
 class StateFileSink:
     name = "state_file"
+    # /healthz fails at the first failed write (`agent.health`): a local file has no server
+    # restart to ride out, and every reader is now without a report.
+    failure_grace_s = 0.0
 
     def __init__(self, config: StateFileConfig) -> None:
         self.path, self.mode = config.path, config.mode
@@ -58,7 +65,17 @@ class StateFileSink:
         ensure_dir(self.path.parent, mode=0o755 if config.mode & 0o004 else 0o750)
 
     def publish(self, report: NodeReport) -> None:
-        write_atomic(self.path, report.model_dump_json(indent=1).encode(), mode=self.mode)
+        try:
+            write_atomic(self.path, report.model_dump_json(indent=1).encode(), mode=self.mode)
+        except OSError:
+            # The old report would go on saying what the agent no longer knows to be true
+            # (OK while it sees FAILED): a reader must find nothing instead, and fail closed
+            # (the training gate, slurm-healthcheck). Unlinking needs no free block.
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as gone:
+                log.error("state file %s cannot be written nor removed: %s", self.path, gone)
+            raise
 
     def close(self) -> None:
         pass

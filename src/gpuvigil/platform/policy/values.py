@@ -14,6 +14,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from gpuvigil.core import freshness
+from gpuvigil.core.blocking import blocking_statuses
 from gpuvigil.core.codes import COULD_NOT_RUN
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import Action, Status
@@ -175,7 +176,7 @@ def assess(
     age = freshness.judge(node.heartbeat_at, now=now, max_age_s=config.heartbeat_stale_s)
     if not age.fresh:
         return Assessment(False, f"health summary {age.freshness} ({age.describe()})")
-    bad = {Status.FAILED, Status.WARNING} if config.block_on_warning else {Status.FAILED}
+    bad = blocking_statuses(block_on_warning=config.block_on_warning)  # the one table
     problems = [f for f in node.health.findings if f.status in bad]
     kept = [f for f in problems if f.status is Status.FAILED and (f.check, f.code) in held]
     problems = [f for f in problems if f not in kept]
