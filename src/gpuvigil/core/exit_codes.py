@@ -18,11 +18,16 @@ from typing import Any
 
 
 class Charged(StrEnum):
-    """Who a failure with this exit code is charged to (the attribution cause)."""
+    """Who a failure is charged to: the one cause vocabulary of every layer. An exit code's
+    charge, the `cause` of an exit record and of a `job.restart` (`training.lifecycle`, which
+    keeps what was seen, `frozen`, `victim`, `drained`..., as its `kind` under the cause), and
+    the cause attribution names (`observe.attribution`)."""
 
     NONE = "none"  # success
     USER = "user_code"  # the job's own program
     NODE = "hardware"  # the machine it ran on: its agent reports it unhealthy, or cannot tell
+    NETWORK = "network"  # the fabric between the machines (attribution's evidence says so)
+    TOOLING = "tooling"  # our own tools broke (a hung nvidia-smi) while the GPUs answered
     HANG = "hang"  # no step completed in time: a peer, the network or the program
     DRAIN = "drain"  # the platform took the node away and the job left cleanly
     STORAGE = "storage"  # checkpoints could not be written

@@ -5,8 +5,10 @@ Called by `gpuvigil report` (through `observe.summary`) and the simulator's repo
 `job.end` it gathers the evidence on the job's nodes and the job itself from `lookback_s`
 before to `grace_s` after the failure (detection lags the crash: an Xid is logged, then the
 agent reports it on its next pass), then `classify` — a pure function — picks the cause
-with the first matching rule of `RULES`, then by the job's exit code as the one exit-code
-table (`core.exit_codes`) charges it. Which Xids are the application's doing comes from the
+with the first matching rule of `RULES`, then by the failure's structured `cause` (what the
+training layer recorded, `core.exit_codes.Charged`: the one cause vocabulary), then by the
+job's exit code as the one exit-code table (`core.exit_codes`) charges it. The free-text
+`reason` is shown, never searched for words. Which Xids are the application's doing comes from the
 Xid catalog (`node.catalog.xid`: the codes whose action is RESTART_APP). Memory: a short
 evidence ring per node and per running job, and the failures still inside their grace
 period.
@@ -26,16 +28,21 @@ from gpuvigil.core.findings import Action
 from gpuvigil.core.states import State
 from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
 
-HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, UNKNOWN = (
-    "hardware",
-    "network",
-    "storage",
-    "hang",
-    "user_code",
-    "tooling",  # our own tools broke (a hung nvidia-smi) while the GPUs answered
-    "unknown",
+# The causes are core.exit_codes.Charged's, in the order reports list them.
+HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, DRAIN, UNKNOWN = (
+    c.value
+    for c in (
+        Charged.NODE,
+        Charged.NETWORK,
+        Charged.STORAGE,
+        Charged.HANG,
+        Charged.USER,
+        Charged.TOOLING,
+        Charged.DRAIN,
+        Charged.UNKNOWN,
+    )
 )
-CAUSES = (HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, UNKNOWN)
+CAUSES = (HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, DRAIN, UNKNOWN)
 # A check that timed out on a GPU (`gpu:N`: the driver call on that GPU never returned) is
 # a hung GPU, which is hardware; one that timed out elsewhere is a hung tool.
 HUNG = "CHECK_TIMEOUT"
@@ -50,21 +57,9 @@ SEVERE_ACTIONS = frozenset({"RESET_GPU", "REBOOT", "REPLACE", "INVESTIGATE"})
 # A node moved to one of these around a failure had a problem the controller saw (blocked
 # or drained); a node returning through VALIDATING had not (`core.states`).
 TROUBLED = frozenset(s.value for s in State if s.blocks and s is not State.VALIDATING)
-# What an exit code the table charges to someone other than the program says, when no
-# event explains the failure better (`core.exit_codes.Charged` -> attribution cause).
-CHARGED_CAUSE = {
-    Charged.NODE: HARDWARE,
-    Charged.HANG: HANG,
-    Charged.STORAGE: STORAGE,
-    Charged.DRAIN: UNKNOWN,  # the platform took the node away; only its events say why
-}
-# Words in a restart/end `reason` that hint at a cause when no event proves one.
-REASON_HINTS = (
-    (HANG, ("hang", "watchdog", "timeout")),
-    (STORAGE, ("checkpoint", "storage", "filesystem", "i/o", "disk")),
-    (NETWORK, ("nccl", "network", "fabric", "efa", "infiniband", "collective")),
-    (HARDWARE, ("node", "xid", "gpu", "hardware", "ecc")),
-)
+# Charges to someone other than the program that name the cause when no event explains the
+# failure better; a drain only weakly (the platform took the node away: its events say why).
+CHARGED = frozenset({Charged.NODE, Charged.NETWORK, Charged.HANG, Charged.STORAGE, Charged.DRAIN})
 
 
 @dataclass(frozen=True)
@@ -88,6 +83,8 @@ class Failure:
     node: str | None = None  # the node the training layer blamed, if any
     exit_code: int | None = None
     reason: str = ""
+    cause: Charged | None = None  # the structured cause the event carries, if any
+    kind: str = ""  # what was seen, under that cause (frozen, victim, drained...)
 
 
 @dataclass(frozen=True)
@@ -255,27 +252,26 @@ def classify(f: Failure, evidence: Iterable[Evidence]) -> Attribution:
                 code=e.code,
             )
     code = f.exit_code
-    charge = exit_codes.charged(code) if code is not None else None
-    if charge in CHARGED_CAUSE:
-        assert code is not None and charge is not None
-        meaning = exit_codes.lookup(code).meaning
+    by_code = exit_codes.charged(code) if code is not None else None
+    charge = f.cause if f.cause not in (None, Charged.NONE, Charged.UNKNOWN) else by_code
+    if charge in CHARGED:
+        assert charge is not None
+        if charge is f.cause:
+            summary = f.reason or f.kind or charge.value
+        else:
+            summary = f"exit code {code} ({exit_codes.lookup(code or 0).meaning})"
         return Attribution(
             **base,
-            cause=CHARGED_CAUSE[charge],
+            cause=charge.value,
             confidence=0.3 if charge is Charged.DRAIN else 0.7,
-            summary=f"exit code {code} ({meaning})",
+            summary=summary,
             node=f.node,
         )
-    reason = f.reason.lower()
-    for cause, words in REASON_HINTS:
-        if any(w in reason for w in words):
-            return Attribution(
-                **base, cause=cause, confidence=0.4, summary=f"reason: {f.reason}", node=f.node
-            )
     if charge is Charged.USER:
         app = _pick(ev, "app_xid")
         conf = 0.8 if app else 0.7
-        text = f"exit code {f.exit_code}, no hardware evidence"
+        said = f"exit code {code}" if code is not None else (f.reason or USER)
+        text = f"{said}, no hardware evidence"
         if app:
             text += f"; {app[0].text}"
         return Attribution(**base, cause=USER, confidence=conf, summary=text, node=f.node)
@@ -368,8 +364,16 @@ class Attributor:
         evidence = [e for e in job_ev if e.ts >= since]
         for n in nodes:
             evidence.extend(e for e in self._node_ev.get(n, ()) if e.ts >= since)
+        cause = d.get("cause")
         f = Failure(
-            ev.ts, job, ev.kind, blamed, exit_code, str(d.get("reason", d.get("result", "")))
+            ev.ts,
+            job,
+            ev.kind,
+            blamed,
+            exit_code,
+            str(d.get("reason", d.get("result", ""))),
+            Charged(cause) if cause in set(Charged) else None,
+            str(d.get("kind") or ""),
         )
         self._pending.append(_Pending(f, nodes, evidence))
 

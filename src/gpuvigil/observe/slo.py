@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpuvigil.core import exit_codes
 from gpuvigil.core.events import Event, Kind
 from gpuvigil.core.states import REMOVED, State
 from gpuvigil.observe.slo_report import SloReport, Targets
@@ -289,11 +290,14 @@ class SloTracker:
             self.r.job_restarts += 1
 
     def _on_job_end(self, ev: Event) -> None:
+        d = ev.data
+        result = str(d.get("result", "succeeded" if d.get("exit_code", 0) == 0 else "failed"))
+        if interrupted(result, d.get("exit_code")):
+            return  # the job goes on: its verdict is its last attempt's
         job = self._jobs.pop(ev.job or "", None)
         if not self._in_window(ev.ts):
             return
-        r, d = self.r, ev.data
-        result = str(d.get("result", "succeeded" if d.get("exit_code", 0) == 0 else "failed"))
+        r = self.r
         alloc, prod = _num(d.get("allocated_gpu_s")), _num(d.get("productive_gpu_s"))
         if alloc is None and job is not None and job.gpus:
             alloc = job.gpus * max(0.0, ev.ts - job.start)
@@ -335,6 +339,20 @@ class SloTracker:
                     if job.gpus:
                         self._goodput(job.gpus * max(0.0, r.end - job.start), None, job)
         return r
+
+
+def interrupted(result: str, exit_code: object) -> bool:
+    """A job.end that is no verdict: an attempt that stopped with a code a retry spares (a
+    drain, a refused node) is followed by the same job resuming elsewhere. So a drained job
+    that resumes and finishes is one job that succeeded, whichever process wrote last."""
+    if result == "interrupted":
+        return True
+    code = exit_code if type(exit_code) is int else None
+    return (
+        result == "failed"
+        and code is not None
+        and exit_codes.lookup(code).retry is exit_codes.Retry.IGNORE
+    )
 
 
 _HANDLERS = {

@@ -26,10 +26,10 @@ log = logging.getLogger("gpuvigil.training")
 
 
 def classify(exc: BaseException) -> tuple[str, int]:
-    """(cause, exit code) of an exception that ends a rank."""
+    """(kind, exit code) of an exception that ends a rank (`lifecycle.KINDS`)."""
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else 1
-        return lifecycle.cause_of_exit(code), code
+        return lifecycle.kind_of_exit(code), code
     text = f"{type(exc).__name__}: {exc}"
     waiting = isinstance(exc, getattr(dist, "DistError", ())) or any(
         w in text for w in ("Connection closed by peer", "Connection reset", "Gloo", "NCCL")
@@ -130,28 +130,28 @@ class Journal:
             )
 
     # --- how this rank ends ---------------------------------------------------------------
-    def exit(self, *, cause: str, code: int, step: int, detail: str) -> None:
+    def exit(self, *, kind: str, code: int, step: int, detail: str) -> None:
         if self._exited:
             return
         self._exited = True
         lifecycle.write_exit(
             self.storage,
             lifecycle.ExitRecord(
-                time.time(), cause, self.env.rank, self.env.node, code, step, detail
+                time.time(), kind, self.env.rank, self.env.node, code, step, detail
             ),
         )
 
     def hung(self, record: HangRecord) -> None:
         """The hang watchdog fired on this rank: its event and its exit record."""
         self.event(Kind.HANG, record.data())
-        cause = "victim" if record.in_collective or record.reason == "peer" else "hang"
+        kind = "victim" if record.in_collective or record.reason == "peer" else "hang"
         self.exit(
-            cause=cause,
+            kind=kind,
             code=exit_codes.HANG,
             step=record.step,
             detail=f"watchdog ({record.reason}) at {record.where}",
         )
 
     def exit_of(self, exc: BaseException, *, step: int) -> None:
-        cause, code = classify(exc)
-        self.exit(cause=cause, code=code, step=step, detail=f"{type(exc).__name__}: {exc}"[:300])
+        kind, code = classify(exc)
+        self.exit(kind=kind, code=code, step=step, detail=f"{type(exc).__name__}: {exc}"[:300])

@@ -17,7 +17,8 @@ Takes exactly torchrun's arguments and runs torchrun's own agent in this process
   checkpoint verifies instead of exiting 91;
 - **the job's exit code**: when torchrun gives up, this process exits with the first failed
   rank's code (86-90 stay what they are: a hang, a bad node, a drain, failed saves; a
-  signal becomes 128 + N) and writes `job.end` (failed) on the node of rank 0.
+  signal becomes 128 + N) and writes `job.end` on the node of rank 0: failed, or
+  `interrupted` for a code a retry spares (89, 87, 88), which is no verdict on the job.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def exit_code_of(code: int) -> int:
 
 
 def _end_event(monitor: Monitor, config: TrainingConfig, *, code: int, reason: str) -> None:
-    """job.end (failed) from the node that ran rank 0 last."""
+    """job.end (failed, or interrupted by a drain) from the node that ran rank 0 last."""
     infos = [i for _, i in monitor.ranks()]
     if not any(i.get("rank") == 0 for i in infos):
         return
@@ -120,7 +121,14 @@ def _end_event(monitor: Monitor, config: TrainingConfig, *, code: int, reason: s
                 source="training",
                 node=info.get("node"),
                 job=info.get("job"),
-                data={"result": "failed", "exit_code": code, "reason": reason},
+                data={
+                    # A code a retry spares (a drain) is no verdict: the job goes on elsewhere.
+                    "result": "interrupted"
+                    if exit_codes.lookup(code).retry is exit_codes.Retry.IGNORE
+                    else "failed",
+                    "exit_code": code,
+                    "reason": reason,
+                },
             )
         )
 

@@ -9,10 +9,12 @@ or dead rank). The next attempt's rank 0 reads them all, names the cause, writes
 Events (core.events) for `gpuvigil report`'s job success, goodput and attribution:
 - `job.start`: rank 0 of a job's first attempt (nothing to resume, no earlier attempt);
 - `job.restart`: rank 0 of every attempt that follows one (a torchrun restart, or a job
-  resubmitted after a drain), with `cause`, `reason`, `exit_code`, `node`, `rank` of the
-  culprit, `resumed_step`, `lost_steps` and `lost_s`;
+  resubmitted after a drain), with `cause` (`core.exit_codes.Charged`, the one cause
+  vocabulary), `kind` (what was seen, under that cause: `KINDS`), `reason`, `exit_code`,
+  `node`, `rank` of the culprit, `resumed_step`, `lost_steps` and `lost_s`;
 - `job.end`: rank 0 when the loop finished and its last save committed (succeeded), or the
-  launcher when torchrun gave up (failed, with the culprit's exit code).
+  launcher when torchrun gave up (failed, with the culprit's exit code; `interrupted` when
+  that code is one a retry spares, a drain: the job goes on elsewhere).
 """
 
 from __future__ import annotations
@@ -26,37 +28,50 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuvigil.core import exit_codes
+from gpuvigil.core.exit_codes import Charged
 from gpuvigil.training.storage import Storage
 
 log = logging.getLogger("gpuvigil.training.lifecycle")
 
 EXITS = ".gpuvigil/exits"
 
-# Why an attempt ended, most telling first: the first record of the lowest rank names it.
-CAUSES = (
-    "frozen",  # the monitor found a rank stopped (SIGSTOP), making no progress
-    "dead",  # a rank died (a signal, an exit the rank itself did not report)
-    "hang",  # a rank's own watchdog fired and it was not waiting in a collective
-    "node_unhealthy",  # the health gate refused the node
-    "checkpoint_failed",  # saves failed too often in a row
-    "user_code",  # an exception in the training script
-    "drain",  # SIGTERM: the step finished, a checkpoint saved, exit 89
-    "victim",  # a rank that waited on a collective for a culprit elsewhere, or one that
-    # SIGTERM killed outright: torchrun (and the kubelet, through it) stops the survivors of a
-    # failed group with SIGTERM, and a rank that meant to stop on it drains and exits 89
+# What was seen when an attempt ended, most telling first (the first record of the lowest
+# kind names the culprit), each under the one cause it is charged to.
+KINDS: tuple[tuple[str, Charged], ...] = (
+    ("frozen", Charged.HANG),  # the monitor found a rank stopped (SIGSTOP), making no progress
+    ("dead", Charged.UNKNOWN),  # a rank died (a signal, an exit the rank did not report)
+    ("hang", Charged.HANG),  # a rank's own watchdog fired, not waiting in a collective
+    ("node_unhealthy", Charged.NODE),  # the health gate refused the node
+    ("checkpoint_failed", Charged.STORAGE),  # saves failed too often in a row
+    ("no_verified_checkpoint", Charged.STORAGE),  # checkpoints exist, none verifies
+    ("user_code", Charged.USER),  # an exception in the training script
+    ("drained", Charged.DRAIN),  # SIGTERM: the step finished, a checkpoint saved, exit 89
+    ("victim", Charged.UNKNOWN),  # a rank that waited on a collective for a culprit elsewhere,
+    # or one that SIGTERM killed outright: torchrun (and the kubelet, through it) stops the
+    # survivors of a failed group with SIGTERM, and a rank that meant to stop on it drains
 )
+_ORDER = {k: i for i, (k, _) in enumerate(KINDS)}
+CAUSE_OF_KIND = dict(KINDS)
 
 
 @dataclass(frozen=True)
 class ExitRecord:
     ts: float
-    cause: str
+    kind: str  # one of KINDS
     rank: int
     node: str
     exit_code: int | None
     step: int  # last completed step of that rank
     detail: str
     by: str = "rank"  # rank | monitor
+
+    @property
+    def cause(self) -> Charged:
+        return cause_of(self.kind)
+
+
+def cause_of(kind: str) -> Charged:
+    return CAUSE_OF_KIND.get(kind, Charged.UNKNOWN)
 
 
 def _safe(name: str) -> str:
@@ -69,7 +84,7 @@ def write_exit(storage: Storage | None, rec: ExitRecord) -> None:
         return
     name = f"{EXITS}/{time.time_ns()}-{_safe(rec.node)}-rank{rec.rank}-{rec.by}.json"
     try:
-        storage.write_atomic(name, json.dumps(asdict(rec)).encode())
+        storage.write_atomic(name, json.dumps({**asdict(rec), "cause": rec.cause.value}).encode())
     except Exception as e:  # noqa: BLE001 (the exit it describes must still happen)
         log.warning("could not write exit record %s: %s", name, e)
 
@@ -85,7 +100,7 @@ def read_exits(storage: Storage) -> tuple[list[ExitRecord], list[str]]:
             out.append(
                 ExitRecord(
                     float(d["ts"]),
-                    str(d["cause"]),
+                    str(d["kind"]),
                     int(d["rank"]),
                     str(d["node"]),
                     d["exit_code"] if type(d.get("exit_code")) is int else None,
@@ -100,25 +115,25 @@ def read_exits(storage: Storage) -> tuple[list[ExitRecord], list[str]]:
 
 
 def culprit(records: list[ExitRecord]) -> ExitRecord | None:
-    """The record that names why the attempt ended: the most telling cause (`CAUSES`),
+    """The record that names why the attempt ended: the most telling kind (`KINDS`),
     the earliest of equals. A rank killed by a signal after a peer began to drain is that
     drain's victim, not its cause: the platform took the peer's node away, the gang was
     stopped, and a rank waiting in a collective for the drained one could not save in its
     grace period and was killed (the drained node is the one to name, not its peer)."""
-    drains = [r.ts for r in records if r.cause == "drain"]
+    drains = [r.ts for r in records if r.kind == "drained"]
     drained_at = min(drains) if drains else None
 
     def order(r: ExitRecord) -> tuple[int, float]:
-        cause = r.cause
-        if cause == "dead" and drained_at is not None and r.ts >= drained_at:
-            cause = "victim"
-        return (CAUSES.index(cause) if cause in CAUSES else len(CAUSES), r.ts)
+        kind = r.kind
+        if kind == "dead" and drained_at is not None and r.ts >= drained_at:
+            kind = "victim"
+        return (_ORDER.get(kind, len(KINDS)), r.ts)
 
     return min(records, key=order) if records else None
 
 
-def cause_of_exit(code: int) -> str:
-    """The cause a rank's exit code stands for (for records the monitor writes). A death
+def kind_of_exit(code: int) -> str:
+    """What a rank's exit code says happened (for records the monitor writes). A death
     by SIGTERM is a victim's: the monitor records every rank torchrun reports, in rank
     order, so a survivor that torchrun's SIGTERM caught unwinding (its drain handler
     already restored) must not outrank the rank whose death stopped the group."""
@@ -126,9 +141,9 @@ def cause_of_exit(code: int) -> str:
         return "victim"
     return {
         exit_codes.HANG: "hang",
-        exit_codes.DRAINED: "drain",
+        exit_codes.DRAINED: "drained",
         exit_codes.CHECKPOINT_FAILED: "checkpoint_failed",
-        exit_codes.NO_VERIFIED_CHECKPOINT: "checkpoint_failed",
+        exit_codes.NO_VERIFIED_CHECKPOINT: "no_verified_checkpoint",
         exit_codes.NODE_UNHEALTHY: "node_unhealthy",
         exit_codes.NODE_STATE_UNKNOWN: "node_unhealthy",
     }.get(code, "dead" if code < 0 or code > exit_codes.SIGNAL_BASE else "user_code")
@@ -150,12 +165,16 @@ def restart_data(
         "lost_s": round(max(0.0, now - saved_ts), 3) if saved_ts is not None else None,
     }
     if c is None:
-        data.update(cause="unknown", reason="no exit record: the previous attempt left no trace")
+        data.update(
+            cause=Charged.UNKNOWN.value,
+            reason="no exit record: the previous attempt left no trace",
+        )
         return data
     furthest = max(r.step for r in records)
     data.update(
-        cause=c.cause,
-        reason=f"{c.cause}: rank {c.rank} on {c.node}: {c.detail}",
+        cause=c.cause.value,
+        kind=c.kind,
+        reason=f"{c.kind}: rank {c.rank} on {c.node}: {c.detail}",
         exit_code=c.exit_code,
         node=c.node,
         rank=c.rank,

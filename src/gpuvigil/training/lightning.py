@@ -217,7 +217,7 @@ class Resilience(Callback):  # type: ignore[misc]
                 trainer.save_checkpoint(path)
         except Exception as e:
             self.journal.exit(
-                cause="checkpoint_failed",
+                kind="checkpoint_failed",
                 code=exit_codes.CHECKPOINT_FAILED,
                 step=step,
                 detail=f"drain save failed: {e}"[:300],
@@ -232,7 +232,7 @@ class Resilience(Callback):  # type: ignore[misc]
             exit_codes.DRAINED,
         )
         self.journal.exit(
-            cause="drain", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved {path}"
+            kind="drained", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved {path}"
         )
         raise drain.Drained(step)
 

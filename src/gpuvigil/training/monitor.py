@@ -97,7 +97,7 @@ class Monitor:
     def _frozen(self, beat: heartbeat.Beat, info: dict[str, Any], state: str, idle: float) -> None:
         self._acted.add(beat.pid)
         what = _STATES.get(state, f"in state {state}")
-        cause = "frozen" if state in ("T", "t") else "hang"
+        kind = "frozen" if state in ("T", "t") else "hang"
         node = str(info.get("node") or self.node)
         log.error(
             "gpuvigil monitor: rank %d (local %s, pid %d) on node %s is %s: no step for %.1fs "
@@ -116,7 +116,7 @@ class Monitor:
             "step": beat.step,
             "waited_s": round(idle, 3),
             "timeout_s": round(beat.timeout_s, 3),
-            "reason": cause,
+            "reason": kind,
             "where": what,
             "in_collective": False,
             "by": "monitor",
@@ -126,7 +126,7 @@ class Monitor:
             info,
             lifecycle.ExitRecord(
                 time.time(),
-                cause,
+                kind,
                 beat.rank,
                 node,
                 -int(signal.SIGKILL),
@@ -140,7 +140,9 @@ class Monitor:
         except ProcessLookupError:
             pass
         with self._lock:
-            self.named.append({"rank": beat.rank, "node": node, "cause": cause})
+            self.named.append(
+                {"rank": beat.rank, "node": node, "cause": lifecycle.cause_of(kind), "kind": kind}
+            )
 
     def failed(self, failures: dict[int, Any]) -> None:
         """torchrun's agent saw these ranks exit ({global rank: ProcessFailure})."""
@@ -167,7 +169,8 @@ class Monitor:
                     {
                         "rank": rank,
                         "node": info.get("node") or self.node,
-                        "cause": lifecycle.cause_of_exit(code),
+                        "cause": lifecycle.cause_of(lifecycle.kind_of_exit(code)),
+                        "kind": lifecycle.kind_of_exit(code),
                         "exit_code": code,
                     }
                 )
@@ -179,7 +182,7 @@ class Monitor:
                     info,
                     lifecycle.ExitRecord(
                         time.time(),
-                        lifecycle.cause_of_exit(code),
+                        lifecycle.kind_of_exit(code),
                         rank,
                         node,
                         code,

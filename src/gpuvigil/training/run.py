@@ -215,7 +215,7 @@ class Run:
             if out is None or not out.committed:
                 why = out.error if out is not None else "no save"
                 self.journal.exit(
-                    cause="checkpoint_failed",
+                    kind="checkpoint_failed",
                     code=exit_codes.CHECKPOINT_FAILED,
                     step=step,
                     detail=f"drain save failed: {why}",
@@ -232,7 +232,7 @@ class Run:
             exit_codes.DRAINED,
         )
         self.journal.exit(
-            cause="drain", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved step {step}"
+            kind="drained", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved step {step}"
         )
         raise drain.Drained(step)
 

@@ -52,9 +52,35 @@ def test_sigterm_drains_finishes_the_step_saves_and_exits_89(baseline: Job, job:
     assert resumed.run(ckpt=j.ckpt, env={"GPUVIGIL_JOB_ID": j.dir.name}) == 0
     (restart,) = resumed.event_list("job.restart")
     d = restart["data"]
-    assert (d["cause"], d["exit_code"], d["resumed_step"]) == ("drain", 89, stop)
+    assert (d["cause"], d["kind"], d["exit_code"], d["resumed_step"]) == (
+        "drain",
+        "drained",
+        89,
+        stop,
+    )
     assert d["lost_steps"] == 0  # lost steps after resume: none (at most 1 allowed)
     assert params_equal(resumed.final, baseline.final)
+    success = report(j.events, resumed.events)["slo"]["job_success"]
+    assert (success["succeeded"], success["failed"], success["achieved"]) == (1, 0, 1.0)
+
+
+def test_a_drain_the_launcher_records_and_the_resume_count_as_one_success(job: Any) -> None:
+    """Rank 1 alone gets SIGTERM (a node's agent signals only its own workers): both ranks
+    drain and exit 89, torchrun gives up (no restarts), and the launcher writes the job.end
+    of that attempt itself, `interrupted`. The job resumed elsewhere finishes; `gpuvigil
+    report` counts one job, succeeded (it read 50% when the launcher wrote `failed`)."""
+    j: Job = job()
+    assert j.run(faults="term@1:3", max_restarts=0) == exit_codes.DRAINED, j.text()[-4000:]
+    (end,) = j.event_list("job.end")
+    assert (end["data"]["result"], end["data"]["exit_code"]) == ("interrupted", 89)
+    resumed = job(f"{j.dir.name}-elsewhere")
+    assert resumed.run(ckpt=j.ckpt, env={"GPUVIGIL_JOB_ID": j.dir.name}) == 0
+    (restart,) = resumed.event_list("job.restart")
+    assert (restart["data"]["cause"], restart["data"]["kind"]) == ("drain", "drained")
+    rep = report(j.events, resumed.events)
+    success = rep["slo"]["job_success"]
+    assert (success["succeeded"], success["failed"], success["achieved"]) == (1, 0, 1.0)
+    assert rep["attribution"]["by_cause"]["user_code"] == 0
 
 
 def test_plain_torchrun_forwards_sigterm_and_the_ranks_still_drain(job: Any) -> None:
@@ -121,7 +147,11 @@ def test_a_frozen_rank_is_named_and_the_group_restarts_within_timeout_plus_5s(
     (hang,) = [e for e in j.event_list("hang") if e["data"].get("by") == "monitor"]
     assert (hang["data"]["rank"], hang["node"], hang["data"]["reason"]) == (1, "vm", "frozen")
     (restart,) = j.event_list("job.restart")
-    assert (restart["data"]["cause"], restart["data"]["rank"]) == ("frozen", 1)
+    assert (restart["data"]["cause"], restart["data"]["kind"], restart["data"]["rank"]) == (
+        "hang",
+        "frozen",
+        1,
+    )
 
     rep = report(j.events)
     slo, attribution = rep["slo"], rep["attribution"]

@@ -47,7 +47,13 @@ def test_sigkill_mid_run_resumes_from_a_relative_checkpoint_dir_bit_identical(
     (restart,) = j.event_list("job.restart")
     d = restart["data"]
     assert restart["source"] == "training" and restart["job"] == j.dir.name
-    assert (d["cause"], d["rank"], d["node"], d["exit_code"]) == ("dead", 1, "vm", -9)
+    assert (d["cause"], d["kind"], d["rank"], d["node"], d["exit_code"]) == (
+        "unknown",
+        "dead",
+        1,
+        "vm",
+        -9,
+    )
     assert d["attempt"] == 1 and d["resumed_step"] >= 8 and d["lost_s"] > 0
     assert 0 <= d["lost_steps"] <= 4
     assert f"rank 1 (pid {pid}) on node vm died: killed by SIGKILL" in j.text()

@@ -14,6 +14,13 @@ FAILED = E(1000, "job.end", job="j", result="failed", exit_code=1)
 KILLED = E(1000, "job.end", job="j", result="failed", exit_code=137)
 
 
+def R(ts: float, **data: object) -> object:
+    """A job.restart whose data may carry `kind` (make_event's own `kind` is the event's)."""
+    from gpuvigil.core.events import Event
+
+    return Event(ts=ts, kind="job.restart", source="test", job="j", data=data)
+
+
 def _xid(ts: float, code: str = "XID_79", node: str = "node-17", **kw) -> object:
     kw.setdefault("status", "FAILED")
     kw.setdefault("component", "gpu:3")
@@ -66,8 +73,27 @@ CASES = [
                                    reason="CHECK_TIMEOUT on node")],
      KILLED, "tooling", 0.5, "node-17 -> DRAINING (CHECK_TIMEOUT on node)"),
     ("signal-without-evidence", [], KILLED, "unknown", 0.0, "exit code 137, no evidence"),
-    ("reason-hint", [], E(1000, "job.end", job="j", result="failed", reason="NCCL timeout"),
-     "hang", 0.4, "reason: NCCL timeout"),
+    # The free text is never searched for words: only the structured cause counts.
+    ("reason-is-never-searched", [], E(1000, "job.end", job="j", result="failed",
+                                       reason="NCCL timeout on the node's gpu"),
+     "unknown", 0.0, "no evidence"),
+    ("structured-cause-frozen", [], R(1000, cause="hang", kind="frozen",
+                                      reason="frozen: rank 1 on vm: no step", exit_code=-9),
+     "hang", 0.7, "frozen: rank 1 on vm: no step"),
+    ("structured-cause-beats-the-exit-code", [],
+     R(1000, cause="storage", kind="checkpoint_failed",
+       reason="checkpoint_failed: rank 0 on vm: saves failed", exit_code=1),
+     "storage", 0.7, "checkpoint_failed: rank 0 on vm: saves failed"),
+    ("structured-user-code", [], R(1000, cause="user_code",
+                                   kind="user_code", reason="user_code: rank 0: RuntimeError"),
+     "user_code", 0.7, "user_code: rank 0: RuntimeError, no hardware evidence"),
+    ("unknown-cause-falls-to-the-exit-code", [],
+     R(1000, cause="unknown", kind="dead", exit_code=88),
+     "hardware", 0.7, "exit code 88 (health gate: this node's gpuvigil state is missing, "
+     "stale or unreadable)"),
+    ("a-victim-is-not-charged", [], R(1000, cause="unknown",
+                                      kind="victim", reason="victim: rank 0", exit_code=-15),
+     "unknown", 0.0, "exit code -15, no evidence"),
     ("app-xid-warning-from-the-catalog", [_xid(990, code="XID_31", status="WARNING")], FAILED,
      "user_code", 0.8, "exit code 1, no hardware evidence; Xid 31 on gpu:3 of node-17"),
     ("health-gate-refused", [], E(1000, "job.end", job="j", result="failed", exit_code=87),
@@ -77,7 +103,7 @@ CASES = [
      "exit code 88 (health gate: this node's gpuvigil state is missing, stale or unreadable)"),
     ("watchdog-exit", [], E(1000, "job.restart", job="j", exit_code=86), "hang", 0.7,
      "exit code 86 (hang watchdog: no step completed within the timeout)"),
-    ("drained-without-evidence", [], E(1000, "job.restart", job="j", exit_code=89), "unknown",
+    ("drained-without-evidence", [], E(1000, "job.restart", job="j", exit_code=89), "drain",
      0.3, "exit code 89 (drained: stopped on SIGTERM after saving a checkpoint)"),
     ("drained-for-a-finding", [_xid(990, code="XID_48", action="RESET_GPU", fatal=True),
                                E(991, "node.state", node="node-17", to="DRAINING")],

@@ -204,6 +204,36 @@ def test_job_success_and_goodput() -> None:
     assert r.allocated_gpu_s == 1600 and r.productive_gpu_s == 700 + 0 + 400
 
 
+@pytest.mark.parametrize(
+    "drain_end",
+    [
+        [],  # the launcher was killed before it wrote anything
+        [E(40, "job.end", job="d", result="interrupted", exit_code=89)],  # today's launcher
+        [E(40, "job.end", job="d", result="failed", exit_code=89)],  # an older launcher's
+    ],
+    ids=["no-end-event", "interrupted", "failed-89"],
+)
+def test_a_drained_job_that_resumes_and_finishes_is_one_success(drain_end: list) -> None:
+    evs = [
+        E(0, "job.start", job="d", gpus=2),
+        *drain_end,
+        E(60, "job.restart", job="d", cause="drain", lost_s=0.0),
+        E(100, "job.end", job="d", result="succeeded", exit_code=0),
+    ]
+    r = slo.compute(evs, start=0, end=1000)
+    assert (r.jobs_succeeded, r.jobs_failed, r.job_restarts) == (1, 0, 1)
+    assert r.job_success_rate == 1.0 and r.allocated_gpu_s == 200
+
+
+def test_a_drained_job_that_never_resumes_is_censored_not_failed() -> None:
+    evs = [
+        E(0, "job.start", job="d", gpus=2),
+        E(40, "job.end", job="d", result="interrupted", exit_code=89),
+    ]
+    r = slo.compute(evs, start=0, end=100)
+    assert (r.jobs_succeeded, r.jobs_failed, r.jobs_censored) == (0, 0, 1)
+
+
 def test_a_restored_breaker_cause_is_not_a_new_trip() -> None:
     evs = [
         E(1, "breaker", state="open", causes=["gpu/GPU_LOST@fleet"]),

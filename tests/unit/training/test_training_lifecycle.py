@@ -20,14 +20,14 @@ from gpuvigil.training.monitor import Monitor, proc_state
 from gpuvigil.training.storage import LocalStorage
 
 
-def rec(cause: str, rank: int, ts: float, step: int = 10) -> lifecycle.ExitRecord:
-    return lifecycle.ExitRecord(ts, cause, rank, f"node{rank}", 1, step, "detail")
+def rec(kind: str, rank: int, ts: float, step: int = 10) -> lifecycle.ExitRecord:
+    return lifecycle.ExitRecord(ts, kind, rank, f"node{rank}", 1, step, "detail")
 
 
 def test_the_frozen_rank_is_the_culprit_not_the_peers_that_waited_for_it() -> None:
     records = [rec("victim", 0, 1.0), rec("hang", 2, 2.0), rec("frozen", 1, 3.0)]
     assert lifecycle.culprit(records) == records[2]
-    assert lifecycle.culprit([rec("drain", 0, 1.0), rec("drain", 1, 0.5)]).rank == 1
+    assert lifecycle.culprit([rec("drained", 0, 1.0), rec("drained", 1, 0.5)]).rank == 1
     assert lifecycle.culprit([]) is None
 
 
@@ -36,11 +36,12 @@ def test_a_rank_sigterm_killed_is_not_the_culprit_of_a_peers_sigkill() -> None:
     SIGTERM on its way out, is recorded before rank 1, whose SIGKILL ended the group (seen
     in `test_sigkill_mid_run_resumes_...` under load). The restart names rank 1."""
     records = [
-        lifecycle.ExitRecord(1.0, lifecycle.cause_of_exit(-15), 0, "vm", -15, 12, "SIGTERM"),
-        lifecycle.ExitRecord(1.001, lifecycle.cause_of_exit(-9), 1, "vm", -9, 12, "SIGKILL"),
+        lifecycle.ExitRecord(1.0, lifecycle.kind_of_exit(-15), 0, "vm", -15, 12, "SIGTERM"),
+        lifecycle.ExitRecord(1.001, lifecycle.kind_of_exit(-9), 1, "vm", -9, 12, "SIGKILL"),
     ]
     c = lifecycle.culprit(records)
-    assert c is not None and (c.rank, c.cause, c.exit_code) == (1, "dead", -9)
+    assert c is not None and (c.rank, c.kind, c.exit_code) == (1, "dead", -9)
+    assert c.cause is exit_codes.Charged.UNKNOWN
 
 
 def test_a_drain_names_the_drained_node_not_the_peer_killed_after_it() -> None:
@@ -59,7 +60,8 @@ def test_a_drain_names_the_drained_node_not_the_peer_killed_after_it() -> None:
 def test_restart_data_names_cause_culprit_and_lost_work() -> None:
     records = [rec("victim", 0, 1.0, step=13), rec("dead", 1, 2.0, step=12)]
     d = lifecycle.restart_data(records, attempt=2, resumed_step=10, saved_ts=100.0, now=130.0)
-    assert (d["cause"], d["rank"], d["node"], d["lost_steps"], d["lost_s"]) == (
+    assert (d["cause"], d["kind"], d["rank"], d["node"], d["lost_steps"], d["lost_s"]) == (
+        "unknown",
         "dead",
         1,
         "node1",
@@ -72,29 +74,39 @@ def test_restart_data_names_cause_culprit_and_lost_work() -> None:
 
 
 @pytest.mark.parametrize(
-    ("code", "cause"),
+    ("code", "kind", "cause"),
     [
-        (86, "hang"),
-        (89, "drain"),
-        (90, "checkpoint_failed"),
-        (87, "node_unhealthy"),
-        (-9, "dead"),
-        (137, "dead"),
-        (-15, "victim"),
-        (143, "victim"),
-        (1, "user_code"),
+        (86, "hang", "hang"),
+        (89, "drained", "drain"),
+        (90, "checkpoint_failed", "storage"),
+        (91, "no_verified_checkpoint", "storage"),
+        (87, "node_unhealthy", "hardware"),
+        (-9, "dead", "unknown"),
+        (137, "dead", "unknown"),
+        (-15, "victim", "unknown"),
+        (143, "victim", "unknown"),
+        (1, "user_code", "user_code"),
     ],
 )
-def test_cause_of_an_exit_code(code: int, cause: str) -> None:
-    assert lifecycle.cause_of_exit(code) == cause
+def test_kind_and_cause_of_an_exit_code(code: int, kind: str, cause: str) -> None:
+    assert lifecycle.kind_of_exit(code) == kind
+    assert lifecycle.cause_of(kind) == cause
+
+
+def test_every_kind_is_charged_in_the_one_vocabulary() -> None:
+    for _kind, cause in lifecycle.KINDS:
+        assert cause in exit_codes.Charged
+    # where an exit code has a kind, the kind's cause is the one the exit-code table charges
+    for code in (86, 87, 89, 90, 91):
+        assert lifecycle.cause_of(lifecycle.kind_of_exit(code)) is exit_codes.charged(code)
 
 
 def test_exit_records_round_trip_and_garbage_is_skipped(tmp_path: Path) -> None:
     storage = LocalStorage(str(tmp_path))
-    lifecycle.write_exit(storage, rec("drain", 0, 5.0))
+    lifecycle.write_exit(storage, rec("drained", 0, 5.0))
     (tmp_path / lifecycle.EXITS / "garbage.json").write_text("{not json")
     records, names = lifecycle.read_exits(storage)
-    assert [r.cause for r in records] == ["drain"] and len(names) == 2
+    assert [(r.kind, r.cause) for r in records] == [("drained", "drain")] and len(names) == 2
 
 
 def test_heartbeat_round_trip(tmp_path: Path) -> None:
@@ -153,7 +165,7 @@ def test_the_monitor_names_and_kills_a_frozen_process(tmp_path: Path) -> None:
         finally:
             monitor.stop()
         assert sleeper.returncode == -signal.SIGKILL
-        assert monitor.named == [{"rank": 3, "node": "gpu7", "cause": "frozen"}]
+        assert monitor.named == [{"rank": 3, "node": "gpu7", "cause": "hang", "kind": "frozen"}]
         (ev,) = [json.loads(line) for line in events.read_text().splitlines()]
         assert (ev["kind"], ev["node"], ev["job"], ev["data"]["reason"]) == (
             "hang",
@@ -162,7 +174,7 @@ def test_the_monitor_names_and_kills_a_frozen_process(tmp_path: Path) -> None:
             "frozen",
         )
         (record,), _ = lifecycle.read_exits(LocalStorage(str(ckpt)))
-        assert (record.cause, record.rank, record.exit_code, record.by) == (
+        assert (record.kind, record.rank, record.exit_code, record.by) == (
             "frozen",
             3,
             -signal.SIGKILL,
