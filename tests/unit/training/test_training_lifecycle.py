@@ -48,11 +48,11 @@ def test_a_drain_names_the_drained_node_not_the_peer_killed_after_it() -> None:
     """The lab's Xid: the platform drains node A (its rank saves and exits 89); the gang is
     stopped, and rank 1 on the healthy node B, waiting for A in a collective, is killed
     past its grace. The restart names A and rank 0; a death before any drain still wins."""
-    drained = lifecycle.ExitRecord(1.0, "drain", 0, "node-a", 89, 12, "SIGTERM: drained")
+    drained = lifecycle.ExitRecord(1.0, "drained", 0, "node-a", 89, 12, "SIGTERM: drained")
     killed = lifecycle.ExitRecord(9.0, "dead", 1, "node-b", -9, 12, "killed by SIGKILL")
     d = lifecycle.restart_data([killed, drained], attempt=1, resumed_step=10, saved_ts=None,
                                now=10.0)  # fmt: skip
-    assert (d["node"], d["rank"], d["cause"]) == ("node-a", 0, "drain")
+    assert (d["node"], d["rank"], d["cause"], d["kind"]) == ("node-a", 0, "drain", "drained")
     earlier = lifecycle.ExitRecord(0.5, "dead", 1, "node-b", -9, 12, "killed by SIGKILL")
     assert lifecycle.culprit([drained, earlier]) == earlier
 
