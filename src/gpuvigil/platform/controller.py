@@ -55,6 +55,7 @@ from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSetting
 from gpuvigil.platform.leader import LeaderElector, LeaseSettings
 from gpuvigil.platform.memo import DecisionMemo
 from gpuvigil.platform.metrics import ControllerMetrics
+from gpuvigil.platform.observed import Observed
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
@@ -139,6 +140,8 @@ class Controller:
             mono = monotonic or (time.monotonic if clock is utcnow else lambda: clock().timestamp())
             self.ledger = Ledger(elector, orphan_grace_s=grace, monotonic=mono)
         self._memo = DecisionMemo(recheck_s=self.config.recheck_s)
+        self.observed = Observed()
+        self._skewed = 0  # nodes over the skew tolerance last pass (logged when it rises)
         self._fenced = threading.Event()  # set when a write hit the fence mid-pass
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
@@ -160,6 +163,8 @@ class Controller:
             return result
         if self.config.dry_run:  # decide from the records a live controller would have
             nodes = [intent.shadow(n) for n in nodes]
+        self.observed.apply(nodes, now)  # reports dated by when this controller saw them
+        self._export_skew()
         self.voice.observed(nodes, now)
         for change in self.breaker.update(nodes, now=now):
             self.voice.breaker_changed(self.breaker, change, now)
@@ -233,6 +238,18 @@ class Controller:
             except ClusterError as e:  # for people only: the next pass says it again
                 self.voice.api_error(e)
                 log.info("node %s: cannot publish the decision: %s", node.name, e)
+
+    def _export_skew(self) -> None:
+        skew = self.observed.skew
+        if skew.nodes > self._skewed:
+            log.warning("clock skew: %d nodes' reports are dated more than %.0f s off this "
+                        "controller's clock (worst %s: %+.0f s); judged by when they were "
+                        "seen to change", skew.nodes, self.observed.tolerance.total_seconds(),
+                        skew.worst, skew.max_s)  # fmt: skip
+        self._skewed = skew.nodes
+        if self.metrics:
+            self.metrics.clock_skew.set(skew.max_s)
+            self.metrics.clock_skewed.set(skew.nodes)
 
     def _given_back(self, node: NodeView, now: datetime) -> None:
         """A machine goes back for replacement: the ledger waits for a new one to join."""

@@ -42,6 +42,8 @@ class ControllerMetrics:
     held: Gauge
     decisions: Counter
     watch_age: Gauge
+    clock_skew: Gauge
+    clock_skewed: Gauge
 
 
 def build(registry: CollectorRegistry) -> ControllerMetrics:
@@ -168,6 +170,19 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
             "gpuvigil_controller_watch_last_event_age_seconds",
             "Seconds since the node watch last delivered anything (an event, a bookmark, a "
             "fresh list); Kubernetes only.",
+            registry=registry,
+        ),
+        clock_skew=Gauge(
+            "gpuvigil_agent_clock_skew_max_seconds",
+            "The largest clock skew seen between a node's reports and this controller's "
+            "clock (a lower bound; positive: the node is ahead). Reports are judged by when "
+            "the controller saw them change, so skew never blinds it.",
+            registry=registry,
+        ),
+        clock_skewed=Gauge(
+            "gpuvigil_agent_clock_skewed_nodes",
+            "Nodes whose latest report was dated more than the tolerance (5 s) off this "
+            "controller's clock.",
             registry=registry,
         ),
     )

@@ -6,7 +6,8 @@ fault stayed schedulable, quarantines, and healthy nodes drained or replaced."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 from helpers import finding
 from prometheus_client import CollectorRegistry
@@ -14,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from gpuvigil.core.findings import Action
 from gpuvigil.core.wire import FindingSummary
 from gpuvigil.platform import metrics as pmetrics
-from gpuvigil.platform.clusters.memory import MemoryCluster
+from gpuvigil.platform.clusters.memory import MemNode, MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
 from gpuvigil.platform.safety import SafetyConfig
-from gpuvigil.platform.state import State, decode_record
+from gpuvigil.platform.state import NodeView, State, decode_record
 
 PASS_S = 10.0
 POOL, RACK, DRIVER = "gpuvigil.io/pool", "gpuvigil.io/rack", "driver-version"
@@ -94,8 +95,10 @@ class World:
 
 
 def world(pools: int = 2, per_pool: int = 64, *, extra: dict[str, int] | None = None,
+          cluster: MemoryCluster | None = None, ahead_s: float = 0.0,
           **safety: object) -> World:  # fmt: skip
-    c = MemoryCluster()
+    """`ahead_s`: the controller's clock is this far ahead of the cluster's."""
+    c = cluster or MemoryCluster()
     sizes = {f"p{i}": per_pool for i in range(pools)} | (extra or {})
     i = 0
     for pool, n in sizes.items():
@@ -105,7 +108,8 @@ def world(pools: int = 2, per_pool: int = 64, *, extra: dict[str, int] | None = 
             i += 1
     reg = CollectorRegistry()
     cfg = ControllerConfig(safety=SafetyConfig(**safety))  # type: ignore[arg-type]
-    ctl = Controller(c, config=cfg, clock=c.clock.now, metrics=pmetrics.build(reg))
+    clock = (lambda: c.clock.now() + timedelta(seconds=ahead_s)) if ahead_s else c.clock.now
+    ctl = Controller(c, config=cfg, clock=clock, metrics=pmetrics.build(reg))
     w = World(c, ctl, reg)
     w.run(60)  # the controller has seen the fleet as it is: its baseline
     return w
@@ -269,3 +273,53 @@ def test_quarantines_are_rate_limited_fleet_wide() -> None:
     assert not w.ctl.breaker.signatures and w.exposed_s == 0
     w.run(900, every=60)
     assert all(w.state(n) is State.QUARANTINED for n in nodes)
+
+
+# ---- 4: time from what the controller observes -----------------------------------------------
+
+
+class AgentsAhead(MemoryCluster):
+    """Every agent's clock runs `skew_s` ahead: its reports are dated in the future."""
+
+    skew_s = 6.0
+
+    def _build_view(self, node: MemNode) -> NodeView:
+        v = super()._build_view(node)
+        if v.heartbeat_at is None:
+            return v
+        return replace(v, heartbeat_at=v.heartbeat_at + timedelta(seconds=self.skew_s))
+
+
+def _fault_is_blocked_and_repaired(w: World) -> None:
+    w.fault("n5", GPU_LOST, fixed_by=Action.REBOOT)
+    w.step()
+    assert not w.schedulable("n5")  # the pass that saw it
+    w.run(3600, every=30)
+    assert w.state("n5") is State.HEALTHY and not w.c.nodes["n5"].faults
+    assert w.exposed_s == 0
+
+
+def test_agents_six_seconds_ahead_are_an_alert_not_blindness() -> None:
+    """With agents 6 s ahead (the tolerance is 5 s) every report read as unreadable and
+    each pool's stale cause opened; a real fatal fault stayed unblocked. Reports are now
+    dated by when the controller saw them change: no stale cause, the fault is blocked
+    and repaired, and the skew is a metric."""
+    w = world(cluster=AgentsAhead())
+    assert not w.ctl.breaker.stale and w.ctl.breaker.status.trips == 0
+    assert w.registry.get_sample_value("gpuvigil_agent_clock_skew_max_seconds") == 6
+    assert w.registry.get_sample_value("gpuvigil_agent_clock_skewed_nodes") == 128
+    _fault_is_blocked_and_repaired(w)
+    assert not w.ctl.breaker.stale
+
+
+def test_a_controller_330_seconds_ahead_still_blocks_and_repairs() -> None:
+    """With the controller 330 s ahead, every report looked stale (older than 300 s) and
+    a fatal fault was never repaired. The first sight of a report has only its own stamp
+    (one pass); from the next change on it is dated when seen: fresh, blocked, repaired."""
+    w = world(ahead_s=330)
+    skew = w.registry.get_sample_value("gpuvigil_agent_clock_skew_max_seconds")
+    assert skew is not None and skew <= -300  # the nodes are behind
+    assert all(v.health is not None for v in w.c.list_nodes())
+    w.run(1020, every=60)  # the first pass's stale causes close with their hysteresis
+    assert not w.ctl.breaker.stale
+    _fault_is_blocked_and_repaired(w)
