@@ -36,7 +36,7 @@ from typing import Any
 
 from gpuvigil.core import exit_codes
 from gpuvigil.core.events import Event, EventWriter, Kind
-from gpuvigil.training import heartbeat, identity
+from gpuvigil.training import heartbeat, identity, lifecycle
 from gpuvigil.training.config import TrainingConfig
 from gpuvigil.training.monitor import Monitor
 
@@ -105,7 +105,11 @@ def exit_code_of(code: int) -> int:
 
 
 def _end_event(monitor: Monitor, config: TrainingConfig, *, code: int, reason: str) -> None:
-    """job.end (failed, or interrupted by a drain) from the node that ran rank 0 last."""
+    """job.end (failed, or interrupted by a drain) from the node that ran rank 0 last. It
+    names the culprit the exit records name (the drained node, not rank 0's own, which is
+    as often its healthy peer); without one, the node only when every rank ran on it."""
+    from gpuvigil.training.storage import open_storage
+
     infos = [i for _, i in monitor.ranks()]
     if not any(i.get("rank") == 0 for i in infos):
         return
@@ -113,22 +117,36 @@ def _end_event(monitor: Monitor, config: TrainingConfig, *, code: int, reason: s
     path = info.get("events_file") or config.events_file
     if not path:
         return
+    data: dict[str, Any] = {
+        # A code a retry spares (a drain) is no verdict: the job goes on elsewhere.
+        "result": "interrupted"
+        if exit_codes.lookup(code).retry is exit_codes.Retry.IGNORE
+        else "failed",
+        "exit_code": code,
+        "reason": reason,
+    }
+    nodes = {str(i.get("node")) for i in infos if i.get("node")}
+    node = next(iter(nodes)) if len(nodes) == 1 else None
+    where = info.get("checkpoint_dir") or config.checkpoint.dir
+    if where:
+        try:
+            records, _ = lifecycle.read_exits(open_storage(str(where)))
+        except Exception as e:  # noqa: BLE001 - the event must still be written
+            log.warning("gpuvigil launch: cannot read the exit records: %s", e)
+            records = []
+        c = lifecycle.culprit(records)
+        if c is not None:
+            node = c.node
+            data.update(node=c.node, rank=c.rank, cause=c.cause.value, kind=c.kind)
     with EventWriter(Path(path)) as w:
         w.write(
             Event(
                 ts=time.time(),
                 kind=Kind.JOB_END,
                 source="training",
-                node=info.get("node"),
+                node=node,
                 job=info.get("job"),
-                data={
-                    # A code a retry spares (a drain) is no verdict: the job goes on elsewhere.
-                    "result": "interrupted"
-                    if exit_codes.lookup(code).retry is exit_codes.Retry.IGNORE
-                    else "failed",
-                    "exit_code": code,
-                    "reason": reason,
-                },
+                data=data,
             )
         )
 

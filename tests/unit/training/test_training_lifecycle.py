@@ -240,10 +240,37 @@ def test_a_restart_without_a_record_names_no_node(tmp_path: Path) -> None:
     j.open(tmp_path / "ev.jsonl")
     j.storage = LocalStorage(str(tmp_path / "ckpt"))
     j.started(nodes=["healthy-peer", "failed"], resumed_step=5, saved_ts=None)
-    drained = lifecycle.ExitRecord(1.0, "drain", 1, "failed", 89, 5, "SIGTERM: drained")
+    drained = lifecycle.ExitRecord(1.0, "drained", 1, "failed", 89, 5, "SIGTERM: drained")
     lifecycle.write_exit(j.storage, drained)
     j.started(nodes=["healthy-peer", "failed"], resumed_step=5, saved_ts=None)
     j.close()
     first, second = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert first["kind"] == "job.restart" and "node" not in first
     assert (second["node"], second["data"]["rank"]) == ("failed", 1)
+
+
+def test_a_failed_job_end_names_the_drained_node_not_rank_0s(tmp_path: Path) -> None:
+    """torchrun gave up on rank 0's node after the gang drained: job.end names the node
+    the exit records blame (the drained one), with its rank and cause."""
+    from gpuvigil.training import launch
+
+    ckpt = tmp_path / "ckpt"
+    infos = [{"rank": 0, "node": "healthy-peer", "job": "j", "checkpoint_dir": str(ckpt),
+              "events_file": str(tmp_path / "ev.jsonl")},
+             {"rank": 1, "node": "failed", "job": "j"}]  # fmt: skip
+
+    class Mon:
+        def ranks(self):  # type: ignore[no-untyped-def]
+            return [(None, i) for i in infos]
+
+    cfg = TrainingConfig()
+    launch._end_event(Mon(), cfg, code=89, reason="DRAINED")  # type: ignore[arg-type]
+    storage = LocalStorage(str(ckpt))
+    lifecycle.write_exit(storage, lifecycle.ExitRecord(1.0, "drained", 1, "failed", 89, 5, "x"))
+    lifecycle.write_exit(
+        storage, lifecycle.ExitRecord(2.0, "drained", 0, "healthy-peer", 89, 5, "y")
+    )
+    launch._end_event(Mon(), cfg, code=89, reason="DRAINED")  # type: ignore[arg-type]
+    unknown, named = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    assert "node" not in unknown  # two nodes and no record: nobody is named
+    assert (named["node"], named["data"]["rank"], named["data"]["cause"]) == ("failed", 1, "drain")
