@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 RUN_DIR_ENV = "GPUVIGIL_RUN_DIR"
-# magic, pid, rank, step, last step (monotonic s), timeout s, paused, started (monotonic s)
-_FMT = struct.Struct("<4sIiqdddd")
-_MAGIC = b"gvhb"
+# magic, pid, rank, step, last step (monotonic s), timeout s, paused, started (monotonic s),
+# collectives issued on the default group so far (its sequence number; -1: unknown)
+_FMT = struct.Struct("<4sIiqddddq")
+_MAGIC = b"gvh2"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Beat:
     timeout_s: float
     paused: bool
     started_at: float
+    seq: int = -1  # collectives this rank has entered (the default group's sequence number)
 
 
 class HeartbeatWriter:
@@ -50,6 +52,7 @@ class HeartbeatWriter:
         side.write_text(json.dumps({**info, "pid": self._pid}))
         self._timeout, self._paused, self._step, self._last = 0.0, 0.0, 0, 0.0
         self._started = 0.0
+        self._seq = -1
 
     def _write(self) -> None:
         _FMT.pack_into(
@@ -63,6 +66,7 @@ class HeartbeatWriter:
             self._timeout,
             self._paused,
             self._started,
+            self._seq,
         )
 
     def start(self, now: float, timeout_s: float) -> None:
@@ -74,8 +78,9 @@ class HeartbeatWriter:
         self._step, self._last = step, now
         self._write()
 
-    def state(self, *, timeout_s: float, paused: bool, now: float) -> None:
+    def state(self, *, timeout_s: float, paused: bool, now: float, seq: int = -1) -> None:
         self._timeout, self._paused = timeout_s, 1.0 if paused else 0.0
+        self._seq = seq
         if paused:
             self._last = now  # a pause is legitimate work: the clock restarts after it
         self._write()
@@ -94,12 +99,12 @@ def read(path: Path) -> Beat | None:
     """The latest beat in `path`, or None (missing, torn or foreign file: never raises)."""
     try:
         raw = path.read_bytes()[: _FMT.size]
-        magic, pid, rank, step, last, timeout, paused, started = _FMT.unpack(raw)
+        magic, pid, rank, step, last, timeout, paused, started, seq = _FMT.unpack(raw)
     except (OSError, struct.error):
         return None
     if magic != _MAGIC:
         return None
-    return Beat(pid, rank, step, last, timeout, paused > 0, started)
+    return Beat(pid, rank, step, last, timeout, paused > 0, started, seq)
 
 
 def info(path: Path) -> dict[str, Any]:

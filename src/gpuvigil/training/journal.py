@@ -144,12 +144,18 @@ class Journal:
     def hung(self, record: HangRecord) -> None:
         """The hang watchdog fired on this rank: its event and its exit record."""
         self.event(Kind.HANG, record.data())
-        kind = "victim" if record.in_collective or record.reason == "peer" else "hang"
+        if record.culprit:  # behind its peers: the rank they wait for, wherever its stack is
+            kind = "behind"
+        elif record.in_collective or record.reason == "peer" or record.behind:
+            kind = "victim"
+        else:
+            kind = "hang"
         self.exit(
             kind=kind,
             code=exit_codes.HANG,
             step=record.step,
-            detail=f"watchdog ({record.reason}) at {record.where}",
+            detail=f"watchdog ({record.reason}) at {record.where}"
+            + (f"; waited for rank {', '.join(map(str, record.behind))}" if record.behind else ""),
         )
 
     def exit_of(self, exc: BaseException, *, step: int) -> None:

@@ -39,6 +39,7 @@ EXITS = ".gpuvigil/exits"
 # kind names the culprit), each under the one cause it is charged to.
 KINDS: tuple[tuple[str, Charged], ...] = (
     ("frozen", Charged.HANG),  # the monitor found a rank stopped (SIGSTOP), making no progress
+    ("behind", Charged.HANG),  # the rank that never entered the collective its peers wait in
     ("dead", Charged.UNKNOWN),  # a rank died (a signal, an exit the rank did not report)
     ("hang", Charged.HANG),  # a rank's own watchdog fired, not waiting in a collective
     ("node_unhealthy", Charged.NODE),  # the health gate refused the node

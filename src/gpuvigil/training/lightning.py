@@ -40,6 +40,7 @@ from gpuvigil.training import (
     heartbeat,
     identity,
     metrics,
+    process_group,
     watchdog,
 )
 from gpuvigil.training.config import TrainingConfig
@@ -159,6 +160,8 @@ class Resilience(Callback):  # type: ignore[misc]
                 dump_dir=Path(trainer.default_root_dir),
                 on_fire=self._hung,
                 heartbeat=self._hb,
+                world_size=env.world_size,
+                collective_seq=process_group.collective_seq(),
             ).start()
         nodes = [env.node]
         if "monitor" in env.groups:

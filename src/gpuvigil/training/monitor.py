@@ -119,6 +119,7 @@ class Monitor:
             "reason": kind,
             "where": what,
             "in_collective": False,
+            "seq": beat.seq,  # collectives it entered, from its heartbeat (-1: unknown)
             "by": "monitor",
         }
         self._event(info, Kind.HANG, data, node=node)

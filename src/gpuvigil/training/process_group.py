@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -185,3 +186,14 @@ def init(
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def collective_seq() -> Callable[[], int] | None:
+    """The default group's collective sequence number (collectives this rank has entered;
+    gloo and NCCL count them as they are issued), for the watchdog and the heartbeat; None
+    without a process group."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    group = dist.distributed_c10d._get_default_group()
+    get = getattr(group, "_get_sequence_number_for_group", None)
+    return get if callable(get) else None

@@ -34,6 +34,7 @@ from gpuvigil.training import (
     drain,
     heartbeat,
     metrics,
+    process_group,
     resume,
     run_state,
     watchdog,
@@ -120,6 +121,8 @@ class Run:
                 on_fire=self._hung,
                 store=env.store,
                 heartbeat=self._hb,
+                world_size=env.world_size,
+                collective_seq=process_group.collective_seq(),
             ).start()
         self._drain.install()
         nodes = [env.node]

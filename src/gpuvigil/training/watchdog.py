@@ -6,6 +6,11 @@ times by `derive_timeout`, which is pure). When it fires it:
 1. dumps every thread's Python stack (stderr and a file per rank),
 2. writes an attribution record (rank, node, last step, where the main thread is, whether
    it waits in torch collectives/backward: a rank that does not is the likely culprit),
+   and names the rank that never entered the collective its peers wait in: each firing
+   rank publishes the default group's collective sequence number (also in its heartbeat,
+   for the monitor) in the store and reads its peers'; the ranks whose number is behind
+   the others' (`behind`, pure) are the culprit, even when their own stack is inside torch
+   (stuck in backward before the all-reduce),
 3. raises a flag in the job's c10d store so peers on other nodes dump and exit at once,
 4. exits with `exit_codes.HANG`, so torchrun restarts the group now instead of after the
    collective timeout (NCCL's default is 10 minutes; gloo's 30).
@@ -35,6 +40,7 @@ from gpuvigil.training.heartbeat import HeartbeatWriter
 log = logging.getLogger("gpuvigil.training.watchdog")
 
 HANG_KEY = "gpuvigil/hang"
+SEQ_KEY = "gpuvigil/seq/{rank}"  # a firing rank's collective sequence number
 BACKSTOP_GRACE_S = 30.0  # the faulthandler backstop fires at 2 x timeout + this
 _TORCH_WAIT = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
 
@@ -54,6 +60,16 @@ def derive_timeout(
     return max(config.min_timeout_s, config.factor * p99)
 
 
+def behind(seqs: dict[int, int]) -> tuple[int, ...]:
+    """Pure: the ranks that never entered the collective their peers wait in (their
+    collective sequence number is below the highest); () when all agree or none is known."""
+    known = {r: s for r, s in seqs.items() if s >= 0}
+    if len(known) < 2:
+        return ()
+    top = max(known.values())
+    return tuple(sorted(r for r, s in known.items() if s < top))
+
+
 @dataclass(frozen=True)
 class HangRecord:
     rank: int
@@ -65,9 +81,17 @@ class HangRecord:
     in_collective: bool  # main thread is inside torch collectives/backward (a victim)
     reason: str  # "timeout" or "peer" (another rank fired first)
     stack_file: str
+    seq: int = -1  # collectives this rank entered (the default group's sequence number)
+    behind: tuple[int, ...] = ()  # ranks that never entered the collective the others wait in
+
+    @property
+    def culprit(self) -> bool:
+        """This rank is behind its peers: the one they wait for, wherever its stack is."""
+        return self.rank in self.behind
 
     def data(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "node"}
+        out = {k: v for k, v in self.__dict__.items() if k != "node"}
+        return {**out, "behind": list(self.behind), "culprit": self.culprit}
 
 
 def main_thread_stack() -> list[traceback.FrameSummary]:
@@ -87,11 +111,14 @@ class Watchdog:
         store: Any = None,  # a c10d Store (get/set/check) shared by this attempt's ranks
         exit: Callable[[int], None] = os._exit,
         heartbeat: HeartbeatWriter | None = None,
+        world_size: int = 1,
+        collective_seq: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.rank, self.node, self.dump_dir = rank, node, dump_dir
         self._on_fire, self._store, self._exit = on_fire, store, exit
         self._hb = heartbeat
+        self._world, self._collective_seq = world_size, collective_seq
         self._times: deque[float] = deque(maxlen=1000)
         self._last_kick = self._armed_at = time.monotonic()
         self._step = 0
@@ -158,7 +185,43 @@ class Watchdog:
 
     def _beat(self) -> None:
         if self._hb is not None:
-            self._hb.state(timeout_s=self._timeout, paused=self._paused > 0, now=time.monotonic())
+            self._hb.state(
+                timeout_s=self._timeout,
+                paused=self._paused > 0,
+                now=time.monotonic(),
+                seq=self._seq(),
+            )
+
+    def _seq(self) -> int:
+        if self._collective_seq is None:
+            return -1
+        try:
+            return int(self._collective_seq())
+        except Exception:  # noqa: BLE001 (a group torn down: the number is unknown, not fatal)
+            return -1
+
+    def _peer_seqs(self, seq: int) -> dict[int, int]:
+        """Publish this rank's sequence number and read its peers' for a short while (they
+        fire within a poll of each other: the same timeout, or the peer flag). A peer that
+        publishes nothing (frozen, dead, or its store gone) is left out: the monitor names
+        a frozen one."""
+        seqs = {self.rank: seq}
+        if self._store is None or self._world < 2 or seq < 0:
+            return seqs
+        wait_s = min(5.0, max(1.0, 3 * self.config.poll_s))
+        deadline = time.monotonic() + wait_s
+        try:
+            self._store.set(SEQ_KEY.format(rank=self.rank), str(seq))
+            while len(seqs) < self._world and time.monotonic() < deadline:
+                for r in range(self._world):
+                    key = SEQ_KEY.format(rank=r)
+                    if r not in seqs and self._store.check([key]):
+                        seqs[r] = int(self._store.get(key))
+                if len(seqs) < self._world:
+                    time.sleep(0.05)
+        except Exception as e:  # noqa: BLE001 (best effort: the record says less, nothing more)
+            log.warning("could not compare collective sequence numbers: %s", e)
+        return seqs
 
     def _arm_backstop(self) -> None:
         if self._paused or self._stop.is_set():
@@ -195,6 +258,8 @@ class Watchdog:
         stack = main_thread_stack()
         where = f"{stack[-1].filename}:{stack[-1].lineno} in {stack[-1].name}" if stack else "?"
         in_collective = any(any(p in f.filename for p in _TORCH_WAIT) for f in stack)
+        seq = self._seq()
+        late = behind(self._peer_seqs(seq))
         path = self.dump_dir / f"hang-rank{self.rank}-pid{os.getpid()}.txt"
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
@@ -218,8 +283,23 @@ class Watchdog:
             in_collective,
             reason,
             str(path),
+            seq,
+            late,
         )
         self.fired = record
+        if record.culprit:
+            why = (
+                f" (behind its peers: it entered {seq} collectives, they wait in the next: this "
+                "rank is the culprit)"
+            )
+        elif late:
+            names = ", ".join(str(r) for r in late)
+            why = (
+                f" (waiting in collective #{seq}, which rank {names} never entered: the "
+                "culprit; this rank is a victim)"
+            )
+        else:
+            why = " (waiting in a collective: likely a victim)" if in_collective else ""
         log.error(
             "gpuvigil hang watchdog fired on rank %d (node %s): no step completed for %.1fs "
             "(timeout %.1fs, reason %s); last step %d; main thread at %s%s; stacks in %s; "
@@ -231,7 +311,7 @@ class Watchdog:
             reason,
             self._step,
             where,
-            " (waiting in a collective: likely a victim)" if in_collective else "",
+            why,
             path,
             exit_codes.HANG,
         )

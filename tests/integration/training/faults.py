@@ -9,6 +9,8 @@ stays a script a user can copy. GV_FAULTS is a comma-separated list of
     hang@1:5         rank 1 sleeps forever inside step 5
     slow@1:0:*=200   rank 1 sleeps 200 ms in every step from step 0 on, in every attempt
     slowbwd@1:0:*=30 rank 1 sleeps 30 ms inside every backward pass from step 0 on
+    hangbwd@1:5      rank 1 sleeps forever inside the backward pass of step 5, before DDP's
+                     gradient all-reduce: its stack is in torch, it never enters the collective
     killsave@0:4     rank 0 SIGKILLs itself while committing the checkpoint of step 4
     failsave@*:8     every save from step 8 on fails on that rank (the disk is full)
     raise@0:5        rank 0 raises an exception in step 5 (a bug in the training script)
@@ -64,7 +66,7 @@ def _install(run: Any) -> None:
             fh.write(str(os.getpid()))
     _faults[:] = [f for f in parse(os.environ.get("GV_FAULTS", "")) if f.here(env.rank, attempt)]
     for f in _faults:
-        if f.kind == "slowbwd":
+        if f.kind in ("slowbwd", "hangbwd"):
             _slow_backward(run, f)
 
 
@@ -72,7 +74,10 @@ def _slow_backward(run: Any, f: Fault) -> None:
     first = next(p for m in run.models for p in m.parameters() if p.requires_grad)
 
     def hook(grad: Any) -> Any:
-        if run.step >= f.step:
+        if f.kind == "hangbwd" and run.step == f.step:
+            while True:
+                time.sleep(3600)
+        if f.kind == "slowbwd" and run.step >= f.step:
             time.sleep(f.arg / 1000)
         return grad
 

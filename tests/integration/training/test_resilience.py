@@ -153,6 +153,34 @@ def test_hung_rank_watchdog_fires_dumps_stacks_and_group_restarts(baseline: Job,
     assert params_equal(j.final, baseline.final)
 
 
+def test_a_rank_that_never_enters_the_all_reduce_is_named_the_culprit(job: Any) -> None:
+    """Rank 1 hangs inside backward, before DDP's gradient all-reduce: both ranks' stacks
+    are in torch (each alone would call itself "likely a victim"). Their collective sequence
+    numbers tell them apart: rank 0 entered one more collective than rank 1, so rank 1 is
+    named the culprit, by both, and the restart names it."""
+    j: Job = job()
+    rc = j.run(
+        faults="hangbwd@1:5",
+        env={
+            "GPUVIGIL__TRAINING__WATCHDOG__TIMEOUT_S": "3",
+            "GPUVIGIL__TRAINING__WATCHDOG__POLL_S": "0.2",
+        },
+    )
+    assert rc == 0, j.text()[-4000:]
+    by_rank = {e["data"]["rank"]: e["data"] for e in j.event_list("hang")}
+    assert set(by_rank) == {0, 1}, j.text()[-4000:]
+    assert by_rank[1]["in_collective"] is True  # its stack alone says "victim"...
+    assert by_rank[1]["culprit"] is True and by_rank[1]["behind"] == [1]  # ...the numbers don't
+    assert by_rank[0]["culprit"] is False and by_rank[0]["behind"] == [1]
+    assert by_rank[0]["seq"] == by_rank[1]["seq"] + 1
+    log = j.text()
+    assert "which rank 1 never entered: the culprit; this rank is a victim" in log
+    assert "this rank is the culprit" in log
+    (restart,) = j.event_list("job.restart")
+    d = restart["data"]
+    assert (d["cause"], d["kind"], d["rank"]) == ("hang", "behind", 1)
+
+
 def test_a_rank_1_3x_slower_in_backward_is_named_within_100_steps(job: Any) -> None:
     """Every rank's step takes 100 ms; rank 2's backward takes 30 ms more (1.3x). Its wall
     time equals its peers' (they wait for it in the gradient all-reduce), and its forward

@@ -154,7 +154,7 @@ def test_the_monitor_names_and_kills_a_frozen_process(tmp_path: Path) -> None:
         from gpuvigil.training.heartbeat import _FMT, _MAGIC
 
         (run_dir / "local-0.hb").write_bytes(
-            _FMT.pack(_MAGIC, sleeper.pid, 3, 17, time.monotonic() - 5, 1.0, 0.0, 0.0)
+            _FMT.pack(_MAGIC, sleeper.pid, 3, 17, time.monotonic() - 5, 1.0, 0.0, 0.0, 7)
         )
         cfg = TrainingConfig.load(
             environ={}, overrides={"monitor": {"poll_s": 0.05, "grace_s": 0.5}}
@@ -192,7 +192,7 @@ def test_the_monitor_leaves_a_rank_within_its_timeout_alone(tmp_path: Path) -> N
         from gpuvigil.training.heartbeat import _FMT, _MAGIC
 
         (tmp_path / "local-0.hb").write_bytes(
-            _FMT.pack(_MAGIC, sleeper.pid, 0, 1, time.monotonic(), 30.0, 0.0, 0.0)
+            _FMT.pack(_MAGIC, sleeper.pid, 0, 1, time.monotonic(), 30.0, 0.0, 0.0, -1)
         )
         cfg = TrainingConfig.load(environ={}, overrides={"monitor": {"poll_s": 0.05}})
         monitor = Monitor(cfg, tmp_path, node="n").start()

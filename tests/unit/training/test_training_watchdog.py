@@ -170,3 +170,13 @@ def test_an_attempts_first_step_gets_the_initial_timeout_then_the_seeded_history
     seeded = [0.2] * 50
     assert derive_timeout(seeded, cfg, steps_this_attempt=0) == 600
     assert derive_timeout(seeded, cfg, steps_this_attempt=1) == 5  # 10 x 0.2 s, floored
+
+
+def test_the_rank_behind_its_peers_collective_count_is_the_culprit() -> None:
+    from gpuvigil.training.watchdog import behind
+
+    assert behind({0: 41, 1: 40, 2: 41, 3: 41}) == (1,)
+    assert behind({0: 41, 1: 41}) == ()  # all in the same collective: no one is behind
+    assert behind({0: 41}) == ()  # no peer to compare with
+    assert behind({0: 41, 1: -1, 2: 39}) == (2,)  # an unknown number is no evidence
+    assert behind({0: 12, 1: 10, 2: 11}) == (1, 2)
