@@ -85,12 +85,24 @@ def test_no_key_file_means_nothing_is_admitted(tmp_path, ctl):
     assert trust(tmp_path).admit_request(request("gpu-1", ctl)) is not None
 
 
-def test_a_rotated_key_is_picked_up_from_the_file(tmp_path, ctl):
-    t = trust(tmp_path)
+def test_a_rotation_revokes_the_old_key_at_once(tmp_path, ctl):
+    rejected: list = []
+    t = trust(tmp_path, rejected=rejected)
+    pub = tmp_path / "controller.pub"
     assert t.admit_request(request("gpu-1", ctl)) is not None
     new = Signer.generate()
-    (tmp_path / "controller.pub").write_bytes(new.public_pem())
-    assert t.admit_request(request("gpu-1", new, rid="r2")) is not None
+    pub.write_bytes(new.public_pem())  # the ConfigMap now holds only the new key
+    # The old key no longer verifies, though no message signed with the new key came yet.
+    assert t.admit_request(request("gpu-1", ctl, rid="r2")) is None
+    assert t.admit_request(request("gpu-1", new, rid="r3")) is not None
+    # During an overlap both verify; a key deleted from the file stops at the next message.
+    pub.write_bytes(new.public_pem() + ctl.public_pem())
+    assert t.admit_request(request("gpu-1", ctl, rid="r4")) is not None
+    pub.write_bytes(ctl.public_pem())
+    assert t.admit_request(request("gpu-1", new, rid="r5")) is None
+    pub.unlink()  # no trust set at all: nothing verifies, not even the last key seen
+    assert t.admit_request(request("gpu-1", ctl, rid="r6")) is None
+    assert [r for _, r in rejected] == ["unknown key", "unknown key", "cannot verify"]
 
 
 def test_release_times_must_be_signed_too(tmp_path, ctl):

@@ -46,8 +46,8 @@ class TrustConfig(StrictModel):
     controller_public_key_file: Path = Field(
         Path("/etc/gpuvigil/trust/controller.pub"),
         description="The controller's Ed25519 public key(s), PEM. The controller publishes it "
-        "in the ConfigMap gpuvigil-trust, which the DaemonSet mounts here; re-read when a "
-        "message names a key it does not know (a rotation).",
+        "in the ConfigMap gpuvigil-trust, which the DaemonSet mounts here. Read for every "
+        "message, never cached: a key no longer in the file no longer verifies.",
     )
     request_max_age_s: float = Field(
         3600.0,
@@ -68,23 +68,19 @@ class Trust:
     ) -> None:
         self.config, self.node, self.clock = config, node, clock
         self._on_reject = on_reject
-        self._verifier: Verifier | None = None
         self._said: set[tuple[str, str]] = set()
 
     def _verify(self, purpose: str, text: str | None, sig: str | None) -> str:
+        """The trusted keys are read again for every message, never cached: the key file is
+        the trust ConfigMap as mounted, so a key removed from it (a rotation, a revocation)
+        stops verifying at the next poll after the kubelet updates the file."""
         if not self.config.require_signed:
             return ""
-        why = "no key"
-        for attempt in range(2):  # a key we do not know yet: re-read the file once
-            if self._verifier is None or attempt:
-                try:
-                    self._verifier = Verifier.from_file(self.config.controller_public_key_file)
-                except BadKey as e:
-                    return f"cannot verify: {e}"
-            why = self._verifier.verify(purpose, self.node, text, sig)
-            if not why.startswith("signed with unknown key"):
-                return why
-        return why
+        try:
+            verifier = Verifier.from_file(self.config.controller_public_key_file)
+        except BadKey as e:
+            return f"cannot verify: {e}"
+        return verifier.verify(purpose, self.node, text, sig)
 
     def _reject(self, kind: str, text: str, why: str, sig: str | None) -> None:
         """Counted and logged once per message: a request stays on the Node after it was

@@ -10,9 +10,10 @@ release); `gpuvigil controller` calls it at start so agents have the public key 
   which the agent DaemonSet mounts at /etc/gpuvigil/trust. Only the controller's account may
   read the Secret or change the ConfigMap (deploy/kubernetes/controller/rbac.yaml).
 
-Rotation: delete the Secret and restart the controller; a new key is made and published
-(agents re-read the file when a message names a key they do not know). Requests signed with
-the old key and not yet acted on are then ignored, and those steps time out.
+Rotation: delete the Secret and restart the controller; a new key is made and published,
+replacing the old one in the ConfigMap. Agents read the mounted file for every message and
+cache nothing, so the old key stops verifying as soon as the kubelet updates the file;
+requests signed with it and not yet acted on are ignored, and those steps time out.
 """
 
 from __future__ import annotations
