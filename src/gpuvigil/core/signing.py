@@ -4,7 +4,9 @@ Kubernetes lets many accounts write Node objects (every node agent, node-problem
 device plugins, autoscalers): an annotation alone does not say who wrote it. So what the
 controller asks of an agent (`core.wire.REQUEST_ANNOTATION`, `RELEASED_ANNOTATION`) carries
 a signature made with the controller's private key; agents hold only the public key
-(`agent.sinks.kubernetes.trust`) and act on nothing that does not verify.
+(`agent.sinks.kubernetes.trust`) and act on nothing that does not verify. The other way,
+each agent signs its remediation results with a key of its own (kept in its state dir),
+which the controller pins for that Node (`platform.clusters.k8s_pins`).
 
 The signature covers a purpose, the node's name and the exact annotation text, so a message
 for one node is worthless on another, and a request cannot pass for a release. It lives in
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -93,6 +96,26 @@ class Signer:
         """The value of the signature annotation for `text` written on `node`."""
         return f"{self.kid}.{_b64(self.private.sign(_message(purpose, node, text)))}"
 
+    def public_b64(self) -> str:
+        """The public key as one short line (raw, base64url): what an agent publishes."""
+        return _b64(self.public.public_bytes(serialization.Encoding.Raw,
+                                             serialization.PublicFormat.Raw))  # fmt: skip
+
+    def tag(self, text: str) -> str:
+        """An unguessable, stable tag of `text` (HMAC-SHA256 under a key derived from the
+        private key, 128 bits): nobody without the key can compute it, and the same key
+        always gives the same tag, so a request re-sent after a restart keeps its id."""
+        raw = self.private.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        secret = hashlib.sha256(CONTEXT + b"\0request-id\0" + raw).digest()
+        return _b64(hmac.new(secret, text.encode(), hashlib.sha256).digest()[:16])
+
+    def check_tag(self, text: str, tag: str) -> bool:
+        return hmac.compare_digest(self.tag(text), tag)
+
 
 class Verifier:
     """An agent's side: the controller's public key(s); `verify` never raises."""
@@ -118,6 +141,14 @@ class Verifier:
         if not keys:
             raise BadKey("no PUBLIC KEY block found")
         return cls(keys)
+
+    @classmethod
+    def from_b64(cls, text: str) -> Verifier:
+        """One raw public key, base64url (`Signer.public_b64`)."""
+        try:
+            return cls([Ed25519PublicKey.from_public_bytes(_unb64(text.strip()))])
+        except (ValueError, TypeError) as e:
+            raise BadKey(f"not an Ed25519 public key: {e}") from e
 
     @classmethod
     def from_file(cls, path: Path) -> Verifier:

@@ -17,6 +17,11 @@ Remediation. The controller writes a `RemediationRequest` in `REQUEST_ANNOTATION
 `encode_request`, signed: `core.signing`); the agent reads it with `decode_request` and
 answers a `RemediationResult` in `RESULT_ANNOTATION` with the same `id`, idempotently (a
 request id is acted on at most once). Both decoders never raise: garbage is (None, why).
+Results are bound to their request: the id carries a tag only the controller's key can
+make (`core.signing.Signer.tag`), so nobody can plant a result before the request exists;
+the agent signs each result with its own key (`AGENT_KEY_ANNOTATION`), and the controller
+counts only a result that verifies with the key it pinned for the Node; the agent decides
+from its own ledger (`node.sinks.request_auth.Ledger`), never from the result on the Node.
 - `started` first, before the command runs (with `boot_id` for a REBOOT), so an agent
   restarted mid-action never repeats it;
 - then `succeeded` or `failed` (with `detail`); a REBOOT is `succeeded` only once the node's
@@ -39,6 +44,10 @@ DOMAIN = "gpuvigil.io"
 HEALTH_ANNOTATION = f"{DOMAIN}/health"
 REQUEST_ANNOTATION = f"{DOMAIN}/remediation-request"  # controller -> agent: RemediationRequest
 RESULT_ANNOTATION = f"{DOMAIN}/remediation-result"  # agent -> controller: RemediationResult
+# The agent's own public key (`core.signing.Signer.public_b64`): it signs its results with
+# it, and the controller pins it for the Node (`platform.clusters.k8s_pins`).
+AGENT_KEY_ANNOTATION = f"{DOMAIN}/agent-key"
+REQUEST_PURPOSE, RESULT_PURPOSE = "remediation-request", "remediation-result"  # signed for
 # Controller (`gpuvigil release NODE`) -> agent: an ISO time with zone. The agent forgets the
 # Xid events it kept across reboots (REPLACE/INVESTIGATE) that were logged before it.
 RELEASED_ANNOTATION = f"{DOMAIN}/released-at"
@@ -135,7 +144,7 @@ class RemediationRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    id: str = Field(min_length=1, max_length=128)
+    id: str = Field(min_length=1, max_length=400)  # node names run to 253 characters
     action: str = Field(max_length=32)
     gpus: tuple[Gpu, ...] = Field((), max_length=64)  # none: every GPU
     at: AwareDatetime  # when the controller asked; the agent ignores stale ones
@@ -146,7 +155,7 @@ class RemediationResult(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    id: str = Field(min_length=1, max_length=128)
+    id: str = Field(min_length=1, max_length=400)
     action: str = Field("", max_length=32)
     result: Outcome
     at: AwareDatetime

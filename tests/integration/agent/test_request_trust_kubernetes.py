@@ -1,6 +1,8 @@
 """What the agent believes about the controller's requests, tried with a real agent process
 against the real kube-apiserver 1.20.2: a rotated or deleted controller key stops verifying
-at once (docs/security.md, "Keys")."""
+at once; a result planted on the Node neither stops a reset nor fools the controller nor
+fakes a reboot; a request replayed after the ledger is lost never runs again
+(docs/security.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from agent_helpers import wait_until
 
 from gpuvigil.core import wire
+from gpuvigil.core.findings import Action, utcnow
 from gpuvigil.core.signing import Signer
 
 start_agent = agent_helpers.start_agent  # the fixture
@@ -70,3 +73,93 @@ def test_a_rotated_or_deleted_key_stops_verifying_at_once(start_agent, kube, tmp
     time.sleep(1.0)  # several more polls: still nothing run
     assert resets.read_text().splitlines() == ["--gpu-reset -i 0", "--gpu-reset -i 2"]
     assert result(kube, node).id == "r-new"
+
+
+def plant(kube, node: str, **result: str) -> dict[str, str]:
+    """What someone else who can write the Node writes: a result of their own making,
+    signed with their own key, which they also publish as the agent's."""
+    from gpuvigil.core.signing import sig_annotation
+
+    fake = Signer.generate()
+    text = wire.encode_result(wire.RemediationResult(at=utcnow(), **result))
+    return {
+        wire.RESULT_ANNOTATION: text,
+        sig_annotation(wire.RESULT_ANNOTATION): fake.sign(wire.RESULT_PURPOSE, node, text),
+        wire.AGENT_KEY_ANNOTATION: fake.public_b64(),
+    }
+
+
+def test_a_planted_result_neither_stops_the_agent_nor_fools_the_controller(
+    start_agent, kube, tmp_path, fake_bin
+):
+    from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
+    from gpuvigil.platform.clusters.settings import KubernetesSettings
+
+    node, _a, signer, _, resets = agent(start_agent, kube, tmp_path, fake_bin)
+    fake_bin("nvidia-smi", f'#!/bin/sh\nsleep 1.5\necho "$@" >> {resets}\n')
+    # A forged `succeeded` under the request's own id, written with the request: the
+    # agent's ledger, not the Node, says whether it ran, so the reset still runs.
+    rid = "planted-before"
+    ann = agent_helpers.signed_request(signer, node, {"id": rid, "action": "RESET_GPU",
+                                                      "gpus": [4]})  # fmt: skip
+    ann.update(plant(kube, node, id=rid, action="RESET_GPU", result="succeeded"))
+    kube.core().patch_node(node, {"metadata": {"annotations": ann}})
+    wait_until(lambda: resets.read_text().splitlines() == ["--gpu-reset -i 4"], 10, "the reset")
+
+    # The controller: pins the agent's key when it first writes to the node, and believes
+    # only a result signed with it.
+    kube.ensure_namespace("gpuvigil")
+    c = KubernetesCluster(
+        KubernetesSettings(watch=False, signing_key_file=str(tmp_path / "ctl.key")),
+        api_client=kube.api_client(),
+    )
+    (tmp_path / "ctl.key").write_bytes(signer.private_pem())
+    c.request(node, action=Action.RESET_GPU, request_id="L2", gpus=[5])
+    wire_id = wire.decode_request(
+        kube.core().read_node(node).metadata.annotations[wire.REQUEST_ANNOTATION]
+    )[0].id
+    assert wire_id.startswith("L2.") and len(wire_id) == len("L2.") + 22  # unguessable
+    wait_until(lambda: (r := result(kube, node)) and r.id == wire_id, 10, "started")
+    forged = plant(kube, node, id=wire_id, action="RESET_GPU", result="succeeded")
+    kube.core().patch_node(node, {"metadata": {"annotations": forged}})
+    assert c.get_node(node).agent_result is None  # not signed by the pinned key
+    got = wait_until(lambda: c.get_node(node).agent_result, 10, "the agent's own answer")
+    assert got.request_id == "L2" and got.succeeded
+    assert resets.read_text().splitlines() == ["--gpu-reset -i 4", "--gpu-reset -i 5"]
+    c.close()
+
+
+def test_a_planted_started_does_not_make_a_reboot_that_never_happened(
+    start_agent, kube, tmp_path, fake_bin
+):
+    node, _a, signer, _, _ = agent(start_agent, kube, tmp_path, fake_bin)
+    (tmp_path / "boot_id").write_text("boot-now\n")
+    reboots = tmp_path / "reboots.log"
+    fake_bin("systemctl", f'#!/bin/sh\necho "$@" >> {reboots}\n')
+    ann = agent_helpers.signed_request(signer, node, {"id": "b1", "action": "REBOOT"})
+    # "started in another boot": believed, it would read as a reboot done.
+    ann.update(plant(kube, node, id="b1", action="REBOOT", result="started", boot_id="boot-0"))
+    kube.core().patch_node(node, {"metadata": {"annotations": ann}})
+    wait_until(reboots.exists, 10, "the reboot command")
+    time.sleep(1.0)  # several more polls
+    got = result(kube, node)
+    assert got.result == "started" and got.boot_id == "boot-now"  # its own, not succeeded
+    assert reboots.read_text().splitlines() == ["reboot"]
+
+
+def test_a_lost_ledger_never_runs_a_request_again(start_agent, kube, tmp_path, fake_bin):
+    node, a, signer, pub, resets = agent(start_agent, kube, tmp_path, fake_bin)
+    ask(kube, node, signer, "once", 6)
+    wait_until(lambda: (r := result(kube, node)) and r.final, 10, "the answer")
+    a.stop()
+    # The same request is still on the Node (and within its hour); the result is erased
+    # and the agent comes back without its ledger (a new state dir).
+    kube.core().patch_node(node, {"metadata": {"annotations": {wire.RESULT_ANNOTATION: None}}})
+    again = agent_helpers.start_kube_agent(
+        start_agent, node, kubeconfig=kube.kubeconfig, trust=pub, poll_s=0.3,
+        remediation={"boot_id_path": str(tmp_path / "boot_id")},
+    )  # fmt: skip
+    wait_until(lambda: rejected(again, "older than the ledger") >= 1, 10, "the replay refused")
+    time.sleep(1.0)
+    assert resets.read_text().splitlines() == ["--gpu-reset -i 6"]
+    assert result(kube, node) is None

@@ -42,6 +42,29 @@ CANNOT_RUN = FindingSummary(
 )
 
 
+_AGENT_KEYS: dict[str, Any] = {}
+
+
+def agent_key(node: str) -> Any:
+    """The fake agent's own key for `node` (the real one keeps it in its state dir)."""
+    from gpuvigil.core.signing import Signer
+
+    return _AGENT_KEYS.setdefault(node, Signer.generate())
+
+
+def signed_result(node: str, result: dict[str, Any]) -> dict[str, str]:
+    """The result annotations as the real agent writes them: signed with its key, which
+    it publishes (`node.sinks.kubernetes`); the controller believes only those."""
+    from gpuvigil.core.signing import sig_annotation
+
+    key, text = agent_key(node), json.dumps(result)
+    return {
+        wire.RESULT_ANNOTATION: text,
+        sig_annotation(wire.RESULT_ANNOTATION): key.sign(wire.RESULT_PURPOSE, node, text),
+        wire.AGENT_KEY_ANNOTATION: key.public_b64(),
+    }
+
+
 def health(*findings: FindingSummary, age_s: float = 0) -> str:
     status = Status.worst(f.status for f in findings)
     return HealthSummary(
@@ -58,9 +81,11 @@ class Agent:
         self.answered: list[tuple[str, str]] = []
 
     def publish(self, node: str, *findings: FindingSummary) -> None:
-        self.core.patch_node(
-            node, {"metadata": {"annotations": {wire.HEALTH_ANNOTATION: health(*findings)}}}
-        )
+        ann = {
+            wire.HEALTH_ANNOTATION: health(*findings),
+            wire.AGENT_KEY_ANNOTATION: agent_key(node).public_b64(),
+        }
+        self.core.patch_node(node, {"metadata": {"annotations": ann}})
 
     def step(self, node: str, *, fixes: bool = True, boot_id: str | None = None) -> None:
         """Answer a pending request (once per id), then publish health; preflight when
@@ -77,9 +102,7 @@ class Agent:
                 "at": utcnow().isoformat(),
                 "detail": req["action"],
             }
-            self.core.patch_node(
-                node, {"metadata": {"annotations": {wire.RESULT_ANNOTATION: json.dumps(result)}}}
-            )
+            self.core.patch_node(node, {"metadata": {"annotations": signed_result(node, result)}})
             if req["action"] == "REBOOT":
                 self.core.patch_node_status(
                     node,

@@ -34,7 +34,7 @@ def record(kube: Any, node: str) -> Any:
 
 def answer_requests(kube: Any, node: str) -> None:
     """The agent: does the requested reset, says so, publishes a clean summary."""
-    from ctl_helpers import health
+    from ctl_helpers import health, signed_result
 
     v1 = kube.core()
     ann = v1.read_node(node).metadata.annotations or {}
@@ -42,17 +42,8 @@ def answer_requests(kube: Any, node: str) -> None:
     res = json.loads(ann.get(wire.RESULT_ANNOTATION) or "null")
     if req and (not res or res.get("id") != req["id"]):
         done = {"id": req["id"], "result": "succeeded", "at": utcnow().isoformat()}
-        v1.patch_node(
-            node,
-            {
-                "metadata": {
-                    "annotations": {
-                        wire.RESULT_ANNOTATION: json.dumps(done),
-                        wire.HEALTH_ANNOTATION: health(),
-                    }
-                }
-            },
-        )
+        ours = {**signed_result(node, done), wire.HEALTH_ANNOTATION: health()}
+        v1.patch_node(node, {"metadata": {"annotations": ours}})
 
 
 def runs(kube: Any, node: str) -> list[Any]:

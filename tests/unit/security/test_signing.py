@@ -11,7 +11,8 @@ import pytest
 
 from gpuvigil.core import wire
 from gpuvigil.core.signing import BadKey, Signer, Verifier, sig_annotation
-from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig
+from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig, agent_key
+from gpuvigil.platform.clusters.kubernetes import _untagged
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -132,6 +133,54 @@ def test_ledger_survives_a_restart(tmp_path):
     (tmp_path / "remediation-ledger.json").write_text("garbage")
     assert Ledger(tmp_path).get("r1") is None  # unreadable: start empty, never crash
     assert Ledger(None).get("x") is None
+
+
+def req_at(at: datetime, rid: str = "r") -> wire.RemediationRequest:
+    return wire.RemediationRequest(id=rid, action="REBOOT", at=at)
+
+
+def test_a_lost_ledger_never_runs_a_request_older_than_itself(tmp_path):
+    led = Ledger(tmp_path, clock=lambda: NOW)
+    led.record(wire.RemediationResult(id="old", result="succeeded", at=NOW))
+    later = Ledger(tmp_path, clock=lambda: NOW + timedelta(hours=1))  # a restart: kept
+    assert later.since == NOW and later.admits(req_at(NOW - timedelta(minutes=5), "old"))
+    assert later.admits(req_at(NOW + timedelta(seconds=1)))
+    (tmp_path / "remediation-ledger.json").unlink()  # lost: a new ledger begins now
+    lost = Ledger(tmp_path, clock=lambda: NOW + timedelta(minutes=30))
+    assert not lost.admits(req_at(NOW + timedelta(minutes=29), "old"))  # may have run
+    assert lost.admits(req_at(NOW + timedelta(minutes=31)))
+    # Its start is kept at once: a restart before any answer does not move it.
+    assert Ledger(tmp_path, clock=lambda: NOW + timedelta(hours=5)).since == lost.since
+
+
+def test_entries_dropped_for_room_move_the_ledger_start(tmp_path, monkeypatch):
+    monkeypatch.setattr("gpuvigil.node.sinks.request_auth.MAX_LEDGER", 2)
+    led = Ledger(tmp_path, clock=lambda: NOW - timedelta(hours=1))
+    for i in range(3):
+        led.record(wire.RemediationResult(id=f"r{i}", result="failed",
+                                          at=NOW + timedelta(minutes=i)))  # fmt: skip
+    assert led.get("r0") is None and led.since == NOW
+    assert not led.admits(req_at(NOW - timedelta(seconds=1), "r0"))
+
+
+def test_the_agent_key_is_made_once_and_kept_private(tmp_path):
+    key = agent_key(tmp_path)
+    assert agent_key(tmp_path).kid == key.kid
+    assert (tmp_path / "agent-key.pem").stat().st_mode & 0o777 == 0o600
+    assert agent_key(None).kid != key.kid
+    assert Verifier.from_b64(key.public_b64()).verify("p", "n", "t", key.sign("p", "n", "t")) == ""
+    with pytest.raises(BadKey):
+        Verifier.from_b64("not a key")
+
+
+def test_request_ids_carry_an_unguessable_stable_tag():
+    a, b = Signer.generate(), Signer.generate()
+    rid = "gpu-1.reset_gpu.1764676800"
+    assert a.tag(rid) == Signer.from_pem(a.private_pem()).tag(rid)  # stable across restarts
+    assert a.tag(rid) != b.tag(rid) and a.tag(rid) != a.tag(rid + "1")
+    assert len(a.tag(rid)) == 22 and a.check_tag(rid, a.tag(rid))  # 128 bits
+    assert _untagged(f"{rid}.{a.tag(rid)}") == rid
+    assert _untagged(rid) == rid and _untagged("x.short") == "x.short"
 
 
 def test_keys_round_trip_and_bad_keys_are_named():

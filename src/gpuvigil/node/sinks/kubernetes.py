@@ -32,8 +32,9 @@ from pydantic import Field
 from gpuvigil.core import wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
+from gpuvigil.core.signing import sig_annotation
 from gpuvigil.node.sinks.remediation import OnReset, RemediationConfig, Remediator
-from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig
+from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig, agent_key
 
 log = logging.getLogger("gpuvigil.agent.kubernetes")
 COMPONENT = "gpuvigil-agent"
@@ -143,6 +144,7 @@ class KubernetesSink:
         self.remediator = Remediator(config.remediation, env=env, on_reset=on_reset)
         self.trust = Trust(config.trust, node=node, on_reject=on_reject)
         self.ledger = Ledger(state_dir)
+        self.key = agent_key(state_dir)  # signs our results; the controller pins its public half
         self._on_remediation = on_remediation  # (action, result) when a request finishes
         self._on_release = on_release  # a person released the node (RELEASED_ANNOTATION)
         self._last_written: list[tuple[Any, ...]] | None = None
@@ -179,7 +181,10 @@ class KubernetesSink:
             self._last_written, self._last_write = _semantic(conds), time.monotonic()
         annotations = obj.metadata.annotations or {}
         if due or summary != self._last_summary or wire.HEALTH_ANNOTATION not in annotations:
-            self._annotate({wire.HEALTH_ANNOTATION: wire.encode_health(report)})
+            ours = {wire.HEALTH_ANNOTATION: wire.encode_health(report)}
+            if annotations.get(wire.AGENT_KEY_ANNOTATION) != self.key.public_b64():
+                ours[wire.AGENT_KEY_ANNOTATION] = self.key.public_b64()  # before any result
+            self._annotate(ours)
             self._last_summary = summary
         if self.config.events:
             for new, old in flipped:
@@ -190,24 +195,42 @@ class KubernetesSink:
         self._remediate(annotations)
 
     def _remediate(self, annotations: dict[str, str]) -> None:
-        """Act on the controller's request: only a signed, fresh one, and once per id (the
-        ledger answers a request seen before, even if its result annotation was erased)."""
+        """Act on the controller's request: only a signed, fresh one, and once per id. What
+        was done is this agent's ledger's word alone: a result on the Node may be planted
+        (a forged `succeeded` or `started`), so it is shown again, never believed."""
         req = self.trust.admit_request(annotations)
         if req is None:
             return
-        shown, _ = wire.decode_result(annotations.get(wire.RESULT_ANNOTATION))
         seen = self.ledger.get(req.id)
+        if seen is None and not self.ledger.admits(req):
+            text = annotations.get(wire.REQUEST_ANNOTATION, "")
+            sig = annotations.get(sig_annotation(wire.REQUEST_ANNOTATION))
+            self.trust.reject("remediation-request", text, "older than the ledger", sig)
+            return  # it may have run before the ledger was lost: never run it again
         if seen is not None and seen.final:
-            if shown != seen:
-                self._annotate({wire.RESULT_ANNOTATION: wire.encode_result(seen)})
+            if annotations.get(wire.RESULT_ANNOTATION) != wire.encode_result(seen):
+                self._show(seen)
             return
-        self.remediator.handle(req, seen or shown, self._answer)
+        self.remediator.handle(req, seen, self._answer)
 
     def _answer(self, result: wire.RemediationResult) -> None:
         self.ledger.record(result)  # before the Node: `started` is remembered before acting
-        self._annotate({wire.RESULT_ANNOTATION: wire.encode_result(result)})
+        self._show(result)
         if self._on_remediation and result.final:
             self._on_remediation(result.action, result.result)
+
+    def _show(self, result: wire.RemediationResult) -> None:
+        """The result on the Node, signed with this agent's key for this node."""
+        text = wire.encode_result(result)
+        self._annotate(
+            {
+                wire.RESULT_ANNOTATION: text,
+                sig_annotation(wire.RESULT_ANNOTATION): self.key.sign(
+                    wire.RESULT_PURPOSE, self.node, text
+                ),
+                wire.AGENT_KEY_ANNOTATION: self.key.public_b64(),
+            }
+        )
 
     def _annotate(self, annotations: dict[str, str]) -> None:
         # Through the status subresource: it carries metadata too, and it is all the agent's

@@ -97,5 +97,9 @@ def _publish(core: Any, settings: Any, signer: Signer) -> None:
         except Conflict:
             pass  # another replica published the same key
         return
-    if (json.loads(resp.data).get("data") or {}).get(PUB_FIELD) != pem:
+    cm = json.loads(resp.data)
+    data = cm.get("data") or {}
+    if data.get(PUB_FIELD) != pem:  # the other keys (the agents' pins, `k8s_pins`) stay
+        body["data"] = {**data, PUB_FIELD: pem}
+        body["metadata"] = {**cm.get("metadata", {}), **body["metadata"]}
         api_call(lambda: core.replace_namespaced_config_map(name, ns, body, _request_timeout=t))

@@ -43,10 +43,11 @@ from kubernetes import client
 from gpuvigil.core import wire
 from gpuvigil.core.codes import FAMILIES
 from gpuvigil.core.findings import Action, utcnow
-from gpuvigil.core.signing import Signer, sig_annotation
+from gpuvigil.core.signing import BadKey, Signer, Verifier, sig_annotation
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.platform.clusters.base import (
     AgentResult,
+    ClusterError,
     Conflict,
     DrainStatus,
     Fence,
@@ -67,6 +68,7 @@ from gpuvigil.platform.clusters.k8s_api import (
 )
 from gpuvigil.platform.clusters.k8s_events import EventRecorder
 from gpuvigil.platform.clusters.k8s_keys import load_signer
+from gpuvigil.platform.clusters.k8s_pins import AgentPins
 from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
@@ -129,6 +131,8 @@ class KubernetesCluster:
         )
         self.events = EventRecorder(self.core, self.settings, write=self._write)
         self._signer: Signer | None = None
+        self.pins = AgentPins(self.core, self.settings, self._write)
+        self._doubted: set[str] = set()  # results already logged as not believed
 
     def _write(self, op: str, call: Callable[[float], T]) -> T:
         """Every write: the fence first (raises Fenced, sending nothing), then the call
@@ -260,7 +264,7 @@ class KubernetesCluster:
         keys = {t.get("key") for t in taints}
         rec_text = ann.get(STATE_ANNOTATION)
         record = decode_record(rec_text)
-        res, _ = wire.decode_result(ann.get(wire.RESULT_ANNOTATION))
+        res = self._agent_result(meta, ann)
         return NodeView(
             name=meta["name"],
             pool=pool_of_labels(labels, label=self.pool_label),
@@ -275,10 +279,7 @@ class KubernetesCluster:
             unvalidated=wire.UNVALIDATED_TAINT in keys,
             running=running,
             preflight=preflight,
-            agent_result=AgentResult(res.id, res.result == "succeeded", res.at, res.detail)
-            # "started" (the agent records it before acting) is not an answer yet.
-            if res is not None and res.final
-            else None,
+            agent_result=res,
             boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
             provider_id=str(spec.get("providerID") or ""),
             version=meta.get("resourceVersion", ""),
@@ -287,7 +288,48 @@ class KubernetesCluster:
             intent=decode_intent(ann.get(INTENT_ANNOTATION)),
         )
 
+    def _agent_result(self, meta: dict[str, Any], ann: dict[str, str]) -> AgentResult | None:
+        """The agent's final answer, only when signed with the key pinned for this Node;
+        its id is the request's without the tag `request` added. `started` (recorded before
+        acting) is not an answer yet."""
+        text = ann.get(wire.RESULT_ANNOTATION)
+        res, _ = wire.decode_result(text)
+        if res is None or not res.final:
+            return None
+        name = meta["name"]
+        verifier = self.pins.verifier(name, str(meta.get("uid") or ""))
+        sig = ann.get(sig_annotation(wire.RESULT_ANNOTATION))
+        why = (
+            verifier.verify(wire.RESULT_PURPOSE, name, text, sig)
+            if verifier is not None
+            else "no agent key pinned for this node"
+        )
+        if why:
+            if text not in self._doubted:
+                if len(self._doubted) > 10_000:
+                    self._doubted.clear()
+                self._doubted.add(text or "")
+                self.calls["result_not_believed"] += 1
+                log.warning("not believing the remediation result on %s: %s", name, why)
+            return None
+        return AgentResult(_untagged(res.id), res.result == "succeeded", res.at, res.detail)
+
     # ---- writing --------------------------------------------------------------------
+
+    def _pin_agent(self, name: str) -> None:
+        """Pin the key this node's agent publishes, if it has no pin yet (`k8s_pins`)."""
+        raw = self.watch.get(name)
+        if raw is None:
+            raw = self._raw("get_node", self.core.read_node, name)
+            self.watch.remember(raw)
+        meta = raw["metadata"]
+        key = (meta.get("annotations") or {}).get(wire.AGENT_KEY_ANNOTATION, "")
+        try:
+            Verifier.from_b64(key)
+        except BadKey:
+            return  # none yet, or not a key: nothing to pin
+        if self.pins.pin(name, str(meta.get("uid") or ""), key):
+            self._views.pop(name, None)  # its result may count now
 
     def _patch_node(self, op: str, name: str, body: dict[str, Any]) -> None:
         resp = self._write(
@@ -340,6 +382,10 @@ class KubernetesCluster:
             if new != taints:
                 body["spec"] = {"taints": new}
         self._patch_node("store", name, body)
+        try:
+            self._pin_agent(name)  # early: the first write to a node, before any request
+        except ClusterError as e:
+            log.warning("pinning the agent key of %s failed (retried): %s", name, e)
 
     def publish(self, name: str, intent: Intent) -> None:
         body = {"metadata": {"annotations": {INTENT_ANNOTATION: intent.encode()}}}
@@ -348,11 +394,15 @@ class KubernetesCluster:
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         if action not in (Action.RESET_GPU, Action.REBOOT):
             raise Forbidden(f"the agent cannot {action.value}")
+        self._pin_agent(name)
+        # The id carries a tag only our key makes: nobody can write a result for a request
+        # before it exists, and a re-sent request (after a restart) keeps its id.
+        tagged = f"{request_id}.{self.signer().tag(request_id)}"
         body = wire.RemediationRequest(
-            id=request_id, action=action.value, gpus=tuple(gpus), at=utcnow()
+            id=tagged, action=action.value, gpus=tuple(gpus), at=utcnow()
         )
         text = wire.encode_request(body)
-        ann = self._signed(wire.REQUEST_ANNOTATION, "remediation-request", name, text)
+        ann = self._signed(wire.REQUEST_ANNOTATION, wire.REQUEST_PURPOSE, name, text)
         self._patch_node("request", name, {"metadata": {"annotations": ann}})
 
     def mark_released(self, name: str, *, at: datetime) -> None:
@@ -390,6 +440,7 @@ class KubernetesCluster:
         except NotFound:
             pass  # already gone, which is what we wanted
         self.watch.forget(name)
+        self.pins.forget(name)  # a node joining under this name is a new machine
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         """Queued; the recorder's thread creates the Event (fenced like any write)."""
@@ -408,6 +459,14 @@ class KubernetesCluster:
             pool = self.get_node(name).pool
         grace = self.settings.eviction_grace_for(pool)
         return self.drainer.drain(name, deadline=deadline, reason=reason, grace_s=grace)
+
+
+TAG_LEN = 22  # `Signer.tag`: 16 bytes, base64url
+
+
+def _untagged(request_id: str) -> str:
+    head, _, tag = request_id.rpartition(".")
+    return head if head and len(tag) == TAG_LEN else request_id
 
 
 def _with_block(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
