@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.node.probes import exec as ex
@@ -177,6 +178,7 @@ class FollowFile(Source):
         self.missing_grace_s = missing_grace_s
         self.missing_since: float | None = None
         self.fh = open(path, "rb")  # noqa: SIM115 - held open for the agent's life
+        self._old = []
         self._start(tail=True)
         self.watch = FileWatch(path)
 
@@ -191,12 +193,76 @@ class FollowFile(Source):
         self.partial = b""
         self.backlog_left = True
 
-    def _reopen(self, why: str) -> None:
-        self.fh.close()
+    def _reopen(self, why: str) -> list[Record]:
+        """Follow the file now at `path`; returns what the rotation would have lost: for a
+        replaced file (rename+create, delete+create) the rest of the old one, which stays
+        open while a writer still appends to it; for one truncated or rewritten in place
+        (copytruncate) the bytes we had not read, from the rotated copy."""
+        saved: list[Record] = []
+        if why == "replaced":
+            self._old.append(_Draining(self.fh, self.partial, time.monotonic()))
+        else:
+            saved = self._from_rotated_copy(self.fh.tell(), self.partial)
+            self.fh.close()
         self.fh = open(self.path, "rb")  # noqa: SIM115
         self._start(tail=True)
         self.watch.rewatch()
         self.health.rewinds.append((time.monotonic(), why))
+        return saved
+
+    def _from_rotated_copy(self, pos: int, partial: bytes) -> list[Record]:
+        """The bytes after `pos` in the copy logrotate made before truncating (a sibling
+        named `<name>.1`, `<name>-<date>`, ...; compressed ones cannot be the fresh copy),
+        recognised by the bytes we read last: they sit just before `pos` in it."""
+        seen, name = self._seen, self.path.name
+        try:
+            siblings = [
+                p for p in self.path.parent.iterdir()
+                if p.name.startswith(name) and p.name != name
+                and not p.name.endswith((".gz", ".xz", ".bz2", ".zst"))
+            ]  # fmt: skip
+            siblings.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        except OSError:
+            return []
+        for copy in siblings[:4]:
+            try:
+                with open(copy, "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    if size <= pos or os.pread(fh.fileno(), len(seen), pos - len(seen)) != seen:
+                        continue
+                    fh.seek(pos)
+                    data = fh.read(min(size - pos, self.max_bytes))
+            except OSError:
+                continue
+            return self._records(partial + data, final=True)[0]
+        return []
+
+    def _read_old(self) -> list[Record]:
+        """What was appended to files rotated away (a writer that has not reopened yet);
+        each is let go once it has been quiet for `missing_grace_s`."""
+        out: list[Record] = []
+        now = time.monotonic()
+        for d in list(self._old):
+            data = d.fh.read(BATCH_BYTES)
+            if data:
+                d.last_growth = now
+                recs, d.partial = self._records(d.partial + data)
+                out += recs
+            elif now - d.last_growth >= self.missing_grace_s:
+                out += self._records(d.partial, final=True)[0]
+                d.fh.close()
+                self._old.remove(d)
+        return out
+
+    def _records(self, data: bytes, *, final: bool = False) -> tuple[list[Record], bytes]:
+        """Whole lines as records, and the unterminated rest (a record too, if `final`)."""
+        lines = data.split(b"\n")
+        partial = lines.pop()
+        if final or len(partial) > MAX_LINE:  # no kernel line is this long
+            lines.append(partial[:MAX_LINE])
+            partial = b""
+        recs = [_text_record(ln.decode("utf-8", errors="replace"), "file") for ln in lines if ln]
+        return recs, partial
 
     def _moved_under_us(self) -> tuple[str | None, int]:
         """Why the file must be read again from its start, if it must (deleted after a
@@ -240,31 +306,32 @@ class FollowFile(Source):
         )
 
     def read(self, *, first: bool, wait_s: float) -> list[Record]:
+        # Older lines first: the rest of a file rotated away comes before the new file's.
+        out = self._read_old() if self._old else []
         why, size = self._moved_under_us()
         if why is not None:
-            self._reopen(why)
+            out += self._reopen(why)
+            out += self._read_old()  # a replaced file's unread rest, before the new file
+        elif out:
+            return out  # the new file's lines on the next call
         elif not first and 0 <= size <= self.fh.tell():
             # Nothing new: with inotify sleep until the file changes (or a liveness beat),
-            # else poll again after `wait_s`.
-            self.watch.wait(max(wait_s, KMSG_BEAT_S) if self.watch.active else wait_s)
+            # else poll again after `wait_s`; while an old file drains, poll.
+            active = self.watch.active and not self._old
+            self.watch.wait(max(wait_s, KMSG_BEAT_S) if active else wait_s)
             return []
         self._skip_if_outrun()
         data = self.fh.read(BATCH_BYTES)
         if not data:
             self.backlog_left = False
-            if first:
-                return []
-            time.sleep(wait_s)
-            return []
+            if not first and not out:
+                time.sleep(wait_s)
+            return out
         self._seen = data[-FINGERPRINT:]
-        data, self.partial = self.partial + data, b""
-        lines = data.split(b"\n")
-        self.partial = lines.pop()  # an unterminated last line waits for its newline
-        if len(self.partial) > MAX_LINE:  # ... but not forever: no kernel line is this long
-            lines.append(self.partial[:MAX_LINE])
-            self.partial = b""
-        return [_text_record(ln.decode("utf-8", errors="replace"), "file") for ln in lines if ln]
+        recs, self.partial = self._records(self.partial + data)  # a cut line waits
+        return out + recs
 
+    _old: list[_Draining]  # files rotated away that may still grow
     _seen = b""  # the last bytes read: still there before our position unless rewritten
     _idle = 0  # polls in a row that found nothing new
 
@@ -284,6 +351,18 @@ class FollowFile(Source):
     def close(self) -> None:
         self.watch.close()
         self.fh.close()
+        for d in self._old:
+            d.fh.close()
+        self._old = []
+
+
+@dataclass
+class _Draining:
+    """A followed file after it was rotated away, still read until it has been quiet."""
+
+    fh: BinaryIO
+    partial: bytes
+    last_growth: float
 
 
 class Journalctl(Source):
