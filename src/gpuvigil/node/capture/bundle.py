@@ -61,8 +61,21 @@ def expand(paths: list[str], *, workdir: Path, limits: Limits) -> list[Entry]:
     return out
 
 
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+
 def _is_tar(path: Path) -> bool:
-    """A tar archive with at least one member (blocks of zeros read as an empty tar)."""
+    """A tar archive with at least one member (blocks of zeros read as an empty tar).
+
+    The magic bytes first: without them tarfile's "r:*" tries each decompressor over the
+    whole file (the lzma one read 2 GiB of NUL bytes for minutes)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    if not head.startswith(_COMPRESSED) and head[257:262] != b"ustar":
+        return False
     try:
         with tarfile.open(path, mode="r:*") as tar:
             return tar.next() is not None

@@ -22,7 +22,11 @@ _FILE = re.compile(
     r"\[(?P<ts>[A-Z][a-z]{2} +\d+ \d{4} [\d:]+)\] \[(?P<level>[A-Z]+)\] (?P<msg>.*)$"
 )
 # A journal or syslog line: "<stamp> <host> <process>[<pid>]: <message>".
-_JOURNAL = re.compile(r"^(?P<ts>.*?)\s*\S+\s+(?P<proc>[\w.@-]+)(?:\[\d+\])?:\s(?P<msg>.*)$")
+# Bounded stamp and host: unbounded `.*?` then `\S+` backtracked quadratically on a long
+# line with no ": " (a 64 KiB head of NUL bytes took minutes).
+_JOURNAL = re.compile(
+    r"^(?P<ts>.{0,80}?)\s*\S{1,255}\s+(?P<proc>[\w.@-]{1,128})(?:\[\d+\])?:\s(?P<msg>.*)$"
+)
 _ACTIVE = re.compile(r"^\s*Active:\s*(?P<state>\S+)(?:\s+\((?P<sub>[^)]*)\))?(?P<rest>.*)$")
 _KERNEL = re.compile(r"NVRM:|\bS?Xid \(|nvidia-nvswitch\d*:")
 _UNIT = re.compile(r"nvidia-fabricmanager(?:\.service)?\b|nv-fabricmanager", re.I)

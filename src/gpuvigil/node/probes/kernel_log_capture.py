@@ -37,6 +37,8 @@ CHECK = "kernel_log"
 _XID = b"Xid ("
 _LOAD = b"NVRM: loading NVIDIA UNIX"
 _NEEDLES = (_XID, _LOAD, *kernel_faults.NEEDLES)
+# A stream that is mostly control bytes this far in, with nothing found, is binary: stop.
+GIVE_UP_BINARY = 64 * 1024 * 1024
 
 
 def needles() -> tuple[bytes, ...]:
@@ -70,7 +72,10 @@ def read_capture(
     faults = kernel_faults.FaultScanner(tz=tz, year=year)
     said = phrases.HitCounter(phrases.load())
     kw = {"chunk_size": chunk_size} if chunk_size else {}
-    for raw in iter_lines(stream, needles(), max_bytes=max_bytes, stats=stats, **kw):
+    lines = iter_lines(
+        stream, needles(), max_bytes=max_bytes, stats=stats, give_up=GIVE_UP_BINARY, **kw
+    )
+    for raw in lines:
         line = raw.decode("utf-8", errors="replace")
         said.feed(line)
         if _XID in raw:

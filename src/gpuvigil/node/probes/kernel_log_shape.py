@@ -22,7 +22,8 @@ def unreadable(*, found: bool, stats: LineStats) -> str | None:
     if stats.bytes_read == 0 or not bytes(stats.sample).strip():
         return "the kernel log is empty"
     if stats.control_bytes > MAX_BINARY_SHARE * stats.bytes_read and not found:
-        return f"this is not text ({stats.control_bytes} control bytes): not a kernel log"
+        stopped = f"; stopped after {stats.bytes_read} bytes" if stats.gave_up else ""
+        return f"this is not text ({stats.control_bytes} control bytes{stopped}): not a kernel log"
     if found:
         return None
     lines = [ln for ln in bytes(stats.sample).decode("utf-8", "replace").splitlines() if ln.strip()]

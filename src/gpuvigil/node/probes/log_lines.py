@@ -74,6 +74,8 @@ class LineStats:
     control_bytes: int = 0
     sample: bytearray = field(default_factory=bytearray)  # the first 64 KiB
     count_lines: bool = True  # False: `lines` stays 0 (logscan does not report it)
+    gave_up: bool = False  # stopped early: binary data throughout and no needle (`give_up`)
+    hits: int = 0  # lines yielded
 
 
 _CONTROL = bytes(c for c in range(32) if c not in (9, 10, 11, 12, 13))
@@ -87,9 +89,42 @@ def iter_lines(
     max_line: int = MAX_LINE,
     max_bytes: int | None = None,
     stats: LineStats | None = None,
+    give_up: int | None = None,
 ) -> Iterator[bytes]:
-    """Lines of `stream` holding any of `needles` (see the module's rules)."""
+    """Lines of `stream` holding any of `needles` (see the module's rules). `give_up`:
+    after that many bytes of which most are control bytes, with no needle found, stop (a
+    2 GiB file of NUL bytes is binary: its verdict does not need the rest read)."""
     st = stats if stats is not None else LineStats()
+    lines = _lines(
+        stream,
+        needles,
+        chunk_size=chunk_size,
+        max_line=max_line,
+        max_bytes=max_bytes,
+        st=st,
+        give_up=give_up,
+    )
+    if give_up is None:
+        return lines  # logscan's path: no counting step per line
+    return _counted(lines, st)
+
+
+def _counted(lines: Iterator[bytes], st: LineStats) -> Iterator[bytes]:
+    for line in lines:
+        st.hits += 1
+        yield line
+
+
+def _lines(
+    stream: BinaryIO,
+    needles: Sequence[bytes],
+    *,
+    chunk_size: int,
+    max_line: int,
+    max_bytes: int | None,
+    st: LineStats,
+    give_up: int | None,
+) -> Iterator[bytes]:
     tail = b""  # the start of the line that continues in the next chunk
     head = b""  # set while the current line is over-long: its first HEAD bytes
     while True:
@@ -99,6 +134,14 @@ def iter_lines(
             if want <= 0:
                 st.truncated = bool(stream.read(1))
                 break
+        if (
+            give_up is not None
+            and st.bytes_read >= give_up
+            and not st.hits
+            and st.control_bytes * 2 > st.bytes_read
+        ):
+            st.gave_up = True
+            break
         chunk = stream.read(want)
         if not chunk:
             break

@@ -269,3 +269,19 @@ def test_a_bundles_readme_and_checksum_files_are_listed_never_judged(tmp_path: P
     assert how["SHA256SUMS"].startswith("skipped: a checksum file")
     assert how["dmesg.txt"] == "detected"
     assert report.exit_code() == 0, [f.message for f in report.problems]
+
+
+def test_a_2_gib_file_of_nul_bytes_is_answered_fast(tmp_path: Path) -> None:
+    """A sparse 2 GiB file (no disk used): not a tar (magic bytes first, no decompressor
+    run over it), not an output; forced to be a kernel log, the reader stops at 64 MiB
+    of binary data. Timed in bench/, not here: this proves the early stops are taken."""
+    big = tmp_path / "zeros.bin"
+    with big.open("wb") as f:
+        f.truncate(2 * 1024**3)
+    opts = Options(node=NodeConfig(), expect=Expect())
+    report, inputs = analyze([(str(big), None)], opts=opts)
+    assert report.exit_code() == 2 and inputs[0].how == "not recognised"
+    report, inputs = analyze([(str(big), "kernel-log")], opts=opts)
+    assert report.exit_code() == 2
+    (why,) = [f.message for f in report.problems]
+    assert "not text" in why and "stopped after" in why, why
