@@ -10,6 +10,7 @@ declare -A want=(
   [munged]=munge
   [prometheus]=prometheus
   [promtool]=prometheus
+  [prometheus-alertmanager]=prometheus-alertmanager
   [etcd]=etcd-server
   [go]=golang-go
   [rsync]=rsync

@@ -33,6 +33,10 @@ Exit status: 0 every fault's run settled as expected, 1 one did not (timed out, 
 job failed; the faults after it are not run), 2 the lab could not run (a part is missing:
 the message names the fix).
 
+--alerts also runs Prometheus on the shipped rules and Alertmanager (Debian's prometheus
+and prometheus-alertmanager), and lists each fault's alerts: when each fired, was delivered
+and was resolved, in seconds from the fault.
+
 Try it: gpuvigil lab --fault xid48
 """
 HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
@@ -79,6 +83,12 @@ def render(result: dict[str, Any]) -> str:
     att = (result.get("report") or {}).get("attribution") or {}
     for a in att.get("failures") or []:
         lines.append(f"report: {a['event']} -> {a['cause']} ({a['confidence']}): {a['summary']}")
+    for a in result.get("alerts") or []:
+        at = {k: a[f"{k}_after_s"] for k in ("fired", "delivered", "resolved")}
+        when = ", ".join(f"{k} {v:+.1f}s" for k, v in at.items() if v is not None)
+        lines.append(f"alert: {a['name']} ({a['severity']}) {when or 'pending'}")
+    if result.get("alerts") == []:
+        lines.append("alerts: none fired")
     lines.append(f"took {result['duration_s']} s; files in {result['workdir']}")
     return "\n".join(lines)
 
@@ -117,6 +127,15 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[
             bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")
         ] = False,
+        alerts: Annotated[
+            bool,
+            typer.Option(
+                "--alerts",
+                help="Also run Prometheus (the shipped rules, scraping every agent and the "
+                "controller) and Alertmanager, delivering to a webhook the lab runs; each "
+                "fault's record lists its alerts, measured from the fault.",
+            ),
+        ] = False,
     ) -> None:
         from gpuvigil.core import config as core_config
         from gpuvigil.lab import control_plane
@@ -128,7 +147,9 @@ def register(app: typer.Typer) -> None:
         except LabError as e:
             typer.echo(f"gpuvigil lab: --fault: {e}", err=True)
             raise typer.Exit(2) from e
-        why = control_plane.missing()
+        from gpuvigil.lab import alerting
+
+        why = control_plane.missing() or (alerting.missing() if alerts else "")
         if why:
             typer.echo(f"gpuvigil lab: {why}", err=True)
             raise typer.Exit(2)
@@ -143,7 +164,7 @@ def register(app: typer.Typer) -> None:
         folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
         try:
             say = None if quiet else (lambda msg: typer.echo(msg, err=True))
-            lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say)
+            lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say, alerts=alerts)
             results = [r.to_json() for r in lab_run.run()]
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)

@@ -66,6 +66,8 @@ class LabConfig(StrictModel):
     grace_s: int = Field(10, ge=1)  # the job pods' terminationGracePeriodSeconds
     watchdog_timeout_s: float = Field(8.0, gt=0)  # the training hang watchdog's timeout
     agent_restart_s: float = Field(12.0, gt=0)  # a dead agent's restart (agent-stop)
+    # --alerts: after a fault settles, how long to wait for every alert's resolution
+    alert_resolve_s: float = Field(90.0, ge=0)
     timeout_s: float = Field(420.0, gt=0)  # each fault, job start to settled (a bound, not a goal)
     # The job's pods request every GPU of their node, as real ones do (so one rank per
     # node, and none on a node whose preflight pod holds the GPUs while it runs).

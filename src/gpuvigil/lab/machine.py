@@ -78,6 +78,9 @@ class Machine:
         self.booted_mono = time.monotonic()
         self.boots = 0
         self.agent: Proc | None = None
+        # HOST:PORT of the agent's /metrics when the lab runs Prometheus (`--alerts`); off
+        # otherwise (the shipped port would be one for every agent of the lab).
+        self.http_listen: str | None = None
         self.agent_starts = 0
         self._agent_down_since: float | None = None
         self.hold_agent = False  # the lab stopped it on purpose (it stays down)
@@ -179,7 +182,10 @@ class Machine:
         )
         sinks = agent.setdefault("sinks", {})
         sinks.setdefault("state_file", {})["path"] = str(self.state_file)
-        sinks.setdefault("http", {})["enabled"] = False
+        http = sinks.setdefault("http", {})
+        http["enabled"] = self.http_listen is not None
+        if self.http_listen is not None:
+            http["listen"] = self.http_listen
         kube = sinks.setdefault("kubernetes", {})
         kube["kubeconfig"] = str(self.kubeconfig)
         # The DaemonSet mounts the ConfigMap gpuvigil-trust here (`set_trust` copies it).

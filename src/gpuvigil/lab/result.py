@@ -28,8 +28,16 @@ class LabResult:
     duration_s: float
     workdir: str
     figures: dict[str, float | None] = field(default_factory=dict)
+    # --alerts: each alert of the fault, measured from it (lab/alerting.py); an alert
+    # that fired before the fault has a negative fired_after_s (a healthy lab has none)
+    alerts: list[dict[str, Any]] | None = None
+    alerts_watched_before_fault_s: float | None = None  # how long the lab watched first
 
     def to_json(self) -> dict[str, Any]:
+        alerting = {} if self.alerts is None else {
+            "alerts": self.alerts,
+            "alerts_watched_before_fault_s": self.alerts_watched_before_fault_s,
+        }  # fmt: skip
         return {
             "fault": self.fault,
             "node": self.node,
@@ -42,6 +50,7 @@ class LabResult:
             "settled": self.settled,
             "duration_s": round(self.duration_s, 1),
             "workdir": self.workdir,
+            **alerting,
         }
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from gpuvigil.core.config import deep_merge
 from gpuvigil.lab import episode, faults
+from gpuvigil.lab.alerting import RULES_DEFAULT, AlertPath
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.control_plane import ControlPlane
 from gpuvigil.lab.follow import Follower
@@ -35,7 +36,7 @@ from gpuvigil.lab.parts import (
     training_job,
     trust_key,
 )
-from gpuvigil.lab.procs import Proc
+from gpuvigil.lab.procs import Proc, free_port
 from gpuvigil.lab.result import (
     LabResult,
     figures,
@@ -63,6 +64,7 @@ class Lab:
         on: str | None,
         workdir: Path,
         progress: Any = None,
+        alerts: bool = False,
     ) -> None:
         check_faults(faults)
         self.cfg, self.faults, self.on = config, faults, on
@@ -83,6 +85,10 @@ class Lab:
         self._progress = progress  # (message) -> None: what the lab is doing, for people
         self._trust, self._trust_at = "", 0.0  # the controller's public key, as last copied
         self.hits: list[str] = []  # the nodes broken so far, in order
+        # --alerts: Prometheus and Alertmanager on the shipped rules (lab/alerting.py)
+        self.alerting = AlertPath(workdir / "alerting", rules=RULES_DEFAULT) if alerts else None
+        self.controller_metrics = f"127.0.0.1:{free_port()}" if alerts else ""
+        self.watched_from = 0.0  # when Prometheus began watching (time.time())
 
     def say(self, message: str) -> None:
         if self._progress is not None:
@@ -116,6 +122,8 @@ class Lab:
                 env=self.cfg.preflight_env,
                 events_dir=self.events,
             )
+            if self.alerting is not None:  # before create(): it writes the agent's config
+                m.http_listen = f"127.0.0.1:{free_port()}"
             m.create()
             self.machines[name] = m
             k = Kubelet(m, self.api, pods_dir=self.dir / "pods")
@@ -124,6 +132,16 @@ class Lab:
             self.kubelets[name] = k
             m.start_agent()
         self._start_controller()
+        if self.alerting is not None:
+            self.say("starting Prometheus (the shipped rules) and Alertmanager")
+            try:
+                self.alerting.start(
+                    agents=[str(m.http_listen) for m in self.machines.values()],
+                    controller=self.controller_metrics,
+                )
+            except RuntimeError as e:
+                raise LabError(str(e)) from e
+            self.watched_from = time.time()
         self._until(self._agents_published, 90, "every agent's first health summary")
         self.say("every agent has published; the controller runs")
 
@@ -136,6 +154,9 @@ class Lab:
             },
             self.cfg.controller,
         )
+        if self.controller_metrics:
+            host, port = self.controller_metrics.rsplit(":", 1)
+            cfg.update(metrics_address=host, metrics_port=int(port))
         path = self.dir / "controller.yaml"
         path.write_text(yaml.safe_dump({"controller": cfg}))
         self.controller = Proc(
@@ -172,6 +193,11 @@ class Lab:
             raise LabError(f"{', '.join(dead)} exited; see {self.cp.dir / 'logs'}")
         if self.controller is not None and not self.controller.alive():
             raise LabError(f"gpuvigil controller exited:\n{self.controller.log_tail()}")
+        if self.alerting is not None:
+            gone = self.alerting.dead()
+            if gone:
+                raise LabError(f"{', '.join(gone)} exited; see {self.alerting.dir}")
+            self.alerting.poll()
         pods = json.loads(self.api.list_pod_for_all_namespaces(_preload_content=False).data)
         by_node: dict[str, list[dict[str, Any]]] = {n: [] for n in self.kubelets}
         for pod in pods.get("items") or []:
@@ -256,7 +282,20 @@ class Lab:
 
     # ---- the end -------------------------------------------------------------------------
 
+    def wait_for_alerts_to_resolve(self) -> None:
+        """After the fault settled: until every alert that fired has its resolution
+        delivered (bounded by alert_resolve_s; one still open is reported open)."""
+        a = self.alerting
+        if a is None:
+            return
+        end = time.monotonic() + self.cfg.alert_resolve_s
+        while time.monotonic() < end and a.open_alerts():
+            self.tick()
+            time.sleep(0.2)
+
     def stop(self) -> None:
+        if self.alerting is not None:
+            self.alerting.stop()
         for k in self.kubelets.values():
             k.stop()
         if self.controller is not None:
@@ -310,6 +349,7 @@ class Lab:
         except episode.EpisodeError as e:
             raise LabError(str(e)) from e
         settled = self.follow_to_end(started)
+        self.wait_for_alerts_to_resolve()
         final = self.final_state()
         self.follow.read_logs()
         job, f = self.job, self.follow
@@ -327,6 +367,10 @@ class Lab:
             settled=settled,
             duration_s=time.monotonic() - started,
             workdir=str(self.dir),
+            alerts=None if self.alerting is None else self.alerting.take(f.fault_ts or 0.0),
+            alerts_watched_before_fault_s=(
+                None if self.alerting is None else round((f.fault_ts or 0.0) - self.watched_from, 1)
+            ),
         )
 
 

@@ -1,7 +1,8 @@
 """`gpuvigil lab --fault KIND --json`, for real: the whole platform on one machine (real
 kube-apiserver, scheduler and controller manager; an agent per node over the fakes; the
 controller; a 2-node torchrun job), every fault kind, each checked against issue #11's
-"Done when". The five faults run one after another in one lab (`--fault` repeated: one
+"Done when", with the alert path on (`--alerts`: real Prometheus on the shipped rules and
+Alertmanager, issue #26). The five faults run one after another in one lab (`--fault` repeated: one
 start of the control plane, agents and controller for all, a fresh job per fault, each
 fault once every node is back in service), so the module costs about five minutes on two
 cores; each fault is still its own test over its own timeline, job and report. Their
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuvigil.lab import control_plane
+from gpuvigil.lab import alerting, control_plane
 from gpuvigil.lab.config import LabConfig
 from testkit import cli_env, gpuvigil_argv, require
 
@@ -28,10 +29,10 @@ DRAINED = ("xid48", "xid79", "row-remap-failure")  # faults whose node is draine
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    why = control_plane.missing()
-    require(why is None, why or "")
+    why = control_plane.missing() or alerting.missing()
+    require(not why, why or "")
     workdir: Path = tmp_path_factory.mktemp("lab") / "lab"
-    argv = ["lab", "--json", "--quiet", "--workdir", str(workdir)]
+    argv = ["lab", "--json", "--quiet", "--alerts", "--workdir", str(workdir)]
     for fault in ORDER:
         argv += ["--fault", fault]
     r = subprocess.run(gpuvigil_argv(*argv), env=cli_env(), capture_output=True, text=True,
@@ -124,3 +125,58 @@ def test_agent_stop_blocks_while_unknown_and_never_drains(results: dict[str, Any
     assert not any("DRAINING" in s for s in states), shown
     assert r["final_state"][node] == "HEALTHY" and r["job"]["restarts"] == 0, shown
     check_job_and_report(r)
+
+
+# The alerts each fault may raise that reach a person (page or ticket): exactly these, and
+# none on a healthy lab. A quarantine pages; a fatal Xid opens a ticket.
+PEOPLE = ("page", "ticket")
+EXPECTED = {
+    "rank-hang": set(),
+    "agent-stop": set(),
+    "xid48": {"GpuvigilFatalXid"},
+    "xid79": {"GpuvigilFatalXid"},
+    "row-remap-failure": None,  # below: depends on how it ends
+}
+
+
+def alerts_of(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    assert result.get("alerts") is not None, "no alerts[]: the lab ran without --alerts"
+    return {a["name"]: a for a in result["alerts"]}
+
+
+def test_a_healthy_lab_fires_nothing(results: dict[str, Any]) -> None:
+    """Before the first fault the lab runs healthy (start, agents' first reports, the job
+    to its first checkpoint): Prometheus watched it, and nothing fired."""
+    first = lab(ORDER[0], results)
+    assert first["alerts_watched_before_fault_s"] >= 15, first["alerts_watched_before_fault_s"]
+    when = ("fired_after_s", "delivered_after_s")
+    early = [a for a in first["alerts"] if any(a[k] is not None and a[k] < 0 for k in when)]
+    assert not early, early
+
+
+def test_xid79_tickets_within_60_s_and_resolves_after_the_reboot(results: dict[str, Any]) -> None:
+    r = lab("xid79", results)
+    a = alerts_of(r).get("GpuvigilFatalXid")
+    assert a is not None, r["alerts"]
+    assert a["labels"].get("node") == r["node"] and a["severity"] == "ticket", a
+    assert a["delivered_after_s"] is not None and a["delivered_after_s"] <= 60, a
+    [booted] = [e["t_s"] for e in events(r, "booted", r["node"])][:1] or [None]
+    assert booted is not None and a["resolved_after_s"] is not None, (a, _show(r))
+    assert a["resolved_after_s"] > booted, (a, booted)  # the reboot itself resolves nothing
+
+
+@pytest.mark.parametrize("fault", ORDER)
+def test_each_fault_reaches_exactly_the_people_it_should(
+    fault: str, results: dict[str, Any]
+) -> None:
+    r = lab(fault, results)
+    got = {a["name"] for a in r["alerts"] if a["severity"] in PEOPLE}
+    want = EXPECTED[fault]
+    if want is None:  # row-remap-failure: the Xid ticket, and a page when it is quarantined
+        want = {"GpuvigilFatalXid"} | (
+            {"GpuvigilNodeQuarantined"} if r["final_state"][r["node"]] == "QUARANTINED" else set()
+        )
+    assert got == want, r["alerts"]
+    for a in r["alerts"]:  # whatever reached a person reached them in time
+        if a["severity"] in PEOPLE:
+            assert a["delivered_after_s"] is not None and a["delivered_after_s"] <= 90, a
