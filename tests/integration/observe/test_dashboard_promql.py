@@ -97,6 +97,16 @@ def test_the_first_xid_counts(tmp_path: Path) -> None:
     assert _promtool_eval(tmp_path, XID, "_x10 1x30 2x20", cases) == ""
 
 
+def test_an_xid_before_the_agent_restarted_still_counts(tmp_path: Path) -> None:
+    """A reboot restarts the agent: the Xid's series ends (the new agent has not seen it).
+    The panels still count it for the rest of the window."""
+    cases = []
+    for title, labels in XID_PANELS.items():
+        sample = {"labels": labels, "value": 1}
+        cases.append({"expr": _panel_expr(title), "eval_time": "40m", "exp_samples": [sample]})
+    assert _promtool_eval(tmp_path, XID, "_x10 1x10 stale _x30", cases) == ""
+
+
 def test_plain_increase_misses_the_first_event(tmp_path: Path) -> None:
     """Why the panels need the `unless ... offset` term: increase() alone shows 0."""
     case = {"expr": "sum by (code) (increase(gpuvigil_xid_events_total[1h]))", "eval_time": "30m",
