@@ -15,7 +15,7 @@ from agent_helpers import wait_until
 
 from gpuvigil.core import wire
 from gpuvigil.core.findings import Action, utcnow
-from gpuvigil.core.signing import Signer
+from gpuvigil.core.signing import Signer, sig_annotation
 
 start_agent = agent_helpers.start_agent  # the fixture
 pytestmark = pytest.mark.realparts
@@ -78,8 +78,6 @@ def test_a_rotated_or_deleted_key_stops_verifying_at_once(start_agent, kube, tmp
 def plant(kube, node: str, **result: str) -> dict[str, str]:
     """What someone else who can write the Node writes: a result of their own making,
     signed with their own key, which they also publish as the agent's."""
-    from gpuvigil.core.signing import sig_annotation
-
     fake = Signer.generate()
     text = wire.encode_result(wire.RemediationResult(at=utcnow(), **result))
     return {
@@ -163,3 +161,35 @@ def test_a_lost_ledger_never_runs_a_request_again(start_agent, kube, tmp_path, f
     time.sleep(1.0)
     assert resets.read_text().splitlines() == ["--gpu-reset -i 6"]
     assert result(kube, node) is None
+
+
+def test_pins_that_cannot_be_read_believe_no_result_and_break_no_read(kube, tmp_path):
+    """A reader of the cluster that may not read the trust ConfigMap (a person's
+    `gpuvigil nodes`, a broken RBAC) sees nodes as usual and believes no result."""
+    from gpuvigil.platform.clusters.kubernetes import KubernetesCluster
+    from gpuvigil.platform.clusters.settings import KubernetesSettings
+
+    user = "nodes-and-pods-only"
+    for argv in (
+        ["create", "clusterrole", user, "--verb=get,list", "--resource=nodes,pods"],
+        ["create", "clusterrolebinding", user, f"--clusterrole={user}", f"--user={user}"],
+    ):
+        done = kube.kubectl(*argv)
+        assert done.returncode == 0 or "AlreadyExists" in done.stderr, done.stderr
+    node = kube.create_node()
+    genuine = Signer.generate()  # as if pinned: the reader cannot tell either way
+    text = wire.encode_result(
+        wire.RemediationResult(id="x", action="REBOOT", result="succeeded", at=utcnow())
+    )
+    ann = {
+        wire.RESULT_ANNOTATION: text,
+        sig_annotation(wire.RESULT_ANNOTATION): genuine.sign(wire.RESULT_PURPOSE, node, text),
+        wire.AGENT_KEY_ANNOTATION: genuine.public_b64(),
+    }
+    kube.core().patch_node(node, {"metadata": {"annotations": ann}})
+    api = kube.api_client()
+    api.set_default_header("Impersonate-User", user)
+    c = KubernetesCluster(KubernetesSettings(watch=False), api_client=api)
+    view = c.get_node(node)
+    assert view.name == node and view.agent_result is None
+    c.close()

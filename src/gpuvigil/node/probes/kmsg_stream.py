@@ -16,7 +16,9 @@ Sources, in the order `auto` tries them:
   since boot, then lines appended later, for trying the agent anywhere and for tests. A
   file truncated, rewritten in place (even refilled past where we were, within one poll:
   the bytes before our position are checked each time) or replaced by another is read
-  again from its start, and said so (a KMSG_GAP warning: lines may be missing); one that
+  again from its start, and said so (a KMSG_GAP warning: lines may be missing). What the
+  rotation would lose is read first: a replaced file's rest (kept open while a writer
+  still appends to it), or a truncated one's unread bytes from logrotate's copy. One that
   stays deleted is a failure (nothing new can be read); a writer that outruns the reader
   by more than `max_bytes` is skipped ahead, counted as lost lines.
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpuvigil.core.signing import BadKey, Verifier
-from gpuvigil.platform.clusters.base import Conflict, NotFound
+from gpuvigil.platform.clusters.base import ClusterError, Conflict, NotFound
 from gpuvigil.platform.clusters.k8s_api import api_call
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
@@ -61,11 +61,19 @@ class AgentPins:
         return cm, pins
 
     def _current(self, *, refresh: bool = False) -> dict[str, tuple[str, str]]:
+        """The pins as last read. Reading them fails closed: a ConfigMap we cannot read
+        (RBAC, API down) means no result is believed until it can be read again."""
         with self._lock:
             stale = time.monotonic() - self._loaded > RELOAD_S
             if self._pins is None or (refresh and stale):
-                _, self._pins = self._read()
                 self._loaded = time.monotonic()
+                try:
+                    _, self._pins = self._read()
+                except ClusterError as e:
+                    log.warning("cannot read the agents' pinned keys (%s/%s): %s",
+                                self.ns, self.name, e)  # fmt: skip
+                    if self._pins is None:
+                        self._pins = {}  # tried again after RELOAD_S, not on every call
             return self._pins
 
     def verifier(self, node: str, uid: str) -> Verifier | None:
