@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from gpuvigil.commands.npd import message
 from gpuvigil.core.findings import Finding, NodeReport, Status
+from gpuvigil.core.wire import decode_request
 from gpuvigil.node.probes import kmsg_stream as ks
 from gpuvigil.node.sinks import slurm as sl
-from gpuvigil.node.sinks.remediation import decode
 
 text = st.text(max_size=400)
 
@@ -24,8 +24,8 @@ def test_parse_show_node_never_raises(s: str):
 
 @given(st.one_of(text, st.none(), st.from_regex(r'\{"id": ?"[a-z0-9]{0,8}".{0,40}\}')))
 def test_remediation_decode_never_raises(s):
-    v = decode(s)
-    assert v is None or isinstance(v["id"], str)
+    v, why = decode_request(s)
+    assert (v is None) == bool(why) and (v is None or isinstance(v.id, str))
 
 
 @given(st.lists(text, max_size=20))

@@ -13,8 +13,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gpuvigil.core.findings import Finding, NodeReport, Status
+from gpuvigil.core.wire import RemediationRequest, RemediationResult
 from gpuvigil.node import sweep
 from gpuvigil.node.agent import Agent, AgentConfig
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, Needs, Readout, run_check
@@ -27,6 +29,10 @@ from gpuvigil.node.sinks import SinkWorker
 from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator
 
 BUS = "00000000:3B:00.0"
+
+
+def request(rid: str, action: str, gpus: tuple[int, ...]) -> RemediationRequest:
+    return RemediationRequest(id=rid, action=action, gpus=gpus, at=datetime.now(UTC))
 
 
 def inventory() -> GpuInventory:
@@ -69,26 +75,26 @@ def test_a_successful_reset_is_recorded_before_succeeded_is_answered(fake_bin, t
 
     rem = Remediator(RemediationConfig(boot_id_path=tmp_path / "boot"), env=env,
                      on_reset=on_reset)  # fmt: skip
-    answers: list[dict] = []
+    answers: list[RemediationResult] = []
 
-    def answer(a: dict) -> None:
+    def answer(a: RemediationResult) -> None:
         answers.append(a)
-        order.append(a["result"])
+        order.append(a.result)
 
     before = datetime.now(UTC)
-    rem.handle({"id": "r1", "action": "RESET_GPU", "gpus": [3]}, None, answer)
+    rem.handle(request("r1", "RESET_GPU", (3,)), None, answer)
     deadline = time.monotonic() + 5
     while len(answers) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert order == ["started", "recorded", "succeeded"]
     (reset,) = recorded
     assert reset.gpus == (3,) and reset.boot_id == "boot-a"
-    assert before <= reset.at <= datetime.fromisoformat(answers[-1]["at"])
+    assert before <= reset.at <= answers[-1].at
 
 
 @pytest.mark.parametrize(("req", "script"), [
-    ({"id": "r2", "action": "RESET_GPU", "gpus": [3]}, "#!/bin/sh\nexit 1\n"),  # reset failed
-    ({"id": "r3", "action": "REBOOT"}, "#!/bin/sh\nexit 0\n"),  # not a GPU reset
+    (("r2", "RESET_GPU", (3,)), "#!/bin/sh\nexit 1\n"),  # reset failed
+    (("r3", "REBOOT", ()), "#!/bin/sh\nexit 0\n"),  # not a GPU reset
 ])  # fmt: skip
 def test_nothing_is_recorded_for_a_failed_reset_or_a_reboot(fake_bin, tmp_path, req, script):
     fake_bin("nvidia-smi", script)
@@ -97,8 +103,8 @@ def test_nothing_is_recorded_for_a_failed_reset_or_a_reboot(fake_bin, tmp_path, 
     recorded: list[GpuReset] = []
     rem = Remediator(RemediationConfig(boot_id_path=tmp_path / "boot"), env=env,
                      on_reset=recorded.append)  # fmt: skip
-    answers: list[dict] = []
-    rem.handle(req, None, answers.append)
+    answers: list[RemediationResult] = []
+    rem.handle(request(*req), None, answers.append)
     time.sleep(0.5)
     assert recorded == []
 
@@ -206,7 +212,7 @@ def test_after_reset_reruns_the_gpu_check_and_waits_for_the_publish(tmp_path):
     sink = _Sink()
     cfg = AgentConfig(publish_interval_s=3600.0, kernel_log=KernelStreamConfig(enabled=False))
     agent = Agent(node="n1", config=cfg, scheduler=sched, kernel=None,
-                  workers=[SinkWorker(sink)], metrics=build(None))  # fmt: skip
+                  workers=[SinkWorker(sink)], metrics=build(CollectorRegistry()))  # fmt: skip
     loop = threading.Thread(target=agent.run, daemon=True)
     loop.start()
     try:
