@@ -299,8 +299,12 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
         # nvidia-smi exits non-zero when one GPU is lost but still prints the others, and
         # when it has something definite to say (lost GPU, no driver, no devices); a run
         # killed by a signal or cut at the output bound is no reading at all.
+        # Read then by the reader `analyze` uses for the same text (`parse_xml`, which
+        # knows nvidia-smi's error answers): a version mismatch or "No devices were found"
+        # is what it says (DRIVER_UNAVAILABLE, GPU_COUNT_LOW), not a tool that broke.
         said = nvidia_smi_errors.scan(both.decode("utf-8", errors="replace"))
-        if result.exited and (b"<nvidia_smi_log" in result.stdout or said.lost):
+        definite = said.lost or said.driver is not None or said.no_devices
+        if result.exited and (b"<nvidia_smi_log" in result.stdout or definite):
             return parse_xml(both), None
         return None, failure
     inv = parse_xml(both)

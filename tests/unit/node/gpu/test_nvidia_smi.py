@@ -280,3 +280,27 @@ def test_inventory_line_says_what_was_looked_at() -> None:
         "GPUs: 7 x NVIDIA H100 80GB HBM3 (Hopper), 1 not answering, driver 550.90.07, "
         "read via nvidia-smi"
     )
+
+
+@pytest.mark.parametrize(
+    ("said", "status", "error"),
+    [
+        ("Failed to initialize NVML: Driver/library version mismatch", 18, "LibRmVersionMismatch"),
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.",
+            9,
+            "DriverNotLoaded",
+        ),
+    ],
+    ids=["version-mismatch", "no-driver"],
+)
+def test_binary_error_answer_is_read_as_analyze_reads_it(fake_bin, said, status, error) -> None:
+    # check's fallback and `analyze` read nvidia-smi's error answers with one reader
+    # (parse_xml): what it says is a reading for the rules, not an unreadable tool.
+    fake_bin("nvidia-smi", f'#!/bin/sh\necho "{said}"\nexit {status}\n')
+    inv, failure = nvidia_smi.collect(ctx_with(f"{fake_bin.dir}:/usr/bin:/bin"), timeout_s=10)
+    assert failure is None and inv is not None
+    assert error in [e.error for e in inv.errors]
+    same = nvidia_smi.parse_xml(said + "\n")  # what `analyze` makes of the same text
+    assert [e.error for e in inv.errors] == [e.error for e in same.errors]
