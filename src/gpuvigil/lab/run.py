@@ -28,7 +28,7 @@ from gpuvigil.lab.control_plane import ControlPlane
 from gpuvigil.lab.follow import Follower
 from gpuvigil.lab.jobs import JOB_LABEL, GangJob
 from gpuvigil.lab.kubelet import Kubelet
-from gpuvigil.lab.machine import SRC, Machine, python_env
+from gpuvigil.lab.machine import GPUS, SRC, Machine, python_env
 from gpuvigil.lab.parts import (
     JOB,
     apply_manifests,
@@ -150,7 +150,9 @@ class Lab:
             {
                 "cluster": "kubernetes",
                 "events_path": str(self.events / "controller.jsonl"),
-                "kubernetes": {"kubeconfig": str(self.cp.kubeconfig)},
+                # the site's pool of 8-GPU machines, as its operator states it: preflight
+                # validates that many GPUs whatever a node's status says (docs/security.md)
+                "kubernetes": {"kubeconfig": str(self.cp.kubeconfig), "pool_gpus": {POOL: GPUS}},
             },
             self.cfg.controller,
         )

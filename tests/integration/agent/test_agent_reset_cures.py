@@ -84,7 +84,7 @@ def test_xid48_is_cured_by_the_reset_and_the_node_returns_without_a_reboot(
     )
 
     settings = KubernetesSettings(node_selector=f"fleet={tag}", eviction_grace_s=0,
-                                  signing_key_file=str(key))  # fmt: skip
+                                  signing_key_file=str(key), pool_gpus={"default": 8})  # fmt: skip
     cluster = KubernetesCluster(settings, api_client=kube.api_client())
     ctl = Controller(
         cluster,

@@ -196,6 +196,9 @@ def kube_cluster(kube: Any) -> Iterator[Callable[..., Any]]:
         # A LIST each pass: these tests change a node and reconcile at once, and a watch's
         # picture lags by milliseconds (test_watch.py tests the watch itself)
         kw.setdefault("watch", False)
+        # the count preflight validates is the pool's, as an operator states it (the
+        # test nodes are 8-GPU machines in pool "default" unless a test says otherwise)
+        kw.setdefault("pool_gpus", {"default": 8})
         c = KubernetesCluster(KubernetesSettings(**kw), api_client=kube.api_client())
         made.append(c)
         return c

@@ -67,7 +67,10 @@ class KubeWorld:
         tag = uuid.uuid4().hex[:6]
         self.nodes = [kube.create_node(f"k-{tag}-{i}", labels={"fleet": tag}) for i in range(2)]
         settings = KubernetesSettings(
-            node_selector=f"fleet={tag}", lease_namespace=kube.namespace("lease"), watch=False
+            node_selector=f"fleet={tag}",
+            lease_namespace=kube.namespace("lease"),
+            watch=False,
+            pool_gpus={"default": 8},  # what preflight validates: the pool's count
         )
         self.cluster = KubernetesCluster(settings, api_client=kube.api_client())
         for n in self.nodes:

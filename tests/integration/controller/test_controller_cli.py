@@ -46,6 +46,7 @@ def write_config(tmp_path: Path, selector: str, *, kube: Any, **extra: Any) -> P
         "  kubernetes:",
         f"    node_selector: '{selector}'",
         "    eviction_grace_s: 0",
+        "    pool_gpus: {default: 8}",
     ]
     lines += [f"    {k}: {v}" for k, v in extra.items()]
     path = tmp_path / f"c-{uuid.uuid4().hex[:4]}.yaml"

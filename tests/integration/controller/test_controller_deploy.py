@@ -78,7 +78,10 @@ def test_the_controller_works_with_only_its_service_account(kube, deployed, agen
     api = kube.api_client()
     api.set_default_header("Impersonate-User", SA)
     cluster = KubernetesCluster(
-        KubernetesSettings(node_selector=f"fleet={tag}", eviction_grace_s=0), api_client=api
+        KubernetesSettings(
+            node_selector=f"fleet={tag}", eviction_grace_s=0, pool_gpus={"default": 8}
+        ),
+        api_client=api,
     )
     cfg = ControllerConfig(
         policy=PolicyConfig(fatal_grace_s=0),  # drain at once: this test is about RBAC

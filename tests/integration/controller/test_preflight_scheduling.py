@@ -29,7 +29,7 @@ def test_after_preflight_a_workload_gets_every_gpu(kube, kube_cluster, agent) ->
     )
     v1 = kube.core()
     v1.patch_node(node, {"metadata": {"annotations": {wire.HEALTH_ANNOTATION: health()}}})
-    ctl = Controller(kube_cluster(node_selector=f"fleet={tag}"))
+    ctl = Controller(kube_cluster(node_selector=f"fleet={tag}", pool_gpus={"default": 4}))
     ctl.reconcile()  # a new node: VALIDATING, and its preflight pod is created
 
     def run() -> object:

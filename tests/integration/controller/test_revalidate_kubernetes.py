@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,11 +55,24 @@ def runs(kube: Any, node: str) -> list[Any]:
     return kube.core().list_namespaced_pod("gpuvigil", label_selector=sel).items
 
 
-def to_validating(kube: Any, kube_cluster: Any, agent: Any, *, gpus: int) -> tuple[str, Any]:
+def to_validating(
+    kube: Any,
+    kube_cluster: Any,
+    agent: Any,
+    *,
+    gpus: int,
+    pool_gpus: dict[str, int] | None = None,
+    before: Callable[[str], None] | None = None,
+) -> tuple[str, Any]:
+    """A node taken to VALIDATING by a fatal finding and a reset; `pool_gpus` is the
+    controller's count (default: `gpus`), `before` runs on the node before any pass."""
     tag = uuid.uuid4().hex[:6]
     node = kube.create_node(f"gpu-{tag}", labels={"fleet": tag}, gpus=gpus)
     agent.publish(node, FATAL)
-    c = kube_cluster(node_selector=f"fleet={tag}")
+    if before is not None:
+        before(node)
+    pools = {"default": gpus} if pool_gpus is None else pool_gpus
+    c = kube_cluster(node_selector=f"fleet={tag}", pool_gpus=pools)
     ctl = Controller(c, config=CFG)
     seen = []
     for _ in range(10):
@@ -86,7 +101,7 @@ def test_reset_then_one_preflight_pod_and_its_pass_returns_the_node(  # type: ig
     assert pod.spec.service_account_name == "gpuvigil-preflight"
 
     # A restarted controller waits for this validation's run; it starts no other.
-    c2 = kube_cluster(node_selector=c.settings.node_selector)
+    c2 = kube_cluster(node_selector=c.settings.node_selector, pool_gpus={"default": 4})
     ctl2 = Controller(c2, config=CFG)
     for _ in range(2):
         ctl2.reconcile()
@@ -125,3 +140,50 @@ def test_a_failed_run_is_a_failed_step_and_the_next_validation_replaces_the_pod(
         if p.metadata.name == first.metadata.name
     )
     assert len([n for n in names if n != first.metadata.name]) == 1
+
+
+AGENT = "system:serviceaccount:gpuvigil:gpuvigil-agent"
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_gpu_count_is_the_controllers_whatever_a_node_account_writes(  # type: ignore[no-untyped-def]
+    kube, kube_cluster, agent
+) -> None:
+    """Another node's agent account (the shipped RBAC, impersonated) rewrites the victim's
+    allocatable to 0 and its instance-type label: the run still expects and asks for the
+    pool's 8 GPUs."""
+    from kubernetes import client
+
+    applied = kube.kubectl("apply", "-k", str(REPO / "deploy/kubernetes/agent"))
+    assert applied.returncode == 0, applied.stderr
+    api = kube.api_client()
+    api.set_default_header("Impersonate-User", AGENT)
+    as_agent = client.CoreV1Api(api)
+    zero = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "0"}
+
+    def forge(node: str) -> None:
+        body = {
+            "metadata": {"labels": {"node.kubernetes.io/instance-type": "cpu.tiny"}},
+            "status": {"allocatable": zero, "capacity": zero},
+        }
+        as_agent.patch_node_status(node, body)
+        raw = kube.core().read_node(node)
+        assert raw.status.allocatable["nvidia.com/gpu"] == "0"  # the forgery took
+
+    node, _ = to_validating(kube, kube_cluster, agent, gpus=8, before=forge)
+    (pod,) = runs(kube, node)
+    main = pod.spec.containers[0]
+    assert main.args[-2:] == ["--expect-gpus", "8"]
+    assert main.resources.limits["nvidia.com/gpu"] == "8"
+
+
+def test_no_gpu_count_is_a_failed_validation_never_expect_gpus_0(  # type: ignore[no-untyped-def]
+    kube, kube_cluster, agent
+) -> None:
+    node, c = to_validating(kube, kube_cluster, agent, gpus=8, pool_gpus={"other": 8})
+    assert runs(kube, node) == []  # no pod: nothing to expect
+    Controller(c, config=CFG).reconcile()
+    rec = record(kube, node)
+    assert rec.state is State.REMEDIATING, rec
+    assert "not validated: no GPU count for pool default" in rec.reason
+    assert "no node.kubernetes.io/instance-type label" in rec.reason

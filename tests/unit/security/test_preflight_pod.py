@@ -69,3 +69,25 @@ def test_result_is_the_pods_exit_on_that_node_only():
     assert result_of(mirror, node="gpu-7") is None  # a static pod its kubelet made up
     crashed = result_of(finished("gpu-7", "Failed", exitCode=137, message="Killed"), node="gpu-7")
     assert crashed is not None and crashed.summary == "exit 137: Killed"
+
+
+def test_gpu_count_is_the_pools_or_the_catalogs_never_the_nodes_status():
+    from gpuvigil.node.catalog.instances import load_catalog
+    from gpuvigil.platform.clusters.k8s_preflight import expected_gpus
+
+    cat = load_catalog()
+    kw = {"pool_label": "gpuvigil.io/pool", "instance_type_label": "it", "catalog": cat}
+    pooled = {"gpuvigil.io/pool": "a100", "it": "p5.48xlarge"}
+    assert expected_gpus(pooled, pool_gpus={"a100": 4}, **kw)[0] == 4  # the pool wins
+    assert expected_gpus({"it": "p5.48xlarge"}, pool_gpus={}, **kw)[0] == 8
+    assert expected_gpus({}, pool_gpus={"default": 0}, **kw)[0] == 0  # an operator's 0
+    for labels, why in (
+        ({}, "no it label"),
+        ({"it": "m5.large"}, "'m5.large' is not in the catalog"),
+    ):
+        gpus, reason = expected_gpus(labels, pool_gpus={"a100": 8}, **kw)
+        assert gpus is None and reason.startswith("not validated: no GPU count for pool")
+        assert why in reason
+    zero = load_catalog({"cpu.large": {"gpus": 0}})  # a GPU node relabelled as a CPU type
+    gpus, reason = expected_gpus({"it": "cpu.large"}, pool_gpus={}, **{**kw, "catalog": zero})
+    assert gpus is None and "no GPUs" in reason

@@ -15,9 +15,15 @@ The pod comes from the PodTemplate `preflight_template` in `preflight_namespace`
 (deploy/kubernetes/preflight/podtemplate.yaml: image, runtimeClassName, /dev/kmsg,
 privileges, tolerations for site taints): the controller pins it to the node (required node
 affinity on the node's name, so the scheduler still does the GPU accounting), asks for every
-GPU the node has (`status.allocatable[gpu_resource]`) and passes the count as
-`--expect-gpus`. A finished pod holds no resources: after its run a workload can get every
-GPU of the node. The previous run's pod is deleted when the next one starts.
+GPU the node should have and passes the count as `--expect-gpus`. A finished pod holds no
+resources: after its run a workload can get every GPU of the node. The previous run's pod is
+deleted when the next one starts.
+
+The count never comes from the Node's status (`allocatable`, `capacity`): before 1.30 any
+node's agent account can rewrite it, and a count of 0 makes a validation that checks
+nothing. It is the pool's (`pool_gpus`, controller config), else the instance-type
+catalog's for the node's instance-type label (`expected_gpus`). With neither the controller
+does not validate: the node gets a failed result that says why, at once.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from typing import Any
 
 from gpuvigil.core import wire
 from gpuvigil.core.findings import utcnow
+from gpuvigil.node.catalog.instances import InstanceCatalog, load_catalog
 from gpuvigil.platform.clusters.base import Conflict, NotFound, Preflight
 from gpuvigil.platform.clusters.k8s_api import api_call, json_object, when
+from gpuvigil.platform.state import POOL_LABEL, pool_of_labels
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
 APP_LABEL = "app.kubernetes.io/name"
@@ -54,6 +62,39 @@ def pod_name(node: str, since: datetime) -> str:
     """One name per (node, validation): creating it twice is a harmless 409."""
     digest = hashlib.sha256(f"{node}\0{since.isoformat()}".encode()).hexdigest()[:10]
     return f"{APP}-{node[:200]}-{digest}".lower()
+
+
+def expected_gpus(
+    labels: dict[str, str],
+    *,
+    pool_gpus: dict[str, int],
+    pool_label: str,
+    instance_type_label: str,
+    catalog: InstanceCatalog,
+) -> tuple[int | None, str]:
+    """(GPUs the validation expects, where that comes from), or (None, why not) (pure).
+
+    The pool's count (controller config) first; else the catalog's count for the node's
+    instance type, when it has GPUs (a GPU node relabelled as a CPU type must not validate
+    with 0). Labels are read only to pick a pool or a catalog entry: see docs/security.md
+    for who can write them."""
+    pool = pool_of_labels(labels, label=pool_label)
+    if pool in pool_gpus:
+        return pool_gpus[pool], f"pool {pool} (controller.kubernetes.pool_gpus)"
+    kind = labels.get(instance_type_label) or ""
+    entry = catalog.lookup(kind)
+    if entry is not None and entry[1].gpus > 0:
+        return entry[1].gpus, f"instance type {entry[0]} (catalog)"
+    if entry is not None:
+        why = f"the catalog gives instance type {entry[0]} no GPUs"
+    elif kind:
+        why = f"instance type {kind!r} is not in the catalog"
+    else:
+        why = f"no {instance_type_label} label"
+    return None, (
+        f"not validated: no GPU count for pool {pool} (controller.kubernetes.pool_gpus) "
+        f"and {why}; the count never comes from the node's own status"
+    )
 
 
 def build_pod(
@@ -145,10 +186,15 @@ class PreflightPods:
         pages: Callable[..., Iterator[dict[str, Any]]],
         *,
         write: Callable[..., Any],
+        pool_label: str = POOL_LABEL,
     ) -> None:
         self.core, self.settings, self.calls, self._pages = core, settings, calls, pages
         self._write = write  # the adapter's: fenced (clusters.base), counted, timed
         self.timeout = settings.request_timeout_s
+        self.pool_label = pool_label
+        self.catalog = load_catalog()
+        # Validations refused for want of a GPU count: a failed result each, at once
+        self.refused: dict[str, Preflight] = {}
 
     @property
     def enabled(self) -> bool:
@@ -168,6 +214,9 @@ class PreflightPods:
             node = (pod.get("spec") or {}).get("nodeName")
             res = result_of(pod, node=node) if node else None
             if res is not None and (node not in out or res.at > out[node].at):
+                out[node] = res
+        for node, res in self.refused.items():
+            if node not in out or res.at > out[node].at:
                 out[node] = res
         return out
 
@@ -213,8 +262,19 @@ class PreflightPods:
                 )
             ).data
         )
-        alloc = (raw.get("status") or {}).get("allocatable") or {}
-        gpus = _count(alloc.get(self.settings.gpu_resource))
+        gpus, source = expected_gpus(
+            (raw.get("metadata") or {}).get("labels") or {},
+            pool_gpus=self.settings.pool_gpus,
+            pool_label=self.pool_label,
+            instance_type_label=self.settings.instance_type_label,
+            catalog=self.catalog,
+        )
+        if gpus is None:
+            log.warning("%s: %s", node, source)
+            self.refused[node] = Preflight(False, max(utcnow(), since), source[:500])
+            return 0
+        self.refused.pop(node, None)
+        log.info("%s: preflight expects %d GPUs, from %s", node, gpus, source)
         body = build_pod(
             template, node=node, since=since, gpus=gpus, gpu_resource=self.settings.gpu_resource
         )
@@ -237,10 +297,3 @@ class PreflightPods:
             )
         except NotFound:
             pass  # gone already
-
-
-def _count(value: Any) -> int:
-    try:
-        return max(0, int(str(value)))
-    except (TypeError, ValueError):
-        return 0

@@ -127,7 +127,12 @@ class KubernetesCluster:
             fence=lambda: self.fence(),  # noqa: PLW0108  (the controller sets it later)
         )  # fmt: skip
         self.preflight = PreflightPods(
-            self.core, self.settings, self.calls, self._pages, write=self._write
+            self.core,
+            self.settings,
+            self.calls,
+            self._pages,
+            write=self._write,
+            pool_label=self.pool_label,
         )
         self.events = EventRecorder(self.core, self.settings, write=self._write)
         self._signer: Signer | None = None

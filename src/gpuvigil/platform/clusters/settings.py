@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, NonNegativeInt
 
 from gpuvigil.core.config import StrictModel
 
@@ -42,7 +42,13 @@ class KubernetesSettings(StrictModel):
     # then waits for validation_timeout_s). Its result is the pod's exit (k8s_preflight).
     preflight_namespace: str = "gpuvigil"
     preflight_template: str = "gpuvigil-preflight"
-    gpu_resource: str = "nvidia.com/gpu"  # the preflight pod asks for all the node has
+    gpu_resource: str = "nvidia.com/gpu"  # the preflight pod asks for this many GPUs
+    # How many GPUs a validation expects, never read from what a node can write (its
+    # allocatable, its capacity): the count of the node's pool (`safety.pool_label`) here,
+    # else the instance-type catalog's count for the node's `instance_type_label`, else
+    # the controller refuses to validate the node (docs/security.md, "GPU count").
+    pool_gpus: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    instance_type_label: str = "node.kubernetes.io/instance-type"
     # The key that signs remediation requests and releases for the agents (k8s_keys,
     # docs/security.md): a PEM file, else a Secret the controller creates in key_namespace;
     # its public half goes to the ConfigMap trust_configmap, mounted by the agents.
