@@ -70,7 +70,15 @@ def node_row(v: NodeView) -> dict[str, Any]:
             {"at": t.at.isoformat(), "to": t.to.value, "reason": t.reason}
             for t in (rec.history if rec else ())
         ],
-    }
+        # the machine's memory (kept across release, reboot and rename)
+        "machine": (rec.machine if rec else "") or v.provider_id,
+        "episodes": [
+            {"start": e.start.isoformat(), "end": e.end.isoformat(), "codes": list(e.codes),
+             "steps": [a.value for a in e.steps], "outcome": e.outcome,
+             "released_by": e.released_by}
+            for e in (rec.episodes if rec else ())
+        ],
+    }  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -145,3 +153,13 @@ def render(rows: list[dict[str, object]], ages: list[str], *, history: bool) -> 
             cols = (Column("at (UTC)", key=True), Column("to", wrap=False), Column("reason"))
             console.print(terminal.render(cols, hist, width=console.width,
                                           title=f"history of {r['node']}"))  # fmt: skip
+            console.print(terminal.render(
+                (Column("began (UTC)", key=True), Column("codes"), Column("steps"),
+                 Column("outcome")),
+                [[e["start"], plain(",".join(e["codes"]) or "-"),
+                  plain(",".join(e["steps"]) or "-"),
+                  plain(e["outcome"] + (f" (released by {e['released_by']})"
+                                        if e["released_by"] else ""))]
+                 for e in r.get("episodes", [])],  # type: ignore[attr-defined]
+                width=console.width, title=f"episodes of machine {r.get('machine') or '?'}",
+            ))  # fmt: skip

@@ -31,11 +31,13 @@ def register(app: typer.Typer) -> None:
             False, "--force", help="Also restart a node that is not QUARANTINED from VALIDATING."
         ),
     ) -> None:
-        """Release a QUARANTINED node: gpuvigil forgets its failed steps and moves it to
+        """Release a QUARANTINED node: gpuvigil ends this episode's ladder and moves it to
         VALIDATING; it returns to service when preflight passes (and a fresh health summary
-        is clean). On Kubernetes it also writes gpuvigil.io/released-at, so the node's agent
-        forgets the REPLACE/INVESTIGATE Xid events it kept across reboots. Exit 1 when the
-        node is not quarantined (use --force)."""
+        is clean). Nothing is wiped: the machine's episodes stay, the last marked with who
+        released it, so a machine that keeps failing is still replaced as a lemon. On
+        Kubernetes it also writes gpuvigil.io/released-at, so the node's agent forgets the
+        REPLACE/INVESTIGATE Xid events it kept across reboots. Exit 1 when the node is not
+        quarantined (use --force)."""
         from gpuvigil.core.findings import utcnow
         from gpuvigil.platform.clusters.base import ClusterError, NotFound
         from gpuvigil.platform.policy import release

@@ -43,7 +43,10 @@ class Announcer:
         self._clocks: dict[str, tuple[str, ...]] = {}  # node -> its deadline series' labels
         self._announced: set[str] = set()  # nodes whose state this process has put on record
         self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
-        self._hardware: set[tuple[str, str, str]] = set()  # exported hardware event series
+        self._hardware: set[tuple[str, str, str]] = set()
+        self._episodes: set[str] = (
+            set()
+        )  # nodes with a gpuvigil_machine_episodes series  # exported hardware event series
 
     def transition(self, node: NodeView, old: Record, d: Decision, now: datetime) -> None:
         new = d.record
@@ -224,6 +227,13 @@ class Announcer:
                     m.node_state.remove(node.name, prev.value)
                 m.node_state.labels(node.name, state.value).set(1)
                 self._shown[node.name] = state
+        episodes = {n.name: len(n.record.episodes) for n in nodes
+                    if n.record is not None and n.record.episodes}  # fmt: skip
+        for gone in self._episodes - set(episodes):
+            m.machine_episodes.remove(gone)
+        for name, count in episodes.items():
+            m.machine_episodes.labels(name).set(count)
+        self._episodes = set(episodes)
         if len(self._shown) > len(nodes):
             present = {n.name for n in nodes}
             for gone in [n for n in self._shown if n not in present]:

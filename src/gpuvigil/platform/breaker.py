@@ -31,7 +31,7 @@ from datetime import datetime
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.platform.policy import PROBE_FAILED
-from gpuvigil.platform.safety import SafetyConfig, episode_start, pool_of
+from gpuvigil.platform.safety import SafetyConfig, pool_of
 from gpuvigil.platform.signatures import (
     ANY,
     FLEET,
@@ -46,7 +46,7 @@ from gpuvigil.platform.signatures import (
     node_attributes,
 )
 from gpuvigil.platform.stale import Change, StaleCause, judge_stale
-from gpuvigil.platform.state import NodeView, State
+from gpuvigil.platform.state import NodeView, State, episode_start
 
 PROBE_MAX_STEP = Action.REBOOT  # a probe tells a change from a fault; it never replaces
 HELD = "circuit breaker"  # every reason the breaker gives a held node starts with this

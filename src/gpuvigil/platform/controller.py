@@ -59,7 +59,7 @@ from gpuvigil.platform.observed import Observed
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
-from gpuvigil.platform.state import State
+from gpuvigil.platform.state import Episode, State
 
 log = logging.getLogger("gpuvigil.controller")
 
@@ -141,6 +141,10 @@ class Controller:
             self.ledger = Ledger(elector, orphan_grace_s=grace, monotonic=mono)
         self._memo = DecisionMemo(recheck_s=self.config.recheck_s)
         self.observed = Observed()
+        # provider id -> the machine's episodes as its node's record last showed them: a
+        # node renamed (a new Node object for the same machine) starts from them. In memory
+        # only: the records are the durable copy (docs/controller.md, machine memory).
+        self.machines: dict[str, tuple[Episode, ...]] = {}
         self._skewed = 0  # nodes over the skew tolerance last pass (logged when it rises)
         self._fenced = threading.Event()  # set when a write hit the fence mid-pass
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
@@ -173,9 +177,13 @@ class Controller:
         for gone in self.replacements.observe(nodes, now=now, pool_of=lambda v: pool_of(v, safety)):
             log.warning("node %s was given back for replacement at %s and no new machine "
                         "joined pool %s since", gone.node, gone.at, gone.pool)  # fmt: skip
+        for v in nodes:  # each machine's episodes, by provider id: kept across renames
+            rec = v.record
+            if rec is not None and rec.episodes and v.provider_id:
+                self.machines[v.provider_id] = rec.episodes
         gate = Gate(
             safety, nodes, now=now, breaker=self.breaker, replacements=self.replacements,
-            reserved=slots,
+            reserved=slots, machines=self.machines,
         )  # fmt: skip
         held = 0
         work: list[Work] = []

@@ -43,6 +43,7 @@ class ControllerMetrics:
     decisions: Counter
     watch_age: Gauge
     clock_skew: Gauge
+    machine_episodes: Gauge
     clock_skewed: Gauge
 
 
@@ -177,6 +178,15 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
             "The largest clock skew seen between a node's reports and this controller's "
             "clock (a lower bound; positive: the node is ahead). Reports are judged by when "
             "the controller saw them change, so skew never blinds it.",
+            registry=registry,
+        ),
+        machine_episodes=Gauge(
+            "gpuvigil_machine_episodes",
+            "Episodes (times out of service) the machine behind each node has had, as its "
+            "history keeps them (kept across release, reboot and rename; one series per "
+            "node with any). The lemon rule replaces a machine at policy.lemon_episodes "
+            "within policy.lemon_window_s.",
+            ["node"],
             registry=registry,
         ),
         clock_skewed=Gauge(

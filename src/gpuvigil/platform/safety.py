@@ -25,8 +25,8 @@ from gpuvigil.platform.policy import Fleet
 from gpuvigil.platform.state import (
     DEFAULT_POOL,
     POOL_LABEL,
+    Episode,
     NodeView,
-    Record,
     State,
     pool_of_labels,
 )
@@ -126,11 +126,6 @@ def pool_limit(pool: str, size: int, config: SafetyConfig) -> int:
     return min(absolute, math.ceil(pct * size / 100))
 
 
-def episode_start(record: Record | None) -> datetime | None:
-    """When the node last left HEALTHY (None while it is HEALTHY)."""
-    return None if record is None else record.out_of_service_since()
-
-
 class Gate:
     """One pass's safety accounting: budget per pool and rate tokens, from stored records
     and the budget ledger's slots (`reserved`: node -> pool, `platform.budget`; a node counts
@@ -146,12 +141,14 @@ class Gate:
         breaker: Breaker | None = None,
         replacements: Replacements | None = None,
         reserved: Mapping[str, str] | None = None,
+        machines: Mapping[str, tuple[Episode, ...]] | None = None,
     ) -> None:
         from gpuvigil.platform.signatures import census
 
         self.config = config
         self.breaker = breaker
         self.replacements = replacements
+        self.machines = machines or {}  # provider id -> its episodes (controller memory)
         self.in_use: Counter[str] = Counter()
         slots = dict(reserved or {})
         own = getattr(nodes, "census", None)  # a list that knows the whole fleet (simulator)
@@ -202,7 +199,12 @@ class Gate:
             why = f"rate limit ({self.config.max_actions} per {self.config.rate_window_s:.0f} s)"
         hold = self.breaker.hold_for(node) if self.breaker is not None else Hold()
         machine = self.replacements.verdict(node) if self.replacements is not None else None
+        rec = node.record
+        history: tuple[Episode, ...] = ()
+        if node.provider_id and (rec is None or not rec.episodes):  # renamed: its past
+            history = self.machines.get(node.provider_id, ())
         return Fleet(
+            history=history,
             may_disrupt=not why,
             why_not=why,
             held=hold.keys,

@@ -48,6 +48,25 @@ class Transition(BaseModel):
     step: Action | None = None
 
 
+EPISODE_LIMIT = 16  # episodes kept per machine (each ~150 bytes on the node)
+
+
+class Episode(BaseModel):
+    """One time a machine left HEALTHY, kept in its history (`Record.episodes`): what it
+    showed, which steps ran, and how it ended: `cured:<STEP>` (validated after that
+    step), `cleared` (gone by itself, no step), `quarantined`; `released_by` who ended a
+    quarantine."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    start: datetime
+    end: datetime
+    codes: tuple[str, ...] = ()
+    steps: tuple[Action, ...] = ()
+    outcome: str = ""
+    released_by: str = ""
+
+
 class Record(BaseModel):
     """gpuvigil's memory of one node, stored on the node (never in the controller)."""
 
@@ -81,6 +100,12 @@ class Record(BaseModel):
     # after a step or a release. Stored so a restarted controller does not trigger it again.
     preflight_for: datetime | None = None
     history: tuple[Transition, ...] = ()
+    # The machine's memory (platform.policy's lemon, flapping and useless-step rules):
+    # the provider id (or serial) it belongs to, its past episodes, and the steps of
+    # this one. A release wipes none of it; the controller carries it over a rename.
+    machine: str = ""
+    episodes: tuple[Episode, ...] = ()
+    tried: tuple[Action, ...] = ()
 
     @property
     def in_budget(self) -> bool:
@@ -164,6 +189,11 @@ def decode_intent(text: str | None) -> Intent | None:
         return Intent.model_validate(json.loads(text))
     except (ValueError, ValidationError, TypeError):
         return None
+
+
+def episode_start(record: Record | None) -> datetime | None:
+    """When the node last left HEALTHY (None while it is HEALTHY)."""
+    return None if record is None else record.out_of_service_since()
 
 
 def decode_record(text: str | None) -> Record | None:

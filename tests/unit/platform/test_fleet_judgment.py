@@ -17,6 +17,7 @@ from gpuvigil.core.wire import FindingSummary
 from gpuvigil.platform import metrics as pmetrics
 from gpuvigil.platform.clusters.memory import MemNode, MemoryCluster
 from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.policy import release
 from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.platform.state import NodeView, State, decode_record
 
@@ -323,3 +324,96 @@ def test_a_controller_330_seconds_ahead_still_blocks_and_repairs() -> None:
     w.run(1020, every=60)  # the first pass's stale causes close with their hysteresis
     assert not w.ctl.breaker.stale
     _fault_is_blocked_and_repaired(w)
+
+
+# ---- 5: machine memory --------------------------------------------------------------------
+
+XID_79 = finding("XID_79", action=Action.RESET_GPU, fatal=True, component="gpu:3")
+
+
+def _human_releases(w: World, after_s: float = 3600) -> list[str]:
+    """A person releases each quarantine `after_s` later (`gpuvigil release`'s writes)."""
+    released = []
+    now = w.c.clock.now()
+    for name, n in w.c.nodes.items():
+        rec = decode_record(n.record_raw)
+        due = rec and rec.state is State.QUARANTINED and rec.since
+        if due and (now - rec.since).total_seconds() >= after_s:  # type: ignore[union-attr,operator]
+            w.c.store(name, release(rec, now=now, who="sre-alice"), block=True)
+            w.c.mark_released(name, at=now)
+            released.append(name)
+    return released
+
+
+def test_a_lemon_is_replaced_and_a_release_wipes_nothing() -> None:
+    """An Xid 79 that returns 5 min after each return to service: in 72 h there were 8
+    quarantines and 7 human releases, and each release reset the history, so it was
+    never replaced. Now every episode is kept on the machine; the third within
+    `lemon_window_s` replaces it whatever the ladder says."""
+    w = world(pools=1, per_pool=16)
+    lemon = w.c.nodes["n3"].provider_id
+    releases: list[str] = []
+
+    def relapse(t: float) -> None:
+        n = w.c.nodes["n3"]
+        rec = decode_record(n.record_raw)
+        back = rec is not None and rec.state is State.HEALTHY and rec.since is not None
+        soon = back and (w.c.clock.now() - rec.since).total_seconds() >= 300  # type: ignore[union-attr,operator]
+        if n.provider_id == lemon and not n.faults and (t == 0 or soon):
+            w.fault("n3", XID_79, fixed_by=Action.RESET_GPU)
+        releases.extend(_human_releases(w))
+
+    w.run(72 * 3600, relapse, every=60)
+    assert "n3" in w.c.replaced  # the lemon went back; a new machine stands behind n3
+    assert w.c.nodes["n3"].provider_id != lemon and w.state("n3") is State.HEALTHY
+    assert w.quarantines <= 2 and w.exposed_s == 0
+    gone = w.ctl.machines[lemon]  # the controller remembers the machine by provider id
+    assert len(gone) == 2 and all(e.codes == ("XID_79",) for e in gone)
+    assert releases == [] or all(e.released_by == "sre-alice" for e in gone
+                                 if e.outcome == "quarantined")  # fmt: skip
+    assert [e.outcome for e in gone] == ["cured:RESET_GPU", "cured:REBOOT"]
+
+
+def test_a_flapping_finding_counts_as_persistent() -> None:
+    """A fatal Xid 60 s on and 540 s off gave 144 block/unblock cycles in 12 h and the
+    node ran work 90% of the time. Now the third return within `flap_window_s` keeps the
+    block and the machine is repaired (here: replaced, its third episode in a week)."""
+    w = world(pools=1, per_pool=16)
+    flappy = w.c.nodes["n3"].provider_id
+    back_in_service = 0
+    was_schedulable = True
+
+    def flap(t: float) -> None:
+        nonlocal back_in_service, was_schedulable
+        n = w.c.nodes["n3"]
+        if n.provider_id == flappy:
+            phase = t % 600
+            if phase == 0:
+                w.fault("n3", XID_79, fixed_by=None)
+            elif phase == 60:
+                w.c.clear_findings("n3")
+        now_schedulable = w.schedulable("n3")
+        back_in_service += now_schedulable and not was_schedulable
+        was_schedulable = now_schedulable
+
+    w.run(12 * 3600, flap)
+    assert back_in_service <= 3 and "n3" in w.c.replaced
+    assert w.c.nodes["n3"].provider_id != flappy and w.quarantines == 0
+
+
+def test_a_renamed_node_keeps_its_machines_history() -> None:
+    """The history is keyed by the machine (provider id), not the node name: a node
+    re-registered under another name starts from its machine's episodes."""
+    w = world(pools=1, per_pool=16)
+    w.fault("n3", XID_79, fixed_by=Action.RESET_GPU)
+    w.run(1800, every=30)
+    rec = decode_record(w.c.nodes["n3"].record_raw)
+    assert rec is not None and [e.outcome for e in rec.episodes] == ["cured:RESET_GPU"]
+    old = w.c.nodes.pop("n3")  # the same machine comes back as "n3-renamed"
+    w.c.nodes["n3-renamed"] = replace(old, name="n3-renamed", record_raw=None)
+    w.fault("n3-renamed", XID_79, fixed_by=Action.RESET_GPU)
+    w.run(1800, every=30)
+    rec = decode_record(w.c.nodes["n3-renamed"].record_raw)
+    assert rec is not None and rec.machine == old.provider_id
+    assert [e.outcome for e in rec.episodes] == ["cured:RESET_GPU", "cured:RESET_GPU"]
+    assert w.registry.get_sample_value("gpuvigil_machine_episodes", {"node": "n3-renamed"}) == 2

@@ -11,11 +11,10 @@ from gpuvigil.platform.safety import (
     Gate,
     PoolLimit,
     SafetyConfig,
-    episode_start,
     excluded,
     pool_limit,
 )
-from gpuvigil.platform.state import Record, State
+from gpuvigil.platform.state import Record, State, episode_start
 
 S = timedelta(seconds=1)
 

@@ -36,7 +36,15 @@ from gpuvigil.platform.policy.values import (
     PolicyConfig,
     assess,
 )
-from gpuvigil.platform.state import LADDER, NodeView, Record, State
+from gpuvigil.platform.state import (
+    EPISODE_LIMIT,
+    LADDER,
+    Episode,
+    NodeView,
+    Record,
+    State,
+    episode_start,
+)
 
 __all__ = [
     "PROBE_FAILED",
@@ -53,6 +61,7 @@ __all__ = [
 
 
 UNKNOWN = "unknown: "  # reason prefix of a block set because the node could not be read
+RELEASED = "released by "  # reason prefix of the validation that follows a release
 # reason prefix of a SUSPECT node that is due a quarantine the quarantine rate holds back
 QUEUED = "waiting to quarantine: "
 # reason prefix of a breaker probe whose capped ladder did not cure it: the cause is the
@@ -121,7 +130,69 @@ class _Ctx:
     def __init__(self, node: NodeView, fleet: Fleet, now: datetime, config: PolicyConfig) -> None:
         self.node, self.fleet, self.now, self.cfg = node, fleet, now, config
         self.rec = node.record or Record()
+        pid = node.provider_id
+        other = bool(pid and self.rec.machine and self.rec.machine != pid)  # a new machine
+        renamed = bool(fleet.history and not self.rec.episodes)  # its machine's past
+        if other or renamed:
+            self.rec = self.rec.model_copy(update={"machine": pid, "episodes": fleet.history})
         self.a = assess(node, now=now, config=config, held=fleet.held)
+
+    # ---- the machine's memory ----------------------------------------------------------
+
+    def past(self, window_s: float) -> list[Episode]:
+        return [e for e in self.rec.episodes if _age(e.end, self.now) <= window_s]
+
+    @property
+    def lemon(self) -> str:
+        """Why this machine is a lemon ("" when it is not): this episode and the past
+        ones within `lemon_window_s` reach `lemon_episodes`."""
+        n = len(self.past(self.cfg.lemon_window_s)) + 1
+        if n < self.cfg.lemon_episodes:
+            return ""
+        return f"lemon: {n} episodes within {self.cfg.lemon_window_s:.0f} s"
+
+    @property
+    def flapping(self) -> str:
+        """Why this episode's finding counts as persistent ("" when not): it came back
+        `flap_count` times within `flap_window_s`."""
+        code = self.rec.code or self.a.code
+        n = 1 + sum(code in e.codes for e in self.past(self.cfg.flap_window_s))
+        if not code or n < self.cfg.flap_count:
+            return ""
+        return f"flapping: {code} back {n} times within {self.cfg.flap_window_s:.0f} s"
+
+    def useless(self) -> set[Action]:
+        """Steps tried in `useless_step_after` past episodes that never cured this machine."""
+        out = set()
+        for step in LADDER:
+            tried = sum(step in e.steps for e in self.rec.episodes)
+            cured = any(e.outcome == f"cured:{step.value}" for e in self.rec.episodes)
+            if tried >= self.cfg.useless_step_after and not cured:
+                out.add(step)
+        return out
+
+    def _episode_end(self, to: State) -> dict[str, object]:
+        """The record fields a transition to `to` changes in the machine's memory: a new
+        episode starts its steps afresh; one that ends (validated, cleared, quarantined)
+        is appended to the history."""
+        was = self.rec.state
+        update: dict[str, object] = {}
+        if was is State.HEALTHY and to is not State.HEALTHY:
+            update["tried"] = ()
+        ends = to in (State.HEALTHY, State.QUARANTINED) and was is not to
+        if not ends or self.rec.reason.startswith(RELEASED):  # a release's validation
+            return update
+        tried = () if was is State.HEALTHY else self.rec.tried
+        if to is State.QUARANTINED:
+            outcome = "quarantined"
+        else:
+            outcome = f"cured:{tried[-1].value}" if tried else "cleared"
+        start = episode_start(self.rec) or self.now
+        codes = tuple(sorted({self.rec.code, self.a.code} - {""}))
+        ep = Episode(start=start, end=self.now, codes=codes, steps=tried, outcome=outcome)
+        update["episodes"] = (*self.rec.episodes, ep)[-EPISODE_LIMIT:]
+        update["machine"] = self.node.provider_id or self.rec.machine
+        return update
 
     @property
     def cap(self) -> Action | None:
@@ -163,8 +234,9 @@ class _Ctx:
                 return self.keep(held=self.fleet.quarantine_why)
             d = self.go(State.SUSPECT, f"{QUEUED}{why}")
             return replace(d, held=self.fleet.quarantine_why)
+        memory = self._episode_end(to)
         rec = self.rec.moved(
-            to, at=self.now, reason=reason, code=self.a.code or self.rec.code, **kw
+            to, at=self.now, reason=reason, code=self.a.code or self.rec.code, **memory, **kw
         )
         block: tuple[Op, ...] = ()
         if to.blocks and not self.node.blocked_by_us:
@@ -213,11 +285,18 @@ class _Ctx:
     def start_step(self, step: Action | None, reason: str, **kw: object) -> Decision:
         if step is None and self.fleet.max_step is not None and not self.a.max_step:
             return self.go(State.SUSPECT, f"{PROBE_FAILED}{reason}", failures=0)
-        if step is None or self.rec.failures >= self.cfg.max_failed_steps:
-            why = (
-                f"{reason}; {self.rec.failures} failed steps" if step else f"{reason}; ladder ended"
-            )
-            return self.go(State.QUARANTINED, why)
+        if self.cap is None and self.lemon:  # whatever the ladder says: a new machine
+            step, reason = Action.REPLACE, f"{reason}; {self.lemon}"
+        else:
+            if step is not None and self.cap is None:
+                skip = self.useless()
+                while step in skip and step is not Action.REPLACE:
+                    reason = f"{reason}; {step.value} skipped (never cured this machine)"
+                    step = LADDER[LADDER.index(step) + 1]
+            if step is None or self.rec.failures >= self.cfg.max_failed_steps:
+                why = f"{reason}; {self.rec.failures} failed steps" if step else (
+                    f"{reason}; ladder ended")  # fmt: skip
+                return self.go(State.QUARANTINED, why)
         if step is Action.REPLACE and not self.node.replace_supported:
             return self.go(State.QUARANTINED, f"{reason}; nothing can replace this machine "
                            "(no replace hook): a person swaps it")  # fmt: skip
@@ -233,6 +312,7 @@ class _Ctx:
             boot_id=self.node.boot_id,
             provider_id=self.node.provider_id,
             last_action_at=self.now,
+            tried=(*self.rec.tried, step),
             **kw,
         )
 
@@ -324,6 +404,8 @@ def _suspect(c: _Ctx) -> Decision:
     if not a.problems:
         if c.held_blocked:
             return c.keep(c.fleet.held_reason, held=c.fleet.held_reason)
+        if c.flapping:  # back too often to trust its absence: the block stays, repair it
+            return c.drain_or_hold(c.flapping)
         why = c.held_reason()
         return c.go(State.HEALTHY, f"block lifted: {why}" if why else "problem cleared",
                     Op(OpKind.UNBLOCK))  # fmt: skip
@@ -349,6 +431,9 @@ def _draining(c: _Ctx) -> Decision:
         return c.keep(f"drained; waiting for reports ({a.unknown_reason})", held=c.fleet.stale)
     if c.held_blocked:  # what is left is held and still blocks: wait blocked, off budget
         return c.go(State.SUSPECT, f"drained; {c.fleet.held_reason}")
+    if a.readable and not a.problems and c.flapping:  # persistent though absent right now
+        return c.start_step(_next_step(c.rec.step, Action.RESET_GPU, c.cap),
+                            f"drained; {c.flapping}")  # fmt: skip
     if a.readable and not a.problems and (not c.rec.fatal or a.held):
         # the problem cleared, or what is left is the breaker's cause: validate, no step
         why = f"; {c.fleet.held_reason}" if a.held else ""
@@ -434,12 +519,18 @@ _HANDLERS = {
 
 
 def release(record: Record | None, *, now: datetime, who: str = "a human") -> Record:
-    """`gpuvigil release NODE`: end a quarantine; the node validates before taking work."""
+    """`gpuvigil release NODE`: end a quarantine; the node validates before taking work.
+    The machine's memory is kept (its episodes, the last one marked with who released
+    it): a lemon released again and again is still a lemon."""
     rec = record or Record()
+    episodes = rec.episodes
+    if episodes and episodes[-1].outcome == "quarantined" and not episodes[-1].released_by:
+        episodes = (*episodes[:-1], episodes[-1].model_copy(update={"released_by": who}))
     return rec.moved(
         State.VALIDATING,
         at=now,
-        reason=f"released by {who}",
+        reason=f"{RELEASED}{who}",
+        episodes=episodes,
         failures=0,
         step=None,
         last_step_done_at=None,

@@ -19,7 +19,7 @@ from gpuvigil.core.codes import COULD_NOT_RUN
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary
-from gpuvigil.platform.state import NodeView, Record, State
+from gpuvigil.platform.state import Episode, NodeView, Record, State
 
 
 class PolicyConfig(StrictModel):
@@ -45,6 +45,16 @@ class PolicyConfig(StrictModel):
     # Could-not-run codes that a GPU reset or a reboot cures (a hung tool or driver call):
     # when they persist they walk the ladder up to REBOOT; quarantine only after it failed.
     hung_check_codes: list[str] = Field(default_factory=lambda: ["CHECK_TIMEOUT"])
+    # Machine memory (docs/controller.md): a machine with `lemon_episodes` episodes within
+    # `lemon_window_s` (this one included) is replaced (quarantined for RMA where nothing
+    # can replace it), whatever the ladder says; a finding back `flap_count` times within
+    # `flap_window_s` is persistent (the block stays, the ladder runs); a step tried in
+    # `useless_step_after` past episodes that never cured this machine is skipped.
+    lemon_episodes: int = Field(3, ge=2)
+    lemon_window_s: float = Field(604800.0, gt=0)
+    flap_count: int = Field(3, ge=2)
+    flap_window_s: float = Field(86400.0, gt=0)
+    useless_step_after: int = Field(2, ge=1)
 
 
 class OpKind(StrEnum):
@@ -83,6 +93,9 @@ class Fleet:
     returned: str = ""  # this machine was given back for replacement and came back: why
     replaces: str = ""  # this new node answers the replacement of that node
     breaker_open: bool = False  # any cause is open, here or elsewhere in the fleet
+    # the machine's past episodes, from the controller's memory by provider id, when the
+    # node's record does not carry them (a renamed node)
+    history: tuple[Episode, ...] = ()
     may_quarantine: bool = True  # the fleet-wide quarantine rate has a slot left
     quarantine_why: str = ""  # the reason when it has not
 
