@@ -445,7 +445,10 @@ class KubernetesCluster:
         except NotFound:
             pass  # already gone, which is what we wanted
         self.watch.forget(name)
-        self.pins.forget(name)  # a node joining under this name is a new machine
+        try:
+            self.pins.forget(name)  # a node joining under this name is a new machine
+        except ClusterError as e:  # the Node is gone either way; a new one has a new uid
+            log.warning("forgetting the agent key pinned for %s failed: %s", name, e)
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         """Queued; the recorder's thread creates the Event (fenced like any write)."""
