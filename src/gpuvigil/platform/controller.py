@@ -59,7 +59,7 @@ from gpuvigil.platform.observed import Observed
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
-from gpuvigil.platform.state import Episode, State
+from gpuvigil.platform.state import Episode, Intent, State
 
 log = logging.getLogger("gpuvigil.controller")
 
@@ -228,24 +228,38 @@ class Controller:
     def _publish(self, nodes: list[NodeView], now: datetime, result: PassResult) -> None:
         """Put each node's decision on it (`platform.intent`) where it changed, so
         `gpuvigil nodes` shows what the controller decided, would do next and why it is
-        held; a healthy node with nothing published is left alone (no write per node)."""
+        held; a healthy node with nothing published is left alone (no write per node).
+        Concurrent where the adapter allows, as the decisions' own writes are."""
+        said: list[tuple[str, Intent]] = []
         for node in nodes:
             d = result.decisions.get(node.name)
-            if d is None or not node.intent_supported or self._fenced.is_set():
+            if d is None or not node.intent_supported:
                 continue
-            said = intent.intent_of(
+            it = intent.intent_of(
                 node, d, now=now, dry_run=self.config.dry_run, config=self.config.policy
             )
-            if said.same(node.intent) or (node.intent is None and intent.quiet(said)):
-                continue
+            if not it.same(node.intent) and not (node.intent is None and intent.quiet(it)):
+                said.append((node.name, it))
+
+        def one(item: tuple[str, Intent]) -> None:
+            if self._fenced.is_set():
+                return
             try:
-                self.cluster.publish(node.name, said)
+                self.cluster.publish(*item)
             except Fenced as e:
                 self._fenced.set()
                 self.voice.api_error(e)
             except ClusterError as e:  # for people only: the next pass says it again
                 self.voice.api_error(e)
-                log.info("node %s: cannot publish the decision: %s", node.name, e)
+                log.info("node %s: cannot publish the decision: %s", item[0], e)
+
+        workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
+        if workers > 1 and len(said) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="publish") as pool:
+                list(pool.map(one, said))
+        else:
+            for item in said:
+                one(item)
 
     def _export_skew(self) -> None:
         skew = self.observed.skew
