@@ -13,7 +13,11 @@ and prints the ratios grep_time / our_time (1.0 = as fast as grep; target >= 0.5
 whole command), in wall time and in CPU time (user + system of the process, best of N):
 on a shared machine the CPU ratio is the steadier one.
 
-    PYTHONPATH=src python bench/logscan.py [--mb 200] [--runs 3] [--event-pct 1]
+Both densities (1% and 0.01%) in one run by default; ripgrep (`rg -c Xid`) beside grep
+when it is installed; `gpuvigil analyze --json --kind kernel-log` on the same log, with
+its ratio to logscan.
+
+    PYTHONPATH=src python bench/logscan.py [--mb 200] [--runs 3] [--event-pct 1 0.01]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -115,62 +120,81 @@ def main() -> None:
     ap.add_argument(
         "--event-pct",
         type=float,
-        default=1.0,
-        help="share of lines that are Xid/SXid events, in %% (1: an Xid storm, the default; "
-        "0.01: a node with a few bad days)",
+        nargs="+",
+        default=[1.0, 0.01],
+        help="share of lines that are Xid/SXid events, in %% (1: an Xid storm; 0.01: a node "
+        "with a few bad days); each is its own log, all in one run (default: both)",
     )
     args = ap.parse_args()
     grep = shutil.which("grep")
     if grep is None:
         sys.exit("grep not found")
-    with tempfile.TemporaryDirectory(prefix="gpuvigil-bench-") as tmp:
-        log = Path(tmp) / "kern.log"
-        t0 = time.perf_counter()
-        n_events = write_log(log, args.mb, event_pct=args.event_pct)
-        size = log.stat().st_size
-        print(
-            f"wrote {size / 1e6:.0f} MB, {n_events} event lines in {time.perf_counter() - t0:.1f} s"
-        )
+    rg = shutil.which("rg")  # ripgrep, reported when installed
+    for pct in args.event_pct:
+        with tempfile.TemporaryDirectory(prefix="gpuvigil-bench-") as tmp:
+            one(Path(tmp) / "kern.log", mb=args.mb, runs=args.runs, pct=pct, grep=grep, rg=rg)
+    print("target: the whole logscan command >= 0.5x of grep; analyze within 1.5x of logscan")
 
-        def run_grep() -> int:
-            out = subprocess.run([grep, "-c", "Xid", str(log)], capture_output=True, check=False)
-            return int(out.stdout or 0)
 
-        def run_parser() -> int:
-            with log.open("rb") as f:  # as logscan calls it: no line count
-                return sum(1 for _ in iter_stream(f, stats=LineStats(count_lines=False)))
+def one(log: Path, *, mb: int, runs: int, pct: float, grep: str, rg: str | None) -> None:
+    t0 = time.perf_counter()
+    n_events = write_log(log, mb, event_pct=pct)
+    size = log.stat().st_size
+    print(
+        f"--- {pct}% events: wrote {size / 1e6:.0f} MB, {n_events} event lines in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
 
-        env = dict(os.environ, PYTHONPATH=str(SRC))
+    def run_grep(tool: str = grep) -> int:
+        out = subprocess.run([tool, "-c", "Xid", str(log)], capture_output=True, check=False)
+        return int(out.stdout or 0)
 
-        def run_cli() -> int:
+    def run_parser() -> int:
+        with log.open("rb") as f:  # as logscan calls it: no line count
+            return sum(1 for _ in iter_stream(f, stats=LineStats(count_lines=False)))
+
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+
+    def command(*argv: str) -> Callable[[], int]:
+        def run() -> int:
             with open(os.devnull, "wb") as null:
                 done = subprocess.run(
-                    [sys.executable, "-m", "gpuvigil", "logscan", "--json", str(log)],
+                    [sys.executable, "-m", "gpuvigil", *argv, str(log)],
                     stdout=null,
                     env=env,
                     check=False,
                 )
             if done.returncode not in (0, 1):  # 1: it found failures (Xid 79), as it should
-                raise SystemExit(f"logscan exited {done.returncode}")
+                raise SystemExit(f"{argv[0]} exited {done.returncode}")
             return 0
 
-        run_grep()  # warm the page cache
-        t_grep, c_grep, grep_lines = best(run_grep, args.runs)
-        t_parse, c_parse, parsed = best(run_parser, args.runs)
-        t_cli, c_cli, _ = best(run_cli, args.runs)
-        assert parsed == n_events, (parsed, n_events)
-        mb = size / 1e6
+        return run
+
+    run_grep()  # warm the page cache
+    t_grep, c_grep, grep_lines = best(run_grep, runs)
+    t_parse, c_parse, parsed = best(run_parser, runs)
+    t_cli, c_cli, _ = best(command("logscan", "--json"), runs)
+    t_an, c_an, _ = best(command("analyze", "--json", "--kind", "kernel-log"), runs)
+    assert parsed == n_events, (parsed, n_events)
+    mbs = size / 1e6
+    print(
+        f"grep -c Xid:             wall {t_grep:7.3f} s ({mbs / t_grep:5.0f} MB/s)  CPU "
+        f"{c_grep:6.3f} s ({grep_lines} lines contain 'Xid', {n_events} are events)"
+    )
+    rows = [("parser (in-process):    ", t_parse, c_parse),
+            ("gpuvigil logscan --json:", t_cli, c_cli),
+            ("gpuvigil analyze --json:", t_an, c_an)]  # fmt: skip
+    if rg is not None:
+        t_rg, c_rg, _ = best(lambda: run_grep(rg), runs)
+        rows.insert(0, ("rg -c Xid (ripgrep):    ", t_rg, c_rg))
+    else:
+        print("rg -c Xid (ripgrep):     not installed")
+    for name, t, c in rows:
         print(
-            f"grep -c Xid:             wall {t_grep:7.3f} s ({mb / t_grep:5.0f} MB/s)  CPU "
-            f"{c_grep:6.3f} s ({grep_lines} lines contain 'Xid', {n_events} are events)"
+            f"{name} wall {t:7.3f} s ({mbs / t:5.0f} MB/s)  CPU {c:6.3f} s   ratio to grep: "
+            f"wall {t_grep / t:.2f}x, CPU {c_grep / c:.2f}x"
         )
-        for name, t, c in (("parser (in-process):    ", t_parse, c_parse),
-                           ("gpuvigil logscan --json:", t_cli, c_cli)):  # fmt: skip
-            print(
-                f"{name} wall {t:7.3f} s ({mb / t:5.0f} MB/s)  CPU {c:6.3f} s   ratio to grep: "
-                f"wall {t_grep / t:.2f}x, CPU {c_grep / c:.2f}x"
-            )
-        print("target: the whole command >= 0.5x of grep")
+    print(f"analyze / logscan: wall {t_an / t_cli:.2f}x, CPU {c_an / c_cli:.2f}x")
 
 
 if __name__ == "__main__":
