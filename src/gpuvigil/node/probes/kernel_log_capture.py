@@ -44,7 +44,9 @@ GIVE_UP_BINARY = 64 * 1024 * 1024
 def needles() -> tuple[bytes, ...]:
     """The reader's own needles and the error phrases' anchors (`catalog/phrases.yaml`),
     each once: every needle is one more pass over the log."""
-    return tuple(dict.fromkeys((*_NEEDLES, *phrases.load().log_needles())))
+    every = tuple(dict.fromkeys((*_NEEDLES, *phrases.load().log_needles())))
+    # A needle holding another is redundant: every line with it is found by the shorter.
+    return tuple(n for n in every if not any(m != n and m in n for m in every))
 
 
 @dataclass(frozen=True)
