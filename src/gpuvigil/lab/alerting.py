@@ -201,6 +201,15 @@ class AlertPath:
         with urllib.request.urlopen(url, timeout=5) as r:
             return list(json.load(r)["data"]["result"])
 
+    def panel(self, expr: str) -> dict[str, float]:
+        """A dashboard query's instant values, keyed by their labels (`k=v,...`)."""
+        try:
+            rows = self.query(expr)
+        except (OSError, ValueError, KeyError):
+            return {}
+        return {",".join(f"{k}={v}" for k, v in sorted(r["metric"].items())): float(r["value"][1])
+                for r in rows}  # fmt: skip
+
     def poll(self, *, every_s: float = 1.0) -> None:
         """Fold in what Prometheus has firing now and what the webhook received."""
         now = time.time()

@@ -32,11 +32,14 @@ class LabResult:
     # that fired before the fault has a negative fired_after_s (a healthy lab has none)
     alerts: list[dict[str, Any]] | None = None
     alerts_watched_before_fault_s: float | None = None  # how long the lab watched first
+    # --alerts: the dashboard's Xid and remediation panels and the lab's own counts
+    dashboard: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         alerting = {} if self.alerts is None else {
             "alerts": self.alerts,
             "alerts_watched_before_fault_s": self.alerts_watched_before_fault_s,
+            "dashboard": self.dashboard,
         }  # fmt: skip
         return {
             "fault": self.fault,

@@ -89,6 +89,8 @@ class Lab:
         self.alerting = AlertPath(workdir / "alerting", rules=RULES_DEFAULT) if alerts else None
         self.controller_metrics = f"127.0.0.1:{free_port()}" if alerts else ""
         self.watched_from = 0.0  # when Prometheus began watching (time.time())
+        # The lab's own counts since it started, for the dashboard's panels to match
+        self.counts: dict[str, dict[str, float]] = {"xid_by_code": {}, "remediations": {}}
 
     def say(self, message: str) -> None:
         if self._progress is not None:
@@ -295,6 +297,33 @@ class Lab:
             self.tick()
             time.sleep(0.2)
 
+    def dashboard(self) -> dict[str, Any]:
+        """The Xid-by-code and remediation panels of deploy/grafana/gpuvigil.json, queried
+        from the lab's Prometheus, next to the lab's own counts since it started."""
+        import re
+
+        a = self.alerting
+        assert a is not None
+        for e in self.follow.timeline():
+            if e["event"] == "remediation":
+                c = self.counts["remediations"]
+                key = "action={},result={}".format(*e["detail"].split(" ", 1))
+                c[key] = c.get(key, 0) + 1
+            elif e["event"] == "fault" and (
+                m := re.search(r"NVRM: Xid \([^)]*\): (\d+)", e["detail"])
+            ):
+                c = self.counts["xid_by_code"]
+                c[f"code={m.group(1)}"] = c.get(f"code={m.group(1)}", 0) + 1
+        panels = json.loads((REPO / "deploy/grafana/gpuvigil.json").read_text())["panels"]
+        expr = {p["title"]: p["targets"][0]["expr"] for p in panels if p.get("targets")}
+        return {
+            "panels": {
+                "xid_by_code": a.panel(expr["Xid heat map (events per code per hour)"]),
+                "remediations": a.panel(expr["Remediations by action and result (per hour)"]),
+            },
+            "lab": {k: dict(v) for k, v in self.counts.items()},
+        }
+
     def stop(self) -> None:
         if self.alerting is not None:
             self.alerting.stop()
@@ -352,6 +381,7 @@ class Lab:
             raise LabError(str(e)) from e
         settled = self.follow_to_end(started)
         self.wait_for_alerts_to_resolve()
+        dashboard = self.dashboard() if self.alerting is not None else None
         final = self.final_state()
         self.follow.read_logs()
         job, f = self.job, self.follow
@@ -370,6 +400,7 @@ class Lab:
             duration_s=time.monotonic() - started,
             workdir=str(self.dir),
             alerts=None if self.alerting is None else self.alerting.take(f.fault_ts or 0.0),
+            dashboard=dashboard,
             alerts_watched_before_fault_s=(
                 None if self.alerting is None else round((f.fault_ts or 0.0) - self.watched_from, 1)
             ),

@@ -180,3 +180,13 @@ def test_each_fault_reaches_exactly_the_people_it_should(
     for a in r["alerts"]:  # whatever reached a person reached them in time
         if a["severity"] in PEOPLE:
             assert a["delivered_after_s"] is not None and a["delivered_after_s"] <= 90, a
+
+
+@pytest.mark.parametrize("fault", ORDER)
+def test_the_dashboard_counts_what_the_lab_did(fault: str, results: dict[str, Any]) -> None:
+    """The Xid-by-code and remediation panels, queried from the lab's Prometheus after the
+    fault, equal the lab's own counts since it started (the first event included)."""
+    d = lab(fault, results)["dashboard"]
+    for panel in ("xid_by_code", "remediations"):
+        got = {k: round(v) for k, v in d["panels"][panel].items() if round(v)}
+        assert got == d["lab"][panel], (panel, d)
