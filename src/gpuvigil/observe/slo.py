@@ -311,6 +311,8 @@ class SloTracker:
             r.failed_gpu_s += alloc or 0.0
             prod = 0.0  # a job that gave up produced nothing: its work is lost
         self._goodput(alloc, prod, job)
+        if job is not None:
+            self._ettr(job, ev.ts, prod)
 
     def _goodput(self, alloc: float | None, prod: float | None, job: _Job | None) -> None:
         """Add a job's allocated and productive GPU-time (productive, when not given: the
@@ -320,6 +322,19 @@ class SloTracker:
         if alloc is not None and prod is not None and alloc > 0:
             self.r.allocated_gpu_s += alloc
             self.r.productive_gpu_s += min(prod, alloc)
+
+    def _ettr(self, job: _Job, end: float, prod: float | None) -> None:
+        """Add a job's wall GPU-time from its start to `end` and its productive share: the
+        productive GPU-time its job.end reports, else the wall time less what its restarts
+        lost (`lost_s` runs from the checkpoint resumed to the restart: recomputation, the
+        restart, and any time the job spent off the cluster after a drain)."""
+        if not job.gpus:
+            return
+        wall = job.gpus * max(0.0, end - job.start)
+        if prod is None:
+            prod = wall - job.gpus * job.lost_s
+        self.r.ettr_wall_gpu_s += wall
+        self.r.ettr_productive_gpu_s += min(max(0.0, prod), wall)
 
     def finish(self) -> SloReport:
         r = self.r
@@ -338,6 +353,7 @@ class SloTracker:
                     r.jobs_censored += 1
                     if job.gpus:
                         self._goodput(job.gpus * max(0.0, r.end - job.start), None, job)
+                    self._ettr(job, r.end, None)
         return r
 
 

@@ -39,6 +39,10 @@ class SloReport:
     job_restarts: int = 0
     productive_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
+    # ETTR: productive GPU-time over each job's size x wall time from its start to its end
+    # (or to the window's close): restarts and time spent off the cluster count against it.
+    ettr_productive_gpu_s: float = 0.0
+    ettr_wall_gpu_s: float = 0.0
     mttd: Distribution = field(default_factory=Distribution)
     mttr: Distribution = field(default_factory=Distribution)
     drains: int = 0
@@ -66,6 +70,11 @@ class SloReport:
     @property
     def goodput(self) -> float | None:
         return ratio(self.productive_gpu_s, self.allocated_gpu_s)
+
+    @property
+    def ettr(self) -> float | None:
+        """Effective training time ratio: productive step time over wall time."""
+        return ratio(self.ettr_productive_gpu_s, self.ettr_wall_gpu_s)
 
     def to_json(self) -> dict[str, Any]:
         def slo(achieved: float | None, target: float) -> dict[str, Any]:
@@ -100,6 +109,11 @@ class SloReport:
                 "ratio": None if self.goodput is None else round(self.goodput, 6),
                 "productive_gpu_s": round(self.productive_gpu_s, 3),
                 "allocated_gpu_s": round(self.allocated_gpu_s, 3),
+            },
+            "ettr": {
+                "ratio": None if self.ettr is None else round(self.ettr, 6),
+                "productive_gpu_s": round(self.ettr_productive_gpu_s, 3),
+                "wall_gpu_s": round(self.ettr_wall_gpu_s, 3),
             },
             "mttd": self.mttd.to_json(),
             "mttr": self.mttr.to_json(),

@@ -53,6 +53,13 @@ HEADLINE = {
     "goodput": Spec(
         "goodput", RATIO, "productive / allocated GPU-time, from job.end events", LOGGED
     ),
+    "ettr": Spec(
+        "ETTR",
+        RATIO,
+        "productive step time / each job's size x wall time from its start to its end (or "
+        "the window's close), from job.start, job.restart (lost_s) and job.end events",
+        LOGGED,
+    ),
     "job_interruptions": Spec("restarts", COUNT, "job.restart events", LOGGED),
     "mttd_s": Spec(
         "MTTD",
@@ -89,6 +96,7 @@ DETAIL = {
 # SloReport fields that are inputs of the figures above, not figures themselves.
 INPUTS = frozenset({"start", "end", "node_seconds", "in_service_seconds", "maintenance_seconds",
                     "productive_gpu_s", "allocated_gpu_s", "succeeded_gpu_s",
+                    "ettr_productive_gpu_s", "ettr_wall_gpu_s",
                     "failed_gpu_s", "jobs_succeeded", "jobs_failed",
                     "jobs_cancelled", "job_restarts"})  # fmt: skip
 
@@ -110,6 +118,7 @@ class Summary:
             "job_success_rate": r.job_success_rate,
             "job_success_by_work": r.job_success_by_work,
             "goodput": r.goodput,
+            "ettr": r.ettr,
             "job_interruptions": r.job_restarts,
             "mttd_s": r.mttd.mean,
             "mttr_s": r.mttr.mean,

@@ -78,6 +78,10 @@ def slo_rows(s: Summary) -> list[list[terminal.Cell]]:
         [f["goodput"].label, f["goodput"].text, "-", "-", "-",
          plain(f"{g['productive_gpu_s'] / 3600:,.1f} productive of "
                f"{g['allocated_gpu_s'] / 3600:,.1f} GPU-h")],
+        [f["ettr"].label, f["ettr"].text, "-", "-", "-",
+         plain(f"{j['ettr']['productive_gpu_s'] / 3600:,.1f} productive of "
+               f"{j['ettr']['wall_gpu_s'] / 3600:,.1f} GPU-h of wall time since each job "
+               "started")],
     ]  # fmt: skip
     for key, d in (("mttd_s", s.slo.mttd), ("mttr_s", s.slo.mttr)):
         rows.append([

@@ -43,6 +43,7 @@ class Job:
     ckpt_done: float = 0.0  # work secured by the last checkpoint
     alloc_since: float = 0.0
     allocated_s: float = 0.0  # node-seconds held
+    started_s: float | None = None  # its first start: ETTR's wall time runs from here
     failures_in_row: int = 0
     interruptions: int = 0
     restarts: int = 0

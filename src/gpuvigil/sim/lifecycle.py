@@ -206,6 +206,8 @@ class Lifecycle:
         job.speed = self.gang_speed(job)
         job.epoch += 1
         self.push(job.finish_time(t), JOB_END_EV, job, job.epoch)
+        if job.started_s is None:
+            job.started_s = t
         self.rec.job_start(t, job)
         for nid in job.nodes:
             for fi in self.fleet.nodes[nid].faults:
@@ -288,6 +290,7 @@ class Lifecycle:
             job.state = JobState.FAILED
             self.tally.failed += 1
             self.tally.failed_work += job.work_s * job.gpus
+            self.tally.wall(job, t)
             self.rec.job_end(t, job, ok=False, productive_s=0.0, exit_code=code)
         else:
             job.state = JobState.QUEUED
@@ -327,6 +330,7 @@ class Lifecycle:
         self.tally.finished += 1
         self.tally.finished_work += job.work_s * job.gpus
         self.tally.productive_s += job.work_s * job.size
+        self.tally.wall(job, t)
         self.rec.job_end(t, job, ok=True, productive_s=job.work_s)
         self.schedule(t)
 
@@ -337,9 +341,11 @@ class Lifecycle:
                 self._settle(job, t)
                 self.tally.productive_s += done * job.size
                 self.tally.censored += 1
+                self.tally.wall(job, t)
             elif job.state is JobState.QUEUED and job.restarts:
                 self.tally.productive_s += job.seg_done * job.size
                 self.tally.censored += 1
+                self.tally.wall(job, t)
         for node in self.fleet.nodes:  # episodes still open count as they stand
             if node.out:
                 self.tally.false[node.out] += 1

@@ -55,6 +55,11 @@ class Results:
         "restarts, hangs and slow nodes, and all the work of a job that gave up, is lost",
         table=1,
     )  # fmt: skip
+    ettr: float = figure(
+        1.0, "ETTR", RATIO, "effective training time ratio: productive node-time / (job size x "
+        "wall time from the job's first start to its end, or to the horizon); restarts, "
+        "recomputation and time waiting for nodes all count against it", table=1,
+    )  # fmt: skip
     job_interruptions: int = figure(
         0, "restarts", COUNT, "job restarts for any reason, drains included", table=1
     )
@@ -155,6 +160,7 @@ class Tally:
         self.by_calibrated_cause: Counter[str] = Counter()
         self.productive_s = 0.0  # node-seconds
         self.allocated_s = 0.0
+        self.wall_s = 0.0  # node-seconds from each job's first start to its end or the horizon
         self.finished = 0
         self.failed = 0
         self.finished_work = 0.0  # GPU-seconds of work of the jobs that finished
@@ -173,6 +179,11 @@ class Tally:
         if calibrated:
             self.by_calibrated_cause[cause] += 1
 
+    def wall(self, job: Any, t: float) -> None:
+        """A job ended (or the run did): its size x wall time since its first start."""
+        if job.started_s is not None:
+            self.wall_s += job.size * max(0.0, t - job.started_s)
+
     def interruption(self, *, cause: str, kind: str) -> None:
         self.by_cause[cause] += 1
         self.by_kind[kind] += 1
@@ -186,6 +197,7 @@ class Tally:
         res.job_success_by_work = self.finished_work / work if work else None
         res.jobs_censored = self.censored
         res.goodput = self.productive_s / self.allocated_s if self.allocated_s else 1.0
+        res.ettr = min(1.0, self.productive_s / self.wall_s) if self.wall_s else 1.0
         res.job_interruptions = sum(self.by_cause.values())
         res.mttd_s = sum(self.detect) / len(self.detect) if self.detect else 0.0
         res.mttr_s = sum(self.repair) / len(self.repair) if self.repair else 0.0

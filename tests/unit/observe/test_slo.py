@@ -332,3 +332,29 @@ def test_a_late_event_is_not_counted_twice() -> None:
     evs = _states((0, "n1", "HEALTHY"), (100, "n1", "DRAINING"), (50, "n1", "HEALTHY"))
     r = slo.compute(evs, start=0, end=200)
     assert r.node_seconds == 200  # never more node-time than wall time
+
+
+def test_ettr_is_productive_step_time_over_wall_time_to_the_end_or_the_horizon() -> None:
+    """ETTR counts the whole wall time from a job's start: a drained job off the cluster
+    between two attempts loses that time too (its restart's lost_s runs from the checkpoint
+    it resumed). A job still running is measured to the window's close."""
+    evs = [
+        E(0, "job.start", job="a", gpus=2),
+        E(40, "job.end", job="a", result="interrupted", exit_code=89),  # drained, off-cluster
+        E(60, "job.restart", job="a", lost_s=20.0),  # saved at 40, back at 60
+        E(100, "job.end", job="a", result="succeeded"),
+        E(0, "job.start", job="b", gpus=1),
+        E(50, "job.restart", job="b", lost_s=10.0),
+    ]
+    r = slo.compute(evs, start=0, end=200)
+    # a: 2 x 100 wall, 2 x 20 lost; b: 1 x 200 wall to the horizon, 10 lost.
+    assert r.ettr_wall_gpu_s == 200 + 200
+    assert r.ettr_productive_gpu_s == 160 + 190
+    assert r.ettr == pytest.approx(350 / 400)
+    assert r.to_json()["ettr"]["ratio"] == pytest.approx(0.875)
+
+
+def test_ettr_of_a_job_that_gave_up_is_zero_and_none_without_jobs() -> None:
+    evs = [E(0, "job.start", job="a", gpus=4), E(10, "job.end", job="a", result="failed")]
+    assert slo.compute(evs, start=0, end=20).ettr == 0.0
+    assert slo.compute([], start=0, end=20).ettr is None
