@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 METRIC_MODULES = ("gpuvigil.node.metrics", "gpuvigil.platform.metrics", "gpuvigil.training.metrics")
 # Upper-case words that are neither states nor codes: report headings, InfiniBand port
 # states (a port's, not a node's), the prefixes attribution strips from codes.
-NOT_NODE_STATES = frozenset({"MTTD", "MTTR", "ACTIVE", "XID_", "SXID_"})
+NOT_NODE_STATES = frozenset({"MTTD", "MTTR", "ETTR", "ACTIVE", "XID_", "SXID_"})
 # Every other upper-case vocabulary the code has: codes, actions, statuses, condition
 # families. An exit code's name (DRAINED, HANG) is allowed only where exit codes are meant.
 OTHER_VOCAB = (
