@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.controller import ControllerConfig
-from gpuvigil.sim import episodes, lifecycle
+from gpuvigil.sim import episodes, incidents, lifecycle
 from gpuvigil.sim.adversity import ATTACKS
 from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import (
@@ -39,9 +39,10 @@ from gpuvigil.sim.scenarios import Scenario, SimConfig
 FAULT, DETECT, REPAIRED, ARRIVE, JOB_END, JOB_HIT, STORM, STORM_FIX, DRAIN = range(9)
 EXPIRE = 15  # after episodes' CONTROL_PASS .. SILENCE_END
 OFFER = 16  # a node a GPU fault just crashed a job on is offered to the scheduler again
+STORM_BATCH = 18  # a batch of a rolling rollout lands (17: sim.incidents.FLAP_EV)
 
 
-class Engine(lifecycle.Lifecycle, episodes.Episodes):
+class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
     def __init__(
         self,
         *,
@@ -101,6 +102,11 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             self.push(onset, FAULT, self._instance(kind, nid, onset))
         for job in self.jobs:
             self.push(job.submit_s, ARRIVE, job)
+        self.held_at: float | None = None
+        if scenario.incident:
+            if scenario.incident == "skew" and self.platform is not None:
+                self.platform.cluster.agent_skew_s = incidents.SKEW_S
+            self.plan_incident(scenario.incident, min(10 * DAY, self.horizon / 3))
         if scenario.lemon:  # a lemon: its first fault a day in, on one machine
             lemon = self.fleet.nodes[self.draws("lemon").randrange(nodes)]
             lemon.lemon = scenario.lemon
@@ -129,7 +135,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes):
             episodes.CONTROL_HUMAN: self.on_control_human,
             episodes.PUBLISH: self.on_publish,
             episodes.SILENCE: self.on_silence, episodes.SILENCE_END: self.on_silence_end,
-            EXPIRE: self.on_expire, OFFER: self.on_offer,
+            EXPIRE: self.on_expire, OFFER: self.on_offer, incidents.FLAP_EV: self.on_flap,
+            STORM_BATCH: self.on_storm_batch,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0

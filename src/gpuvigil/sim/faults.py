@@ -252,7 +252,15 @@ TOOL_MISSING = FaultKind("tool_missing", "TOOL_MISSING", Cause.TOOLING, Effect.N
 # A bad driver push: healthy GPUs read as lost (GPU_LOST + Xid 79 findings, fatal), a
 # storm that looks like hardware; nothing but the rollback cures it.
 BAD_DRIVER = FaultKind("bad_driver", "GPU_OFF_BUS", Cause.TOOLING, Effect.NONE, 0.0, fix=())
-STORM_KINDS = {"tool": TOOL_MISSING, "driver": BAD_DRIVER}
+# A bad driver that really breaks what runs on the GPUs it reaches: jobs crash there (the
+# machine itself is fine: nothing but the rollback cures it).
+BREAKING_DRIVER = FaultKind("breaking_driver", "GPU_OFF_BUS", Cause.TOOLING, Effect.CRASH, 0.0,
+                            fix=())  # fmt: skip
+# A new kernel makes the driver print an Xid our catalog does not know (FAILED, INVESTIGATE)
+# on healthy machines.
+NEW_XID = FaultKind("new_xid", "XID_999", Cause.TOOLING, Effect.NONE, 0.0, fix=())
+STORM_KINDS = {"tool": TOOL_MISSING, "driver": BAD_DRIVER, "driver-crash": BREAKING_DRIVER,
+               "xid": NEW_XID}  # fmt: skip
 # Faults of the whole node, not of one GPU (the `fault` event's component is `node`).
 NODE_WIDE = frozenset(
     {"HOST_DOWN", "EFA_DOWN", "EFA_MISSING", "TOOL_HANG", "TOOL_MISSING", "NCCL_HANG"}
@@ -277,6 +285,8 @@ class Storm:
     fixed_after_s: float = 6 * 3600.0  # the rollback lands after this long
     kind: str = "tool"  # "tool": a binary is missing (fail closed); "driver": GPUs read lost
     pool: bool = False  # True: the fraction of one pool (a per-pool rollout), not the fleet
+    batch: int = 0  # nodes per batch of a rolling rollout (0: all at once)
+    batch_every_s: float = 0.0  # between batches
 
     @property
     def change(self) -> tuple[str, str]:
@@ -286,7 +296,9 @@ class Storm:
 
 # What each storm's upgrade changes on the nodes it reaches (sim.fleet.BASE_FACTS before).
 STORM_CHANGES = {"tool": ("os-image", "Ubuntu 22.04.5 LTS (2026-01 image)"),
-                 "driver": ("driver-version", "560.35.03")}  # fmt: skip
+                 "driver": ("driver-version", "560.35.03"),
+                 "driver-crash": ("driver-version", "560.35.03"),
+                 "xid": ("kernel-version", "5.15.0-1060-aws")}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class Node:
     lemon: str = ""  # a lemon's fault kind: it returns after every repair (sim.scenarios)
     cleared: set[str] = field(default_factory=set)  # fault kinds repaired on this machine
     flaps: dict[str, int] = field(default_factory=dict)  # kind -> returns after service
+    flapping_until: float = 0.0  # a flapping machine (sim.incidents) until then
 
     @property
     def name(self) -> str:
@@ -77,7 +78,7 @@ class Node:
 
     def new_machine(self) -> None:
         """A replacement arrived: nothing of the old machine's history is its."""
-        self.quarantines, self.lemon = 0, ""
+        self.quarantines, self.lemon, self.flapping_until = 0, "", 0.0
         self.cleared, self.flaps = set(), {}
 
     @property

@@ -67,9 +67,10 @@ def findings_for(fault: str, *, gpu: int, config: NodeConfig | None = None) -> l
     cfg = config or sim_node_config()
     if fault in INVISIBLE:
         return []
-    if fault in XID_ONLY:
+    if fault in XID_ONLY or fault.startswith("XID_"):
+        code = XID_ONLY.get(fault) or int(fault.removeprefix("XID_"))
         node = make_node(8, model="H100")
-        return _problems(_xids(node, [(gpu, XID_ONLY[fault], False)], cfg))
+        return _problems(_xids(node, [(gpu, code, False)], cfg))
     f = Fault(fault.lower())
     if f is Fault.TOOL_HANG:
         return _problems(_tool(hang=True))

@@ -128,7 +128,18 @@ class Lifecycle:
             pool = pools[rng.randrange(len(pools))]
             ids = [n.id for n in self.fleet.nodes if pool_of_labels(n.labels, label=label) == pool]
         hit = rng.sample(ids, int(self.storm.fraction * len(ids)))
-        self.storm_hit = set(hit)
+        if self.storm.batch:  # a rolling rollout: batch after batch, the hit list's order
+            for i in range(0, len(hit), self.storm.batch):
+                at = t + (i // self.storm.batch) * self.storm.batch_every_s
+                self.push(at, STORM_BATCH_EV, hit[i : i + self.storm.batch])
+            return
+        self.on_storm_batch(t, hit, 0)
+
+    def on_storm_batch(self: Engine, t: float, hit: list[int], _: int) -> None:
+        """These nodes get the upgrade now (before the rollback only)."""
+        if self.storm is None or t >= self.storm.at_s + self.storm.fixed_after_s:
+            return
+        self.storm_hit |= set(hit)
         self.relabel(hit, new=True)
         for nid in sorted(hit):
             self.push(t, FAULT_EV, self._instance(STORM_KINDS[self.storm.kind], nid, t))
@@ -369,4 +380,4 @@ def cure_probability(fi: FaultInstance, step: Action) -> float:
 
 
 FAULT_EV, DETECT_EV, REPAIRED_EV, ARRIVE_EV, JOB_END_EV, JOB_HIT_EV, _, _, DRAIN_EV = range(9)
-OFFER_EV = 16  # sim.engine.OFFER
+OFFER_EV, STORM_BATCH_EV = 16, 18  # sim.engine.OFFER, STORM_BATCH

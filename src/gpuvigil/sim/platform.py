@@ -21,8 +21,9 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from gpuvigil.core.findings import Action, Finding, NodeReport
 from gpuvigil.core.wire import summarize
@@ -80,11 +81,23 @@ class SimCluster(MemoryCluster):
         self.total = total
         self.active: set[str] = set()
         self.census: Counter[tuple[str, str]] = Counter()
+        self.agent_skew_s = 0.0  # clock-skew: the agents' clocks this far ahead
         self.controller_calling = False  # api-outage refuses only the controller's calls
         self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: nothing lands
 
     def _only_active(self) -> dict:
         return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
+
+    def _build_view(self, node: Any) -> NodeView:
+        """An agent whose clock is ahead stamps its report (and so its heartbeat) ahead."""
+        view = super()._build_view(node)
+        if not self.agent_skew_s or view.heartbeat_at is None:
+            return view
+        ahead = timedelta(seconds=self.agent_skew_s)
+        health = view.health
+        if health is not None:
+            health = health.model_copy(update={"generated_at": health.generated_at + ahead})
+        return replace(view, heartbeat_at=view.heartbeat_at + ahead, health=health)
 
     def list_nodes(self) -> list[NodeView]:
         full, self.nodes = self.nodes, self._only_active()

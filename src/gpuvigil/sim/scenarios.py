@@ -38,16 +38,22 @@ class Scenario:
     breaker: bool = True  # False: the circuit breaker never trips (the storms' control run)
     wide_budget: bool = False  # a 10% disruption budget (sim.cli.storm_controller)
     lemon: str = ""  # one machine whose fault of this kind returns after every repair
+    incident: str = ""  # sim.incidents: "rack" | "switch" | "flapping" | "held" | "skew"
+    storm_batch: int = 0  # a rolling rollout: this many nodes per batch ...
+    storm_batch_every_s: float = 0.0  # ... this far apart
+    storm_fixed_after_s: float = 6 * 3600.0  # the rollback lands this long after it began
 
     @property
     def fleet_event(self) -> bool:
-        return bool(self.storm or self.silence_s or self.lemon)
+        return bool(self.storm or self.silence_s or self.lemon or self.incident)
 
     def storm_for(self, days: float) -> Storm | None:
         if not self.storm:
             return None
         return Storm(at_s=min(10.0, days / 3) * DAY, fraction=self.storm_fraction,
-                     kind=self.storm, pool=self.storm_pool)  # fmt: skip
+                     kind=self.storm, pool=self.storm_pool, batch=self.storm_batch,
+                     batch_every_s=self.storm_batch_every_s,
+                     fixed_after_s=self.storm_fixed_after_s)  # fmt: skip
 
     def silence_for(self, days: float) -> Silence | None:
         return Silence(at_s=days / 2 * DAY, duration_s=self.silence_s) if self.silence_s else None
@@ -78,6 +84,24 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("lemon", *_FULL,
                  "one machine's Xid 79 returns 5 min after each time it is back in service",
                  lemon="gpu_lost"),
+        Scenario("rack-fault", *_FULL, "EFA down on the 4 nodes of one rack within 30 s",
+                 incident="rack"),
+        Scenario("switch-fault", *_FULL,
+                 "EFA down on the 16 nodes under one leaf switch within 30 s", incident="switch"),
+        Scenario("slow-rollout", *_FULL,
+                 "the bad driver rolled to 2 nodes every 11 min (128 nodes in 11.7 h)",
+                 storm="driver", storm_batch=2, storm_batch_every_s=660.0,
+                 storm_fixed_after_s=18 * 3600.0),
+        Scenario("staggered-new-xid", *_FULL,
+                 "a new kernel's unknown Xid (INVESTIGATE) on one healthy node every 30 s",
+                 storm="xid", storm_batch=1, storm_batch_every_s=30.0),
+        Scenario("flapping", *_FULL, "one machine's fatal Xid 79: 60 s on, 540 s off, 12 h",
+                 incident="flapping"),
+        Scenario("clock-skew", *_FULL,
+                 "every agent's clock 6 s ahead; a real GPU lost a third in", incident="skew"),
+        Scenario("fault-while-held", *_FULL,
+                 "the bad-driver storm, and a real GPU lost on a node it reached 30 min in",
+                 storm="driver", incident="held"),
         Scenario("split-brain", *_FULL,
                  "two controllers 20 s apart; the leader stalls mid-pass every 6 h",
                  attack="split-brain"),

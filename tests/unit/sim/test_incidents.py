@@ -1,0 +1,87 @@
+"""Issue #22's new scenarios, each against its "Done when" at the issue's size
+(`gpuvigil simulate --nodes 512 --days 30 --seed 1 --json --scenario S`).
+
+`broken_in_service_h` is judged as what the incident adds to `full` of the same seed:
+`full` itself carries 1.2 node-h at seed 1, nearly all silent data corruption that no
+passive check sees until the daily active check, which no controller can shorten.
+A test marked xfail(strict) fails today only for a controller behaviour issue #22 asks of
+the controller (items 1-5), named in its reason; strict, so it shows when that lands.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvigil.sim.results import Results
+from gpuvigil.sim.run import simulate
+
+RUNS = ("full", "rack-fault", "switch-fault", "slow-rollout", "staggered-new-xid", "flapping",
+        "clock-skew", "fault-while-held")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Results]:
+    """About 3 s of CPU each."""
+    return {s: simulate(s, nodes=512, days=30, seed=1, events=False) for s in RUNS}
+
+
+def added_exposure_h(runs: dict[str, Results], name: str) -> float:
+    return runs[name].broken_in_service_h - runs["full"].broken_in_service_h
+
+
+@pytest.mark.xfail(strict=True, reason="the breaker holds the rack's fatal EFA_DOWN as a "
+                   "signature on gpuvigil.io/rack; topology must be a hardware event that "
+                   "blocks every node (issue #22 item 2, the breaker helper's)")  # fmt: skip
+@pytest.mark.parametrize("name", ["rack-fault", "switch-fault"])
+def test_a_rack_or_switch_fault_blocks_every_node(runs: dict[str, Results], name: str) -> None:
+    assert runs[name].faults > runs["full"].faults  # the incident's faults struck
+    assert added_exposure_h(runs, name) <= 1.0
+    assert runs[name].false_quarantines == 0
+
+
+def test_a_real_fault_under_an_open_signature_is_blocked(runs: dict[str, Results]) -> None:
+    r = runs["fault-while-held"]
+    assert r.breaker_trips >= 1
+    assert added_exposure_h(runs, "fault-while-held") <= 1.0
+    assert r.false_quarantines == 0
+
+
+@pytest.mark.xfail(strict=True, reason="a quarantine or INVESTIGATE finding must count toward "
+                   "the breaker's level (issue #22 item 3): one node every 30 s quarantines "
+                   "healthy machines before 3 new findings fall in one window")  # fmt: skip
+def test_a_staggered_new_xid_quarantines_nothing(runs: dict[str, Results]) -> None:
+    r = runs["staggered-new-xid"]
+    assert added_exposure_h(runs, "staggered-new-xid") <= 1.0
+    assert r.false_quarantines == 0
+
+
+@pytest.mark.xfail(strict=True, reason="the breaker counts only new findings within 600 s; "
+                   "counting how many nodes show the signature now (issue #22 item 3) trips "
+                   "a rollout of 2 nodes every 11 min")  # fmt: skip
+def test_a_slow_rollout_replaces_and_drains_no_healthy_machine(
+    runs: dict[str, Results],
+) -> None:
+    r = runs["slow-rollout"]
+    assert r.healthy_replaced == 0 and r.false_drains == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no machine memory: the same finding returning M "
+    "times within a window is not yet persistent (issue #22 item 5)",
+)
+def test_a_flapping_machine_goes_back_into_service_at_most_three_times(
+    runs: dict[str, Results],
+) -> None:
+    assert runs["flapping"].max_flaps_in_service <= 3
+
+
+def test_the_flapping_machine_flaps() -> None:
+    """The scenario does what it says (so the xfail above cannot pass by doing nothing)."""
+    r = simulate("flapping", nodes=64, days=3, seed=1, events=False)
+    assert r.max_flaps_in_service >= 10
+
+
+def test_agents_six_seconds_ahead_leave_a_real_fault_blocked(runs: dict[str, Results]) -> None:
+    assert added_exposure_h(runs, "clock-skew") <= 1.0
+    assert runs["clock-skew"].false_quarantines == 0
