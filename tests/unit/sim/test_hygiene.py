@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuvigil.platform import state
-from gpuvigil.platform.state import State
+from gpuvigil.platform.safety import SafetyConfig
 from gpuvigil.sim import lifecycle, platform, replay
 from gpuvigil.sim.faults import Storm
 from gpuvigil.sim.record import EventRecorder
@@ -18,26 +18,34 @@ def test_one_ladder() -> None:
     assert not hasattr(platform, "LADDER")
 
 
-def test_a_pass_follows_the_end_of_a_breaker_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bad driver that stays 30 h: the breaker's probes reboot a node that stays bad, and
-    the policy quarantines it. The breaker ends the probe at its next look; that look must
-    come at once, not at the next news (before: 5.0 h later)."""
-    log: list[tuple[float, set[str], set[str]]] = []
+def test_the_next_probe_starts_on_time_after_one_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad driver that stays 30 h: the breaker's probes repair a node that stays bad.
+    Each probe's end must be followed by the next probe `breaker_probe_interval_s` later,
+    not at the next news: a pass is scheduled when a probe ends (before the fix, the
+    probe's quarantined node waited 5.0 h for a pass)."""
+    log: list[tuple[float, dict[object, str]]] = []
     real = platform.Platform.reconcile
 
     def watched(self: platform.Platform) -> platform.Wake:
         wake = real(self)
-        probes = {s.probe for s in self.controller.breaker.signatures.values() if s.probe}
-        quarantined = {n for n, st in wake.states.items() if st is State.QUARANTINED}
-        log.append((self.t, probes, quarantined))
+        sigs = self.controller.breaker.signatures
+        log.append((self.t, {sid: s.probe for sid, s in sigs.items()}))
         return wake
 
     monkeypatch.setattr(platform.Platform, "reconcile", watched)
     storm = Storm(at_s=3600.0, fixed_after_s=30 * 3600.0, kind="driver")
     simulate("driver-storm+breaker", nodes=128, days=2, seed=1, events=False, storm=storm)
-    gaps = [log[i + 1][0] - t for i, (t, probes, q) in enumerate(log[:-1]) if probes & q]
-    assert gaps, "no probe ended in quarantine: the test saw nothing"
-    assert max(gaps) < 1.0
+    interval = SafetyConfig().breaker_probe_interval_s
+    waits, ended = [], None
+    for (t, probes), (_, before) in zip(log[1:], log, strict=False):
+        for sid, probe in probes.items():
+            if before.get(sid) and not probe:
+                ended = t
+            elif probe and not before.get(sid) and ended is not None:
+                waits.append(t - ended)
+                ended = None
+    assert len(waits) >= 3, "fewer than 3 probes followed one another: the test saw nothing"
+    assert max(waits) <= interval + 120.0, waits
 
 
 def test_no_restart_reports_negative_lost_work() -> None:

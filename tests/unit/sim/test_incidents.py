@@ -29,14 +29,20 @@ def added_exposure_h(runs: dict[str, Results], name: str) -> float:
     return runs[name].broken_in_service_h - runs["full"].broken_in_service_h
 
 
-@pytest.mark.xfail(strict=True, reason="the breaker holds the rack's fatal EFA_DOWN as a "
-                   "signature on gpuvigil.io/rack; topology must be a hardware event that "
-                   "blocks every node (issue #22 item 2, the breaker helper's)")  # fmt: skip
-@pytest.mark.parametrize("name", ["rack-fault", "switch-fault"])
-def test_a_rack_or_switch_fault_blocks_every_node(runs: dict[str, Results], name: str) -> None:
-    assert runs[name].faults > runs["full"].faults  # the incident's faults struck
-    assert added_exposure_h(runs, name) <= 1.0
-    assert runs[name].false_quarantines == 0
+def test_a_rack_fault_blocks_every_node(runs: dict[str, Results]) -> None:
+    assert runs["rack-fault"].faults > runs["full"].faults  # the incident's faults struck
+    assert added_exposure_h(runs, "rack-fault") <= 1.0
+    assert runs["rack-fault"].false_quarantines == 0
+
+
+@pytest.mark.xfail(strict=True, reason="3 of pool-0's 64 nodes open a signature on "
+                   "gpuvigil.io/pool=pool-0, a value the whole pool has always shared (item 2: "
+                   "it names no change), and the held nodes are unblocked with EFA down "
+                   "('block lifted: circuit breaker holds'), 1,554 node-h (item 1)")  # fmt: skip
+def test_a_switch_fault_blocks_every_node(runs: dict[str, Results]) -> None:
+    assert runs["switch-fault"].faults > runs["full"].faults
+    assert added_exposure_h(runs, "switch-fault") <= 1.0
+    assert runs["switch-fault"].false_quarantines == 0
 
 
 def test_a_real_fault_under_an_open_signature_is_blocked(runs: dict[str, Results]) -> None:
