@@ -78,7 +78,7 @@ class Episodes:
                                reason="drain: controller", graceful=graceful)  # fmt: skip
         for name in wake.replaced:
             node = self.fleet.nodes[self.by_name[name]]
-            if not node.machine_fault:
+            if not node.machine_fault and node.flapping_until <= t:  # between flaps: faulty
                 self.tally.false["replace"] += 1
             self.set_state(node, NodeState.REPAIR, t)
             self.clear_faults(node, t)  # a new machine
@@ -86,7 +86,7 @@ class Episodes:
             self.push(t + self.cfg.replace_s, CONTROL_ARRIVE, node, 0)
         for name in wake.quarantined:
             node = self.fleet.nodes[self.by_name[name]]
-            if not node.machine_fault:
+            if not node.machine_fault and node.flapping_until <= t:
                 self.tally.false["quarantine"] += 1
             node.quarantines += 1
             self.tally.max_quarantines = max(self.tally.max_quarantines, node.quarantines)

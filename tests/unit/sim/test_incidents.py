@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpuvigil.platform.controller import ControllerConfig
+from gpuvigil.platform.policy.values import PolicyConfig
 from gpuvigil.sim.results import Results
 from gpuvigil.sim.run import simulate
 
@@ -71,20 +73,19 @@ def test_a_slow_rollout_replaces_and_drains_no_healthy_machine(
     assert r.healthy_replaced == 0 and r.false_drains == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no machine memory: the same finding returning M "
-    "times within a window is not yet persistent (issue #22 item 5)",
-)
 def test_a_flapping_machine_goes_back_into_service_at_most_three_times(
     runs: dict[str, Results],
 ) -> None:
     assert runs["flapping"].max_flaps_in_service <= 3
+    assert runs["flapping"].healthy_replaced == 0  # between flaps it is the faulty machine
 
 
-def test_the_flapping_machine_flaps() -> None:
-    """The scenario does what it says (so the xfail above cannot pass by doing nothing)."""
-    r = simulate("flapping", nodes=64, days=3, seed=1, events=False)
+def test_without_machine_memory_the_machine_flaps() -> None:
+    """The control run: with the controller's flap count and lemon episodes out of reach,
+    the same machine goes back into service again and again (so the test above can fail)."""
+    policy = PolicyConfig(flap_count=10**6, lemon_episodes=10**6)
+    r = simulate("flapping", nodes=64, days=3, seed=1, events=False,
+                 controller=ControllerConfig(policy=policy))  # fmt: skip
     assert r.max_flaps_in_service >= 10
 
 
