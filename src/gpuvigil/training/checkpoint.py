@@ -116,6 +116,12 @@ class Checkpointer:
         if rank == 0:
             self.storage.makedirs()
 
+    def prepare(self, tensors: Any) -> None:
+        """Async only: create the staging arena for these tensors now, before training starts,
+        so the first save stalls no longer than the others (`staging.Stager.prepare`)."""
+        if self._writer is not None:
+            self._stager.prepare(tensor_tree.split(tensors)[0])
+
     # --- save -------------------------------------------------------------------------
     def save(
         self, step: int, tensors: Any, rank_state: dict[str, Any], global_state: dict[str, Any]

@@ -134,6 +134,9 @@ class Run:
         except BaseException as e:  # no verified checkpoint: __exit__ is not called for us
             self.__exit__(type(e), e, e.__traceback__)
             raise
+        if self._ckpt is not None:  # the first async save's buffer, made before training starts
+            with self.paused():
+                self._ckpt.prepare(run_state.tensors(self))
         if cfg.straggler.enabled and env.world_size > 1:
             self._stragglers = StragglerWatch(self, nodes=nodes)
         return self

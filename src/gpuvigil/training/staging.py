@@ -105,6 +105,16 @@ class Stager:
         if old is not None:
             old.close()
 
+    def prepare(self, obj: Any) -> None:
+        """Lay the arena out for `obj`'s tensors and fault every page in, before training
+        starts: the first save then copies into memory that exists (creating and touching
+        a fresh arena stalled the first async save of each `Run` for seconds)."""
+        items = _tensors(obj)
+        if items:
+            self._layout(items)
+            assert self.arena is not None
+            self.arena.tensor.fill_(0)
+
     def stage(self, obj: Any) -> Any:
         """A copy of `obj` whose tensors live in the arena (the caller synchronizes CUDA)."""
         items = _tensors(obj)

@@ -184,3 +184,18 @@ def test_staging_reuses_one_arena_save_after_save() -> None:
     stager.stage(state)
     assert stager.layouts == 2
     stager.close()
+
+
+def test_a_prepared_arena_is_the_one_the_first_save_uses() -> None:
+    """`prepare` (before training starts) lays out and touches the arena; the first stage
+    reuses it: no arena is made on the training thread's first save."""
+    st = Stager()
+    try:
+        state = {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(3)}
+        st.prepare(state)
+        assert st.layouts == 1 and st.arena is not None
+        out = st.stage(state)
+        assert st.layouts == 1  # reused
+        assert torch.equal(out["w"], state["w"]) and torch.equal(out["b"], state["b"])
+    finally:
+        st.close()
