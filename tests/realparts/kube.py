@@ -21,6 +21,9 @@ TOKEN = "gpuvigil-test-admin-token"
 # tests that must know who wrote what, when, by the server's clock (split brain). Everyone
 # else is not audited: the log stays small.
 AUDITED = tuple(f"gpuvigil-audited-{i}" for i in range(4))
+# Nodes with an identity of their own (`node_kubeconfig`): as their kubelet would be,
+# `system:node:<name>` in `system:nodes`, kept to their own Node by the API server.
+NODE_IDENTITIES = tuple(f"gpu-ident-{i}" for i in range(6))
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -44,7 +47,8 @@ class KubeCluster:
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
         self.cp = ControlPlane(workdir, controllers=None, token=TOKEN, context="test",
-                               users=AUDITED, audit_policy=AUDIT_POLICY)  # fmt: skip
+                               users=AUDITED, audit_policy=AUDIT_POLICY,
+                               nodes=NODE_IDENTITIES)  # fmt: skip
         self.port = self.cp.port
         self.url = self.cp.url
         self.kubeconfig = self.cp.kubeconfig
@@ -56,6 +60,11 @@ class KubeCluster:
 
     def stop(self) -> None:
         self.cp.stop()
+
+    def node_kubeconfig(self, node: str) -> Path:
+        """A kubeconfig with the identity of node `node` (one of `NODE_IDENTITIES`), as the
+        kubelet's credentials the default deploy's agent uses."""
+        return self.cp.kubeconfig_for_node(node)
 
     def audited_kubeconfig(self, user: str) -> Path:
         """A kubeconfig for one of `AUDITED`: its writes are in `audit_events()`."""

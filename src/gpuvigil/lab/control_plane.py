@@ -70,9 +70,13 @@ class ControlPlane:
         context: str = "lab",
         users: tuple[str, ...] = (),
         audit_policy: str | None = None,
+        nodes: tuple[str, ...] = (),
     ) -> None:
         """`users`: more admins, each with the token `<user>-token`; `audit_policy`: the API
-        server's audit policy (its log is `audit_log`), none by default."""
+        server's audit policy (its log is `audit_log`), none by default; `nodes`: node
+        identities, each with the token `<node>-node-token` as `system:node:<node>` in
+        `system:nodes` (who a kubelet's client certificate makes it: the Node authorizer
+        and NodeRestriction keep it to its own Node)."""
         self.dir = workdir
         self.controllers = controllers
         self.port = free_port()
@@ -81,7 +85,7 @@ class ControlPlane:
         self.kubeconfig = workdir / "kubeconfig"
         self.context = context  # the kubeconfig's cluster, user and context name
         self.procs: dict[str, Proc] = {}
-        self.users, self.audit_policy = users, audit_policy
+        self.users, self.audit_policy, self.nodes = users, audit_policy, nodes
         self.audit_log = workdir / "audit.log"
 
     def start(self, *, timeout_s: float = 60, scheduler: bool = True) -> None:
@@ -113,6 +117,10 @@ class ControlPlane:
         (d / "tokens.csv").write_text(
             f'{self.token},admin,admin,"system:masters"\n'
             + "".join(f'{u}-token,{u},{u},"system:masters"\n' for u in self.users)
+            + "".join(
+                f'{n}-node-token,system:node:{n},system:node:{n},"system:nodes"\n'
+                for n in self.nodes
+            )
         )
         audit: list[str] = []
         if self.audit_policy:
@@ -194,6 +202,11 @@ class ControlPlane:
         """A kubeconfig for one of `users`."""
         assert user in self.users, user
         return self._write_kubeconfig(self.dir / f"kubeconfig-{user}", f"{user}-token")
+
+    def kubeconfig_for_node(self, node: str) -> Path:
+        """A kubeconfig that authenticates as one of `nodes` (`system:node:<node>`)."""
+        assert node in self.nodes, node
+        return self._write_kubeconfig(self.dir / f"kubeconfig-node-{node}", f"{node}-node-token")
 
     def _write_kubeconfig(self, path: Path | None = None, token: str | None = None) -> Path:
         return write_kubeconfig(

@@ -136,9 +136,11 @@ def test_killed_agent_leaves_a_heartbeat_that_ages(start_agent, kube, tmp_path, 
 
 @pytest.fixture(scope="module")
 def deployed(kube):
-    """The shipped manifests, server-side dry run first, then applied for real (the
-    DaemonSet's pods never start: there are no kubelets); deleted afterwards."""
-    rendered = kube.kustomize(REPO / "deploy/kubernetes")
+    """The shipped manifests with the agent as its ServiceAccount (overlays/service-account;
+    the default's agent talks as its node, test_node_identity_kubernetes.py), server-side
+    dry run first, then applied for real (the DaemonSet's pods never start: there are no
+    kubelets); deleted afterwards."""
+    rendered = kube.kustomize(REPO / "deploy/kubernetes/overlays/service-account")
     ns = kube.kubectl("apply", "-f", str(REPO / "deploy/kubernetes/namespace/namespace.yaml"))
     assert ns.returncode == 0, ns.stderr
     dry = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)

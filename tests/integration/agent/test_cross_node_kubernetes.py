@@ -1,7 +1,7 @@
 """One node's credentials cannot act on another node (docs/security.md), tried on the real
 kube-apiserver 1.20.2 with the shipped manifests: as the agent's account, as the preflight
-pod's account (impersonated, `--as`), and as a node's own identity (the node-identity
-overlay: Node authorizer + NodeRestriction), against a victim node whose real agent process
+pod's account (impersonated, `--as`), and as a node's own identity (the default deploy's:
+Node authorizer + NodeRestriction), against a victim node whose real agent process
 runs, with a person's cordon and gpuvigil's block on it.
 
 Every cross-node act is refused by the API server, or written and then ignored by the
@@ -31,8 +31,11 @@ PREFLIGHT = "system:serviceaccount:gpuvigil:gpuvigil-preflight"
 
 @pytest.fixture(scope="module")
 def shipped(kube):
-    """The shipped kustomization rendered and applied with the real kubectl."""
-    rendered = kube.kustomize(REPO / "deploy/kubernetes")
+    """The service-account overlay (the agent talks as its ServiceAccount, which any node's
+    agent holds) rendered and applied with the real kubectl: the weaker deploy, where
+    signatures are what protect requests. The default deploy (the agent as its node) is
+    tried in test_node_identity_kubernetes.py."""
+    rendered = kube.kustomize(REPO / "deploy/kubernetes/overlays/service-account")
     applied = kube.kubectl("apply", "-f", "-", input=rendered)
     assert applied.returncode == 0, applied.stderr
     kube.ensure_preflight_template()
@@ -173,7 +176,7 @@ def test_no_cross_node_act_succeeds(shipped, kube, start_agent, tmp_path, fake_b
         )
     )
 
-    # 3. As the attacker node's own identity (deploy/kubernetes/overlays/node-identity):
+    # 3. As the attacker node's own identity (the default deploy's, node-identity/):
     # NodeRestriction refuses every write to another Node, status and metadata alike.
     as_node = impersonated(kube, f"system:node:{attacker}", "system:nodes")
     assert refused(status_patch(as_node, victim, {wire.HEALTH_ANNOTATION: "{}"}))

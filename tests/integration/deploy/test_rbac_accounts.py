@@ -55,14 +55,9 @@ USES: dict[str, dict[str, list[Use]]] = {
             ("update", "configmaps", "gpuvigil-trust"),
         ],
     },
-    AGENT: {
-        ns: [
-            ("get", "nodes", ""),
-            ("patch", "nodes/status", ""),
-            ("create", "events", ""),
-        ]
-        for ns in ("default", NS)
-    },
+    # The default deploy's agent talks as its node (deploy/kubernetes/node-identity: the
+    # Node authorizer keeps it to its own Node); its ServiceAccount may do nothing.
+    AGENT: {"default": [], NS: []},
     PREFLIGHT: {"default": [], NS: []},
 }
 # A few it must be refused, asked one by one (the rule list above covers all the rest).
@@ -78,6 +73,9 @@ REFUSED: dict[str, list[tuple[str, Use]]] = {
         ("default", ("update", "nodes", "")),
     ],
     AGENT: [
+        ("default", ("get", "nodes", "")),
+        ("default", ("patch", "nodes/status", "")),
+        ("default", ("create", "events", "")),
         ("default", ("patch", "nodes", "")),
         ("default", ("list", "nodes", "")),
         ("default", ("watch", "nodes", "")),
@@ -97,10 +95,19 @@ EVERYONE = {"selfsubjectaccessreviews.authorization.k8s.io",
             "selfsubjectrulesreviews.authorization.k8s.io"}  # fmt: skip
 
 
+# overlays/service-account: the agent talks as its ServiceAccount (node/sinks/kubernetes.py)
+AGENT_SA_USES: dict[str, list[Use]] = {
+    ns: [("get", "nodes", ""), ("patch", "nodes/status", ""), ("create", "events", "")]
+    for ns in ("default", NS)
+}
+
+
 @pytest.fixture(scope="module")
 def applied(kube: Any) -> Any:
     out = kube.kubectl("apply", "-k", str(DEPLOY))
     assert out.returncode == 0, out.stderr
+    # as on a fresh cluster: an earlier module's service-account overlay left its binding
+    kube.kubectl("delete", "clusterrolebinding", "gpuvigil-agent", "--ignore-not-found")
     return kube
 
 
@@ -146,3 +153,16 @@ def test_each_account_may_do_what_its_code_does_and_nothing_more(applied, accoun
         assert not extra, f"{account} in {ns} may also {sorted(extra)}, which no code uses"
     for ns, use in REFUSED[account]:
         assert not can(kube, account, ns, use), f"{account} in {ns}: yes to {use}"
+
+
+def test_the_service_account_overlays_agent_may_do_what_its_code_does(applied) -> None:  # type: ignore[no-untyped-def]
+    kube = applied
+    out = kube.kubectl("apply", "-k", str(DEPLOY / "overlays/service-account"))
+    assert out.returncode == 0, out.stderr
+    for ns, uses in AGENT_SA_USES.items():
+        for use in uses:
+            assert can(kube, AGENT, ns, use), f"{AGENT} in {ns}: no to {use}, which code uses"
+        extra = granted(kube, AGENT, ns) - set(uses)
+        assert not extra, f"{AGENT} in {ns} may also {sorted(extra)}, which no code uses"
+    for ns, use in REFUSED[AGENT][3:]:
+        assert not can(kube, AGENT, ns, use), f"{AGENT} in {ns}: yes to {use}"

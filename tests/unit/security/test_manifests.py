@@ -1,7 +1,8 @@
 """The shipped security manifests have the shape their API expects, and say what they
 promise: the 1.30+ admission policy (which the tests' 1.20 API server cannot run, so its
-shape and its CEL expressions' structure are checked here), the node-identity overlay,
-least-privilege RBAC, the placement knobs and the systemd unit's writable paths."""
+shape and its CEL expressions' structure are checked here), the default deploy's
+node-identity patches, least-privilege RBAC, the placement knobs and the systemd unit's
+writable paths."""
 
 from __future__ import annotations
 
@@ -56,10 +57,22 @@ def test_least_privilege_rbac():
     }
     (sa,) = docs(DEPLOY / "kubernetes/preflight/rbac.yaml")
     assert sa["kind"] == "ServiceAccount" and sa["automountServiceAccountToken"] is False
+    # The default deploy's agent talks as its node: its account keeps no binding.
+    top = yaml.safe_load((DEPLOY / "kubernetes/kustomization.yaml").read_text())
+    assert top["patchesStrategicMerge"] == [
+        "node-identity/agent-as-node.yaml",
+        "node-identity/agent-rbac-none.yaml",
+    ]
+    (unbind,) = docs(DEPLOY / "kubernetes/node-identity/agent-rbac-none.yaml")
+    assert unbind["$patch"] == "delete" and unbind["kind"] == "ClusterRoleBinding"
+    (ds,) = docs(DEPLOY / "kubernetes/node-identity/agent-as-node.yaml")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "--kubeconfig" in pod["containers"][0]["args"]
     overlay = yaml.safe_load(
-        (DEPLOY / "kubernetes/overlays/node-identity/kustomization.yaml").read_text()
+        (DEPLOY / "kubernetes/overlays/service-account/kustomization.yaml").read_text()
     )
-    assert "../../agent" in overlay["resources"]
+    assert "../../agent" in overlay["resources"] and "patchesStrategicMerge" not in overlay
 
 
 def test_placement_is_configurable_and_reaches_every_gpu_pool():
