@@ -82,3 +82,23 @@ def test_layer3_claims_of_the_full_scenario_have_rows() -> None:
     for claim in ("watchdog", "restart", "drain", "podFailurePolicy"):
         if claim in full:
             assert claim.split()[0] in backed, f"`full` claims {claim!r}; no row backs it"
+
+
+@pytest.mark.xfail(strict=True, reason="issue #22 item 6 is not done: the simulator's cures "
+                   "still come from its own FaultKind.fix table, not the Xid catalog and the "
+                   "agent's clearing rules (Xid 119: the catalog asks RESET_GPU, the "
+                   "simulator's first cure is REBOOT)")  # fmt: skip
+def test_the_first_cure_of_each_xid_is_the_step_the_catalog_asks() -> None:
+    """Behaviour, not names: for every fault the agent reports as an Xid, the simulator's
+    first ladder step that can cure it is the step the shipped catalog's finding asks."""
+    from gpuvigil.core.findings import Action
+    from gpuvigil.sim.detect import Layer1
+    from gpuvigil.sim.faults import DEFAULT_KINDS
+
+    layer1, wrong = Layer1(), {}
+    for kind in DEFAULT_KINDS:
+        v = layer1.verdict(kind.fault, gpu=0)
+        xid = kind.fix and any(f.code.startswith("XID_") for f in v.findings)
+        if xid and Action(kind.fix[0][0]) is not v.action:
+            wrong[kind.name] = (v.action.value, kind.fix[0][0])
+    assert not wrong, wrong
