@@ -214,10 +214,10 @@ def test_fault_storm_trips_the_breaker_and_recoveries_continue(kube, kube_cluste
     assert registry.get_sample_value("gpuvigil_circuit_breaker_trips_total") == 1
     sig = {"code": "XID_79", "attribute": "", "value": ""}
     assert registry.get_sample_value("gpuvigil_circuit_breaker_signature_nodes", sig) == 5
-    for n in names[:5]:  # held: never drained, and the signature's findings do not block
+    for n in names[:5]:  # held: never drained, but a fatal finding still blocks (#22 item 1)
         rec = state_of(kube, n)
-        assert rec is not None and rec.state is State.HEALTHY and rec.hold
-        assert wire.UNHEALTHY_TAINT not in taints(kube, n)
+        assert rec is not None and rec.state is State.SUSPECT and rec.hold
+        assert wire.UNHEALTHY_TAINT in taints(kube, n)
     assert registry.get_sample_value("gpuvigil_disruptions_held") == 5
     agent.publish(names[0])  # one recovers while the breaker is open
     ctl.reconcile()
@@ -229,7 +229,8 @@ def test_fault_storm_trips_the_breaker_and_recoveries_continue(kube, kube_cluste
     again = Controller(kube_cluster(node_selector=sel), config=config())
     again.reconcile()
     assert again.breaker.status.causes == ["xid/XID_79@fleet"]
-    assert all(wire.UNHEALTHY_TAINT not in taints(kube, n) for n in names[1:5])
+    assert all(wire.UNHEALTHY_TAINT in taints(kube, n) for n in names[1:5])
+    assert all(state_of(kube, n).state is State.SUSPECT for n in names[1:5])
 
 
 def test_tool_breakage_is_held_not_blocked_and_real_faults_are_repaired(  # type: ignore[no-untyped-def]

@@ -384,8 +384,8 @@ def _healthy(c: _Ctx) -> Decision:
         if a.fatal and c.cfg.fatal_grace_s <= 0:
             return c.drain_or_hold(f"fatal: {a.describe()}")
         return c.go(State.SUSPECT, ("fatal: " if a.fatal else "") + a.describe())
-    if c.held_blocked:  # blocked, never acted on
-        return c.go(State.SUSPECT, c.fleet.held_reason)
+    if c.held_blocked:  # blocked, never acted on: a disruption the breaker holds
+        return replace(c.go(State.SUSPECT, c.fleet.held_reason), held=c.fleet.held_reason)
     unblock = (Op(OpKind.UNBLOCK),) if node.blocked_by_us or node.unvalidated else ()
     return Decision(c.rec, unblock, c.held_reason() or "healthy", held=c.held_reason())
 
@@ -430,7 +430,9 @@ def _draining(c: _Ctx) -> Decision:
     if c.stale:  # no step on a node nobody can read in a silent pool: wait for reports
         return c.keep(f"drained; waiting for reports ({a.unknown_reason})", held=c.fleet.stale)
     if c.held_blocked:  # what is left is held and still blocks: wait blocked, off budget
-        return c.go(State.SUSPECT, f"drained; {c.fleet.held_reason}")
+        return replace(
+            c.go(State.SUSPECT, f"drained; {c.fleet.held_reason}"), held=c.fleet.held_reason
+        )
     if a.readable and not a.problems and c.flapping:  # persistent though absent right now
         return c.start_step(_next_step(c.rec.step, Action.RESET_GPU, c.cap),
                             f"drained; {c.flapping}")  # fmt: skip
