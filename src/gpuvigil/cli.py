@@ -50,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("explain", "Tell one node's story in time order: what the agent found, what "
                 "the controller decided (or, in dry run, would have) and why, from the event "
                 "logs and the node's API object."),
-    "release": ("release", "Release a QUARANTINED node: gpuvigil forgets its failed steps "
+    "release": ("release", "Release a QUARANTINED node: gpuvigil ends this episode's ladder "
                 "and moves it to VALIDATING; it returns to service when preflight passes "
                 "(and a fresh health summary is clean)."),
     "report": ("report", "SLOs (availability, job success, goodput, MTTD, MTTR, "

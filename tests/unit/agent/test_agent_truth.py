@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gpuvigil.commands import npd
 from gpuvigil.core import codes
@@ -108,7 +109,7 @@ def test_healthz_fails_after_the_grace_when_a_sink_keeps_failing(tmp_path) -> No
                       kernel_log=KernelStreamConfig(enabled=False))  # fmt: skip
     worker = SinkWorker(_Broken(), backoff_initial_s=0.05, backoff_max_s=0.1)
     agent = Agent(node="gpu-tpyo-7", config=cfg, scheduler=Scheduler([], ctx), kernel=None,
-                  workers=[worker], metrics=build(None))  # fmt: skip
+                  workers=[worker], metrics=build(CollectorRegistry()))  # fmt: skip
     loop = threading.Thread(target=agent.run, daemon=True)
     loop.start()
     try:
