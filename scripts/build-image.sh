@@ -6,12 +6,19 @@
 # 2. The Containerfile, with BASE set to that image, tagged $IMAGE (the tag the manifests in
 #    deploy/kubernetes name). Dependencies are pinned to the versions resolved in .venv.
 # 3. --test: runs `gpuvigil check --expect-gpus 0 --json` inside the image.
+# PyTorch (preflight's active checks need it) is chosen here: TORCH is a pip requirement,
+# default `torch==2.13.0` from pip's configured index (a CPU wheel on a machine without
+# GPUs); on a GPU cluster point pip at a CUDA build, e.g.
+#   TORCH=torch==2.13.0 PIP_INDEX_URL=https://download.pytorch.org/whl/cu128 make image
+# TORCH= (empty) builds an image without PyTorch: the agent and the controller do not need
+# it, preflight then exits 2 (DEPENDENCY_MISSING).
 # Storage: vfs under ~/.cache/gpuvigil/containers (works without overlay or user
 # namespaces), chroot isolation, the host network for the build's pip downloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 IMAGE=${IMAGE:-ghcr.io/gpuvigil/gpuvigil:$VERSION}
+TORCH=${TORCH-torch==2.13.0}
 CACHE=${GPUVIGIL_CACHE:-$HOME/.cache/gpuvigil}
 BASE_TAR=$CACHE/image/base-bookworm.tar
 BASE=localhost/gpuvigil-base:bookworm
@@ -37,9 +44,9 @@ if ! buildah "${STORE[@]}" inspect --type image "$BASE" >/dev/null 2>&1 \
   touch "$CACHE/containers/base.stamp"
 fi
 
-# Wheels for gpuvigil and its dependencies, pinned to what .venv resolved (no torch: the
-# image does not train), built here where the package index is reachable and cached by
-# pip: the image build itself needs no network.
+# Wheels for gpuvigil and its dependencies, pinned to what .venv resolved, and $TORCH for
+# preflight, built here where the package index is reachable and cached by pip: the image
+# build itself needs no network.
 CONTEXT=$(mktemp -d "${TMPDIR:-/tmp}/gpuvigil-image.XXXXXXXX")
 trap 'rm -rf "$CONTEXT"' EXIT
 cp Containerfile "$CONTEXT"/
@@ -47,10 +54,12 @@ PIP=(.venv/bin/python -m pip)
 [ -x .venv/bin/python ] || PIP=(python3 -m pip)
 "${PIP[@]}" freeze --exclude-editable --disable-pip-version-check 2>/dev/null \
   | grep -viE '^(torch|nvidia-|triton|gpuvigil)' > "$CONTEXT/constraints.txt" || true
+TORCH_ARGS=()
+[ -n "$TORCH" ] && TORCH_ARGS=("$TORCH")
 "${PIP[@]}" wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
-  --constraint "$CONTEXT/constraints.txt" . >&2
+  --constraint "$CONTEXT/constraints.txt" . "${TORCH_ARGS[@]}" >&2
 buildah "${STORE[@]}" build --quiet --isolation chroot --network host --layers \
-  --build-arg "BASE=$BASE" -t "$IMAGE" -f "$CONTEXT/Containerfile" "$CONTEXT" >/dev/null
+  --build-arg "BASE=$BASE" --build-arg "TORCH=$TORCH" -t "$IMAGE" -f "$CONTEXT/Containerfile" "$CONTEXT" >/dev/null
 echo "build-image: built $IMAGE" >&2
 
 if [ "${1:-}" = "--test" ]; then

@@ -1,7 +1,8 @@
 """The image the manifests name is built (scripts/build-image.sh: mmdebstrap base, buildah,
 vfs storage, chroot isolation; `make image`) and `gpuvigil check --expect-gpus 0 --json`
-runs inside it. The first build makes the Debian base (minutes); later ones reuse it from
-~/.cache/gpuvigil."""
+runs inside it, then preflight as the shipped PodTemplate runs it (its PyTorch is the
+CPU build here), as the image's user: every check passes. The first build makes the
+Debian base (minutes); later ones reuse it from ~/.cache/gpuvigil."""
 
 from __future__ import annotations
 
@@ -45,6 +46,33 @@ def test_image_builds_and_runs_check():
     assert {c for c, _ in failed} <= {"kernel_log"}, failed
     assert p.returncode == (2 if failed else 0), p.stderr[-2000:]
     assert report["status"] in ("OK", "FAILED")
+    preflight_in_image(tag)
     containerfile = (REPO / "Containerfile").read_text()
     assert "USER 65532" in containerfile and containerfile.count("FROM ") == 2
     assert yaml.safe_load((REPO / "deploy/kubernetes/controller/deployment.yaml").read_text())
+
+
+def preflight_in_image(tag: str) -> None:
+    """The PodTemplate's preflight command (deploy/kubernetes/preflight), on the CPU with
+    no GPUs, in a container of the image, as the image's user."""
+    import os
+
+    cache = Path(os.environ.get("GPUVIGIL_CACHE", Path.home() / ".cache/gpuvigil"))
+    store = ["--root", str(cache / "containers/storage"), "--runroot",
+             str(cache / "containers/run"), "--storage-driver", "vfs"]  # fmt: skip
+    tmpl = yaml.safe_load((REPO / "deploy/kubernetes/preflight/podtemplate.yaml").read_text())
+    (main,) = tmpl["template"]["spec"]["containers"]
+    args = [a for a in main["args"] if a not in ("--result-file", "/dev/termination-log")]
+    argv = [*main["command"], *args, "--device", "cpu", "--expect-gpus", "0"]
+    ctr = subprocess.run(["buildah", *store, "from", "--quiet", tag], capture_output=True,
+                         text=True, timeout=300, check=True).stdout.strip()  # fmt: skip
+    try:
+        p = subprocess.run(["buildah", *store, "run", "--isolation", "chroot", ctr, "--", *argv],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    finally:
+        subprocess.run(["buildah", *store, "rm", ctr], capture_output=True, timeout=120)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    out = json.loads(p.stdout)
+    assert out["result"] == "pass" and out["device"] == "cpu", out
+    ran = {m["check"] for m in out["measurements"]}  # PyTorch ran, not DEPENDENCY_MISSING
+    assert {"matmul", "memory", "bandwidth", "allreduce"} <= ran, ran
