@@ -54,7 +54,9 @@ def test_a_bad_kernel_is_named_from_node_info(kube, kube_cluster, agent) -> None
     assert ctl.breaker.status.causes == ["xid/XID_79@kernel-version=6.8.0-1009-aws"]
     labels = {"code": "XID_79", "attribute": "kernel-version", "value": "6.8.0-1009-aws"}
     assert reg.get_sample_value("gpuvigil_circuit_breaker_signature_nodes", labels) == 5
-    assert all((r := record(kube, n)) is not None and r.state is State.HEALTHY for n in names[:5])
+    # held, never drained: a fatal finding still blocks (SUSPECT), issue #22 item 1
+    assert all((r := record(kube, n)) is not None and r.state is State.SUSPECT and r.hold
+               for n in names[:5])  # fmt: skip
     events = kube.core().list_namespaced_event(
         "default", field_selector=f"involvedObject.name={names[0]}"
     )
@@ -88,7 +90,7 @@ def test_a_machine_given_back_is_caught_when_it_registers_again(kube, kube_clust
     rec = record(kube, name)
     assert rec.state is State.QUARANTINED and "same machine came back" in rec.reason
     done = {"action": "REPLACE", "result": "succeeded"}
-    assert reg.get_sample_value("gpuvigil_remediations_total", done) is None
+    assert not reg.get_sample_value("gpuvigil_remediations_total", done)  # 0: created at 0
 
     # Again, and this time a new machine (another name, another provider id) joins.
     other = kube.create_node(f"gpu-{tag}-b", labels={"fleet": tag})
