@@ -70,7 +70,10 @@ def test_a_drain_the_launcher_records_and_the_resume_count_as_one_success(job: A
     of that attempt itself, `interrupted`. The job resumed elsewhere finishes; `gpuvigil
     report` counts one job, succeeded (it read 50% when the launcher wrote `failed`)."""
     j: Job = job()
-    assert j.run(faults="term@1:3", max_restarts=0) == exit_codes.DRAINED, j.text()[-4000:]
+    # 150 ms steps: at full speed the 24 steps end before the ranks' next drain agreement
+    # (every check_s / step time steps), and a job that finished is right to exit 0
+    rc = j.run(faults="term@1:3,slow@*:0:0=150", max_restarts=0)
+    assert rc == exit_codes.DRAINED, j.text()[-4000:]
     (end,) = j.event_list("job.end")
     assert (end["data"]["result"], end["data"]["exit_code"]) == ("interrupted", 89)
     resumed = job(f"{j.dir.name}-elsewhere")
