@@ -169,9 +169,11 @@ def test_a_refused_watch_is_a_warning_and_fails_healthz_within_two_passes(  # ty
         now, body = time.time(), code_body[1]
         first_pass = last_pass(port)  # the first (and only) pass that finished
         assert "refused" in body, body
-        assert first_pass is not None
-        print(f"/healthz 503 {now - first_pass:.1f} s after the first pass: {body.strip()}")
-        assert now - first_pass < 2 * interval
+        # the refusal may fail /healthz before the first pass has finished: within two passes
+        # either way
+        after = 0.0 if first_pass is None else now - first_pass
+        print(f"/healthz 503 {after:.1f} s after the first pass: {body.strip()}")
+        assert after < 2 * interval
         wait_for(lambda: "cannot list nodes: the node watch is refused" in log.read_text(),
                  3 * interval, "the next pass to act on nothing")  # fmt: skip
     finally:
