@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -62,6 +62,7 @@ from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
 from gpuvigil.platform.state import Episode, Intent, State
 
 log = logging.getLogger("gpuvigil.controller")
+T = TypeVar("T")
 
 
 class ControllerConfig(StrictModel):
@@ -253,12 +254,16 @@ class Controller:
                 self.voice.api_error(e)
                 log.info("node %s: cannot publish the decision: %s", item[0], e)
 
+        self._each(one, said, "publish")
+
+    def _each(self, one: Callable[[T], None], items: list[T], name: str) -> None:
+        """`one` over `items`, on as many threads as the config and the cluster allow."""
         workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
-        if workers > 1 and len(said) > 1:
-            with ThreadPoolExecutor(workers, thread_name_prefix="publish") as pool:
-                list(pool.map(one, said))
+        if workers > 1 and len(items) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix=name) as pool:
+                list(pool.map(one, items))
         else:
-            for item in said:
+            for item in items:
                 one(item)
 
     def _export_skew(self) -> None:
@@ -319,13 +324,7 @@ class Controller:
                 result.decisions[node.name] = applied
                 done.append((node, applied, fleet))
 
-        workers = min(self.config.apply_workers, getattr(self.cluster, "max_concurrency", 1))
-        if workers > 1 and len(work) > 1:
-            with ThreadPoolExecutor(workers, thread_name_prefix="apply") as pool:
-                list(pool.map(one, work))
-        else:
-            for w in work:
-                one(w)
+        self._each(one, work, "apply")
         return done
 
     def _settle(
