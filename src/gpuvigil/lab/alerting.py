@@ -27,6 +27,9 @@ import yaml
 from gpuvigil.lab.procs import Proc, free_port
 
 SCRAPE_S = 2  # scrape and rule evaluation interval in the lab
+# How long Prometheus watches the healthy lab before the first fault, at the least: enough
+# evaluations that a rule firing on a healthy fleet would show, however fast the job ran.
+HEALTHY_WATCH_S = 15
 RULES_DEFAULT = Path(__file__).resolve().parents[3] / "deploy/prometheus/rules.yaml"
 BINARIES = {"prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager"}
 

@@ -22,7 +22,7 @@ import yaml
 
 from gpuvigil.core.config import deep_merge
 from gpuvigil.lab import episode, faults
-from gpuvigil.lab.alerting import RULES_DEFAULT, AlertPath
+from gpuvigil.lab.alerting import HEALTHY_WATCH_S, RULES_DEFAULT, AlertPath
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.control_plane import ControlPlane
 from gpuvigil.lab.follow import Follower
@@ -271,6 +271,9 @@ class Lab:
                     "the job's first checkpoint")  # fmt: skip
         half = self.cfg.checkpoint_every * self.cfg.step_ms / 2000
         end = time.monotonic() + half
+        if self.alerting is not None:
+            # A healthy lab must be watched long enough to show a rule that fires on it.
+            end = max(end, time.monotonic() + HEALTHY_WATCH_S - (time.time() - self.watched_from))
         while time.monotonic() < end:
             self.tick()
             time.sleep(0.1)
