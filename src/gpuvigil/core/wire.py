@@ -167,7 +167,7 @@ class RemediationResult(BaseModel):
         return self.result != "started"
 
 
-M = TypeVar("M", RemediationRequest, RemediationResult)
+M = TypeVar("M", bound=BaseModel)
 
 
 def _encode(message: BaseModel) -> str:
@@ -182,11 +182,14 @@ def encode_result(result: RemediationResult) -> str:
     return _encode(result)
 
 
-def _decode(model: type[M], what: str, text: str | None) -> tuple[M | None, str]:
+def decode_message(
+    model: type[M], what: str, text: str | None, *, limit: int = MAX_MESSAGE
+) -> tuple[M | None, str]:
+    """`text` as a `model`, or (None, why) naming the first bad field: never raises."""
     if not text:
         return None, f"no {what}"
-    if len(text) > MAX_MESSAGE:
-        return None, f"{what}: longer than {MAX_MESSAGE} bytes"
+    if len(text) > limit:
+        return None, f"{what}: longer than {limit} bytes"
     try:
         return model.model_validate_json(text), ""
     except ValidationError as e:
@@ -199,9 +202,9 @@ def _decode(model: type[M], what: str, text: str | None) -> tuple[M | None, str]
 
 def decode_request(text: str | None) -> tuple[RemediationRequest | None, str]:
     """The request in `text`, or (None, why): never raises."""
-    return _decode(RemediationRequest, "remediation request", text)
+    return decode_message(RemediationRequest, "remediation request", text)
 
 
 def decode_result(text: str | None) -> tuple[RemediationResult | None, str]:
     """The result in `text`, or (None, why): never raises."""
-    return _decode(RemediationResult, "remediation result", text)
+    return decode_message(RemediationResult, "remediation result", text)
