@@ -59,6 +59,7 @@ from gpuvigil.platform.observed import Observed
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
+from gpuvigil.platform.serving_pool import ServingConfig
 from gpuvigil.platform.state import Episode, Intent, State
 
 log = logging.getLogger("gpuvigil.controller")
@@ -80,6 +81,7 @@ class ControllerConfig(StrictModel):
     recheck_s: float = Field(60.0, gt=0)  # an unchanged node's no-op decision is reused this long
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)  # capacity gate: docs/serving.md
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
