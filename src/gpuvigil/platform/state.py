@@ -252,6 +252,9 @@ class Preflight:
     passed: bool
     at: datetime
     summary: str = ""
+    # The validation (its record's `since`) the run was started for, where the run says so:
+    # such a run is that validation's own, however skewed the clock that dated either.
+    for_since: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ new node or when asked, as the preflight DaemonSet does."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from helpers import FATAL
 
 from gpuvigil.platform.clusters.base import Unavailable
@@ -133,3 +135,26 @@ def test_every_adapter_implements_the_new_operations() -> None:
     c.add_node("n0")
     c.mark_released("n0", at=c.clock.now())
     assert c.nodes["n0"].released_at == c.clock.now()
+
+
+def test_a_validation_a_leader_20s_ahead_began_is_validated_by_the_next_one() -> None:
+    """The skewed leader wrote `since` 20 s past the end of the run in this controller's
+    time and started the run for it; the result is dated by this clock (before `since`),
+    yet it is that validation's own run: the node returns to service, with no second run
+    and no wait (it waited for ever: the run is never repeated for the same `since`)."""
+    c = MemoryCluster()
+    c.add_node("n0")
+    ahead = c.clock.now() + timedelta(seconds=c.preflight_s + 20)
+    rec = release(None, now=ahead, who="skewed leader")
+    c.store("n0", rec)
+    assert rec.since is not None
+    c.revalidate("n0", since=rec.since)  # what the skewed leader asked, before it lost the lease
+    c.store("n0", rec.model_copy(update={"preflight_for": rec.since}))
+    ctl = Controller(c, config=CFG, clock=c.clock.now)
+    c.advance(c.preflight_s)
+    for _ in range(2):
+        ctl.reconcile()
+        c.advance(1)
+    got = c.get_node("n0")
+    assert got.record is not None and got.record.state is State.HEALTHY, got.record
+    assert revalidations(c, "n0") == 1

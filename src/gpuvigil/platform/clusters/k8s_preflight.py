@@ -172,7 +172,7 @@ def result_of(pod: dict[str, Any], *, node: str) -> Preflight | None:
             summary += f": {message.strip()[-300:]}"
     else:
         summary = "all checks passed"
-    return Preflight(phase == "Succeeded", at, summary[:500])
+    return Preflight(phase == "Succeeded", at, summary[:500], for_since=started_for)
 
 
 class PreflightPods:
@@ -271,7 +271,9 @@ class PreflightPods:
         )
         if gpus is None:
             log.warning("%s: %s", node, source)
-            self.refused[node] = Preflight(False, max(utcnow(), since), source[:500])
+            self.refused[node] = Preflight(
+                False, max(utcnow(), since), source[:500], for_since=since
+            )
             return 0
         self.refused.pop(node, None)
         log.info("%s: preflight expects %d GPUs, from %s", node, gpus, source)

@@ -265,7 +265,7 @@ class MemoryCluster:
                 and (now - started).total_seconds() >= self.preflight_s
                 and (node.preflight is None or node.preflight.at < started)
             ):
-                node.preflight = Preflight(passed=not node.faults, at=now)
+                node.preflight = Preflight(passed=not node.faults, at=now, for_since=rec.since)
                 node.version += 1
 
     def _beat(self, last: datetime | None, now: datetime) -> datetime:

@@ -472,7 +472,10 @@ def _validating(c: _Ctx) -> Decision:
     rec, node, a = c.rec, c.node, c.a
     since = rec.since or c.now
     pf = node.preflight
-    fresh_pf = pf is not None and pf.at >= since
+    # This validation's own run, or one that finished after it began. By identity first:
+    # a run a skewed leader started for this `since` is redated by the next leader to when
+    # it saw it (`platform.observed`), which can lie before a `since` written 20 s ahead.
+    fresh_pf = pf is not None and (pf.for_since == since or pf.at >= since)
     if a.readable and a.repairable:
         why = f"{a.describe()} after {rec.step.value}" if rec.step else a.describe()
         if a.action is Action.INVESTIGATE:
