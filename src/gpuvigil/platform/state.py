@@ -54,8 +54,10 @@ EPISODE_LIMIT = 16  # episodes kept per machine (each ~150 bytes on the node)
 class Episode(BaseModel):
     """One time a machine left HEALTHY, kept in its history (`Record.episodes`): what it
     showed, which steps ran, and how it ended: `cured:<STEP>` (validated after that
-    step), `cleared` (gone by itself, no step), `quarantined`; `released_by` who ended a
-    quarantine."""
+    step), `cleared` (gone by itself, no step), `quarantined`, `gpu-isolated` (one GPU
+    taken out until replaced, `platform.isolation`); `released_by` who ended a
+    quarantine; `gpu` the uuid of the one GPU the episode was confined to ("" for the
+    whole node's)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -65,6 +67,7 @@ class Episode(BaseModel):
     steps: tuple[Action, ...] = ()
     outcome: str = ""
     released_by: str = ""
+    gpu: str = ""
 
 
 class Record(BaseModel):

@@ -1,7 +1,8 @@
 """Error-counter thresholds for one capture (`error_counters.yaml`): data, not code.
 
 Read by `rules.counts` (NVLink, InfiniBand and ethtool counters that `gpuvigil analyze`
-reads from pasted outputs).
+reads from pasted outputs), and by `platform.isolation` (`gpu_local`: which finding codes
+of a GPU's own error counters are confined to that GPU).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from functools import cache
 from importlib import resources
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpuvigil.core import codes
 from gpuvigil.core.config import StrictModel, validate
 
 
@@ -33,6 +35,17 @@ class CounterLimits(BaseModel):
     ib: dict[str, Limit]
     ethtool: dict[str, Limit]
     ethtool_patterns: tuple[Pattern, ...] = ()
+    # Finding codes of a GPU's own error counters (ECC, retired pages, row remapping)
+    # whose fault is confined to that GPU: per-GPU isolation may apply to them.
+    gpu_local: tuple[str, ...] = ()
+
+    @field_validator("gpu_local")
+    @classmethod
+    def _known_codes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [c for c in v if c not in codes.CODES]
+        if unknown:
+            raise ValueError(f"not finding codes (core.codes): {', '.join(unknown)}")
+        return v
 
     def ethtool_limit(self, name: str) -> Limit | None:
         """The named limit, else the first pattern that matches the name."""

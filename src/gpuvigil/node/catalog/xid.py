@@ -73,6 +73,8 @@ class Entry(StrictModel):
     escalate: Escalation | None = None
     messages: tuple[MessageRule, ...] | None = None
     source: str | None = None
+    # Confined to the GPU it names (xid.yaml header): per-GPU isolation may apply.
+    device_local: bool | None = None
 
 
 class FamilyBlock(StrictModel):
@@ -124,6 +126,7 @@ class Rule:
     escalate: Escalation | None = None
     messages: tuple[tuple[re.Pattern[str], Outcome], ...] = ()
     source: str = ""
+    device_local: bool = False  # confined to its GPU (per-GPU isolation may apply)
 
     def outcome_for(self, message: str) -> Outcome:
         """The outcome for one event's text: the first matching message rule, else the
@@ -176,6 +179,13 @@ class XidCatalog:
     def codes(self, kind: str) -> list[int]:
         return sorted(self._xid.xid if kind == "xid" else self._sxid.sxid)
 
+    def device_local(self, family: str | None = None) -> frozenset[int]:
+        """The Xid codes confined to the GPU they name, for `family` (None: the base
+        entries). SXids are the NVSwitch's: never device-local."""
+        block = self._xid.families.get(family_key(family) or "")
+        codes = set(self._xid.xid) | (set(block.xid) if block else set())
+        return frozenset(c for c in codes if self.rule("xid", c, family).device_local)
+
     def _resolve(self, kind: str, code: int, fam: str | None) -> Rule:
         if kind == "xid":
             entry = self._xid.xid.get(code)
@@ -218,6 +228,7 @@ class XidCatalog:
                 for m in entry.messages or ()
             ),
             source=entry.source or "",
+            device_local=bool(entry.device_local) and kind == "xid",
         )
 
 

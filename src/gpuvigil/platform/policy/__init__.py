@@ -162,11 +162,14 @@ class _Ctx:
         return f"flapping: {code} back {n} times within {self.cfg.flap_window_s:.0f} s"
 
     def useless(self) -> set[Action]:
-        """Steps tried in `useless_step_after` past episodes that never cured this machine."""
+        """Steps tried in `useless_step_after` past episodes that never cured this machine.
+        One GPU's episodes (`Episode.gpu`) reset that GPU alone: they say nothing of a
+        node-wide step."""
         out = set()
+        node_eps = [e for e in self.rec.episodes if not e.gpu]
         for step in LADDER:
-            tried = sum(step in e.steps for e in self.rec.episodes)
-            cured = any(e.outcome == f"cured:{step.value}" for e in self.rec.episodes)
+            tried = sum(step in e.steps for e in node_eps)
+            cured = any(e.outcome == f"cured:{step.value}" for e in node_eps)
             if tried >= self.cfg.useless_step_after and not cured:
                 out.add(step)
         return out
