@@ -20,6 +20,7 @@ Decoding never raises: garbage is (None, why).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -35,6 +36,9 @@ MAX_AGE_S = 180.0
 # can carry dozens of pods; past this the message is refused, never truncated (a cut list
 # would read as "these are all the holders").
 MAX_MESSAGE = 64 * 1024
+# Extended resources of NVIDIA's device plugin: `nvidia.com/gpu`, MIG profiles
+# (`nvidia.com/mig-1g.10gb`), renamed shared GPUs (`nvidia.com/gpu.shared`).
+RESOURCE_PREFIX = "nvidia.com/"
 GPU_PREFIX = "GPU-"
 # The NVIDIA device plugin names the replicas of a time-sliced GPU `<uuid>::<n>`.
 _REPLICA_SEP = "::"
@@ -80,3 +84,24 @@ def decode(text: str | None) -> tuple[GpuHolders | None, str]:
 def failed(read_at: datetime, why: str) -> GpuHolders:
     """The message for a read that failed: nothing is known about any GPU."""
     return GpuHolders(read_at=read_at, error=why[:500])
+
+
+def build(read_at: datetime, assigned: Iterable[tuple[PodKey, str, str]]) -> GpuHolders:
+    """The message for `(pod, resource name, device id)` triples read at `read_at`: NVIDIA
+    devices go to their GPU, one that names no GPU makes its pod `unmapped`; other vendors'
+    devices are not ours to place."""
+    held: dict[str, set[PodKey]] = {}
+    unmapped: set[PodKey] = set()
+    for pod, resource, device_id in assigned:
+        if not resource.startswith(RESOURCE_PREFIX):
+            continue
+        gpu = gpu_of_device(device_id)
+        if gpu is None:
+            unmapped.add(pod)
+        else:
+            held.setdefault(gpu, set()).add(pod)
+    return GpuHolders(
+        read_at=read_at,
+        holders={gpu: sorted(pods) for gpu, pods in sorted(held.items())},
+        unmapped=sorted(unmapped),
+    )

@@ -230,15 +230,18 @@ def start_kube_agent(
     poll_s: float = 0.5,
     remediation: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
+    kubernetes: dict[str, Any] | None = None,
     **kw: Any,
 ) -> AgentProc:
     """An agent on `node` with the Kubernetes sink (and `sinks`): a heartbeat every second,
     requests polled every `poll_s`, signed by the key whose public half is in `trust`.
-    `agent` merges into its `agent:` settings; `kw` goes to `start_agent`."""
+    `agent` merges into its `agent:` settings, `kubernetes` into its Kubernetes sink's;
+    `kw` goes to `start_agent`."""
     k8s: dict[str, Any] = {
         "heartbeat_interval_s": 1.0,
         "request_poll_interval_s": poll_s,
         "trust": {"controller_public_key_file": str(trust)},
+        **(kubernetes or {}),
     }
     if remediation is not None:
         k8s["remediation"] = remediation

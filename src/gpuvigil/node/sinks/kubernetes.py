@@ -9,6 +9,8 @@ writes, and nothing else:
   healthy node); `lastTransitionTime` changes only when a condition's status changes.
 - the `core.wire.HEALTH_ANNOTATION` summary the controller decodes;
 - an Event for every condition that turns on or off;
+- `core.holders.HOLDERS_ANNOTATION`, which pods hold which GPU, from the kubelet's
+  PodResources API (`gpu_holders`; `pod_resources.enabled`), with the summary and on change;
 - `core.wire.RESULT_ANNOTATION`, answering `REQUEST_ANNOTATION` (see `remediation`);
 and it reads `core.wire.RELEASED_ANNOTATION` (a person released the node: the kernel
 watch forgets the Xid events it kept across reboots).
@@ -29,10 +31,11 @@ from typing import Any
 
 from pydantic import Field
 
-from gpuvigil.core import wire
+from gpuvigil.core import holders, wire
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import NodeReport
 from gpuvigil.core.signing import sig_annotation
+from gpuvigil.node.sinks.gpu_holders import HoldersReader, PodResourcesConfig, content
 from gpuvigil.node.sinks.remediation import OnReset, RemediationConfig, Remediator
 from gpuvigil.node.sinks.request_auth import Ledger, Trust, TrustConfig, agent_key
 
@@ -78,6 +81,10 @@ class KubernetesConfig(StrictModel):
         default_factory=TrustConfig,
         description="Which messages on the Node are the controller's (signatures; "
         "docs/security.md).",
+    )
+    pod_resources: PodResourcesConfig = Field(
+        default_factory=PodResourcesConfig,
+        description="Publishing which pods hold which GPU (docs/per-gpu.md).",
     )
 
 
@@ -149,16 +156,20 @@ class KubernetesSink:
         self._on_release = on_release  # a person released the node (RELEASED_ANNOTATION)
         self._last_written: list[tuple[Any, ...]] | None = None
         self._last_summary: str | None = None
+        self.holders = HoldersReader(config.pod_resources) if config.pod_resources.enabled else None
+        self._last_holders: str | None = None
         self._last_write = 0.0
         self._last_read = 0.0
         self._timeout = config.request_timeout_s
 
     def publish(self, report: NodeReport) -> None:
         mono = time.monotonic()
+        held = self.holders.read() if self.holders is not None else None
         wanted = _semantic(merge_conditions([], report, now=datetime.now(UTC))[0])
         if (
             self._last_written == wanted
             and _summary_without_time(report) == self._last_summary
+            and content(held) == self._last_holders
             and mono - self._last_write < self.config.heartbeat_interval_s
             and mono - self._last_read < self.config.request_poll_interval_s
         ):
@@ -180,12 +191,22 @@ class KubernetesSink:
             )
             self._last_written, self._last_write = _semantic(conds), time.monotonic()
         annotations = obj.metadata.annotations or {}
-        if due or summary != self._last_summary or wire.HEALTH_ANNOTATION not in annotations:
+        held_due = held is not None and (
+            content(held) != self._last_holders or holders.HOLDERS_ANNOTATION not in annotations
+        )
+        if (
+            due
+            or held_due
+            or summary != self._last_summary
+            or wire.HEALTH_ANNOTATION not in annotations
+        ):
             ours = {wire.HEALTH_ANNOTATION: wire.encode_health(report)}
+            if held is not None:  # with the summary, so its read_at keeps the heartbeat
+                ours[holders.HOLDERS_ANNOTATION] = holders.encode(held)
             if annotations.get(wire.AGENT_KEY_ANNOTATION) != self.key.public_b64():
                 ours[wire.AGENT_KEY_ANNOTATION] = self.key.public_b64()  # before any result
             self._annotate(ours)
-            self._last_summary = summary
+            self._last_summary, self._last_holders = summary, content(held)
         if self.config.events:
             for new, old in flipped:
                 self._event(obj, new, old)

@@ -31,9 +31,6 @@ from typing import Any
 from gpuvigil.core import holders as wire
 from gpuvigil.core.freshness import judge
 
-# Extended resources of NVIDIA's device plugin: `nvidia.com/gpu`, MIG profiles
-# (`nvidia.com/mig-1g.10gb`), renamed shared GPUs (`nvidia.com/gpu.shared`).
-RESOURCE_PREFIX = "nvidia.com/"
 DRA_NAME_PREFIX = "claim:"
 _DONE = ("Succeeded", "Failed")  # a finished pod's devices are free again
 
@@ -143,7 +140,7 @@ def _status_ids(pod: Mapping[str, Any]) -> list[str] | None:
             for entry in entries if isinstance(entries, list) else ():
                 name = entry.get("name") if isinstance(entry, Mapping) else None
                 if not isinstance(name, str) or not (
-                    name.startswith(RESOURCE_PREFIX) or name.startswith(DRA_NAME_PREFIX)
+                    name.startswith(wire.RESOURCE_PREFIX) or name.startswith(DRA_NAME_PREFIX)
                 ):
                     continue
                 ids = ids if ids is not None else []
@@ -172,7 +169,7 @@ def _asks_for_gpus(pod: Mapping[str, Any]) -> bool:
             for kind in ("limits", "requests"):
                 amounts = resources.get(kind)
                 for name, amount in amounts.items() if isinstance(amounts, Mapping) else ():
-                    if str(name).startswith(RESOURCE_PREFIX) and str(amount).strip() not in (
+                    if str(name).startswith(wire.RESOURCE_PREFIX) and str(amount).strip() not in (
                         "0",
                         "",
                     ):
