@@ -69,6 +69,9 @@ class FindingSummary(BaseModel):
     action: Action
     fatal: bool = False
     check: str = ""
+    # The GPU's uuid when the finding names one (its evidence): per-GPU isolation keys its
+    # record and the pod->GPU mapping (`core.holders`) by it.
+    uuid: str = Field("", max_length=128)
 
 
 class HealthSummary(BaseModel):
@@ -97,11 +100,18 @@ def summarize(report: NodeReport) -> HealthSummary:
                 action=f.action,
                 fatal=f.fatal,
                 check=f.check,
+                uuid=_uuid_of(f.evidence),
             )
             for f in kept
         ],
         truncated=len(problems) - len(kept),
     )
+
+
+def _uuid_of(evidence: dict[str, object]) -> str:
+    """The GPU uuid a rule put in a finding's evidence (`gpu_uuid`; the Xid rule: `uuid`)."""
+    got = evidence.get("gpu_uuid") or evidence.get("uuid")
+    return got if isinstance(got, str) and len(got) <= 128 else ""
 
 
 def encode_health(report: NodeReport) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from gpuvigil.core.findings import Action
 from gpuvigil.core.states import REMOVED
 from gpuvigil.platform.breaker import Breaker, Change
 from gpuvigil.platform.clusters.base import Cluster, ClusterError, NodeView
-from gpuvigil.platform.metrics import ControllerMetrics
+from gpuvigil.platform.metrics import GPU_STEPS, ControllerMetrics
 from gpuvigil.platform.policy import Decision, OpKind, PolicyConfig, state_deadline
 from gpuvigil.platform.safety import Gate
 from gpuvigil.platform.state import Record, State
@@ -238,6 +239,9 @@ class Announcer:
             present = {n.name for n in nodes}
             for gone in [n for n in self._shown if n not in present]:
                 m.node_state.remove(gone, self._shown.pop(gone).value)
+        steps = Counter(result.isolated.values())
+        for step in GPU_STEPS:
+            m.gpus_isolated.labels(step).set(steps[step])
         self._export_clocks(m, nodes, result, policy or PolicyConfig())
         for state, count in counts.items():
             m.nodes.labels(state.value).set(count)

@@ -52,6 +52,8 @@ from gpuvigil.platform.clusters.base import (
     Unavailable,
 )
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
+from gpuvigil.platform.gpu_path import IsolationConfig, gpu_pass
+from gpuvigil.platform.isolation import decode_isolation
 from gpuvigil.platform.leader import LeaderElector, LeaseSettings
 from gpuvigil.platform.memo import DecisionMemo
 from gpuvigil.platform.metrics import ControllerMetrics
@@ -82,6 +84,7 @@ class ControllerConfig(StrictModel):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)  # capacity gate: docs/serving.md
+    isolation: IsolationConfig = Field(default_factory=IsolationConfig)  # one bad GPU, one GPU
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
@@ -97,6 +100,7 @@ class PassResult:
     breaker_open: bool = False
     decided: int = 0  # nodes the policy ran for (the rest reused an unchanged decision)
     fenced: bool = False  # the pass stopped: this replica may not act
+    isolated: dict[str, str] = field(default_factory=dict)  # node -> its isolated GPU's step
 
 
 Work = tuple[NodeView, Decision, Fleet]
@@ -190,11 +194,30 @@ class Controller:
         )  # fmt: skip
         held = 0
         work: list[Work] = []
-        for node in nodes:
+        for seen in nodes:
+            node = seen
             if excluded(node, self.config.safety):
                 self.voice.say(node.name, "excluded by label: observed, never acted on", now)
                 continue
             fleet = gate.fleet_for(node)
+            try:  # one GPU's ladder first: it may take the node's problem off its plate
+                if not self.config.dry_run:
+                    node = gpu_pass(self.cluster, node, fleet=fleet, now=now,
+                                    policy=self.config.policy, config=self.config.isolation,
+                                    voice=self.voice)  # fmt: skip
+            except Fenced as e:
+                self._fenced.set()
+                self.voice.api_error(e)
+                break
+            except ClusterError as e:  # the isolation record says where it was: next pass
+                self.voice.api_error(e)
+                result.errors[node.name] = f"{e.kind}: {e}"
+                log.info("node %s: per-GPU path: %s (%s); next pass retries", node.name, e,
+                         e.kind)  # fmt: skip
+                continue
+            gone = decode_isolation(node.isolation_text)
+            if gone is not None:
+                result.isolated[node.name] = gone.step
             d = self._decide(node, fleet, now, result)
             result.decisions[node.name] = d
             if d.disruptive:

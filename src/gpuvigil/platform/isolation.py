@@ -64,6 +64,16 @@ def gpu_index(component: str) -> int | None:
     return int(idx) if kind == "gpu" and idx.isdigit() and len(idx) <= 4 else None
 
 
+def uuids_of(findings: Iterable[FindingSummary]) -> dict[int, str]:
+    """index -> uuid of the GPUs the findings name with a uuid (`FindingSummary.uuid`)."""
+    out: dict[int, str] = {}
+    for f in findings:
+        index = gpu_index(f.component)
+        if index is not None and f.uuid:
+            out.setdefault(index, f.uuid)
+    return out
+
+
 @dataclass(frozen=True)
 class GpuFault:
     """A fault confined to one GPU: its index, the worst code on it, and the action that
@@ -206,6 +216,12 @@ def remember(record: Record | None, episode: Episode) -> Record:
     """The node's record with `episode` appended to its machine's memory (bounded)."""
     rec = record or Record()
     return rec.model_copy(update={"episodes": (*rec.episodes, episode)[-EPISODE_LIMIT:]})
+
+
+def handled(record: Isolation, finding: FindingSummary) -> bool:
+    """A finding the GPU's ladder handles while `record` stands: a GPU-local fault of the
+    isolated GPU. The node's policy judges the node without these (`policy.values.assess`)."""
+    return gpu_index(finding.component) == record.index and finding.code in gpu_local_codes()
 
 
 def without_gpu(health: HealthSummary, index: int, *, local: frozenset[str]) -> HealthSummary:

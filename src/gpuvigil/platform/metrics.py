@@ -18,6 +18,7 @@ REMEDIATION_ACTIONS = (Action.RESET_GPU.value, Action.REBOOT.value, Action.REPLA
 REMEDIATION_RESULTS = ("started", "succeeded", "failed")
 API_ERROR_KINDS = ("error", "conflict", "unavailable", "forbidden", "fenced")
 DECISION_KINDS = ("decided", "reused")
+GPU_STEPS = ("evicting", "resetting", "isolated")  # platform.isolation.Step
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ControllerMetrics:
     clock_skew: Gauge
     machine_episodes: Gauge
     clock_skewed: Gauge
+    gpus_isolated: Gauge
 
 
 def build(registry: CollectorRegistry) -> ControllerMetrics:
@@ -57,6 +59,8 @@ def build(registry: CollectorRegistry) -> ControllerMetrics:
         m.api_errors.labels(kind)
     for kind in DECISION_KINDS:
         m.decisions.labels(kind)
+    for step in GPU_STEPS:
+        m.gpus_isolated.labels(step).set(0)
     return m
 
 
@@ -187,6 +191,14 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
             "node with any). The lemon rule replaces a machine at policy.lemon_episodes "
             "within policy.lemon_window_s.",
             ["node"],
+            registry=registry,
+        ),
+        gpus_isolated=Gauge(
+            "gpuvigil_gpus_isolated",
+            "GPUs taken out of service alone, their node staying in service (per-GPU "
+            "isolation), by the GPU's ladder step: evicting (its holders), resetting, "
+            "isolated (until replaced).",
+            ["step"],
             registry=registry,
         ),
         clock_skewed=Gauge(

@@ -295,6 +295,13 @@ class NodeView:
     attributes: Mapping[str, str] = field(default_factory=dict)
     intent: Intent | None = None  # the controller's published decision (INTENT_ANNOTATION)
     intent_supported: bool = True  # False where the cluster has no field to publish it in
+    # Per-GPU isolation (`platform.isolation`): the GPUs the node has and the ones its
+    # scheduler may still hand out (k8s `nvidia.com/gpu` capacity and allocatable: the
+    # device plugin takes an unhealthy GPU out of allocatable); None where unknown. And
+    # the stored isolation record (`isolation.ISOLATION_ANNOTATION`), as written.
+    gpu_capacity: int | None = None
+    gpu_allocatable: int | None = None
+    isolation_text: str | None = None
 
     @property
     def blocked_by_someone_else(self) -> bool:

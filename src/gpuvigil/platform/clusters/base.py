@@ -45,6 +45,7 @@ __all__ = [
     "Fence",
     "Fenced",
     "Forbidden",
+    "GpuIsolating",
     "Intent",
     "LeaseObject",
     "LeaseStore",
@@ -143,6 +144,26 @@ class DrainStatus:
     @property
     def done(self) -> bool:
         return self.remaining == 0
+
+
+@runtime_checkable
+class GpuIsolating(Protocol):
+    """What a cluster that can take one GPU out of service offers besides `Cluster`
+    (Kubernetes with the device plugin; docs/controller.md "Per-GPU isolation"). The
+    controller takes the per-GPU path only on an adapter that has these."""
+
+    def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
+        """The pods ("ns/name") holding that GPU now; None when that cannot be known."""
+        ...
+
+    def evict(self, name: str, pods: list[str], *, deadline: datetime, reason: str) -> DrainStatus:
+        """Move those pods off the node as `drain` does (Eviction API, PDBs honoured, what
+        is left removed past `deadline`); the node is not blocked."""
+        ...
+
+    def store_isolation(self, name: str, text: str | None) -> None:
+        """Write the node's isolation record (`platform.isolation`); None deletes it."""
+        ...
 
 
 @runtime_checkable

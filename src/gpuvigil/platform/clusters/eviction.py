@@ -80,27 +80,10 @@ class Drainer:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp"):
                 continue  # already going; still counted as remaining
-            ns, pname = meta["namespace"], meta["name"]
-            if not past:
-                self._mark(ns, pname, reason)
-                if not self._evict(ns, pname, grace_s):
-                    self._mark(ns, pname, f"eviction refused: {reason}", disrupted=False)
-                    blocked += 1
-                continue
-            self._mark(ns, pname, f"{reason} (drain deadline passed)")
-            try:
-                self._write(
-                    "delete_pod",
-                    lambda t, ns=ns, pname=pname: self.core.delete_namespaced_pod(
-                        pname,
-                        ns,
-                        grace_period_seconds=grace_s,
-                        _request_timeout=t,
-                    ),
-                )
-                forced += 1
-            except Forbidden:
-                pass  # gone already
+            got = self._move(meta["namespace"], meta["name"], past=past, reason=reason,
+                             grace_s=grace_s)  # fmt: skip
+            blocked += got == "blocked"
+            forced += got == "forced"
         left = sum(
             1
             for p in self._pages(
@@ -109,6 +92,44 @@ class Drainer:
             if workload(p)
         )
         return DrainStatus(remaining=left, blocked=blocked, forced=forced)
+
+    def evict_pods(
+        self, pods: list[str], *, deadline: datetime, reason: str, grace_s: int | None = None
+    ) -> DrainStatus:
+        """Move the named pods ("ns/name") as `drain` moves a node's: the holders of one
+        GPU (`platform.isolation`), so nothing else on the node is touched. `remaining`
+        counts the ones a disruption budget kept (the caller asks who holds the GPU again:
+        a Terminating pod still holds it)."""
+        past = utcnow() >= deadline
+        blocked = forced = 0
+        for key in pods:
+            ns, _, pname = key.partition("/")
+            if ns and pname:
+                got = self._move(ns, pname, past=past, reason=reason, grace_s=grace_s)
+                blocked += got == "blocked"
+                forced += got == "forced"
+        return DrainStatus(remaining=blocked, blocked=blocked, forced=forced)
+
+    def _move(self, ns: str, pname: str, *, past: bool, reason: str, grace_s: int | None) -> str:
+        """Evict one pod (before the deadline) or delete it (past it): "evicted",
+        "blocked" (a disruption budget refused) or "forced"."""
+        if not past:
+            self._mark(ns, pname, reason)
+            if self._evict(ns, pname, grace_s):
+                return "evicted"
+            self._mark(ns, pname, f"eviction refused: {reason}", disrupted=False)
+            return "blocked"
+        self._mark(ns, pname, f"{reason} (deadline passed)")
+        try:
+            self._write(
+                "delete_pod",
+                lambda t: self.core.delete_namespaced_pod(
+                    pname, ns, grace_period_seconds=grace_s, _request_timeout=t
+                ),
+            )
+        except Forbidden:
+            return "evicted"  # gone already
+        return "forced"
 
     def _evict(self, ns: str, pod: str, grace_s: int | None) -> bool:
         """True when evicted (or already gone); False when a disruption budget refused."""

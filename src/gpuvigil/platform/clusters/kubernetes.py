@@ -45,6 +45,7 @@ from gpuvigil.core.codes import FAMILIES
 from gpuvigil.core.findings import Action, utcnow
 from gpuvigil.core.signing import BadKey, Signer, Verifier, sig_annotation
 from gpuvigil.node.probes import exec as execp
+from gpuvigil.platform.clusters import gpu_holders
 from gpuvigil.platform.clusters.base import (
     AgentResult,
     ClusterError,
@@ -72,6 +73,7 @@ from gpuvigil.platform.clusters.k8s_pins import AgentPins
 from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
+from gpuvigil.platform.isolation import ISOLATION_ANNOTATION
 from gpuvigil.platform.state import (
     INTENT_ANNOTATION,
     POOL_LABEL,
@@ -86,6 +88,7 @@ from gpuvigil.platform.state import (
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
 OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 BLOCK_TAINT = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
 T = TypeVar("T")
 
@@ -291,6 +294,9 @@ class KubernetesCluster:
             replace_supported=self.settings.replace != "none",
             attributes=node_facts(status.get("nodeInfo") or {}),
             intent=decode_intent(ann.get(INTENT_ANNOTATION)),
+            gpu_capacity=_count((status.get("capacity") or {}).get(GPU_RESOURCE)),
+            gpu_allocatable=_count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
+            isolation_text=ann.get(ISOLATION_ANNOTATION),
         )
 
     def _agent_result(self, meta: dict[str, Any], ann: dict[str, str]) -> AgentResult | None:
@@ -454,6 +460,31 @@ class KubernetesCluster:
         """Queued; the recorder's thread creates the Event (fenced like any write)."""
         self.events.record(name, reason=reason, message=message, warning=warning)
 
+    # ---- one GPU (platform.isolation; clusters.base.GpuIsolating) ----------------------
+
+    def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
+        """The pods holding that GPU (`clusters.gpu_holders`: the pods' own
+        allocatedResourcesStatus, else the agent's fresh PodResources annotation); None
+        when unknown. Read fresh: the watch's copy may predate the agent's last write."""
+        raw = self._raw("get_node", self.core.read_node, name)
+        self.watch.remember(raw)
+        sel = f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
+        pods = [p for p in self._pages("list_pods", self.core.list_pod_for_all_namespaces,
+                                       field_selector=sel) if workload(p)]  # fmt: skip
+        return gpu_holders.holders(raw, gpu_uuid, utcnow(), pods=pods)
+
+    def evict(self, name: str, pods: list[str], *, deadline: datetime, reason: str) -> DrainStatus:
+        raw = self.watch.get(name)
+        labels = (raw or {}).get("metadata", {}).get("labels") or {}
+        grace = self.settings.eviction_grace_for(pool_of_labels(labels, label=self.pool_label))
+        return self.drainer.evict_pods(pods, deadline=deadline, reason=reason, grace_s=grace)
+
+    def store_isolation(self, name: str, text: str | None) -> None:
+        """The isolation record in its Node annotation (None: removed). An annotation, not
+        a CRD: 1.20 clusters have no room for ours by default (docs/controller.md)."""
+        self._patch_node("isolation", name, {"metadata": {"annotations": {
+            ISOLATION_ANNOTATION: text}}})  # fmt: skip
+
     # ---- draining -------------------------------------------------------------------
 
     def lease_store(self) -> LeaseStore:
@@ -475,6 +506,12 @@ TAG_LEN = 22  # `Signer.tag`: 16 bytes, base64url
 def _untagged(request_id: str) -> str:
     head, _, tag = request_id.rpartition(".")
     return head if head and len(tag) == TAG_LEN else request_id
+
+
+def _count(quantity: object) -> int | None:
+    """A Kubernetes quantity of a countable resource ("8") -> 8; None for anything else."""
+    text = str(quantity).strip() if quantity is not None else ""
+    return int(text) if text.isdigit() and len(text) <= 6 else None
 
 
 def _with_block(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:

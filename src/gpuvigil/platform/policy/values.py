@@ -19,6 +19,7 @@ from gpuvigil.core.codes import COULD_NOT_RUN
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary
+from gpuvigil.platform import isolation
 from gpuvigil.platform.state import Episode, NodeView, Record, State
 
 
@@ -191,6 +192,9 @@ def assess(
         return Assessment(False, f"health summary {age.freshness} ({age.describe()})")
     bad = blocking_statuses(block_on_warning=config.block_on_warning)  # the one table
     problems = [f for f in node.health.findings if f.status in bad]
+    gone = isolation.decode_isolation(node.isolation_text)
+    if gone is not None:  # the isolated GPU's own faults are its ladder's (platform.isolation)
+        problems = [f for f in problems if not isolation.handled(gone, f)]
     kept = [f for f in problems if f.status is Status.FAILED and (f.check, f.code) in held]
     problems = [f for f in problems if f not in kept]
     problems.sort(key=lambda f: (-f.action.rank, not f.fatal, -f.status.rank, f.code))

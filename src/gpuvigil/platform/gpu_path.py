@@ -1,0 +1,133 @@
+"""The controller's per-GPU path: read what the GPU's ladder needs, decide, apply.
+
+Called by `platform.controller` for every node, before the node's own policy, on adapters
+that can take one GPU out of service (`clusters.base.GpuIsolating`: Kubernetes with the
+device plugin). The judgement is `platform.isolation.decide_gpu` (pure); this module does
+the reads it needs (who holds the GPU: only for a node with a GPU-local fault) and the
+writes it asks for, in this order: the record first (so a killed controller resumes from
+it), then the evictions or the reset. It never blocks the node: the device plugin keeps
+new work off the GPU (allocatable below capacity), which is the condition for this path.
+
+The node's own policy then judges the node without the isolated GPU's own GPU-local
+findings (`policy.values.assess` reads the record from `NodeView.isolation_text`), so a
+node with one isolated GPU stays HEALTHY and in service; anything else on it (a second
+bad GPU, an NVLink fault, a device-plugin restart) ends the isolation here first, and the
+node's ladder takes over in the same pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime
+
+from pydantic import Field
+
+from gpuvigil.core.config import StrictModel
+from gpuvigil.core.events import Kind
+from gpuvigil.core.findings import Action
+from gpuvigil.platform import isolation as iso
+from gpuvigil.platform.announce import Announcer
+from gpuvigil.platform.clusters.base import Cluster, GpuIsolating, NodeView
+from gpuvigil.platform.policy import Fleet, PolicyConfig, assess
+from gpuvigil.platform.state import State
+
+log = logging.getLogger("gpuvigil.controller")
+
+
+class IsolationConfig(StrictModel):
+    """`controller.isolation:` per-GPU isolation (docs/controller.md "Per-GPU isolation")."""
+
+    enabled: bool = True  # off: every fault takes the whole node's ladder, as before
+    evict_timeout_s: float = Field(900.0, ge=0)  # holders left after this are removed
+    reset_timeout_s: float = Field(600.0, gt=0)  # no answer to the GPU's reset: isolated
+
+
+def enforced(node: NodeView) -> bool:
+    """The device plugin agrees a GPU is gone: allocatable below capacity."""
+    cap, alloc = node.gpu_capacity, node.gpu_allocatable
+    return cap is not None and alloc is not None and alloc < cap
+
+
+def gpu_pass(
+    cluster: Cluster,
+    node: NodeView,
+    *,
+    fleet: Fleet,
+    now: datetime,
+    policy: PolicyConfig,
+    config: IsolationConfig,
+    voice: Announcer,
+) -> NodeView:
+    """Run the GPU's ladder for `node` once; returns the view the node's policy should
+    judge (with the isolation record as now stored). ClusterErrors propagate: the
+    controller skips the node this pass (the record on the node says where it was)."""
+    if not config.enabled or not isinstance(cluster, GpuIsolating):
+        return node
+    rec = iso.decode_isolation(node.isolation_text)
+    if rec is None and node.record is not None and node.record.state is not State.HEALTHY:
+        return node  # the node's ladder is running: it owns the node until it ends
+    # every problem, the isolated GPU's included (the node's policy is the one that
+    # leaves those out)
+    whole = dataclasses.replace(node, isolation_text=None)
+    a = assess(whole, now=now, config=policy, held=fleet.held)
+    if not a.readable:
+        return node  # act on nothing we could not read; the record stays as it is
+    local = iso.gpu_local_codes()
+    problems = list(a.problems)
+    fault = iso.scope(problems, local=local)
+    if rec is None and fault is None:
+        return node
+    uuids = iso.uuids_of(problems)
+    target = rec.gpu_uuid if rec is not None else uuids.get(fault.index) if fault else None
+    ok = enforced(node)
+    holders = cluster.gpu_holders(node.name, target) if target and ok else None
+    gcfg = iso.GpuConfig(
+        fatal_grace_s=policy.fatal_grace_s,
+        suspect_grace_s=policy.suspect_grace_s,
+        evict_timeout_s=config.evict_timeout_s,
+        reset_timeout_s=config.reset_timeout_s,
+    )
+    d = iso.decide_gpu(rec, node=node.name, problems=problems, local=local, enforced=ok,
+                       holders=holders, uuids=uuids, result=node.agent_result, now=now,
+                       config=gcfg)  # fmt: skip
+    if rec is None and not d.per_gpu:
+        voice.say(node.name, f"whole node: {d.reason}", now)
+        return node
+    text = node.isolation_text
+    if d.store:
+        text = d.record.encode() if d.record is not None else None
+        cluster.store_isolation(node.name, text)
+        _announce(voice, node.name, rec, d, now)
+    if d.episode is not None:  # the machine's memory, on the node's own record
+        cluster.store(node.name, iso.remember(node.record, d.episode))
+    for op in d.ops:
+        if op.kind == "evict":
+            assert op.deadline is not None
+            st = cluster.evict(node.name, list(op.holders), deadline=op.deadline,
+                               reason=f"gpuvigil: gpu:{op.index} isolated")  # fmt: skip
+            if st.forced:
+                why = f"{st.forced} holder(s) of gpu:{op.index} at the deadline"
+                voice.event(node.name, Kind.REMEDIATION, now, action="EVICT", result="forced",
+                            reason=why)  # fmt: skip
+        elif op.kind == "reset" and d.record is not None:
+            cluster.request(node.name, action=Action.RESET_GPU, request_id=op.request_id,
+                            gpus=[op.index])  # fmt: skip
+            # At least once: the agent acts once per id, so a resend after a crash is safe.
+            text = d.record.model_copy(update={"issued": op.request_id}).encode()
+            cluster.store_isolation(node.name, text)
+    # The node's policy judges this pass with the record as stored now; the stored
+    # version moved, so its own write (if any) re-reads first (a Conflict, as a heartbeat).
+    return dataclasses.replace(node, isolation_text=text)
+
+
+def _announce(
+    voice: Announcer, name: str, old: iso.Isolation | None, d: iso.GpuDecision, now: datetime
+) -> None:
+    rec = d.record
+    step = rec.step if rec is not None else ("released" if not d.escalated else "whole-node")
+    was = old.step if old is not None else "in-service"
+    log.info("node %s: gpu %s -> %s: %s", name, was, step, d.reason)
+    voice.event(name, Kind.REMEDIATION, now, action="ISOLATE_GPU", result=step, reason=d.reason)
+    warning = (rec is not None and rec.step == "isolated") or d.escalated
+    voice.cluster_event(name, "GpuIsolation", d.reason, warning)
