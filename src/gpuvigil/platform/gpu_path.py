@@ -65,6 +65,8 @@ def gpu_pass(
     if not config.enabled or not isinstance(cluster, GpuIsolating):
         return node
     rec = iso.decode_isolation(node.isolation_text)
+    if rec is None and (node.health is None or not node.health.findings):
+        return node  # the common case, every pass on every node: nothing to look at
     if rec is None and node.record is not None and node.record.state is not State.HEALTHY:
         return node  # the node's ladder is running: it owns the node until it ends
     # every problem, the isolated GPU's included (the node's policy is the one that

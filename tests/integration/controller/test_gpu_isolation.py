@@ -60,12 +60,12 @@ def setup(kube: Any, *, allocatable: int = 7, mapping: bool = True) -> tuple[str
     return name, ns
 
 
-def controller(c: Any) -> Controller:
+def controller(c: Any, metrics: Any = None) -> Controller:
     cfg = ControllerConfig(
         policy=PolicyConfig(fatal_grace_s=0, suspect_grace_s=0),
         safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
     )
-    return Controller(c, config=cfg)
+    return Controller(c, config=cfg, metrics=metrics)
 
 
 def look(kube: Any, name: str) -> tuple[set[str], bool, Any, Any]:
@@ -151,3 +151,33 @@ def test_what_cannot_be_one_gpu_takes_the_whole_node(
     assert iso is None, case
     assert wire.UNHEALTHY_TAINT in taints, case
     assert rec is not None and rec.state in (State.SUSPECT, State.DRAINING), case
+
+
+def test_a_fault_the_reset_does_not_cure_keeps_the_gpu_out_and_the_node_in(
+    kube, kube_cluster, agent
+) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    from gpuvigil.platform.metrics import build
+
+    registry = CollectorRegistry()
+    name, ns = setup(kube)
+    agent.publish(name, xid(48))
+    c = kube_cluster(node_selector=f"fleet={name.split('-')[1]}")
+    ctl = controller(c, build(registry))
+    ctl.reconcile()
+    gauge = lambda step: registry.get_sample_value("gpuvigil_gpus_isolated", {"step": step})  # noqa: E731
+    assert gauge("evicting") == 1
+    ctl.reconcile()  # reset asked
+    agent.step(name, fixes=False)  # the reset succeeded, the fault is still there
+    agent.publish(name, xid(48))
+    ctl.reconcile()
+    taints, cordoned, iso, rec = look(kube, name)
+    assert iso is not None and iso.step == "isolated"
+    assert not cordoned and wire.UNHEALTHY_TAINT not in taints
+    assert rec is not None and rec.state is State.HEALTHY
+    assert rec.episodes[-1].outcome == "gpu-isolated" and rec.episodes[-1].gpu == BAD
+    assert (gauge("isolated"), gauge("evicting"), gauge("resetting")) == (1, 0, 0)
+    assert pods(kube, ns) == {"other", "cpu-only"}
+    ctl.reconcile()  # and it stays so, pass after pass
+    assert look(kube, name)[2].step == "isolated"

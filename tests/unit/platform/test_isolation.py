@@ -252,3 +252,24 @@ def test_without_gpu_hides_only_that_gpus_local_findings():
     ]
     clean = iso.without_gpu(h.model_copy(update={"findings": [f("XID_48")]}), 3, local=LOCAL)
     assert clean.findings == [] and clean.status is Status.OK
+
+
+def test_the_node_policy_judges_the_node_without_the_isolated_gpus_own_faults():
+    from gpuvigil.platform.policy import PolicyConfig, assess
+    from gpuvigil.platform.state import NodeView
+
+    rec = iso.Isolation(node="n1", gpu_uuid="GPU-0003", index=3, since=T0, code="XID_48")
+    h = HealthSummary(
+        generated_at=T0,
+        status=Status.FAILED,
+        findings=[f("XID_48"), f("ROW_REMAP_PENDING"), f("XID_48", "gpu:4")],
+    )
+    view = NodeView(
+        name="n1", health=h, health_error=None, heartbeat_at=T0, isolation_text=rec.encode()
+    )
+    a = assess(view, now=T0, config=PolicyConfig())
+    assert [(p.code, p.component) for p in a.problems] == [("XID_48", "gpu:4")]
+    garbage = NodeView(
+        name="n1", health=h, health_error=None, heartbeat_at=T0, isolation_text="{not json"
+    )
+    assert len(assess(garbage, now=T0, config=PolicyConfig()).problems) == 3  # fail closed
