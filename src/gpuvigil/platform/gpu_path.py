@@ -69,6 +69,8 @@ def gpu_pass(
         return node  # the common case, every pass on every node: nothing to look at
     if rec is None and node.record is not None and node.record.state is not State.HEALTHY:
         return node  # the node's ladder is running: it owns the node until it ends
+    if rec is None and node.blocked_by_someone_else and not policy.act_on_foreign_blocked:
+        return node  # someone else's block (maintenance): the node's policy leaves it alone
     # every problem, the isolated GPU's included (the node's policy is the one that
     # leaves those out)
     whole = dataclasses.replace(node, isolation_text=None)

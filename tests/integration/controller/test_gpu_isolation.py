@@ -181,3 +181,13 @@ def test_a_fault_the_reset_does_not_cure_keeps_the_gpu_out_and_the_node_in(
     assert pods(kube, ns) == {"other", "cpu-only"}
     ctl.reconcile()  # and it stays so, pass after pass
     assert look(kube, name)[2].step == "isolated"
+
+
+def test_a_node_someone_else_blocked_is_left_alone(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    name, ns = setup(kube)
+    kube.kubectl("cordon", name)  # a person's maintenance
+    agent.publish(name, xid(48))
+    c = kube_cluster(node_selector=f"fleet={name.split('-')[1]}")
+    controller(c).reconcile()
+    assert look(kube, name)[2] is None
+    assert pods(kube, ns) == {"holder", "other", "cpu-only"}

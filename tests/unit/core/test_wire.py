@@ -60,3 +60,21 @@ def test_garbage_results_decode_to_a_reason():
                  '{"id": "r", "result": "started", "at": 5e400}', "x" * 5000):  # fmt: skip
         res, why = wire.decode_result(text)
         assert res is None and why.startswith("remediation result"), text
+
+
+def test_the_summary_names_the_gpu_by_uuid_from_the_evidence():
+    from gpuvigil.core.findings import Finding, NodeReport, Status
+    from gpuvigil.core.wire import decode_health, encode_health
+
+    found = [
+        Finding(check="gpu", status=Status.FAILED, code="ROW_REMAP_FAILURE", component="gpu:3",
+                evidence={"gpu_uuid": "GPU-3"}),
+        Finding(check="xid", status=Status.FAILED, code="XID_48", component="gpu:5",
+                evidence={"uuid": "GPU-5"}),
+        Finding(check="xid", status=Status.FAILED, code="XID_79", component="pci:0000:3b:00.0",
+                evidence={"uuid": None}),
+    ]  # fmt: skip
+    got = decode_health(encode_health(NodeReport(node="n", findings=tuple(found))))
+    assert got is not None
+    assert {f.component: f.uuid for f in got.findings} == {
+        "gpu:3": "GPU-3", "gpu:5": "GPU-5", "pci:0000:3b:00.0": ""}  # fmt: skip
