@@ -14,6 +14,7 @@ declare -A want=(
   [etcd]=etcd-server
   [go]=golang-go
   [rsync]=rsync
+  [patch]=patch  # scripts/build-kube.sh applies its patch to the 1.20 source
   [chromium]=chromium
   [kubectl]=kubernetes-client
   [buildah]=buildah
