@@ -55,7 +55,7 @@ from gpuvigil.platform.clusters.dra_objects import (
     rule_body,
     rule_name,
 )
-from gpuvigil.platform.clusters.k8s_api import api_call
+from gpuvigil.platform.clusters.k8s_api import api_call, json_object
 
 __all__ = [
     "DRIVER",
@@ -95,32 +95,39 @@ class DeviceTaints:
 
     # ---- reads --------------------------------------------------------------------------
 
-    def _get(self, path: str) -> dict[str, Any] | None:
+    def _discover(self, call: Callable[[], Any]) -> dict[str, Any]:
+        """One discovery document as JSON (a 404: empty)."""
         self.calls["dra_discovery"] += 1
         try:
-            data = api_call(
-                lambda: self.api_client.call_api(
-                    path,
-                    "GET",
-                    auth_settings=["BearerToken"],
-                    response_type="object",
-                    _return_http_data_only=True,
-                    _request_timeout=self.timeout,
-                )
-            )
+            resp = api_call(call)
         except NotFound:
-            return None
-        return data if isinstance(data, dict) else None
+            return {}
+        data = json_object(resp.data.decode() if isinstance(resp.data, bytes) else resp.data)
+        return data or {}
 
     def served(self) -> Served:
-        """Which versions of `resource.k8s.io` serve the kinds we use (a 404: none)."""
-        group = self._get(f"/apis/{GROUP}")
+        """Which versions of `resource.k8s.io` serve the kinds we use (none: all None)."""
+        from kubernetes import client
+
+        groups = self._discover(
+            lambda: client.ApisApi(self.api_client).get_api_versions(
+                _preload_content=False, _request_timeout=self.timeout
+            )
+        )
         versions = {
-            v.get("version") for v in (group or {}).get("versions") or () if isinstance(v, dict)
+            v.get("version")
+            for g in groups.get("groups") or ()
+            if isinstance(g, dict) and g.get("name") == GROUP
+            for v in g.get("versions") or ()
+            if isinstance(v, dict)
         }
         found: dict[str, str] = {}
         for version in (v for v in VERSIONS if v in versions):
-            listing = self._get(f"/apis/{GROUP}/{version}") or {}
+            listing = self._discover(
+                lambda v=version: self.custom.get_api_resources(
+                    GROUP, v, _preload_content=False, _request_timeout=self.timeout
+                )
+            )
             for res in listing.get("resources") or ():
                 name = res.get("name") if isinstance(res, dict) else None
                 if name in ("devicetaintrules", "resourceslices", "resourceclaims"):
