@@ -37,6 +37,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "slurm-healthcheck": ("slurm_healthcheck", "Judge this node once and drain it in Slurm "
                           "on a problem, the way NHC does; meant for slurm.conf's "
                           "HealthCheckProgram (runs as root on every node)."),
+    "slurm-taskprolog": ("slurm_taskprolog", "Print the TaskProlog lines that make a Slurm "
+                         "task's CUDA_VISIBLE_DEVICES name GPU device numbers (/dev/nvidiaN) "
+                         "instead of gres.conf positions, so a job on a node degraded to 7 "
+                         "GPUs never sees the GPU taken out; a task whose GPUs cannot be "
+                         "mapped gets none."),
     "preflight": ("preflight", "Validate this node before it takes work: fast node checks, "
                   "then active tests (matmul correctness in bf16/fp16/tf32/fp32, sustained "
                   "TFLOP/s vs the GPU's peak, device-memory patterns, host/peer bandwidth, "

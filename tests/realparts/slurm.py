@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +34,21 @@ def available() -> tuple[bool, str]:
 
 
 class SlurmCluster:
-    def __init__(self, workdir: Path, *, nodes: int = 4, gpus: int = 8) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: int = 4,
+        gpus: int = 8,
+        node_fragment: bool = False,
+        task_prolog: str | None = None,
+    ) -> None:
+        """`node_fragment`: the NodeName lines live in `nodes.conf`, which slurm.conf
+        Includes (the layout gpuvigil's degraded-node procedure edits); `task_prolog`: the
+        TaskProlog command."""
         self.dir = workdir
+        self.node_fragment = node_fragment
+        self.task_prolog = task_prolog
         self.n = nodes
         self.gpus = gpus
         self.names = [f"gpu{i}" for i in range(1, nodes + 1)]
@@ -93,8 +108,14 @@ class SlurmCluster:
             f"RealMemory=1000 Gres=gpu:{self.gpus} State=UNKNOWN"
             for n, p in zip(self.names, ports, strict=True)
         )
+        self.node_conf = d / "nodes.conf"
+        if self.node_fragment:
+            self.node_conf.write_text(node_lines + "\n")
+            node_lines = f"Include {self.node_conf}"
+        prolog = f"TaskProlog={self.task_prolog}\n" if self.task_prolog else ""
         self.conf.write_text(
-            f"""ClusterName=gpuvigil-test
+            prolog
+            + f"""ClusterName=gpuvigil-test
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
 SlurmUser=root
@@ -155,7 +176,7 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def stop(self) -> None:
         # Batch steps run under slurmstepd in sessions of their own: cancel the jobs first so
         # nothing outlives the cluster.
-        if self.procs and self.procs[-1].alive():
+        if self.procs and (self.procs[-1].alive() or self._pidfile_slurmctld()):
             self.run("scancel", "--full", "--quiet", "--user=root", check=False)
             time.sleep(0.5)
         for p in self.slurmd.values():
@@ -163,6 +184,32 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.slurmd.clear()
         for p in self.procs[::-1]:
             p.stop()
+        self._stop_restarted_slurmctld()
+
+    def restart_argv(self) -> list[str]:
+        """A command that restarts this cluster's slurmctld (as `systemctl restart
+        slurmctld` would), for gpuvigil's `degrade.restart_slurmctld`."""
+        return [
+            sys.executable,
+            str(Path(__file__).with_name("restart_slurmctld.py")),
+            str(self.conf),
+        ]
+
+    def _pidfile_slurmctld(self) -> int | None:
+        """The pid in slurmctld's pid file when that process is a slurmctld."""
+        try:
+            pid = int((self.dir / "slurmctld.pid").read_text().strip())
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            return None
+        return pid if "slurmctld" in cmd else None
+
+    def _stop_restarted_slurmctld(self) -> None:
+        """A slurmctld that `restart_argv` started is no child of ours: stop it by its pid
+        file."""
+        pid = self._pidfile_slurmctld()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
 
     # -- reading state ---------------------------------------------------------------------
     def nodes(self) -> dict[str, dict[str, Any]]:

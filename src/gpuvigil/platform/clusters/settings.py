@@ -65,6 +65,31 @@ class KubernetesSettings(StrictModel):
     watch_stale_s: float = Field(180.0, gt=0)  # nothing heard this long: act on nothing
 
 
+class SlurmDegradeSettings(StrictModel):
+    """`controller.slurm.degrade:` one bad GPU takes one GPU out instead of the whole node
+    (`clusters.slurm_degrade`; docs/slurm.md has the procedure and the measured restarts)."""
+
+    enabled: bool = False  # off: every fault takes today's whole-node ladder
+    # The gres.conf to rewrite; None: gres.conf beside `conf` (or /etc/slurm/gres.conf).
+    gres_conf: str | None = None
+    # The slurm.conf fragment, `Include`d by slurm.conf, that holds the GPU nodes' NodeName
+    # lines (their `Gres=gpu:N`): gpuvigil edits this file only, never slurm.conf itself.
+    node_conf: str | None = None
+    # How a job is kept off the bad GPU's device (verified in `scontrol show config`
+    # before each degrade; unverifiable -> the whole-node ladder): "cgroup"
+    # (TaskPlugin=task/cgroup + ConstrainDevices=yes) or "taskprolog" (TaskProlog runs
+    # deploy/slurm/gpuvigil-taskprolog, which maps CUDA_VISIBLE_DEVICES to device numbers).
+    enforcement: Literal["cgroup", "taskprolog"] = "cgroup"
+    # Measured on 22.05: `scontrol reconfigure` makes slurmd re-read gres.conf but
+    # slurmctld refuses a File-bound count change until it restarts. argv, run on the
+    # controller host; [] -> fail closed (the node stays drained, the reason says so).
+    restart_slurmctld: list[str] = Field(
+        default_factory=lambda: ["systemctl", "restart", "slurmctld"]
+    )
+    restart_timeout_s: float = Field(60.0, gt=0)
+    register_timeout_s: float = Field(60.0, gt=0)  # slurmctld back and the node re-registered
+
+
 class SlurmSettings(StrictModel):
     bin_dir: str | None = None  # where scontrol/sinfo/squeue live; None: PATH
     timeout_s: float = Field(15.0, gt=0)  # per command
@@ -76,3 +101,4 @@ class SlurmSettings(StrictModel):
     # The leader election's lease files: a folder every controller host shares (None:
     # `gpuvigil-lease` in slurmctld's StateSaveLocation, which HA setups share already).
     lease_dir: str | None = None
+    degrade: SlurmDegradeSettings = Field(default_factory=SlurmDegradeSettings)

@@ -42,6 +42,7 @@ from gpuvigil.core import wire
 from gpuvigil.core.findings import Action
 from gpuvigil.node.probes import exec as execp
 from gpuvigil.node.slurm_client import SlurmClient, SlurmError
+from gpuvigil.node.slurm_conf import expand_hostlist
 from gpuvigil.platform.clusters.base import (
     AgentResult,
     Conflict,
@@ -54,6 +55,7 @@ from gpuvigil.platform.clusters.base import (
     unfenced,
 )
 from gpuvigil.platform.clusters.settings import SlurmSettings
+from gpuvigil.platform.clusters.slurm_degrade import Degrader, Progress
 from gpuvigil.platform.clusters.slurm_lease import FileLease
 from gpuvigil.platform.state import (
     DEFAULT_POOL,
@@ -69,32 +71,18 @@ REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"}
 # what a write by gpuvigil, its agent or a person changes (load and memory figures do not)
 VERSIONED = ("state", "state_flags", "reason", "comment", "extra", "boot_time", "partitions")
-WRITES = {"update", "reboot", "requeue"}  # scontrol subcommands that change something
+WRITES = {
+    "update",
+    "reboot",
+    "requeue",
+    "reconfigure",
+}  # scontrol subcommands that change something
 
 
 def version_of(raw: dict[str, Any]) -> str:
     """The node's version token: a digest of the fields in VERSIONED."""
     text = json.dumps([raw.get(k) for k in VERSIONED], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """`gpu[1-3,5],cpu7` -> gpu1 gpu2 gpu3 gpu5 cpu7 (Slurm's compact host lists)."""
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)", text or ""):
-        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
-        if not prefix and not ranges:
-            continue
-        if ranges is None:
-            out.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if hi and lo.isdigit() and hi.isdigit():
-                out += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
-            elif lo:
-                out.append(f"{prefix}{lo}{suffix}")
-    return out
 
 
 def _epoch(v: Any) -> datetime | None:
@@ -228,7 +216,13 @@ class SlurmCluster:
     def _jobs(self, node: str | None = None) -> list[dict[str, Any]]:
         argv = ["squeue", "--json"] + (["--nodelist", node] if node else [])
         jobs = self._json(*argv).get("jobs") or []
-        return [j for j in jobs if str(j.get("job_state", "")).upper() in RUNNING]
+        # 22.05's `squeue --json` ignores --nodelist (it lists every job): filter here too
+        return [
+            j
+            for j in jobs
+            if str(j.get("job_state", "")).upper() in RUNNING
+            and (node is None or node in expand_hostlist(str(j.get("nodes") or "")))
+        ]
 
     def _raw_nodes(self, name: str | None = None) -> list[dict[str, Any]]:
         argv = ["sinfo", "--json"] + (["--nodes", name] if name else [])
@@ -338,6 +332,29 @@ class SlurmCluster:
         res = execp.run(argv, timeout_s=min(self.settings.hook_timeout_s, left))
         if not res.ok:
             raise Unavailable(f"replace hook: {res.error or res.returncode} {res.stderr_tail()}")
+
+    def isolate_gpu(self, name: str, *, uuid: str, index: int, reason: str) -> Progress:
+        """Degrade `name` to run without GPU `index` (`clusters.slurm_degrade`); call again
+        until `.done`. Forbidden when `controller.slurm.degrade` is off."""
+        return self._degrader().isolate(name, uuid=uuid, index=index, why=reason)
+
+    def restore_gpu(self, name: str, *, uuid: str, index: int) -> Progress:
+        """Put GPU `index` of `name` back after its repair; call again until `.done`."""
+        return self._degrader().restore(name, uuid=uuid, index=index)
+
+    def gpu_isolation_unavailable(self) -> str | None:
+        """None when a GPU can be taken out of a node alone here; else why not (the
+        controller then takes the whole-node ladder)."""
+        if not self.settings.degrade.enabled:
+            return "controller.slurm.degrade.enabled is false"
+        if not self.settings.degrade.node_conf:
+            return "controller.slurm.degrade.node_conf is not set"
+        return self._degrader().enforced()
+
+    def _degrader(self) -> Degrader:
+        if not self.settings.degrade.enabled:
+            raise Forbidden("controller.slurm.degrade.enabled is false")
+        return Degrader(self)
 
     def record_event(self, name: str, *, reason: str, message: str, warning: bool = False) -> None:
         """Slurm has no event object: the controller's event log and log lines carry it."""
