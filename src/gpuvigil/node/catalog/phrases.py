@@ -1,8 +1,8 @@
 """The error phrases (`phrases.yaml`): text that means something failed, wherever it is.
 
 Read by `capture.error_text` (every input of `analyze`, and `check`'s nvidia-smi fallback)
-and by the kernel-log capture reader, which looks for `needles()` in the same pass as the
-Xid lines. Pure data and lookups: what counts as "explained" is decided in
+and by the kernel-log capture reader, which looks for `log_needles()` in the same pass as
+the Xid lines. Pure data and lookups: what counts as "explained" is decided in
 `capture.error_text`.
 """
 
@@ -34,7 +34,13 @@ class PhraseCatalog(BaseModel):
     phrases: tuple[Phrase, ...]
 
     def log_needles(self) -> tuple[bytes, ...]:
-        """The byte needles a streamed kernel log is searched for (one per anchor)."""
+        """Every phrase's text as bytes: what a streamed kernel log is searched for (one
+        `bytes.find` pass each over a chunk, never a decoded line)."""
+        return tuple(dict.fromkeys(p.text.encode() for p in self.phrases))
+
+    def log_anchors(self) -> tuple[bytes, ...]:
+        """The anchors: in a kernel log, a phrase counts on a line that holds one of them
+        (or a needle of the reader's own), as the driver prints it (see the yaml)."""
         return tuple(dict.fromkeys(p.anchor.encode() for p in self.phrases if p.anchor))
 
     def in_line(self, line: str) -> list[Phrase]:
