@@ -9,6 +9,12 @@ waits the pod's grace period, then kills everything the container started, write
 final status and removes the pod (which waits for its finalizers, as on a real cluster);
 after a reboot, runs the pods again from their init containers.
 
+Its device manager, as the kubelet's with NVIDIA's device plugin: a pod's `nvidia.com/gpu`
+limits are given whole GPUs at admission (the fake NVML's UUIDs, lowest index first, in
+`NVIDIA_VISIBLE_DEVICES`), freed when the pod ends, and listed on the PodResources API
+(`fakes.pod_resources`, a real gRPC server on `machine.pod_resources_socket`), which the
+machine's agent reads to publish which pod holds which GPU.
+
 A container is a process on the machine (`machine.Machine.host_env`): `gpuvigil ...` and
 `python ...` run this checkout's Python; an image with no command (the pause image) is a
 container that does nothing until it is stopped.
@@ -25,8 +31,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuvigil.fakes.pod_resources import PodResourcesServer
 from gpuvigil.lab.machine import GPUS, Machine, python_env
 from gpuvigil.lab.procs import Proc, running
+
+GPU_RESOURCE = "nvidia.com/gpu"
 
 SMP = "application/strategic-merge-patch+json"
 
@@ -49,6 +58,7 @@ class PodRun:
     phase: str = "Pending"
     reported: str = ""  # the last status written (no repeated writes)
     finished: bool = False  # final status written, pod deleted (or left for its owner)
+    gpus: dict[str, list[str]] | None = None  # container -> GPU UUIDs; None: not admitted
 
 
 class Kubelet:
@@ -58,6 +68,7 @@ class Kubelet:
         self.node = machine.name
         self.pods_dir = pods_dir
         self.runs: dict[str, PodRun] = {}  # by pod uid
+        self.pod_resources = PodResourcesServer(machine.pod_resources_socket)
 
     # ---- the Node ---------------------------------------------------------------------
 
@@ -72,6 +83,7 @@ class Kubelet:
             "spec": {"taints": taints},
         }
         self.api.create_node(body)
+        self.pod_resources.start()
         self.report_node()
         # Admission adds node.kubernetes.io/not-ready; the node lifecycle controller that
         # lifts it does not run here (no heartbeats), so the kubelet lifts it once Ready.
@@ -133,8 +145,27 @@ class Kubelet:
             self._report(run)
         for uid in [u for u in self.runs if u not in seen]:
             self._kill(self.runs.pop(uid))  # deleted outright (grace 0): nothing to report
+        self.pod_resources.set_pods(
+            {(r.namespace, r.name): {c: {GPU_RESOURCE: ids} for c, ids in r.gpus.items()}
+             for r in self.runs.values() if r.gpus and not r.finished}
+        )  # fmt: skip
+
+    def _admit(self, run: PodRun) -> None:
+        """Give each container the GPUs its limits ask for (whole GPUs, lowest index free
+        first); a finished or deleted pod's GPUs are free again."""
+        held = {u for r in self.runs.values() if r.gpus and not r.finished for u in
+                (i for ids in r.gpus.values() for i in ids)}  # fmt: skip
+        free = [g.uuid for g in self.machine.fake_node().gpus if g.uuid not in held]
+        run.gpus = {}
+        for c in [*(run.spec.get("initContainers") or []), *(run.spec.get("containers") or [])]:
+            want = str(((c.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, "0"))
+            n = int(want) if want.isdigit() else 0
+            if n:
+                run.gpus[c["name"]], free = free[:n], free[n:]
 
     def _advance(self, run: PodRun) -> None:
+        if run.gpus is None:
+            self._admit(run)
         inits = run.spec.get("initContainers") or []
         always = run.spec.get("restartPolicy", "Always") == "Always"
         while run.init_done < len(inits):
@@ -183,6 +214,8 @@ class Kubelet:
         elif argv[0] in ("python", "python3"):
             argv = [sys.executable, *argv[1:]]
         env = python_env(self.machine.host_env())
+        if run.gpus and c["name"] in run.gpus:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus[c["name"]])
         for item in c.get("env") or []:
             env[item["name"]] = _expand(self._env_value(run, item), env)
         folder = self.pods_dir / f"{run.namespace}_{run.name}"
@@ -309,12 +342,14 @@ class Kubelet:
                 run.procs.clear()
                 run.exits.clear()
                 run.init_done = 0
+                run.gpus = None  # admitted again after the boot
         self.machine.reboot()
         self.report_node()
 
     def stop(self) -> None:
         for run in self.runs.values():
             self._kill(run)
+        self.pod_resources.stop()
 
 
 def _expand(value: str, env: dict[str, str]) -> str:

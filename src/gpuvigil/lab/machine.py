@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -48,6 +49,14 @@ def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _socket_path(path: Path) -> Path:
+    """`path`, or a short one in the temporary folder when `path` is past what a unix
+    socket's address holds (108 bytes with its NUL; a deep lab folder gets there)."""
+    if len(str(path)) < 100:
+        return path
+    return Path(tempfile.mkdtemp(prefix="gpuvigil-lab-")) / path.name
+
+
 class Machine:
     def __init__(
         self,
@@ -73,6 +82,7 @@ class Machine:
         self.state_file = folder / "run" / "report.json"
         self.reboot_marker = folder / "reboot-requested"
         self.trust_file = folder / "trust" / "controller.pub"
+        self.pod_resources_socket = _socket_path(folder / "pod-resources" / "kubelet.sock")
         self.events_file = (events_dir or folder / "events") / f"agent-{name}.jsonl"
         self.boot_id = ""
         self.booted_mono = time.monotonic()
@@ -190,6 +200,8 @@ class Machine:
         kube["kubeconfig"] = str(self.kubeconfig)
         # The DaemonSet mounts the ConfigMap gpuvigil-trust here (`set_trust` copies it).
         kube.setdefault("trust", {})["controller_public_key_file"] = str(self.trust_file)
+        # The kubelet's PodResources socket (the DaemonSet mounts its folder): the lab kubelet's.
+        kube.setdefault("pod_resources", {})["socket"] = str(self.pod_resources_socket)
         kube.setdefault("remediation", {})["boot_id_path"] = str(
             self.root / "proc/sys/kernel/random/boot_id"
         )
