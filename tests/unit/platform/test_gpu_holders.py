@@ -180,3 +180,13 @@ def test_garbage_never_raises(annotation, pod_status, containers):
     got = read(n, BAD, NOW, pods=[p, {"spec": {"containers": containers}}])
     assert got.pods is None or isinstance(got.pods, tuple)
     assert read(node(json.dumps(annotation)), BAD, NOW).pods is None  # never a valid message
+
+
+def test_the_agents_defaults_refresh_the_mapping_well_within_its_age_bound():
+    # The agent rewrites the message with each heartbeat; a publish may come one interval
+    # late. Two such rounds must fit in the bound, or a live agent's mapping reads stale.
+    from gpuvigil.node.agent import AgentConfig
+    from gpuvigil.node.sinks.kubernetes import KubernetesConfig
+
+    refresh = KubernetesConfig().heartbeat_interval_s + AgentConfig().publish_interval_s
+    assert 2 * refresh <= wire.MAX_AGE_S
