@@ -79,13 +79,16 @@ class PodResourcesServer:
         with self._lock:
             self._pods = dict(pods)
 
-    def _list(self, _request: bytes, _context: Any) -> bytes:
+    def _list(self, _request: bytes, context: Any) -> bytes:
+        import grpc
+
         with self._lock:
             self.calls += 1
             mode, pods = self.mode, dict(self._pods)
-        if mode == "hang":
+        if mode == "hang" or self._stopping.is_set():
             self._stopping.wait(HANG_CAP_S)
-            return b""
+            # Never an answer: an empty one would read as "no pod holds a GPU".
+            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet stopping")
         if mode == "garbage":
             return b"\x0a\xff\xff\xff\xff\x0fnot a protobuf message"
         if mode == "unnamed":
