@@ -217,3 +217,29 @@ def test_an_out_of_range_code_is_an_event_not_a_dropped_line(run_cli, tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     assert len(events) == 2 and all(not e["in_catalog"] for e in events), events
     assert all(e["status"] == "FAILED" for e in events)
+
+
+def test_event_text_is_what_the_encoder_writes():
+    """`--json` writes each event from its fields (`event_text`), not through a dict: the
+    text must stay the standard encoder's, byte for byte, for every kind of field."""
+    from datetime import UTC, datetime
+
+    from gpuvigil.commands import logscan
+    from gpuvigil.node.probes.kernel_log_parser import parse_kmsg_record, parse_line
+
+    lines = [
+        *LOG.splitlines(),
+        '[Mon Nov 30 07:31:02 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name="q\\ é", x\tz',
+        "2026-11-30T07:31:02,123456+01:00 NVRM: Xid (PCI:0000:3b:00): 48, DBE \x1b[31m\u2028",
+        "Nov 30 07:31:02 host kernel: NVRM: Xid (0000:3b:00): 999999999999999999999, unknown",
+    ]
+    events = [parse_line(ln, year=2026) for ln in lines]
+    events.append(parse_kmsg_record(b"4,1234,812441210,-;NVRM: Xid (PCI:0000:3b:00): 94, Ch 1"))
+    events = [ev for ev in events if ev is not None]
+    events.append(events[0].with_(time=datetime(2026, 1, 2, tzinfo=UTC), uptime_s=float("nan")))
+    assert len(events) == 8
+    verdicts = logscan.Verdicts()
+    for ev in events:
+        verdict = verdicts.of(ev)
+        assert logscan.event_text(ev, verdict) == logscan._ENCODE(logscan.event_json(ev, verdict))
+        assert logscan.event_text(ev) == logscan._ENCODE(logscan.event_json(ev))
