@@ -95,8 +95,8 @@ def gpu_pass(
     d = iso.decide_gpu(rec, node=node.name, problems=problems, local=local, enforced=ok,
                        holders=holders, uuids=uuids, result=node.agent_result, now=now,
                        config=gcfg)  # fmt: skip
-    if rec is None and not d.per_gpu:
-        voice.say(node.name, f"whole node: {d.reason}", now)
+    if rec is None and not d.per_gpu:  # the node's ladder decides and says why it acts
+        log.debug("node %s: whole node: %s", node.name, d.reason)
         return node
     text = node.isolation_text
     if d.store:

@@ -11,7 +11,8 @@ that several controllers over one `MemoryCluster` share: the split-brain tests a
 simulator's `split-brain` scenario elect over it.
 
 The "world" side (tests, simulator) uses `add_node`, `set_findings`, `cordon`, `fail_next`,
-`advance` and friends; the controller uses only the `Cluster` methods. Preflight runs by
+`advance`, `mark_gpu` (the device plugin takes a GPU out of allocatable; `Pod.gpu` is the
+GPU a pod holds) and friends; the controller uses only the `Cluster` methods. Preflight runs by
 itself only on a new node (the `unvalidated` taint, as the DaemonSet's first pod does);
 anywhere else only after `revalidate`, `preflight_s` later.
 """
@@ -71,6 +72,7 @@ class Pod:
     name: str
     protected: bool = False  # a disruption budget refuses its eviction
     disruption_target: bool = False  # evicted because of a node fault
+    gpu: str = ""  # the uuid of the GPU it holds (what PodResources would say), if any
 
 
 @dataclass
@@ -104,6 +106,14 @@ class MemNode:
     version: int = 1
     events: list[tuple[datetime, str, str]] = field(default_factory=list)
     actions: list[tuple[str, str]] = field(default_factory=list)  # (op, detail) done to it
+    # Per-GPU isolation (`clusters.base.GpuIsolating`): the GPUs the device plugin
+    # registers (0: unknown, the node has no GPU resource), the ones it marked unhealthy
+    # (out of allocatable), whether the agent's pod->GPU mapping is known, and the stored
+    # isolation record.
+    gpus: int = 0
+    gpus_out: set[int] = field(default_factory=set)
+    holders_known: bool = True
+    isolation_raw: str | None = None
 
 
 class MemoryLease:
@@ -185,11 +195,12 @@ class MemoryCluster:
         protected_pods: int = 0,
         unvalidated: bool = False,
         attributes: dict[str, str] | None = None,
+        gpus: int = 0,
     ) -> MemNode:
         self.machines += 1
         node = MemNode(name=name, pool=pool, labels=dict(labels or {}),
                        provider_id=f"memory:///machine-{self.machines}",
-                       attributes=dict(attributes or {}))  # fmt: skip
+                       attributes=dict(attributes or {}), gpus=gpus)  # fmt: skip
         node.labels.setdefault(self.pool_label, pool)
         node.pods = [Pod(f"{name}-p{i}") for i in range(pods)]
         node.pods += [Pod(f"{name}-pdb{i}", protected=True) for i in range(protected_pods)]
@@ -359,6 +370,9 @@ class MemoryCluster:
             version=str(node.version),
             attributes=dict(node.attributes),
             intent=decode_intent(node.intent_raw),
+            gpu_capacity=node.gpus or None,
+            gpu_allocatable=max(0, node.gpus - len(node.gpus_out)) if node.gpus else None,
+            isolation_text=node.isolation_raw,
         )
 
     def list_nodes(self) -> list[NodeView]:
@@ -386,21 +400,64 @@ class MemoryCluster:
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
         node = self._write("drain", name)
-        past = self.clock.now() >= deadline
+        st, moved = self._move(node, None, past=self.clock.now() >= deadline)
+        if moved:
+            node.actions.append(("drain", f"evicted, {st.remaining} left"))
+        return st
+
+    def _move(
+        self, node: MemNode, named: set[str] | None, *, past: bool
+    ) -> tuple[DrainStatus, bool]:
+        """Evict the pods `named` (None: all), a disruption budget's only `past` the
+        deadline; and whether any pod moved. `remaining`: the named pods left."""
         kept, blocked, forced = [], 0, 0
         for pod in node.pods:
-            if pod.protected and not past:
+            if named is not None and pod.name not in named:
+                kept.append(pod)
+            elif pod.protected and not past:
                 kept.append(pod)
                 blocked += 1
-                continue
-            forced += pod.protected
-            pod.disruption_target = True
-            node.evicted.append(pod)
-        if len(kept) != len(node.pods):
-            node.pods = kept
+            else:
+                forced += pod.protected
+                pod.disruption_target = True
+                node.evicted.append(pod)
+        left = blocked if named is not None else len(kept)
+        st = DrainStatus(remaining=left, blocked=blocked, forced=forced)
+        if len(kept) == len(node.pods):
+            return st, False
+        node.pods = kept
+        node.version += 1
+        return st, True
+
+    # ---- one GPU (clusters.base.GpuIsolating) ------------------------------------------
+
+    def mark_gpu(self, name: str, index: int, *, out: bool = True) -> None:
+        """World side: the device plugin marks GPU `index` unhealthy (`out`) or, as after a
+        plugin restart, healthy again."""
+        node = self.nodes[name]
+        (node.gpus_out.add if out else node.gpus_out.discard)(index)
+        node.version += 1
+
+    def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
+        node = self._call("gpu_holders", name)
+        assert node is not None
+        if not node.holders_known:
+            return None
+        return sorted(p.name for p in node.pods if p.gpu == gpu_uuid)
+
+    def evict(self, name: str, pods: list[str], *, deadline: datetime, reason: str) -> DrainStatus:
+        node = self._write("evict", name)
+        st, moved = self._move(node, set(pods), past=self.clock.now() >= deadline)
+        if moved:
+            node.actions.append(("evict", reason))
+        return st
+
+    def store_isolation(self, name: str, text: str | None) -> None:
+        node = self._write("store_isolation", name)
+        if text != node.isolation_raw:
+            node.isolation_raw = text
             node.version += 1
-            node.actions.append(("drain", f"evicted, {len(kept)} left"))
-        return DrainStatus(remaining=len(kept), blocked=blocked, forced=forced)
+            node.actions.append(("isolation", "stored" if text else "deleted"))
 
     def request(self, name: str, *, action: Action, request_id: str, gpus: list[int]) -> None:
         node = self._write("request", name)
@@ -433,7 +490,7 @@ class MemoryCluster:
         self.replaced.append(name)
         if self.replace_adds_node:  # like Karpenter / a node group: a fresh machine arrives
             self.add_node(name, pool=node.pool, labels=node.labels, unvalidated=True,
-                          attributes=node.attributes)  # fmt: skip
+                          attributes=node.attributes, gpus=node.gpus)  # fmt: skip
 
     def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
         node = self._write("store", name)

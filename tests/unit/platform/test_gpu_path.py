@@ -1,0 +1,68 @@
+"""The controller's per-GPU path over the in-memory cluster (virtual time): the same loop as
+on Kubernetes (tests/integration/controller/test_gpu_isolation.py), many passes cheaply."""
+
+from __future__ import annotations
+
+from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.wire import FindingSummary
+from gpuvigil.platform.clusters.memory import MemoryCluster, Pod
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.isolation import decode_isolation
+from gpuvigil.platform.policy import PolicyConfig
+from gpuvigil.platform.state import State
+
+CFG = ControllerConfig(policy=PolicyConfig(fatal_grace_s=0, suspect_grace_s=0))
+
+
+def bad(gpu: int = 3, code: str = "XID_48", action: Action = Action.RESET_GPU) -> FindingSummary:
+    return FindingSummary(code=code, component=f"gpu:{gpu}", status=Status.FAILED, action=action,
+                          fatal=True, check="xid", uuid=f"GPU-{gpu}")  # fmt: skip
+
+
+def machine(*, fixed_by: Action | None = Action.RESET_GPU) -> tuple[MemoryCluster, Controller]:
+    c = MemoryCluster()
+    node = c.add_node("n1", gpus=8)
+    node.pods = [Pod("holder", gpu="GPU-3"), Pod("other", gpu="GPU-5"), Pod("cpu")]
+    c.set_findings("n1", [bad()], fixed_by=fixed_by)
+    c.mark_gpu("n1", 3)
+    return c, Controller(c, config=CFG, clock=c.clock.now)
+
+
+def isolation(c: MemoryCluster):  # type: ignore[no-untyped-def]
+    return decode_isolation(c.nodes["n1"].isolation_raw)
+
+
+def test_cured_by_its_reset_without_the_node_leaving_service() -> None:
+    c, ctl = machine()
+    for _ in range(6):
+        ctl.reconcile()
+        assert not c.nodes["n1"].our_taints  # never blocked
+        c.advance(15)
+    assert [p.name for p in c.nodes["n1"].evicted] == ["holder"]
+    assert isolation(c) is None and not c.nodes["n1"].faults
+    ops = [op for op, _ in c.nodes["n1"].actions]
+    assert ops.count("request") == 1 and "drain" not in ops
+    rec = ctl.cluster.get_node("n1").record
+    assert rec is not None and rec.state is State.HEALTHY
+    assert rec.episodes[-1].outcome == "cured:RESET_GPU" and rec.episodes[-1].gpu == "GPU-3"
+
+
+def test_a_second_bad_gpu_turns_the_whole_node_ladder_on() -> None:
+    c, ctl = machine(fixed_by=None)  # nothing cures it
+    for _ in range(4):
+        ctl.reconcile()
+        c.advance(40)
+    assert isolation(c).step == "isolated" and not c.nodes["n1"].our_taints
+    c.set_findings("n1", [bad(), bad(5)], fixed_by=None)
+    r = ctl.reconcile()
+    assert isolation(c) is None
+    assert r.decisions["n1"].state in (State.SUSPECT, State.DRAINING)
+    assert "unhealthy" in c.nodes["n1"].our_taints
+
+
+def test_without_gpu_resources_or_a_plugin_that_disagrees_the_node_ladder_runs() -> None:
+    c, ctl = machine()
+    c.mark_gpu("n1", 3, out=False)  # allocatable full: the device plugin disagrees
+    r = ctl.reconcile()
+    assert isolation(c) is None and r.decisions["n1"].state is State.DRAINING
+    assert c.calls["gpu_holders"] == 0
