@@ -75,10 +75,22 @@ def node_row(v: NodeView) -> dict[str, Any]:
         "episodes": [
             {"start": e.start.isoformat(), "end": e.end.isoformat(), "codes": list(e.codes),
              "steps": [a.value for a in e.steps], "outcome": e.outcome,
-             "released_by": e.released_by}
+             "released_by": e.released_by, "gpu": e.gpu}
             for e in (rec.episodes if rec else ())
         ],
+        # the one GPU out of service while the node stays in (platform.isolation)
+        "gpu_isolated": _isolated(v),
     }  # fmt: skip
+
+
+def _isolated(v: NodeView) -> dict[str, Any] | None:
+    from gpuvigil.platform.isolation import decode_isolation
+
+    got = decode_isolation(v.isolation_text)
+    if got is None:
+        return None
+    return {"index": got.index, "gpu_uuid": got.gpu_uuid, "step": got.step, "code": got.code,
+            "since": got.since.isoformat(), "reason": got.reason, "scope": got.scope}  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

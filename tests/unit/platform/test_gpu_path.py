@@ -53,6 +53,11 @@ def test_a_second_bad_gpu_turns_the_whole_node_ladder_on() -> None:
         ctl.reconcile()
         c.advance(40)
     assert isolation(c).step == "isolated" and not c.nodes["n1"].our_taints
+    from gpuvigil.commands.nodes import node_row
+
+    row = node_row(c.get_node("n1"))  # what `gpuvigil nodes --json` shows
+    assert row["gpu_isolated"]["index"] == 3 and row["gpu_isolated"]["step"] == "isolated"
+    assert row["state"] == "HEALTHY" and row["episodes"][-1]["gpu"] == "GPU-3"
     c.set_findings("n1", [bad(), bad(5)], fixed_by=None)
     r = ctl.reconcile()
     assert isolation(c) is None
