@@ -114,6 +114,8 @@ def gpu_pass(
                 why = f"{st.forced} holder(s) of gpu:{op.index} at the deadline"
                 voice.event(node.name, Kind.REMEDIATION, now, action="EVICT", result="forced",
                             reason=why)  # fmt: skip
+                # a disruption budget was overridden: people must hear of it
+                voice.cluster_event(node.name, "GpuIsolation", f"{why} (past the PDB)", True)
         elif op.kind == "reset" and d.record is not None:
             cluster.request(node.name, action=Action.RESET_GPU, request_id=op.request_id,
                             gpus=[op.index])  # fmt: skip

@@ -12,13 +12,14 @@ import uuid
 from typing import Any
 
 import pytest
-from ctl_helpers import agent, kube_cluster  # noqa: F401  (fixtures)
+from ctl_helpers import agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
 
 from gpuvigil.core import holders as holders_wire
 from gpuvigil.core import wire
 from gpuvigil.core.findings import Action, Status, utcnow
 from gpuvigil.core.wire import FindingSummary
 from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.gpu_path import IsolationConfig
 from gpuvigil.platform.isolation import ISOLATION_ANNOTATION, decode_isolation
 from gpuvigil.platform.policy import PolicyConfig
 from gpuvigil.platform.safety import SafetyConfig
@@ -41,14 +42,17 @@ def xid(code: int, gpu: int = 3, uuid_: str = BAD) -> FindingSummary:
     )
 
 
-def setup(kube: Any, *, allocatable: int = 7, mapping: bool = True) -> tuple[str, str]:
+def setup(
+    kube: Any, *, allocatable: int = 7, mapping: bool = True, app: str = ""
+) -> tuple[str, str]:
     tag = uuid.uuid4().hex[:6]
     name = kube.create_node(f"gpu-{tag}", labels={"fleet": tag})
     kube.core().patch_node_status(
         name, {"status": {"allocatable": {"nvidia.com/gpu": str(allocatable)}}}
     )
     ns = kube.namespace()
-    kube.create_running_pod(name, namespace=ns, name="holder", gpus=1)
+    labels = {"app": app} if app else {}
+    kube.create_running_pod(name, namespace=ns, name="holder", gpus=1, labels=labels)
     kube.create_running_pod(name, namespace=ns, name="other", gpus=1)
     kube.create_running_pod(name, namespace=ns, name="cpu-only")
     if mapping:
@@ -60,10 +64,11 @@ def setup(kube: Any, *, allocatable: int = 7, mapping: bool = True) -> tuple[str
     return name, ns
 
 
-def controller(c: Any, metrics: Any = None) -> Controller:
+def controller(c: Any, metrics: Any = None, **isolation: Any) -> Controller:
     cfg = ControllerConfig(
         policy=PolicyConfig(fatal_grace_s=0, suspect_grace_s=0),
         safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
+        isolation=IsolationConfig(**isolation),
     )
     return Controller(c, config=cfg, metrics=metrics)
 
@@ -191,3 +196,29 @@ def test_a_node_someone_else_blocked_is_left_alone(kube, kube_cluster, agent) ->
     controller(c).reconcile()
     assert look(kube, name)[2] is None
     assert pods(kube, ns) == {"holder", "other", "cpu-only"}
+
+
+def test_a_pdb_holds_the_holders_eviction_until_the_deadline(kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    kube.start_disruption_controller()
+    app = uuid.uuid4().hex[:6]
+    name, ns = setup(kube, app=app)
+    kube.guard_with_pdb(ns, app)
+    agent.publish(name, xid(48))
+    c = kube_cluster(node_selector=f"fleet={name.split('-')[1]}")
+    ctl = controller(c, evict_timeout_s=4)
+    ctl.reconcile()  # the Eviction API says 429: the holder stays, nothing is forced
+    assert pods(kube, ns) == {"holder", "other", "cpu-only"}
+    assert look(kube, name)[2].step == "evicting"
+    time.sleep(4.5)
+    agent.publish(name, xid(48))  # a fresh report, as the agent's heartbeat
+    ctl.reconcile()  # past the deadline: removed, as a drain removes what is left
+    assert pods(kube, ns) == {"other", "cpu-only"}
+
+    def said() -> bool:  # Events go out from the recorder's own thread
+        got = kube.core().list_event_for_all_namespaces(field_selector="reason=GpuIsolation")
+        return any(e.involved_object.name == name and "PDB" in (e.message or "")
+                   for e in got.items)  # fmt: skip
+
+    wait_for(said, 10, "a warning Event for the holder removed past its PDB")
