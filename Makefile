@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CPU build of PyTorch; a bare `torch` would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo lab test venv system-deps kube lint unit clean image
+.PHONY: demo lab test venv system-deps kube lint unit clean image bench
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ lint: venv
 
 test: venv system-deps kube lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The benchmarks that compare with other tools (docs/performance.md); ripgrep is installed
+# for bench/logscan.py only, never for the tests.
+bench: venv
+	scripts/bootstrap-bench.sh
+	PYTHONPATH=src $(PY) bench/logscan.py
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

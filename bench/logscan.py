@@ -14,10 +14,13 @@ whole command), in wall time and in CPU time (user + system of the process, best
 on a shared machine the CPU ratio is the steadier one.
 
 Both densities (1% and 0.01%) in one run by default; ripgrep (`rg -c Xid`) beside grep
-when it is installed; `gpuvigil analyze --json --kind kernel-log` on the same log, with
-its ratio to logscan.
+when it is installed (`make bench` installs it; the run says when it is absent);
+`gpuvigil analyze --json --kind kernel-log` on the same log, with its ratio to logscan;
+then `analyze` once on a 2 GiB log (the first density's log concatenated until it is
+2 GiB, as rotated logs are: the target is an answer within 30 s; `--gib 0` skips it).
 
-    PYTHONPATH=src python bench/logscan.py [--mb 200] [--runs 3] [--event-pct 1 0.01]
+    make bench    # or: PYTHONPATH=src python bench/logscan.py [--mb 200] [--runs 3]
+                  #     [--event-pct 1 0.01] [--gib 2]
 """
 
 from __future__ import annotations
@@ -125,15 +128,45 @@ def main() -> None:
         help="share of lines that are Xid/SXid events, in %% (1: an Xid storm; 0.01: a node "
         "with a few bad days); each is its own log, all in one run (default: both)",
     )
+    ap.add_argument("--gib", type=float, default=2.0, help="size of the big analyze log")
     args = ap.parse_args()
     grep = shutil.which("grep")
     if grep is None:
         sys.exit("grep not found")
     rg = shutil.which("rg")  # ripgrep, reported when installed
-    for pct in args.event_pct:
-        with tempfile.TemporaryDirectory(prefix="gpuvigil-bench-") as tmp:
-            one(Path(tmp) / "kern.log", mb=args.mb, runs=args.runs, pct=pct, grep=grep, rg=rg)
-    print("target: the whole logscan command >= 0.5x of grep; analyze within 1.5x of logscan")
+    if rg is None:
+        print("ripgrep (rg) is not installed: no ripgrep figures (`make bench` installs it)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
+    with tempfile.TemporaryDirectory(prefix="gpuvigil-bench-") as tmp:
+        for i, pct in enumerate(args.event_pct):
+            log = Path(tmp) / f"kern-{i}.log"
+            one(log, mb=args.mb, runs=args.runs, pct=pct, grep=grep, rg=rg)
+        if args.gib > 0:
+            big(Path(tmp) / "kern-0.log", Path(tmp) / "big.log", gib=args.gib)
+    print("targets: the whole logscan command >= 0.5x of grep; analyze within 1.5x of "
+          "logscan; analyze on 2 GiB within 30 s")  # fmt: skip
+
+
+def big(src: Path, log: Path, *, gib: float) -> None:
+    """`analyze` once on a log of `gib` GiB: `src` concatenated (rotated logs, cat'ed)."""
+    target = int(gib * 1024**3)
+    with log.open("wb") as out, src.open("rb") as f:
+        while out.tell() < target:
+            f.seek(0)
+            shutil.copyfileobj(f, out, length=8 << 20)
+        out.truncate(target)  # may cut the last line: a partial line, as a live log has
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    argv = [sys.executable, "-m", "gpuvigil", "analyze", "--json", "--kind", "kernel-log",
+            str(log)]  # fmt: skip
+    t0, c0 = time.perf_counter(), _cpu()
+    with open(os.devnull, "wb") as null:
+        done = subprocess.run(argv, stdout=null, env=env, check=False)
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    print(
+        f"--- analyze on {log.stat().st_size / 1024**3:.1f} GiB: wall {wall:.1f} s, CPU "
+        f"{cpu:.1f} s, exit {done.returncode} (target: an answer within 30 s)"
+    )
+    log.unlink()
 
 
 def one(log: Path, *, mb: int, runs: int, pct: float, grep: str, rg: str | None) -> None:
@@ -184,15 +217,17 @@ def one(log: Path, *, mb: int, runs: int, pct: float, grep: str, rg: str | None)
     rows = [("parser (in-process):    ", t_parse, c_parse),
             ("gpuvigil logscan --json:", t_cli, c_cli),
             ("gpuvigil analyze --json:", t_an, c_an)]  # fmt: skip
+    t_rg = c_rg = None
     if rg is not None:
         t_rg, c_rg, _ = best(lambda: run_grep(rg), runs)
         rows.insert(0, ("rg -c Xid (ripgrep):    ", t_rg, c_rg))
     else:
         print("rg -c Xid (ripgrep):     not installed")
     for name, t, c in rows:
+        vs_rg = "" if t_rg is None else f"; to rg: wall {t_rg / t:.2f}x, CPU {c_rg / c:.2f}x"
         print(
             f"{name} wall {t:7.3f} s ({mbs / t:5.0f} MB/s)  CPU {c:6.3f} s   ratio to grep: "
-            f"wall {t_grep / t:.2f}x, CPU {c_grep / c:.2f}x"
+            f"wall {t_grep / t:.2f}x, CPU {c_grep / c:.2f}x{vs_rg}"
         )
     print(f"analyze / logscan: wall {t_an / t_cli:.2f}x, CPU {c_an / c_cli:.2f}x")
 
