@@ -205,6 +205,7 @@ def _stream_log(run: _Run, inp: Input) -> list[Finding]:
             tz=run.opts.tz,
             now=utcnow(),
             max_bytes=run.opts.max_bytes,  # type: ignore[arg-type]
+            stop_on=(InputError,),  # the deadline: what was read is judged, a failure wins
         )
     except InputError as e:
         return [_could_not_tell(inp.name, str(e), check=kernel_log_capture.CHECK)]

@@ -78,7 +78,11 @@ def read_capture(
     year: int | None = None,
     max_bytes: int | None = None,
     chunk_size: int | None = None,
+    stop_on: tuple[type[Exception], ...] = (),
 ) -> Capture:
+    """`stop_on`: errors of `stream` (its deadline) that end the read with what was read
+    so far kept and judged, as at the size cap (a failure already seen still counts),
+    the rest being "could not tell". Raised as before when nothing was read."""
     stats = LineStats()
     year = year or now.year
     events: list[XidEvent] = []
@@ -90,23 +94,28 @@ def read_capture(
         stream, needles(), max_bytes=max_bytes, stats=stats, give_up=GIVE_UP_BINARY, **kw
     )
     anchors = _phrase_lines()
-    for raw in lines:
-        line = raw.decode("utf-8", errors="replace")
-        if any(a in raw for a in anchors):  # on a found line only: a few per log
-            said.feed(line)
-        if _XID in raw:
-            ev = parse_line(line, source="file", tz=tz, year=year)
-            if ev is not None:
-                events.append(fix_year(ev, now))
-        if _LOAD in raw:
-            stamp = driver_load_stamp(line, tz=tz, year=year)
-            if (
-                stamp is not None
-                and stamp.time is not None
-                and (loaded is None or stamp.time > loaded)
-            ):
-                loaded = stamp.time
-        faults.feed(line)
+    try:
+        for raw in lines:
+            line = raw.decode("utf-8", errors="replace")
+            if any(a in raw for a in anchors):  # on a found line only: a few per log
+                said.feed(line)
+            if _XID in raw:
+                ev = parse_line(line, source="file", tz=tz, year=year)
+                if ev is not None:
+                    events.append(fix_year(ev, now))
+            if _LOAD in raw:
+                stamp = driver_load_stamp(line, tz=tz, year=year)
+                if (
+                    stamp is not None
+                    and stamp.time is not None
+                    and (loaded is None or stamp.time > loaded)
+                ):
+                    loaded = stamp.time
+            faults.feed(line)
+    except stop_on as e:
+        if not stats.bytes_read:
+            raise
+        stats.stopped = str(e)
     times = [ev.time for ev in events if ev.time is not None]
     last = stats.last_line.decode("utf-8", errors="replace")
     end = stamp_before(last, len(last), tz=tz, year=year).time if last else None
@@ -151,6 +160,14 @@ def judge(
     stats = capture.stats
     if capture.unreadable:
         out.append(_could_not_tell(capture.unreadable, stats))
+    if stats.stopped:
+        out.append(
+            _could_not_tell(
+                f"only the first {stats.bytes_read} bytes were read ({stats.stopped}): "
+                "events after them are unknown",
+                stats,
+            )
+        )
     if stats.truncated:
         out.append(
             _could_not_tell(

@@ -79,6 +79,7 @@ class LineStats:
     long_lines: int = 0
     last_line: bytes = b""  # the last non-empty line (capped), for the capture's end time
     truncated: bool = False  # stopped at max_bytes
+    stopped: str | None = None  # why the stream ended early (its reader's deadline)
     # NUL and other C0 bytes except \t \n \r \f \v: exact in the first chunk, then
     # estimated from the first CONTROL_SAMPLE bytes of each chunk (binary data is binary
     # throughout; counting every byte of a 200 MB log cost a third of logscan's scan).

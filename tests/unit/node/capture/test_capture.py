@@ -285,3 +285,35 @@ def test_a_2_gib_file_of_nul_bytes_is_answered_fast(tmp_path: Path) -> None:
     assert report.exit_code() == 2
     (why,) = [f.message for f in report.problems]
     assert "not text" in why and "stopped after" in why, why
+
+
+def test_a_log_cut_by_the_read_deadline_is_judged_for_what_was_read(tmp_path: Path) -> None:
+    """A FIFO whose writer sent an Xid 79 (and more) then hung: the read deadline ends the read,
+    the Xid already read still fails the node (a definite failure wins, as at the size
+    cap), and the rest is "could not tell"."""
+    import os
+    import threading
+
+    fifo = tmp_path / "dmesg.fifo"
+    os.mkfifo(fifo)
+    release = threading.Event()
+
+    def writer() -> None:
+        with fifo.open("wb") as f:
+            f.write(b"[  812.4] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n")
+            f.write(b"[  812.5] pci 0000:3b:00.0: [10de:2330] type 00 class 0x030200\n" * 2000)
+            f.flush()  # more than the head that opening the input reads
+            release.wait(30)  # holds the FIFO open past the reader's deadline
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        opts = Options(node=NodeConfig(), expect=Expect(), timeout_s=1.0)
+        report, _ = analyze([(str(fifo), "kernel-log")], opts=opts)
+    finally:
+        release.set()
+        t.join(10)
+    codes = {f.code: f for f in report.problems}
+    assert codes["XID_79"].status is Status.FAILED, codes
+    assert "read deadline" in codes["CHECK_ERROR"].message, codes["CHECK_ERROR"].message
+    assert report.exit_code() == 1
