@@ -52,7 +52,7 @@ from gpuvigil.platform.clusters.base import (
     Unavailable,
 )
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
-from gpuvigil.platform.gpu_path import IsolationConfig, gpu_pass
+from gpuvigil.platform.gpu_path import IsolationConfig, converge, gpu_pass
 from gpuvigil.platform.isolation import decode_isolation
 from gpuvigil.platform.leader import LeaderElector, LeaseSettings
 from gpuvigil.platform.memo import DecisionMemo
@@ -205,6 +205,7 @@ class Controller:
                     node = gpu_pass(self.cluster, node, fleet=fleet, now=now,
                                     policy=self.config.policy, config=self.config.isolation,
                                     voice=self.voice)  # fmt: skip
+                    converge(self.cluster, node, config=self.config.isolation)
             except Fenced as e:
                 self._fenced.set()
                 self.voice.api_error(e)

@@ -92,7 +92,9 @@ def gpu_pass(
         return node
     uuids = iso.uuids_of(problems)
     target = rec.gpu_uuid if rec is not None else uuids.get(fault.index) if fault else None
-    ok = enforced(node)
+    # the cluster's own word where it has one (Slurm: the degrade procedure, verified)
+    gpu_enforced = getattr(cluster, "gpu_enforced", None)
+    ok = gpu_enforced(node) if gpu_enforced is not None else enforced(node)
     holders = cluster.gpu_holders(node.name, target) if target and ok else None
     gcfg = iso.GpuConfig(
         fatal_grace_s=policy.fatal_grace_s,
@@ -102,7 +104,8 @@ def gpu_pass(
     )
     d = iso.decide_gpu(rec, node=node.name, problems=problems, local=local, enforced=ok,
                        holders=holders, uuids=uuids, result=node.agent_result, now=now,
-                       config=gcfg)  # fmt: skip
+                       config=gcfg, scope_kind=getattr(cluster, "isolation_scope", "device-plugin"),
+                       reset_supported=getattr(cluster, "gpu_reset_supported", True))  # fmt: skip
     if rec is None and not d.per_gpu:  # the node's ladder decides and says why it acts
         log.debug("node %s: whole node: %s", node.name, d.reason)
         return node
@@ -133,6 +136,14 @@ def gpu_pass(
     # The node's policy judges this pass with the record as stored now; the stored
     # version moved, so its own write (if any) re-reads first (a Conflict, as a heartbeat).
     return dataclasses.replace(node, isolation_text=text)
+
+
+def converge(cluster: Cluster, node: NodeView, *, config: IsolationConfig) -> None:
+    """After `gpu_pass`: a cluster that enforces the record itself (`converge_isolation`:
+    Slurm's degraded node) makes the node match it, every pass, a record or none."""
+    match = getattr(cluster, "converge_isolation", None)
+    if config.enabled and match is not None:
+        match(node.name, node.isolation_text)
 
 
 def _announce(

@@ -244,6 +244,7 @@ def decide_gpu(
     uuids: Mapping[int, str],
     result: AgentResult | None = None,
     scope_kind: Scope = "device-plugin",
+    reset_supported: bool = True,
     now: datetime,
     config: GpuConfig | None = None,
 ) -> GpuDecision:
@@ -252,13 +253,16 @@ def decide_gpu(
     `problems`: the node's blocking findings (`problems_of`); `enforced`: the cluster
     keeps new work off the GPU (device plugin: allocatable below capacity); `holders`:
     the pods or jobs holding the GPU (None: unknown); `uuids`: index -> uuid of the GPUs
-    now; `result`: the agent's latest remediation answer.
+    now; `result`: the agent's latest remediation answer; `reset_supported`: the cluster
+    can reset one GPU (Slurm cannot: its reset is a node reboot), else the GPU is isolated
+    as soon as nobody holds it.
     """
     cfg = config or GpuConfig()
     fault = scope(problems, local=local)
     if record is None:
         return _start(node, fault, problems, local=local, enforced=enforced, holders=holders,
-                      uuids=uuids, scope_kind=scope_kind, now=now, config=cfg)  # fmt: skip
+                      uuids=uuids, scope_kind=scope_kind, now=now, config=cfg,
+                      reset=reset_supported)  # fmt: skip
     rec = record
 
     def give_back(why: str) -> GpuDecision:  # the node's ladder takes over, fail closed
@@ -295,7 +299,7 @@ def decide_gpu(
             op = GpuOp("evict", rec.index, holders=tuple(holders), deadline=deadline)
             return GpuDecision(rec, True, f"evicting {len(holders)} holder(s) of "
                                f"gpu:{rec.index}", (op,))  # fmt: skip
-        return _after_evict(rec, fault, now)
+        return _after_evict(rec, fault, now, reset=reset_supported)
     if rec.step == "resetting":
         step_age = (now - (rec.step_since or rec.since)).total_seconds()
         if _answered(rec, result, ok=False):
@@ -324,6 +328,7 @@ def _start(
     scope_kind: Scope,
     now: datetime,
     config: GpuConfig,
+    reset: bool = True,
 ) -> GpuDecision:
     if fault is None:
         return GpuDecision(None, False, why_whole_node(problems, local=local))
@@ -345,14 +350,17 @@ def _start(
         d = decide_gpu(rec, node=node, problems=problems, local=local, enforced=True,
                        holders=holders, uuids=uuids, now=now, config=config)  # fmt: skip
         return GpuDecision(rec, True, d.reason, d.ops, store=True)
-    d = _after_evict(rec, fault, now)
+    d = _after_evict(rec, fault, now, reset=reset)
     return GpuDecision(d.record, True, d.reason, d.ops, store=True, episode=d.episode)
 
 
-def _after_evict(rec: Isolation, fault: GpuFault, now: datetime) -> GpuDecision:
-    """Nobody holds the GPU: reset it, unless its fault needs a new GPU."""
+def _after_evict(rec: Isolation, fault: GpuFault, now: datetime, *, reset: bool) -> GpuDecision:
+    """Nobody holds the GPU: reset it, unless its fault needs a new GPU or the cluster
+    cannot reset one GPU."""
     if fault.action.rank >= Action.REPLACE.rank:
         return _isolate(rec, now, f"{fault.code} needs a new GPU", reset=False)
+    if not reset:
+        return _isolate(rec, now, f"{fault.code}: no per-GPU reset here", reset=False)
     rid = _request_id(rec.node, rec.index, now)
     nxt = rec.model_copy(update={"step": "resetting", "step_since": now, "request_id": rid})
     op = GpuOp("reset", rec.index, request_id=rid)

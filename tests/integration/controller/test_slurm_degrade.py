@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ctl_helpers import health
 
+from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.wire import FindingSummary
 from gpuvigil.node import slurm_conf as sc
 from gpuvigil.platform.clusters.base import Forbidden, Unavailable
 from gpuvigil.platform.clusters.settings import SlurmDegradeSettings, SlurmSettings
 from gpuvigil.platform.clusters.slurm import SlurmCluster
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.gpu_path import IsolationConfig
+from gpuvigil.platform.isolation import decode_isolation
+from gpuvigil.platform.policy import PolicyConfig
+from gpuvigil.platform.safety import SafetyConfig
+from gpuvigil.platform.state import State
 from realparts import slurm as slurm_mod
 from realparts.fixtures import _session
 
@@ -214,3 +223,57 @@ def test_someone_elses_drain_and_unverifiable_enforcement_are_refused(site) -> N
     assert adapter(site, enforcement="cgroup").gpu_isolation_unavailable() == (
         "TaskPlugin is 'task/none', not task/cgroup"
     )
+
+
+def test_the_controller_degrades_for_one_gpu_and_restores_after_the_repair(site, capsys) -> None:  # type: ignore[no-untyped-def]
+    """XID_94 (GPU-local) on gpu2's GPU 3, a job holding 2 of its GPUs: the controller's GPU
+    path drains gpu2 naming the GPU, requeues the job at the evict deadline, degrades the
+    node to 7 and resumes it, without the node's ladder; a clean summary restores 8."""
+    c = adapter(site)
+    bad = FindingSummary(code="XID_94", component="gpu:3", status=Status.FAILED,
+                         action=Action.RESET_GPU, check="xid", uuid=UUID)  # fmt: skip
+    cfg = ControllerConfig(
+        cluster="slurm",
+        policy=PolicyConfig(fatal_grace_s=0, suspect_grace_s=0),
+        safety=SafetyConfig(max_disrupted=2, max_disrupted_percent=100),
+        isolation=IsolationConfig(evict_timeout_s=2),
+    )
+    ctl = Controller(c, config=cfg)
+    job = site.run("sbatch", "--requeue", "-w", "gpu2", "--gres=gpu:2", "-o", "/dev/null",
+                   "--wrap", "sleep 300").stdout.split()[-1]  # fmt: skip
+    while "gpu:2" not in site.run("scontrol", "show", "node", "gpu2", "-d").stdout:
+        time.sleep(0.3)
+
+    def passes(findings: dict[str, tuple[FindingSummary, ...]], until: Any) -> float:
+        t0 = time.monotonic()
+        while True:
+            for n in site.names:
+                site.run(
+                    "scontrol", "update", f"NodeName={n}", f"Extra={health(*findings.get(n, ()))}"
+                )
+            ctl.reconcile()
+            v = c.get_node("gpu2")
+            assert v.record is None or v.record.state is State.HEALTHY, v.record  # no ladder
+            if until():
+                return time.monotonic() - t0
+            assert time.monotonic() - t0 < 120, show(site, "gpu2")
+            time.sleep(0.5)
+
+    def gpus(n: int) -> bool:
+        return show(site, "gpu2")["Gres"] == f"gpu:{n}" and site.node_state("gpu2") == "IDLE"
+
+    took = passes({"gpu2": (bad,)}, lambda: gpus(7))
+    rec = decode_isolation(c.get_node("gpu2").isolation_text)
+    assert rec is not None and (rec.scope, rec.step, rec.index) == ("slurm", "isolated", 3)
+    state = site.run("squeue", "-h", "-j", job, "-o", "%T %N").stdout.split()
+    assert state[:1] != ["RUNNING"] or state[1:] != ["gpu2"]  # requeued off the bad node
+    site.run("scancel", job)
+    r = srun(site, "-w", "gpu2", "--gres=gpu:7")
+    assert r.returncode == 0 and "CVD=0,1,2,4,5,6,7" in r.stdout, r.stdout + r.stderr
+
+    back = passes({}, lambda: gpus(8))  # the repair: the GPU's findings cleared
+    assert c.get_node("gpu2").isolation_text is None
+    assert not sc.markers((site.dir / "gres.conf").read_text())
+    with capsys.disabled():
+        print(f"\n[slurm controller] XID_94 -> 7-GPU resume {took:.1f} s (a 2 s evict "
+              f"deadline included), clean -> 8 GPUs {back:.1f} s")  # fmt: skip

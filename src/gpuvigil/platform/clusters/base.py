@@ -150,7 +150,13 @@ class DrainStatus:
 class GpuIsolating(Protocol):
     """What a cluster that can take one GPU out of service offers besides `Cluster`
     (Kubernetes with the device plugin; docs/controller.md "Per-GPU isolation"). The
-    controller takes the per-GPU path only on an adapter that has these."""
+    controller takes the per-GPU path only on an adapter that has these.
+
+    Optional (Slurm's degraded node, `clusters.slurm_degrade`): `isolation_scope`
+    (`isolation.Scope`, default "device-plugin"); `gpu_reset_supported` (default True);
+    `gpu_enforced(node) -> bool` (default: allocatable below capacity); and
+    `converge_isolation(name, text)`, called after every pass of the GPU's ladder to make
+    the node match the record as stored (a record: degrade; none: restore)."""
 
     def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
         """The pods ("ns/name") holding that GPU now; None when that cannot be known."""

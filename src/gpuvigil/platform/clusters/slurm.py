@@ -55,7 +55,9 @@ from gpuvigil.platform.clusters.base import (
     unfenced,
 )
 from gpuvigil.platform.clusters.settings import SlurmSettings
+from gpuvigil.platform.clusters.slurm_degrade import PREFIX as GPU_REASON
 from gpuvigil.platform.clusters.slurm_degrade import Degrader, Progress
+from gpuvigil.platform.clusters.slurm_isolation import SlurmIsolation
 from gpuvigil.platform.clusters.slurm_lease import FileLease
 from gpuvigil.platform.state import (
     DEFAULT_POOL,
@@ -128,6 +130,7 @@ def view(
     *,
     replace_supported: bool = False,
     pool_label: str = POOL_LABEL,
+    isolation_text: str | None = None,
 ) -> NodeView:
     """One `sinfo --json` node -> NodeView (pure; unit-tested on recorded output). Its
     partition is also its `pool_label` label, where the breaker and the budgets look."""
@@ -138,8 +141,11 @@ def view(
     ours = parse_tag(reason.split(" : ", maxsplit=1)[0]) is not None
     drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
     down = bool(flags & {"DOWN", "FAIL", "FAILING"})
+    # A degraded-node drain (`clusters.slurm_degrade`) is the GPU path's, not the node
+    # ladder's (never lifted by it) nor someone else's.
+    gpu_drain = reason.startswith(GPU_REASON)
     others = []
-    if (drained or down) and not ours:
+    if (drained or down) and not ours and not gpu_drain:
         others.append(f"slurm:{'drain' if drained else 'down'}:{reason or '-'}")
     extra = str(raw.get(wire.SLURM_HEALTH_FIELD.lower()) or "")
     health = wire.decode_health(extra)
@@ -178,6 +184,7 @@ def view(
         intent_supported=False,  # Comment holds the record, Extra the health summary
         replace_supported=replace_supported,  # only through a hook: else quarantine at once
         attributes=facts(raw),
+        isolation_text=isolation_text,
     )
 
 
@@ -197,6 +204,7 @@ class SlurmCluster:
         )
         self.calls = self.client.calls
         self._lease: FileLease | None = None
+        self.isolation = SlurmIsolation(self)
 
     def _run(self, tool: str, *args: str) -> str:
         timeout = None
@@ -242,7 +250,9 @@ class SlurmCluster:
 
     def _view(self, raw: dict[str, Any], running: int) -> NodeView:
         hook = bool(self.settings.replace_hook)
-        return view(raw, running, replace_supported=hook, pool_label=self.pool_label)
+        iso = self.isolation.text(str(raw.get("name"))) if self.settings.degrade.enabled else None
+        return view(raw, running, replace_supported=hook, pool_label=self.pool_label,
+                    isolation_text=iso)  # fmt: skip
 
     def _update(self, name: str, *fields: str) -> None:
         self._run("scontrol", "update", f"NodeName={name}", *fields)
@@ -350,6 +360,27 @@ class SlurmCluster:
         if not self.settings.degrade.node_conf:
             return "controller.slurm.degrade.node_conf is not set"
         return self._degrader().enforced()
+
+    # -- per-GPU isolation (clusters.base.GpuIsolating; clusters.slurm_isolation) ----------
+    isolation_scope = "slurm"
+    gpu_reset_supported = False  # a Slurm reset is a node reboot: isolate until replaced
+
+    def gpu_enforced(self, node: NodeView) -> bool:
+        """The degraded-node procedure is on and verified (`degrade.enforcement`)."""
+        return self.gpu_isolation_unavailable() is None
+
+    def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
+        return self.isolation.holders(name)
+
+    def evict(self, name: str, pods: list[str], *, deadline: datetime, reason: str) -> DrainStatus:
+        return self.isolation.evict(name, pods, deadline=deadline)
+
+    def store_isolation(self, name: str, text: str | None) -> None:
+        self.isolation.store(name, text)
+
+    def converge_isolation(self, name: str, text: str | None) -> None:
+        if self.settings.degrade.enabled:
+            self.isolation.converge(name, text)
 
     def _degrader(self) -> Degrader:
         if not self.settings.degrade.enabled:

@@ -61,10 +61,10 @@ def _ours(text: str) -> bool:
     return text.startswith(PREFIX) or parse_tag(text.split(" : ", 1)[0]) is not None
 
 
-def _gpu_jobs(jobs: list[dict[str, Any]]) -> int:
-    """Running jobs that hold (or may hold) a GPU: any GRES detail or GPU request counts."""
+def holds_gpu(job: dict[str, Any]) -> bool:
+    """A running job that holds (or may hold) a GPU: any GRES detail or GPU request."""
     keys = ("gres_detail", "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
-    return sum(1 for j in jobs if any("gpu" in str(j.get(k) or "") for k in keys))
+    return any("gpu" in str(job.get(k) or "") for k in keys)
 
 
 def _settled(shown: dict[str, str], target: int | None) -> bool:
@@ -93,14 +93,25 @@ class Degrader:
             raise Unavailable(f"scontrol show node {name}: output does not parse")
         return f
 
-    def gpu_jobs(self, name: str, shown: dict[str, str]) -> int:
-        """Jobs holding GPUs on `name`, from two sources; unreadable -> Unavailable."""
-        used = shown.get("GresUsed")
+    def gpus_in_use(self, name: str, shown: dict[str, str] | None = None) -> int:
+        """slurmctld's GresUsed count for `name`; unreadable -> Unavailable."""
+        used = (shown or self._show(name)).get("GresUsed")
         n = sc.gres_count(used or "")
         if n is None:
             raise Unavailable(f"{name}: GresUsed={used!r} does not say which GPUs are in use")
-        jobs = _gpu_jobs(self.c._jobs(name))
+        return n
+
+    def gpu_jobs(self, name: str, shown: dict[str, str]) -> int:
+        """Jobs holding GPUs on `name`, from two sources; unreadable -> Unavailable."""
+        n = self.gpus_in_use(name, shown)
+        jobs = sum(1 for j in self.c._jobs(name) if holds_gpu(j))
         return max(jobs, 1 if n else 0)  # GPUs in use with no job listed: still busy
+
+    def read_gres(self) -> str:
+        try:
+            return self.gres_conf.read_text()
+        except OSError as e:
+            raise Unavailable(f"{self.gres_conf}: {e.strerror or e}") from e
 
     def enforced(self) -> str | None:
         """None when slurmd keeps jobs off a GPU that gres.conf no longer lists, as
