@@ -151,6 +151,7 @@ def test_degrade_runs_seven_then_restore_runs_eight(site, capsys) -> None:  # ty
     t1 = time.monotonic()
     until_done(lambda: c.restore_gpu("gpu2", uuid=UUID, index=3))
     restore_s = time.monotonic() - t1
+    assert c.calls["restart_slurmctld"] == 2  # 7 -> 8 needs the restart too (measured)
     idle(site, "gpu2")
     assert show(site, "gpu2")["Gres"] == "gpu:8"
     assert not sc.markers((site.dir / "gres.conf").read_text())
@@ -196,6 +197,16 @@ def test_a_hanging_scontrol_fails_closed(site, tmp_path) -> None:  # type: ignor
         f'#!/bin/sh\n[ "$1" = reconfigure ] && exec sleep 60\nexec {real} "$@"\n'
     )
     (fake / "scontrol").chmod(0o755)
+    stuck = fake.parent / "stuck"
+    stuck.mkdir()
+    (stuck / "scontrol").write_text("#!/bin/sh\nexec sleep 60\n")
+    (stuck / "scontrol").chmod(0o755)
+    before = show(site, "gpu2")
+    with pytest.raises(Unavailable, match="scontrol"):  # nothing readable: nothing done
+        adapter(site, bin_dir=str(stuck), timeout_s=1).isolate_gpu(
+            "gpu2", uuid=UUID, index=0, reason="XID_48"
+        )
+    assert show(site, "gpu2")["State"] == before["State"] and "Reason" not in show(site, "gpu2")
     hung = adapter(site, bin_dir=str(fake), timeout_s=2)
     t0 = time.monotonic()
     with pytest.raises(Unavailable):
