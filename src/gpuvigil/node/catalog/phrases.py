@@ -9,7 +9,7 @@ the Xid lines. Pure data and lookups: what counts as "explained" is decided in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 
 import yaml
@@ -44,7 +44,11 @@ class PhraseCatalog(BaseModel):
         return tuple(dict.fromkeys(p.anchor.encode() for p in self.phrases if p.anchor))
 
     def in_line(self, line: str) -> list[Phrase]:
-        return [p for p in self.phrases if p.text in line]
+        return [p for p, text in self._texts if text in line]
+
+    @cached_property
+    def _texts(self) -> tuple[tuple[Phrase, str], ...]:
+        return tuple((p, p.text) for p in self.phrases)  # no attribute look-up per phrase
 
 
 @dataclass(frozen=True)

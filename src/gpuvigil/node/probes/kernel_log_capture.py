@@ -97,9 +97,10 @@ def read_capture(
     try:
         for raw in lines:
             line = raw.decode("utf-8", errors="replace")
-            if any(a in raw for a in anchors):  # on a found line only: a few per log
+            xid = _XID in raw  # an anchor too: most found lines, in an Xid storm
+            if xid or any(a in raw for a in anchors):  # on a found line only
                 said.feed(line)
-            if _XID in raw:
+            if xid:
                 ev = parse_line(line, source="file", tz=tz, year=year)
                 if ev is not None:
                     events.append(fix_year(ev, now))
