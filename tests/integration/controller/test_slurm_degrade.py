@@ -288,3 +288,29 @@ def test_the_controller_degrades_for_one_gpu_and_restores_after_the_repair(site,
     with capsys.disabled():
         print(f"\n[slurm controller] XID_94 -> 7-GPU resume {took:.1f} s (a 2 s evict "
               f"deadline included), clean -> 8 GPUs {back:.1f} s")  # fmt: skip
+
+
+def test_device_cgroups_are_read_from_slurmctld(site) -> None:  # type: ignore[no-untyped-def]
+    """`enforcement: cgroup` is verified in `scontrol show config`, which prints cgroup.conf
+    only under TaskPlugin=task/cgroup (measured). slurmctld alone restarts with it; the
+    slurmds keep task/none, and the configuration is put back afterwards."""
+    text = site.conf.read_text()
+    cgroup = site.dir / "cgroup.conf"
+    try:
+        cgroup.write_text("ConstrainDevices=yes\n")
+        site.conf.write_text(text.replace("TaskPlugin=task/none", "TaskPlugin=task/cgroup"))
+        subprocess.run(site.restart_argv(), check=True, timeout=60)
+        c = adapter(site, enforcement="cgroup")
+        t0 = time.monotonic()
+        while True:
+            try:
+                assert c.gpu_isolation_unavailable() is None
+                break
+            except Unavailable:  # slurmctld still starting
+                assert time.monotonic() - t0 < 30
+                time.sleep(0.5)
+    finally:
+        site.conf.write_text(text)
+        cgroup.unlink(missing_ok=True)
+        subprocess.run(site.restart_argv(), check=True, timeout=60)
+        idle(site, "gpu1")

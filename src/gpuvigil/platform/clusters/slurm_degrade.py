@@ -192,6 +192,7 @@ class Degrader:
     def _apply(
         self, name: str, texts: list[tuple[Path, str, str]], target: int | None
     ) -> int | None:
+        self.c.fence()  # a replica that may no longer act rewrites nothing
         for path, old, new in texts:
             if old != new:
                 try:
