@@ -208,8 +208,13 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """A slurmctld that `restart_argv` started is no child of ours: stop it by its pid
         file."""
         pid = self._pidfile_slurmctld()
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGTERM)
+        # wait for it: it saves its state on the way out, into the folder about to go
+        end = time.monotonic() + 15
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
+            time.sleep(0.1)
 
     # -- reading state ---------------------------------------------------------------------
     def nodes(self) -> dict[str, dict[str, Any]]:
