@@ -53,6 +53,7 @@ class KubeCluster:
         self.url = self.cp.url
         self.kubeconfig = self.cp.kubeconfig
         self.audit_log = self.cp.audit_log
+        self._controllers: set[str] = set()  # what kube-controller-manager runs
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -86,8 +87,20 @@ class KubeCluster:
         self.cp.start_scheduler()
 
     def start_disruption_controller(self) -> None:
-        """kube-controller-manager with only the disruption controller: PDBs give 429."""
-        self.cp.start_controllers("disruption")
+        """kube-controller-manager with the disruption controller: PDBs give 429."""
+        self.start_controllers("disruption")
+
+    def start_controllers(self, *names: str) -> None:
+        """kube-controller-manager running at least `names` (e.g. "deployment",
+        "replicaset"): restarted with the union when one is missing."""
+        want = self._controllers | set(names)
+        if want == self._controllers:
+            return
+        old = self.cp.procs.pop("kube-controller-manager", None)
+        if old is not None:
+            old.stop()
+        self.cp.start_controllers(",".join(sorted(want)))
+        self._controllers = want
 
     # -- clients and helpers ---------------------------------------------------------------
     def api_client(self, token: str = TOKEN) -> Any:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from gpuvigil.core.events import Kind
 from gpuvigil.platform.announce import Announcer
 from gpuvigil.platform.clusters.base import Cluster, Conflict, NodeView
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.state import Record
+
+if TYPE_CHECKING:
+    from gpuvigil.platform.serving_hook import ServingGuard
 
 
 def apply(
@@ -29,19 +33,22 @@ def apply(
     voice: Announcer,
     dry_run: bool,
     given_back: Callable[[NodeView, datetime], None] | None = None,
+    guard: ServingGuard | None = None,
 ) -> Decision | None:
     """Apply `d` to `node`; on a Conflict (the node changed since it was read, e.g. a
     heartbeat) re-read it and apply a fresh decision instead. Returns the decision applied,
     or None when it was left to the next pass. ClusterErrors (Fenced among them) propagate."""
     try:
-        _apply(cluster, node, d, now=now, voice=voice, dry_run=dry_run, given_back=given_back)
+        _apply(cluster, node, d, now=now, voice=voice, dry_run=dry_run, given_back=given_back,
+               guard=guard)  # fmt: skip
         return d
     except Conflict:
         fresh = cluster.get_node(node.name)
         again = decide(fresh, fleet=fleet, now=now, config=policy)
         if again.disruptive and not d.disruptive:
             return None  # its budget was not counted in this pass: the next pass decides
-        _apply(cluster, fresh, again, now=now, voice=voice, dry_run=dry_run, given_back=given_back)
+        _apply(cluster, fresh, again, now=now, voice=voice, dry_run=dry_run, given_back=given_back,
+               guard=guard)  # fmt: skip
         return again
 
 
@@ -54,6 +61,7 @@ def _apply(
     voice: Announcer,
     dry_run: bool,
     given_back: Callable[[NodeView, datetime], None] | None,
+    guard: ServingGuard | None = None,
 ) -> None:
     old = node.record or Record()
     if dry_run:
@@ -70,6 +78,10 @@ def _apply(
         voice.transition(node, old, d, now)  # said once: only after the store held
     rec = d.record
     for op in ops:
+        # The capacity gate before every disruptive step: a held step is skipped, and the
+        # decision, kept, asks again next pass (platform.serving_hook).
+        if guard is not None and not guard.allow(node, op, now=now):
+            continue
         if op.kind is OpKind.BLOCK:
             cluster.block(node.name, reason=rec.tag())
         elif op.kind is OpKind.UNBLOCK:
@@ -77,6 +89,8 @@ def _apply(
         elif op.kind is OpKind.DRAIN:
             assert op.deadline is not None
             st = cluster.drain(node.name, deadline=op.deadline, reason=rec.reason)
+            if guard is not None:
+                guard.drained(node, st, now=now)
             if st.forced:
                 voice.event(
                     node.name,

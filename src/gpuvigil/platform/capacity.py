@@ -36,6 +36,7 @@ class StepKind(StrEnum):
     DRAIN = "drain"  # every replica on the node goes
     EVICT_GPU = "evict-gpu"  # the holders of `removes` go
     RESET_GPU = "reset-gpu"  # the holders of `removes` stop serving while it resets
+    REBOOT = "reboot"  # every replica on the node stops
 
 
 class Verdict(StrEnum):
@@ -191,9 +192,15 @@ def judge(
 
     def out(verdict: Verdict, reason: str, **kw: object) -> Judgement:
         return Judgement(
-            verdict, pool.name, healthy=h, removed=lost, demand=d, required=r, reason=reason,
+            verdict,
+            pool.name,
+            healthy=h,
+            removed=lost,
+            demand=d,
+            required=r,
+            reason=reason,
             **kw,  # type: ignore[arg-type]
-        )  # fmt: skip
+        )
 
     if step.bypass:
         why = f"suspected silent data corruption ({step.bypass}): the gate is bypassed"

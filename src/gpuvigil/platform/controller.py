@@ -61,6 +61,7 @@ from gpuvigil.platform.observed import Observed
 from gpuvigil.platform.policy import Decision, Fleet, OpKind, PolicyConfig, decide
 from gpuvigil.platform.replacements import Replacements
 from gpuvigil.platform.safety import Gate, SafetyConfig, excluded, pool_of
+from gpuvigil.platform.serving_hook import ServingGuard
 from gpuvigil.platform.serving_pool import ServingConfig
 from gpuvigil.platform.state import Episode, Intent, State
 
@@ -135,6 +136,13 @@ class Controller:
         self.breaker = Breaker(safety, heartbeat_stale_s=policy.heartbeat_stale_s)
         self.replacements = Replacements(timeout_s=policy.replace_timeout_s)
         self.voice = Announcer(cluster, dry_run=self.config.dry_run, metrics=metrics, events=events)
+        if self.config.serving.pools and getattr(cluster, "serving", None) is None:
+            raise ValueError(
+                f"controller.serving.pools is set but the {getattr(cluster, 'name', '?')} "
+                "adapter cannot read serving pools (Kubernetes only)"
+            )
+        self.guard = ServingGuard(cluster, self.config.serving, voice=self.voice,
+                                  metrics=metrics, dry_run=self.config.dry_run)  # fmt: skip
         store = getattr(cluster, "lease_store", None)
         if elector is None and store is not None:  # a lone controller: never fenced
             elector = LeaderElector(store(), identity=identity, elect=False)
@@ -176,6 +184,7 @@ class Controller:
             nodes = [intent.shadow(n) for n in nodes]
         self.observed.apply(nodes, now)  # reports dated by when this controller saw them
         self._export_skew()
+        self.guard.begin()
         self.voice.observed(nodes, now)
         for change in self.breaker.update(nodes, now=now):
             self.voice.breaker_changed(self.breaker, change, now)
@@ -243,14 +252,26 @@ class Controller:
             work, applied=applied, nodes=nodes, slots=slots, gate=gate, now=now, result=result
         )
         self._apply_all(disruptions, now, result)
+        self._restore(nodes, now)
         self._publish(nodes, now, result)
         self.voice.export(
             nodes, result, gate=gate, breaker=self.breaker, held=held, started=started,
             policy=self.config.policy,
         )  # fmt: skip
+        self.guard.export()
         result.fenced = self._fenced.is_set()
         self.last_pass_at = time.time()
         return result
+
+    def _restore(self, nodes: list[NodeView], now: datetime) -> None:
+        """Serving replicas a make-before-break added go back once its node is repaired."""
+        if self._fenced.is_set():
+            return
+        try:
+            self.guard.restore(nodes, now=now)
+        except Fenced as e:
+            self._fenced.set()
+            self.voice.api_error(e)
 
     def _publish(self, nodes: list[NodeView], now: datetime, result: PassResult) -> None:
         """Put each node's decision on it (`platform.intent`) where it changed, so
@@ -334,6 +355,7 @@ class Controller:
                 applied = apply(
                     self.cluster, node, d, fleet=fleet, now=now, policy=self.config.policy,
                     voice=self.voice, dry_run=self.config.dry_run, given_back=self._given_back,
+                    guard=self.guard if self.guard.active else None,
                 )  # fmt: skip
             except Fenced as e:
                 self._fenced.set()

@@ -47,6 +47,11 @@ class ControllerMetrics:
     machine_episodes: Gauge
     clock_skewed: Gauge
     gpus_isolated: Gauge
+    capacity_gate: Counter
+    capacity_held: Gauge
+    capacity_escalated: Gauge
+    evictions_refused: Counter
+    pdb_overridden: Counter
 
 
 def build(registry: CollectorRegistry) -> ControllerMetrics:
@@ -205,6 +210,39 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
             "gpuvigil_agent_clock_skewed_nodes",
             "Nodes whose latest report was dated more than the tolerance (5 s) off this "
             "controller's clock.",
+            registry=registry,
+        ),
+        capacity_gate=Counter(
+            "gpuvigil_capacity_gate_total",
+            "Answers of the serving capacity gate before a disruptive step, per serving pool "
+            "and verdict (proceed, bypass, scale-up, wait, hold).",
+            ["pool", "verdict"],
+            registry=registry,
+        ),
+        capacity_held=Gauge(
+            "gpuvigil_capacity_held_nodes",
+            "Nodes whose disruptive step the capacity gate holds, per serving pool and reason "
+            "(NoRoom, DemandSignalMissing, WaitingForReplicas, PoolUnreadable).",
+            ["pool", "reason"],
+            registry=registry,
+        ),
+        capacity_escalated=Gauge(
+            "gpuvigil_capacity_escalated_nodes",
+            "Nodes held without a demand signal for longer than the pool's escalate_after_s.",
+            ["pool"],
+            registry=registry,
+        ),
+        evictions_refused=Counter(
+            "gpuvigil_drain_evictions_refused_total",
+            "Evictions a PodDisruptionBudget refused (429) during drains, per node pool.",
+            ["pool"],
+            registry=registry,
+        ),
+        pdb_overridden=Counter(
+            "gpuvigil_drain_pdb_overridden_total",
+            "Pods deleted at the drain deadline although a PodDisruptionBudget refused their "
+            "eviction, per node pool.",
+            ["pool"],
             registry=registry,
         ),
     )

@@ -37,6 +37,18 @@ CLUSTER_WIDE_CONTROLLER: list[Use] = [
     ("create", "pods/eviction", ""),
     ("patch", "pods/status", ""),  # DisruptionTarget
     ("create", "events", ""),
+    # serving pools (clusters/k8s_serving.py)
+    ("patch", "nodes/status", ""),  # HeldForCapacity
+    ("get", "deployments.apps", ""),  # the workload: selector, make-before-break mark
+    ("patch", "deployments.apps", ""),
+    ("get", "statefulsets.apps", ""),
+    ("patch", "statefulsets.apps", ""),
+    ("get", "deployments.apps/scale", ""),  # demand (scale) and make-before-break
+    ("patch", "deployments.apps/scale", ""),
+    ("get", "statefulsets.apps/scale", ""),
+    ("patch", "statefulsets.apps/scale", ""),
+    ("get", "horizontalpodautoscalers.autoscaling", ""),  # demand, maxReplicas, the floor
+    ("patch", "horizontalpodautoscalers.autoscaling", ""),
 ]
 USES: dict[str, dict[str, list[Use]]] = {
     CONTROLLER: {
@@ -69,7 +81,9 @@ REFUSED: dict[str, list[tuple[str, Use]]] = {
         (NS, ("get", "secrets", "another-secret")),
         (NS, ("update", "configmaps", "gpuvigil-agent")),
         ("default", ("update", "leases.coordination.k8s.io", "")),
-        (NS, ("patch", "deployments.apps", "")),
+        (NS, ("delete", "deployments.apps", "")),
+        ("default", ("update", "deployments.apps/scale", "")),
+        ("default", ("create", "horizontalpodautoscalers.autoscaling", "")),
         ("default", ("update", "nodes", "")),
     ],
     AGENT: [

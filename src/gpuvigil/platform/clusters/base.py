@@ -134,12 +134,14 @@ class DrainStatus:
     """Progress of moving running work off a node.
 
     `remaining` is work still running; `blocked` how much of it a PodDisruptionBudget
-    refused to evict this time; `forced` how much was removed past the deadline.
+    refused to evict this time; `forced` how much was removed past the deadline, of which
+    `past_budget` names the pods a PodDisruptionBudget had refused ("ns/name").
     """
 
     remaining: int
     blocked: int = 0
     forced: int = 0
+    past_budget: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:

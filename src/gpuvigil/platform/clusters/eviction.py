@@ -5,7 +5,10 @@ left at the deadline. Used by `clusters.kubernetes.KubernetesCluster.drain`.
 The condition is set *before* the eviction (as Kubernetes' own eviction does from 1.26): an
 evicted pod may be gone before a later write lands (a grace period of 0, a kubelet that is
 quick), and a Job's podFailurePolicy must see it on the pod's last state. An eviction a
-PodDisruptionBudget refuses turns it back to False: that pod was not disrupted.
+PodDisruptionBudget refuses turns it back to False: that pod was not disrupted. Past the
+deadline a pod is still evicted first; only one a budget refuses is deleted, and the drain's
+status names it (`DrainStatus.past_budget`: an Event, a metric and an event-log line,
+`platform.serving_hook`).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Drainer:
         ]
         past = utcnow() >= deadline
         blocked = forced = 0
+        past_budget: list[str] = []
         for pod in pods:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp"):
@@ -83,7 +87,9 @@ class Drainer:
             got = self._move(meta["namespace"], meta["name"], past=past, reason=reason,
                              grace_s=grace_s)  # fmt: skip
             blocked += got == "blocked"
-            forced += got == "forced"
+            if got == "forced":
+                forced += 1
+                past_budget.append(f"{meta['namespace']}/{meta['name']}")
         left = sum(
             1
             for p in self._pages(
@@ -91,7 +97,9 @@ class Drainer:
             )
             if workload(p)
         )
-        return DrainStatus(remaining=left, blocked=blocked, forced=forced)
+        return DrainStatus(
+            remaining=left, blocked=blocked, forced=forced, past_budget=tuple(past_budget)
+        )
 
     def evict_pods(
         self, pods: list[str], *, deadline: datetime, reason: str, grace_s: int | None = None
@@ -102,24 +110,29 @@ class Drainer:
         a Terminating pod still holds it)."""
         past = utcnow() >= deadline
         blocked = forced = 0
+        past_budget: list[str] = []
         for key in pods:
             ns, _, pname = key.partition("/")
             if ns and pname:
                 got = self._move(ns, pname, past=past, reason=reason, grace_s=grace_s)
                 blocked += got == "blocked"
-                forced += got == "forced"
-        return DrainStatus(remaining=blocked, blocked=blocked, forced=forced)
+                if got == "forced":
+                    forced += 1
+                    past_budget.append(key)
+        return DrainStatus(
+            remaining=blocked, blocked=blocked, forced=forced, past_budget=tuple(past_budget)
+        )
 
     def _move(self, ns: str, pname: str, *, past: bool, reason: str, grace_s: int | None) -> str:
-        """Evict one pod (before the deadline) or delete it (past it): "evicted",
-        "blocked" (a disruption budget refused) or "forced"."""
+        """Evict one pod, even past the deadline (a drain held for capacity may start
+        late): "evicted", "blocked" (a disruption budget refused, before the deadline) or
+        "forced" (past it, a budget refused and the pod was deleted: the caller names it)."""
+        self._mark(ns, pname, reason if not past else f"{reason} (deadline passed)")
+        if self._evict(ns, pname, grace_s):
+            return "evicted"
         if not past:
-            self._mark(ns, pname, reason)
-            if self._evict(ns, pname, grace_s):
-                return "evicted"
             self._mark(ns, pname, f"eviction refused: {reason}", disrupted=False)
             return "blocked"
-        self._mark(ns, pname, f"{reason} (deadline passed)")
         try:
             self._write(
                 "delete_pod",

@@ -71,6 +71,7 @@ from gpuvigil.platform.clusters.k8s_events import EventRecorder
 from gpuvigil.platform.clusters.k8s_keys import load_signer
 from gpuvigil.platform.clusters.k8s_pins import AgentPins
 from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
+from gpuvigil.platform.clusters.k8s_serving import ServingPools
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
 from gpuvigil.platform.isolation import ISOLATION_ANNOTATION
@@ -138,6 +139,11 @@ class KubernetesCluster:
             pool_label=self.pool_label,
         )
         self.events = EventRecorder(self.core, self.settings, write=self._write)
+        # serving pools' demand, replicas and make-before-break (the capacity gate)
+        self.serving = ServingPools(
+            self.api_client, timeout_s=self.timeout, calls=self.calls, write=self._write,
+            pages=self._pages, watch=self.watch, gpu_resource=self.settings.gpu_resource,
+        )  # fmt: skip
         self._signer: Signer | None = None
         self.pins = AgentPins(self.core, self.settings, self._write)
         self._doubted: set[str] = set()  # results already logged as not believed
