@@ -213,7 +213,7 @@ class Controller:
                 if not self.config.dry_run:
                     node = gpu_pass(self.cluster, node, fleet=fleet, now=now,
                                     policy=self.config.policy, config=self.config.isolation,
-                                    voice=self.voice)  # fmt: skip
+                                    voice=self.voice, guard=self.guard)  # fmt: skip
                     converge(self.cluster, node, config=self.config.isolation)
             except Fenced as e:
                 self._fenced.set()
@@ -355,7 +355,7 @@ class Controller:
                 applied = apply(
                     self.cluster, node, d, fleet=fleet, now=now, policy=self.config.policy,
                     voice=self.voice, dry_run=self.config.dry_run, given_back=self._given_back,
-                    guard=self.guard if self.guard.active else None,
+                    guard=self.guard,
                 )  # fmt: skip
             except Fenced as e:
                 self._fenced.set()

@@ -29,8 +29,10 @@ from gpuvigil.core.events import Kind
 from gpuvigil.core.findings import Action
 from gpuvigil.platform import isolation as iso
 from gpuvigil.platform.announce import Announcer
+from gpuvigil.platform.capacity import StepKind
 from gpuvigil.platform.clusters.base import Cluster, GpuIsolating, NodeView
 from gpuvigil.platform.policy import Fleet, PolicyConfig, assess
+from gpuvigil.platform.serving_hook import ServingGuard, gpu_step
 from gpuvigil.platform.state import State
 
 log = logging.getLogger("gpuvigil.controller")
@@ -66,6 +68,7 @@ def gpu_pass(
     policy: PolicyConfig,
     config: IsolationConfig,
     voice: Announcer,
+    guard: ServingGuard | None = None,
 ) -> NodeView:
     """Run the GPU's ladder for `node` once; returns the view the node's policy should
     judge (with the isolation record as now stored). ClusterErrors propagate: the
@@ -117,6 +120,13 @@ def gpu_pass(
     if d.episode is not None:  # the machine's memory, on the node's own record
         cluster.store(node.name, iso.remember(node.record, d.episode))
     for op in d.ops:
+        # the serving capacity gate before the GPU's holders go or it resets: a held op is
+        # skipped, and the record, kept, asks for it again next pass
+        if guard is not None and d.record is not None and op.kind in ("evict", "reset"):
+            kind = StepKind.EVICT_GPU if op.kind == "evict" else StepKind.RESET_GPU
+            step = gpu_step(node, kind, d.record.gpu_uuid, bypass_codes=guard.config.bypass_codes)
+            if not guard.allow_step(node, step, what=f"{op.kind} gpu:{op.index}", now=now):
+                continue
         if op.kind == "evict":
             assert op.deadline is not None
             st = cluster.evict(node.name, list(op.holders), deadline=op.deadline,
@@ -127,6 +137,8 @@ def gpu_pass(
                             reason=why)  # fmt: skip
                 # a disruption budget was overridden: people must hear of it
                 voice.cluster_event(node.name, "GpuIsolation", f"{why} (past the PDB)", True)
+            if guard is not None:
+                guard.drained(node, st, now=now)
         elif op.kind == "reset" and d.record is not None:
             cluster.request(node.name, action=Action.RESET_GPU, request_id=op.request_id,
                             gpus=[op.index])  # fmt: skip

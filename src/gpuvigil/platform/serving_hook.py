@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuvigil.core.events import Kind
 from gpuvigil.core.findings import Action, Status
+from gpuvigil.core.wire import FindingSummary
 from gpuvigil.platform.announce import Announcer
 from gpuvigil.platform.capacity import (
     Judgement,
@@ -40,14 +41,20 @@ log = logging.getLogger("gpuvigil.controller")
 WAITING = "WaitingForReplicas"  # the condition's reason during make-before-break
 
 
+def _problems(node: NodeView) -> list[FindingSummary]:
+    return [f for f in (node.health.findings if node.health else []) if f.status is not Status.OK]
+
+
+def _bypass(problems: list[FindingSummary], codes: Iterable[str]) -> str:
+    wanted = set(codes)
+    return next((f.code for f in problems if f.code in wanted), "")
+
+
 def step_for(node: NodeView, op: Op, *, bypass_codes: Iterable[str]) -> Step | None:
-    """The gate's view of a disruptive op on `node`; None for ops that disrupt nothing."""
-    problems = [
-        f for f in (node.health.findings if node.health else []) if f.status is not Status.OK
-    ]
+    """The gate's view of a node op on `node`; None for ops that disrupt nothing."""
+    problems = _problems(node)
     faulty = frozenset(f.component for f in problems if f.component.startswith("gpu:"))
-    codes = set(bypass_codes)
-    bypass = next((f.code for f in problems if f.code in codes), "")
+    bypass = _bypass(problems, bypass_codes)
     if op.kind is OpKind.DRAIN:
         return Step(StepKind.DRAIN, node.name, faulty=faulty, bypass=bypass)
     if op.kind is OpKind.REQUEST and op.action is Action.RESET_GPU:
@@ -56,6 +63,14 @@ def step_for(node: NodeView, op: Op, *, bypass_codes: Iterable[str]) -> Step | N
     if op.kind is OpKind.REQUEST and op.action is Action.REBOOT:
         return Step(StepKind.REBOOT, node.name, faulty=faulty, bypass=bypass)
     return None
+
+
+def gpu_step(node: NodeView, kind: StepKind, uuid: str, *, bypass_codes: Iterable[str]) -> Step:
+    """One GPU's step (`platform.gpu_path`: the eviction of its holders, its reset): the
+    GPU, by UUID, is both the faulty device and the one removed."""
+    one = frozenset({uuid})
+    return Step(kind, node.name, faulty=one, removes=one,
+                bypass=_bypass(_problems(node), bypass_codes))  # fmt: skip
 
 
 class ServingGuard:
@@ -90,6 +105,12 @@ class ServingGuard:
         step = step_for(node, op, bypass_codes=self.config.bypass_codes)
         if step is None or not self.active:
             return True
+        return self.allow_step(node, step, what=op.kind.value, now=now)
+
+    def allow_step(self, node: NodeView, step: Step, *, what: str, now: datetime) -> bool:
+        """`allow` for a step built by the caller (`gpu_step`); `what` names it."""
+        if not self.active:
+            return True
         serving = self.cluster.serving
         try:
             held_since = serving.held_since(node.name)
@@ -114,7 +135,7 @@ class ServingGuard:
         assert j is not None
         self._count(j)
         if j.verdict is Verdict.BYPASS:
-            self._audit(node.name, op, j, now)
+            self._audit(node.name, what, j, now)
             self._clear(node.name, held_since)
             return True
         if j.verdict is Verdict.PROCEED:
@@ -141,8 +162,8 @@ class ServingGuard:
         if self.metrics is not None:
             self.metrics.capacity_gate.labels(j.pool, j.verdict.value).inc()
 
-    def _audit(self, node: str, op: Op, j: Judgement, now: datetime) -> None:
-        msg = f"{op.kind.value}: {j.reason} (pool {j.pool}: H={j.healthy}, L={j.removed})"
+    def _audit(self, node: str, what: str, j: Judgement, now: datetime) -> None:
+        msg = f"{what}: {j.reason} (pool {j.pool}: H={j.healthy}, L={j.removed})"
         log.warning("node %s: %s", node, msg)
         self.voice.event(
             node,
