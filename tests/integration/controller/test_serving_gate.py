@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctl_helpers import kube_cluster, wait_for  # noqa: F401  (fixtures)
+from ctl_helpers import FATAL, agent, kube_cluster, wait_for  # noqa: F401  (fixtures)
 from prometheus_client import CollectorRegistry
 
 from gpuvigil.core.events import EventWriter
@@ -125,6 +125,11 @@ spec: {{minAvailable: "100%", selector: {{matchLabels: {{app: llm}}}}}}
         out = self.kube.kubectl("get", "pdb", "llm", "-n", self.ns, "-o",
                                 "jsonpath={.status.currentHealthy}")  # fmt: skip
         return out.stdout.strip() == str(want)
+
+    def ready_now(self) -> int:
+        return sum(1 for p in self.pods()
+                   if any(c.type == "Ready" and c.status == "True"
+                          for c in p.status.conditions or []))  # fmt: skip
 
     def busiest(self) -> str:
         """The node holding most replicas: the one the test repairs."""
@@ -278,3 +283,51 @@ def test_suspected_corruption_bypasses_the_gate_with_an_audit_event(kube: Any, s
     assert "GPU_SDC" in node_events(kube, node, c)["CapacityGateBypassed"]
     bypass = {"pool": "llm", "verdict": "bypass"}
     assert reg.get_sample_value("gpuvigil_capacity_gate_total", bypass) == 1
+
+
+def test_the_controller_repairs_a_serving_node_without_going_below_demand(
+    kube: Any, kube_cluster: Any, agent: Any, tmp_path: Path
+) -> None:
+    """The whole loop: a fatal Xid on a node holding replicas; the controller blocks it,
+    scales the pool up before it drains, forces past the 100% PDB at the deadline (said),
+    resets the GPU and restores the replicas. Ready replicas never fall below demand."""
+    from gpuvigil.platform.controller import Controller, ControllerConfig
+    from gpuvigil.platform.policy import PolicyConfig
+    from gpuvigil.platform.safety import SafetyConfig
+    from gpuvigil.platform.state import State, decode_record
+
+    kube.start_scheduler()
+    kube.start_controllers("disruption", "deployment", "replicaset")
+    pool = Pool(kube, replicas=4, max_replicas=8)
+    pool.demand(4)
+    for n in pool.nodes:
+        agent.publish(n)
+    bad = pool.busiest()
+    agent.publish(bad, FATAL)
+    c = kube_cluster(node_selector=f"fleet={pool.fleet}")
+    log = tmp_path / "controller.jsonl"
+    cfg = ControllerConfig(
+        policy=PolicyConfig(fatal_grace_s=0, drain_timeout_s=2),
+        safety=SafetyConfig(max_disrupted=5, max_disrupted_percent=100),
+        serving=pool.config(),
+    )
+    ctl = Controller(c, config=cfg, events=EventWriter(log))
+    low, peak, states = 99, 0, []
+    for _ in range(60):
+        ctl.reconcile()
+        low = min(low, pool.ready_now())  # Ready and not terminating, anywhere
+        peak = max(peak, pool.desired())
+        ann = kube.core().read_node(bad).metadata.annotations or {}
+        rec = decode_record(ann.get("gpuvigil.io/state"))
+        if rec and (not states or states[-1] != rec.state):
+            states.append(rec.state)
+        if rec and rec.state is State.HEALTHY and pool.desired() == 4:
+            break
+        pool.ready_all(len([p for p in pool.pods() if p.spec.node_name]))
+        agent.step(bad)
+    assert states[:2] == [State.DRAINING, State.REMEDIATING], states
+    assert State.HEALTHY in states and pool.desired() == 4  # restored
+    assert peak > 4 and low >= 4, (peak, low)  # made before it broke; never below demand
+    kinds = [(e["data"].get("action"), e["data"].get("result")) for e in lines(log)]
+    assert ("CAPACITY", "scale-up") in kinds and ("DRAIN", "pdb-overridden") in kinds
+    assert ("CAPACITY", "restored") in kinds
