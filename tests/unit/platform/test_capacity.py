@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -228,3 +229,19 @@ def test_the_gate_never_lets_a_step_take_healthy_below_required(  # type: ignore
         assert j.healthy - j.removed + j.added >= j.required  # type: ignore[operator]
         assert cap is None or j.scale_to <= cap  # type: ignore[operator]
         assert spare is None or j.added <= spare
+
+
+def test_the_docs_example_loads_and_a_mistake_names_the_file_and_key(tmp_path: Path) -> None:
+    from gpuvigil import config
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "serving.md").read_text()
+    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    good = tmp_path / "config.yaml"
+    good.write_text(example)
+    pools = config.load(good).controller.serving.pools
+    assert [p.name for p in pools] == ["llm"] and pools[0].headroom.min_extra == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(example.replace("{kind: hpa, name: llm-server}", "{kind: hpa}"))
+    with pytest.raises(ConfigError) as e:
+        config.load(bad)
+    assert str(e.value).startswith(f"{bad}: controller.serving.pools.0.demand.0: ")
