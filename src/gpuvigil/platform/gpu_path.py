@@ -2,11 +2,17 @@
 
 Called by `platform.controller` for every node, before the node's own policy, on adapters
 that can take one GPU out of service (`clusters.base.GpuIsolating`: Kubernetes with the
-device plugin). The judgement is `platform.isolation.decide_gpu` (pure); this module does
-the reads it needs (who holds the GPU: only for a node with a GPU-local fault) and the
-writes it asks for, in this order: the record first (so a killed controller resumes from
-it), then the evictions or the reset. It never blocks the node: the device plugin keeps
-new work off the GPU (allocatable below capacity), which is the condition for this path.
+device plugin or DRA, Slurm's degraded node). The judgement is
+`platform.isolation.decide_gpu` (pure); this module does the reads it needs (who holds the
+GPU: only for a node with a GPU-local fault) and the writes it asks for, in this order:
+the record first (so a killed controller resumes from it), then the cluster's own
+enforcement if it has one, then the evictions or the reset. It never blocks the node: the
+device plugin keeps new work off the GPU (allocatable below capacity), or, with DRA, the
+controller's DeviceTaintRule does (`clusters.k8s_dra`: effect None as a dry run, then
+NoSchedule; never NoExecute, whose evictions pass PDBs: the holders ResourceClaims name are
+evicted here, through the Eviction API). A rule refused or failed hands the node to its
+whole ladder, as does a rule found gone; a record deleted (released, or given back)
+deletes its rule first.
 
 The node's own policy then judges the node without the isolated GPU's own GPU-local
 findings (`policy.values.assess` reads the record from `NodeView.isolation_text`), so a
@@ -30,7 +36,13 @@ from gpuvigil.core.findings import Action
 from gpuvigil.platform import isolation as iso
 from gpuvigil.platform.announce import Announcer
 from gpuvigil.platform.capacity import StepKind
-from gpuvigil.platform.clusters.base import Cluster, GpuIsolating, NodeView
+from gpuvigil.platform.clusters.base import (
+    Cluster,
+    ClusterError,
+    Fenced,
+    GpuIsolating,
+    NodeView,
+)
 from gpuvigil.platform.policy import Fleet, PolicyConfig, assess
 from gpuvigil.platform.serving_hook import ServingGuard, gpu_step
 from gpuvigil.platform.state import State
@@ -95,10 +107,18 @@ def gpu_pass(
         return node
     uuids = iso.uuids_of(problems)
     target = rec.gpu_uuid if rec is not None else uuids.get(fault.index) if fault else None
-    # the cluster's own word where it has one (Slurm: the degrade procedure, verified)
-    gpu_enforced = getattr(cluster, "gpu_enforced", None)
-    ok = gpu_enforced(node) if gpu_enforced is not None else enforced(node)
-    holders = cluster.gpu_holders(node.name, target) if target and ok else None
+    # DRA's way where the cluster has one for this GPU (its own DeviceTaintRule)
+    ask = getattr(cluster, "gpu_enforcement", None)
+    way = ask(node, target, plugin_agrees=enforced(node), record=rec) if ask and target else None
+    if way is not None:
+        ok, scope_kind = way.enforced, way.scope
+        holders = way.holders if ok else None
+    else:
+        # the cluster's own word where it has one (Slurm: the degrade procedure, verified)
+        gpu_enforced = getattr(cluster, "gpu_enforced", None)
+        ok = gpu_enforced(node) if gpu_enforced is not None else enforced(node)
+        holders = cluster.gpu_holders(node.name, target) if target and ok else None
+        scope_kind = getattr(cluster, "isolation_scope", "device-plugin")
     gcfg = iso.GpuConfig(
         fatal_grace_s=policy.fatal_grace_s,
         suspect_grace_s=policy.suspect_grace_s,
@@ -107,16 +127,23 @@ def gpu_pass(
     )
     d = iso.decide_gpu(rec, node=node.name, problems=problems, local=local, enforced=ok,
                        holders=holders, uuids=uuids, result=node.agent_result, now=now,
-                       config=gcfg, scope_kind=getattr(cluster, "isolation_scope", "device-plugin"),
+                       config=gcfg, scope_kind=scope_kind,
                        reset_supported=getattr(cluster, "gpu_reset_supported", True))  # fmt: skip
     if rec is None and not d.per_gpu:  # the node's ladder decides and says why it acts
         log.debug("node %s: whole node: %s", node.name, d.reason)
         return node
     text = node.isolation_text
     if d.store:
+        new = d.record is not None and rec is None
+        if new and way is not None and d.record is not None:  # the device its rule selects
+            d = dataclasses.replace(d, record=d.record.model_copy(update={"device": way.device}))
+        if d.record is None and rec is not None:
+            _release(cluster, node.name, rec)  # first: a rule never outlives its record
         text = d.record.encode() if d.record is not None else None
         cluster.store_isolation(node.name, text)
         _announce(voice, node.name, rec, d, now)
+        if new and not _enforce(cluster, node, d.record, now=now, voice=voice):
+            return dataclasses.replace(node, isolation_text=None)  # the node's ladder now
     if d.episode is not None:  # the machine's memory, on the node's own record
         cluster.store(node.name, iso.remember(node.record, d.episode))
     for op in d.ops:
@@ -156,6 +183,41 @@ def converge(cluster: Cluster, node: NodeView, *, config: IsolationConfig) -> No
     match = getattr(cluster, "converge_isolation", None)
     if config.enabled and match is not None:
         match(node.name, node.isolation_text)
+
+
+def _enforce(
+    cluster: Cluster, node: NodeView, rec: iso.Isolation | None, *, now: datetime,
+    voice: Announcer,
+) -> bool:  # fmt: skip
+    """A new record is stored: the cluster's own enforcement, before any eviction (DRA:
+    the DeviceTaintRule, None then NoSchedule). Refused or failed: fail closed, the rule
+    and the record go and the node's ladder takes the node this pass."""
+    apply = getattr(cluster, "enforce_gpu", None)
+    if apply is None or rec is None:
+        return True
+    try:
+        why = apply(node.name, rec)
+    except Fenced:
+        raise
+    except ClusterError as e:
+        why = f"writing it failed: {e}"
+    if not why:
+        return True
+    reason = f"gpu:{rec.index} back to the whole node: its {rec.scope} isolation: {why}"
+    log.warning("node %s: %s", node.name, reason)
+    _release(cluster, node.name, rec)
+    cluster.store_isolation(node.name, None)
+    voice.event(node.name, Kind.REMEDIATION, now, action="ISOLATE_GPU", result="whole-node",
+                reason=reason)  # fmt: skip
+    voice.cluster_event(node.name, "GpuIsolation", reason, True)
+    return False
+
+
+def _release(cluster: Cluster, name: str, rec: iso.Isolation) -> None:
+    """The cluster's own enforcement of `rec` goes (DRA: its rule is deleted)."""
+    release = getattr(cluster, "release_gpu", None)
+    if release is not None:
+        release(name, rec)
 
 
 def _announce(

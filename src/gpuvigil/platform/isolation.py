@@ -135,6 +135,9 @@ class Isolation(BaseModel):
     reason: str = ""  # for people: why the GPU is out
     since: datetime  # when the GPU was taken out of service
     scope: Scope = "device-plugin"
+    # DRA: the device's `<driver>/<pool>/<device>`, what its DeviceTaintRule selects (kept so
+    # the rule can be deleted even when no ResourceSlice publishes the device any more)
+    device: str = Field("", max_length=600)
     code: str = ""  # the finding code that took it out
     step: Step = "evicting"
     step_since: datetime | None = None  # when `step` began (the reset's timeout)
@@ -279,7 +282,10 @@ def decide_gpu(
         why = why_whole_node(problems, local=local) or f"{others[0].code} on gpu:{rec.index}"
         return give_back(why)
     if not enforced:  # e.g. a device-plugin restart marked every GPU healthy again
-        return give_back("the cluster no longer keeps work off it (device plugin restart?)")
+        return give_back(
+            "the cluster no longer keeps work off it (a device plugin "
+            "restart? its DeviceTaintRule gone?)"
+        )
     if fault is None:  # the GPU's findings cleared
         if rec.step == "resetting" and _answered(rec, result, ok=True):
             ep = _episode(rec, now=now, outcome="cured:RESET_GPU", reset=True)

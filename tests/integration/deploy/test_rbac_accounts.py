@@ -12,6 +12,8 @@ controller's missing `watch nodes` was one).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ import pytest
 
 pytestmark = pytest.mark.realparts
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
+DRA_CRDS = Path(__file__).resolve().parents[1] / "controller/fixtures/dra_crds.yaml"
+DRA = "resource.k8s.io"
 NS = "gpuvigil"
 CONTROLLER = f"system:serviceaccount:{NS}:gpuvigil-controller"
 AGENT = f"system:serviceaccount:{NS}:gpuvigil-agent"
@@ -49,6 +53,13 @@ CLUSTER_WIDE_CONTROLLER: list[Use] = [
     ("patch", "statefulsets.apps/scale", ""),
     ("get", "horizontalpodautoscalers.autoscaling", ""),  # demand, maxReplicas, the floor
     ("patch", "horizontalpodautoscalers.autoscaling", ""),
+    # k8s_dra: per-GPU isolation with DRA (the rule written, read back, deleted)
+    ("list", "resourceslices.resource.k8s.io", ""),
+    ("list", "resourceclaims.resource.k8s.io", ""),
+    ("get", "devicetaintrules.resource.k8s.io", ""),
+    ("create", "devicetaintrules.resource.k8s.io", ""),
+    ("patch", "devicetaintrules.resource.k8s.io", ""),
+    ("delete", "devicetaintrules.resource.k8s.io", ""),
 ]
 USES: dict[str, dict[str, list[Use]]] = {
     CONTROLLER: {
@@ -85,6 +96,9 @@ REFUSED: dict[str, list[tuple[str, Use]]] = {
         ("default", ("update", "deployments.apps/scale", "")),
         ("default", ("create", "horizontalpodautoscalers.autoscaling", "")),
         ("default", ("update", "nodes", "")),
+        ("default", ("update", "devicetaintrules.resource.k8s.io", "")),
+        ("default", ("list", "devicetaintrules.resource.k8s.io", "")),
+        ("default", ("create", "resourceslices.resource.k8s.io", "")),
     ],
     AGENT: [
         ("default", ("get", "nodes", "")),
@@ -117,12 +131,22 @@ AGENT_SA_USES: dict[str, list[Use]] = {
 
 
 @pytest.fixture(scope="module")
-def applied(kube: Any) -> Any:
+def applied(kube: Any) -> Iterator[Any]:
     out = kube.kubectl("apply", "-k", str(DEPLOY))
     assert out.returncode == 0, out.stderr
     # as on a fresh cluster: an earlier module's service-account overlay left its binding
     kube.kubectl("delete", "clusterrolebinding", "gpuvigil-agent", "--ignore-not-found")
-    return kube
+    # The DRA kinds served (CRDs of their shape, as test_k8s_dra.py): `kubectl auth can-i`
+    # asks about a resource it cannot discover in group "" (so: no); the rule list is the
+    # same either way, since RBAC names resources whether they are served or not.
+    out = kube.kubectl("apply", "-f", str(DRA_CRDS))
+    assert out.returncode == 0, out.stderr
+    end = time.monotonic() + 30
+    while "devicetaintrules" not in kube.kubectl("api-resources", f"--api-group={DRA}").stdout:
+        assert time.monotonic() < end, "the DRA CRDs are not served"
+        time.sleep(0.2)
+    yield kube
+    kube.kubectl("delete", "-f", str(DRA_CRDS), "--ignore-not-found")
 
 
 def can(kube: Any, account: str, ns: str, use: Use) -> bool:

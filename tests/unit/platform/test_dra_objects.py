@@ -142,3 +142,41 @@ def test_claims_name_the_pods_reserved_with_the_device():
     ]
     assert dra.claim_pods(claims, DEV) == ["ml/a", "ml/b"]
     assert DEV.resource_id == "gpu.nvidia.com/gpu-1/gpu-3"
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("gpu.nvidia.com/gpu-1/gpu-3", dra.Device("gpu.nvidia.com", "gpu-1", "gpu-3")),
+        (
+            "gpu.nvidia.com/rack/a/gpu-1/gpu-3",
+            dra.Device("gpu.nvidia.com", "rack/a/gpu-1", "gpu-3"),
+        ),
+        ("", None),
+        ("gpu.nvidia.com/gpu-3", None),
+        ("gpu.nvidia.com//gpu-3", None),
+        ("/p/d", None),
+        ("x/p/" + "d" * 600, None),
+    ],
+)
+def test_a_records_device_id_back_to_the_device(text, want):
+    assert dra.parse_device(text) == want
+    if want is not None:
+        assert dra.parse_device(want.resource_id) == want
+
+
+def test_only_our_noschedule_rule_for_the_device_enforces():
+    rule = dra.rule_body(DEV, version="v1", reason="XID_79", effect="NoSchedule", now=NOW)
+    assert dra.ours(rule) and dra.enforces(rule, DEV)
+    dry = dra.rule_body(DEV, version="v1", reason="XID_79", effect="None", now=NOW)
+    assert dra.ours(dry) and not dra.enforces(dry, DEV)  # a dry run keeps nothing off
+    assert not dra.enforces(rule, dra.Device("gpu.nvidia.com", "gpu-1", "gpu-0"))
+    theirs = {**rule, "metadata": {"name": rule["metadata"]["name"], "labels": {}}}
+    assert not dra.ours(theirs) and not dra.enforces(theirs, DEV)
+    assert not dra.enforces(None, DEV)
+
+
+@given(_garbage)
+def test_garbage_rules_never_raise(garbage):
+    assert dra.enforces(garbage, DEV) in (True, False)
+    assert dra.ours(garbage) in (True, False)

@@ -45,6 +45,7 @@ __all__ = [
     "Fence",
     "Fenced",
     "Forbidden",
+    "GpuEnforcement",
     "GpuIsolating",
     "Intent",
     "LeaseObject",
@@ -148,6 +149,20 @@ class DrainStatus:
         return self.remaining == 0
 
 
+@dataclass(frozen=True)
+class GpuEnforcement:
+    """How the cluster keeps work off one GPU, when it is the cluster's own object and not
+    the device plugin's allocatable (Kubernetes with DRA: a DeviceTaintRule). `enforced`:
+    for a new isolation, the way is open; for a record, it stands. `holders`: from this
+    way's own source (ResourceClaims), None when unknown. `device`: the DRA resource id."""
+
+    scope: str  # `isolation.Scope`
+    enforced: bool
+    holders: list[str] | None
+    device: str = ""
+    why: str = ""
+
+
 @runtime_checkable
 class GpuIsolating(Protocol):
     """What a cluster that can take one GPU out of service offers besides `Cluster`
@@ -158,7 +173,13 @@ class GpuIsolating(Protocol):
     (`isolation.Scope`, default "device-plugin"); `gpu_reset_supported` (default True);
     `gpu_enforced(node) -> bool` (default: allocatable below capacity); and
     `converge_isolation(name, text)`, called after every pass of the GPU's ladder to make
-    the node match the record as stored (a record: degrade; none: restore)."""
+    the node match the record as stored (a record: degrade; none: restore).
+
+    Optional (Kubernetes with DRA, `clusters.k8s_dra`): `gpu_enforcement(node, gpu_uuid,
+    *, plugin_agrees, record) -> GpuEnforcement | None` (None: the default way);
+    `enforce_gpu(name, record) -> str`, called once the record of a new isolation is
+    stored and before any eviction ("" done, else why not: the node goes to its whole
+    ladder); `release_gpu(name, record)`, called before a record is deleted."""
 
     def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
         """The pods ("ns/name") holding that GPU now; None when that cannot be known."""

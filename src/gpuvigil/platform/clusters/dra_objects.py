@@ -41,6 +41,40 @@ class Device:
         return f"{self.driver}/{self.pool}/{self.device}"
 
 
+def parse_device(resource_id: str, *, uuid: str = "") -> Device | None:
+    """Pure: `Device.resource_id` back to the device (None for garbage). The driver is a
+    DNS subdomain and the device a DNS label (neither has a "/"); the pool may have some."""
+    driver, _, rest = resource_id.partition("/")
+    pool, _, device = rest.rpartition("/")
+    if not (driver and pool and device) or len(resource_id) > 600:
+        return None
+    return Device(driver, pool, device, uuid)
+
+
+def ours(rule: Mapping[str, Any] | None) -> bool:
+    """A stored DeviceTaintRule carries our managed-by label."""
+    meta = rule.get("metadata") if isinstance(rule, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    key = "app.kubernetes.io/managed-by"
+    return isinstance(labels, Mapping) and labels.get(key) == MANAGED_BY[key]
+
+
+def enforces(rule: Mapping[str, Any] | None, device: Device) -> bool:
+    """Pure: `rule` is ours, selects exactly `device`, and keeps new work off it (NoSchedule)."""
+    if not ours(rule):
+        return False
+    assert rule is not None
+    spec = rule.get("spec") if isinstance(rule.get("spec"), Mapping) else {}
+    sel = spec.get("deviceSelector") if isinstance(spec.get("deviceSelector"), Mapping) else {}
+    taint = spec.get("taint") if isinstance(spec.get("taint"), Mapping) else {}
+    return (
+        (sel.get("driver"), sel.get("pool"), sel.get("device"))
+        == (device.driver, device.pool, device.device)
+        and taint.get("key") == TAINT_KEY
+        and taint.get("effect") == "NoSchedule"
+    )
+
+
 @dataclass(frozen=True)
 class Served:
     """What `resource.k8s.io` serves: the version to write DeviceTaintRules in and to read

@@ -38,11 +38,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuvigil.platform.clusters.base import Forbidden, NotFound
+from gpuvigil.platform.clusters.base import Forbidden, GpuEnforcement, NotFound
 from gpuvigil.platform.clusters.dra_objects import (
     DRIVER,
     GROUP,
-    MANAGED_BY,
     TAINT_KEY,
     VERSIONS,
     Choice,
@@ -52,6 +51,9 @@ from gpuvigil.platform.clusters.dra_objects import (
     choose_path,
     claim_pods,
     device_of,
+    enforces,
+    ours,
+    parse_device,
     rule_body,
     rule_name,
 )
@@ -213,13 +215,7 @@ class DeviceTaints:
                          now=now or datetime.now(UTC))  # fmt: skip
         name = body["metadata"]["name"]
         current = self.rule(device, version=version)
-        if (
-            current is not None
-            and (current.get("metadata") or {})
-            .get("labels", {})
-            .get("app.kubernetes.io/managed-by")
-            != MANAGED_BY["app.kubernetes.io/managed-by"]
-        ):
+        if current is not None and not ours(current):
             raise Forbidden(f"DeviceTaintRule {name} exists and is not gpuvigil's")
         try:
             if current is None:
@@ -246,16 +242,65 @@ class DeviceTaints:
             raise
 
     def release(self, device: Device, *, version: str | None = None) -> None:
-        """Delete our rule for `device`; already gone is done."""
+        """Delete our rule for `device`; already gone is done. A rule of that name that is
+        not ours is left alone (deleted only with the uid we read: a Conflict otherwise)."""
         version = version or self.served().taint_rules
-        if version is None:
+        current = self.rule(device, version=version) if version else None
+        if version is None or current is None or not ours(current):
             return
+        uid = (current.get("metadata") or {}).get("uid")
+        body = {"preconditions": {"uid": uid}} if uid else None
         try:
             self._write(
                 "delete_devicetaintrule",
                 lambda t: self.custom.delete_cluster_custom_object(
-                    GROUP, version, "devicetaintrules", rule_name(device), _request_timeout=t
+                    GROUP, version, "devicetaintrules", rule_name(device), body=body,
+                    _request_timeout=t,
                 ),
-            )
+            )  # fmt: skip
         except NotFound:
             pass
+
+    # ---- the controller's per-GPU path (clusters.base.GpuEnforcement) ---------------------
+
+    def enforcement(
+        self, node: str, gpu_uuid: str, *, plugin_agrees: bool, device: str | None
+    ) -> GpuEnforcement | None:
+        """For a new isolation (`device` None): DRA when `choose_path` says so, with the
+        holders ResourceClaims name; None otherwise (the device plugin's or the whole
+        node's way). For a DRA record (`device` its resource id): whether our rule stands
+        as NoSchedule, and the holders."""
+        served = self.served()
+        if device is None:
+            dev = self.device(served, node=node, gpu_uuid=gpu_uuid) if served.taint_rules else None
+            choice = choose_path(served, dev, plugin_agrees=plugin_agrees)
+            if choice.path != "dra" or choice.device is None:
+                return None
+            return GpuEnforcement("dra", True, self.claim_holders(choice.device, served=served),
+                                  choice.device.resource_id, choice.why)  # fmt: skip
+        dev = parse_device(device, uuid=gpu_uuid)
+        if dev is None or served.taint_rules is None:
+            return GpuEnforcement("dra", False, None, device, "no DeviceTaintRule served")
+        if not enforces(self.rule(dev, version=served.taint_rules), dev):
+            return GpuEnforcement("dra", False, None, device, "our DeviceTaintRule is gone")
+        return GpuEnforcement("dra", True, self.claim_holders(dev, served=served), device)
+
+    def isolate(self, device: str, *, gpu_uuid: str, reason: str) -> str:
+        """Dry run (effect None), then NoSchedule, then read back: "" when the rule stands;
+        else why not (the caller gives the node to its whole ladder). Errors raise."""
+        dev = parse_device(device, uuid=gpu_uuid)
+        version = self.served().taint_rules
+        if dev is None or version is None:
+            return "no DeviceTaintRule served"
+        if not self.taint(dev, reason=reason, effect="None", version=version):
+            return "the API refused the dry-run effect None"
+        self.taint(dev, reason=reason, effect="NoSchedule", version=version)
+        if not enforces(self.rule(dev, version=version), dev):
+            return "the DeviceTaintRule read back does not keep work off the device"
+        return ""
+
+    def release_device(self, device: str) -> None:
+        """`release` by resource id (an isolation record's `device`); garbage: nothing."""
+        dev = parse_device(device)
+        if dev is not None:
+            self.release(dev)

@@ -30,6 +30,7 @@ objects costs seconds; `json.loads` costs milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -53,6 +54,7 @@ from gpuvigil.platform.clusters.base import (
     DrainStatus,
     Fence,
     Forbidden,
+    GpuEnforcement,
     NodeView,
     NotFound,
     Preflight,
@@ -67,6 +69,7 @@ from gpuvigil.platform.clusters.k8s_api import (
     load_api_client,
     when,
 )
+from gpuvigil.platform.clusters.k8s_dra import DeviceTaints
 from gpuvigil.platform.clusters.k8s_events import EventRecorder
 from gpuvigil.platform.clusters.k8s_keys import load_signer
 from gpuvigil.platform.clusters.k8s_pins import AgentPins
@@ -74,7 +77,7 @@ from gpuvigil.platform.clusters.k8s_preflight import PreflightPods
 from gpuvigil.platform.clusters.k8s_serving import ServingPools
 from gpuvigil.platform.clusters.k8s_watch import NodeWatch
 from gpuvigil.platform.clusters.settings import KubernetesSettings
-from gpuvigil.platform.isolation import ISOLATION_ANNOTATION
+from gpuvigil.platform.isolation import ISOLATION_ANNOTATION, Isolation
 from gpuvigil.platform.state import (
     INTENT_ANNOTATION,
     POOL_LABEL,
@@ -144,6 +147,9 @@ class KubernetesCluster:
             self.api_client, timeout_s=self.timeout, calls=self.calls, write=self._write,
             pages=self._pages, watch=self.watch, gpu_resource=self.settings.gpu_resource,
         )  # fmt: skip
+        # per-GPU isolation with DRA: DeviceTaintRules, ResourceSlices, ResourceClaims
+        self.dra = DeviceTaints(self.api_client, timeout_s=self.timeout, write=self._write,
+                                calls=self.calls)  # fmt: skip
         self._signer: Signer | None = None
         self.pins = AgentPins(self.core, self.settings, self._write)
         self._doubted: set[str] = set()  # results already logged as not believed
@@ -485,9 +491,40 @@ class KubernetesCluster:
         grace = self.settings.eviction_grace_for(pool_of_labels(labels, label=self.pool_label))
         return self.drainer.evict_pods(pods, deadline=deadline, reason=reason, grace_s=grace)
 
+    def gpu_enforcement(
+        self, node: NodeView, gpu_uuid: str, *, plugin_agrees: bool, record: Isolation | None
+    ) -> GpuEnforcement | None:
+        """DRA's way when the API server serves DeviceTaintRule and a ResourceSlice has the
+        GPU (`k8s_dra.DeviceTaints.enforcement`); None: the device plugin's way."""
+        if record is not None and record.scope != "dra":
+            return None  # a record keeps the way it was isolated
+        way = self.dra.enforcement(node.name, gpu_uuid, plugin_agrees=plugin_agrees,
+                                   device=record.device if record else None)  # fmt: skip
+        if way is None or not way.holders:
+            return way
+        # A claim stays reserved for a pod that is gone until the resourceclaim controller
+        # catches up: only the node's live pods hold the GPU.
+        sel = f"spec.nodeName={node.name},status.phase!=Succeeded,status.phase!=Failed"
+        live = {f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+                for p in self._pages("list_pods", self.core.list_pod_for_all_namespaces,
+                                     field_selector=sel)}  # fmt: skip
+        return dataclasses.replace(way, holders=[h for h in way.holders if h in live])
+
+    def enforce_gpu(self, name: str, record: Isolation) -> str:
+        """The DeviceTaintRule, None then NoSchedule ("" done; else why not)."""
+        if record.scope != "dra":
+            return ""
+        return self.dra.isolate(record.device, gpu_uuid=record.gpu_uuid, reason=record.code)
+
+    def release_gpu(self, name: str, record: Isolation) -> None:
+        """Delete the record's DeviceTaintRule (a device-plugin record has none)."""
+        if record.scope == "dra":
+            self.dra.release_device(record.device)
+
     def store_isolation(self, name: str, text: str | None) -> None:
         """The isolation record in its Node annotation (None: removed). An annotation, not
-        a CRD: 1.20 clusters have no room for ours by default (docs/controller.md)."""
+        a CRD: it needs nothing installed and is one object with the node's state record
+        (docs/per-gpu.md)."""
         self._patch_node("isolation", name, {"metadata": {"annotations": {
             ISOLATION_ANNOTATION: text}}})  # fmt: skip
 
