@@ -167,6 +167,24 @@ def test_dra_whole_node_fallback_deletes_the_rule(dra_kube, kube_cluster, agent)
     assert rec is not None and rec.state in (State.SUSPECT, State.DRAINING)
 
 
+def test_a_rule_found_gone_takes_the_whole_node(dra_kube, kube_cluster, agent) -> None:  # type: ignore[no-untyped-def]
+    kube = dra_kube
+    name, _, dev = setup(kube)
+    agent.publish(name, xid(48))
+    c = kube_cluster(node_selector=f"fleet={name.split('-')[1]}")
+    ctl = controller(c, evict_timeout_s=600)
+    ctl.reconcile()
+    assert look(kube, name)[2].scope == "dra"
+    # someone deletes it (or a controller died between the record and the rule)
+    out = kube.kubectl("delete", f"{RULES}.{G}", dra.rule_name(dev))
+    assert out.returncode == 0, out.stderr
+    agent.publish(name, xid(48))
+    ctl.reconcile()  # new work could reach the GPU: fail closed, the whole node
+    node_taints, _, iso, rec = look(kube, name)
+    assert iso is None and wire.UNHEALTHY_TAINT in node_taints
+    assert rec is not None and rec.state in (State.SUSPECT, State.DRAINING)
+
+
 def refusing_none(kube: Any) -> None:
     """DeviceTaintRule's schema without the None effect (as an API before 1.35)."""
     docs = list(yaml.safe_load_all(CRDS.read_text()))
