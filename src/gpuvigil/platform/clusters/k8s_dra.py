@@ -1,15 +1,15 @@
 """Per-GPU isolation with DRA: a `DeviceTaintRule` for one GPU, and which path a GPU takes.
 
-Called by the controller's per-GPU path (`platform.gpu_path`) on Kubernetes:
+Called by the controller's per-GPU path (`platform.gpu_path`) through the Kubernetes
+adapter (`KubernetesCluster.gpu_enforcement`, `enforce_gpu`, `release_gpu`):
 
     taints = DeviceTaints(api_client, write=cluster._write)   # fenced writes
-    choice = taints.choose(node="gpu-1", gpu_uuid="GPU-...", plugin_agrees=enforced(view))
-    if choice.path == "dra":
-        taints.taint(choice.device, reason="XID_79", effect="None")        # dry run first
-        taints.taint(choice.device, reason="XID_79", effect="NoSchedule")  # then enforce
-        holders = taints.claim_holders(choice.device)   # or gpu_holders(dra_device=...)
+    way = taints.enforcement("gpu-1", "GPU-...", plugin_agrees=..., device=None)
+    if way is not None:                       # the dra path; way.holders from the claims
+        why = taints.isolate(way.device, gpu_uuid="GPU-...", reason="XID_79")
+        # None (dry run), then NoSchedule, read back; why != "": the whole node instead
     ...
-    taints.release(choice.device)   # repaired or revalidated: delete the rule
+    taints.release_device(way.device)   # repaired, revalidated or given back: rule deleted
 
 `choose` decides, in this order (`choose_path`, pure):
 1. `dra`: the API server serves `DeviceTaintRule` in `resource.k8s.io` (discovery: v1 from
