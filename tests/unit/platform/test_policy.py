@@ -58,7 +58,14 @@ CASES = [
         State.SUSPECT,
         [],
     ),
-    ("investigate -> quarantine", view(INVESTIGATE), Fleet(), State.QUARANTINED, ["block"]),
+    ("investigate blocks first", view(INVESTIGATE), Fleet(), State.SUSPECT, ["block"]),
+    (
+        "investigate -> quarantine after the fatal grace",
+        view(INVESTIGATE, record=rec(State.SUSPECT, 121, reason="needs a human: GPU_SDC")),
+        Fleet(),
+        State.QUARANTINED,
+        [],
+    ),
     ("cannot-run blocks only", view(CANNOT_RUN), Fleet(), State.SUSPECT, ["block"]),
     (
         "suspect persists -> draining",
