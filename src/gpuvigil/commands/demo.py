@@ -33,7 +33,9 @@ def register(app: typer.Typer) -> None:
         write the HTML report of the run with every layer on. No GPU needed.
 
         Runs the real node rules, controller policy and safety, restart semantics and
-        SLO/attribution code against faults at the Llama 3 paper's published rates.
+        SLO/attribution code against faults at the Llama 3 paper's published rates. Shows
+        GPU-hours kept by per-GPU isolation and serving minutes below demand with (`full`)
+        and without (`platform`) per-GPU isolation and the capacity gate.
         """
         from gpuvigil.sim import demo as sim_demo
 

@@ -28,7 +28,11 @@ def register(app: typer.Typer) -> None:
         ] = None,
         seed: Annotated[int, typer.Option(help="Same seed, same numbers.")] = 1,
         workload: Annotated[
-            str, typer.Option(help="mixed (jobs of 1-256 nodes) | llama3 (one 2,048-node job).")
+            str,
+            typer.Option(
+                help="mixed (jobs of 1-256 nodes; a quarter of the nodes serve an always-on "
+                "inference Deployment) | llama3 (one 2,048-node job)."
+            ),
         ] = "mixed",
         storm: Annotated[
             bool,
@@ -54,6 +58,9 @@ def register(app: typer.Typer) -> None:
 
         Runs the real node rules, controller policy and safety, restart semantics and
         SLO/attribution code against simulated hardware faults at published rates.
+        `platform` runs the controller with the whole-node ladder only; `full` adds per-GPU
+        isolation and the serving capacity gate (gpu_hours_kept_by_isolation,
+        serving_minutes_below_demand in --json).
         Example: gpuvigil simulate --nodes 256 --days 14 --json
         """
         from gpuvigil import config as config_mod

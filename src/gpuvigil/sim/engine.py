@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.controller import ControllerConfig
-from gpuvigil.sim import episodes, incidents, lifecycle
+from gpuvigil.sim import episodes, incidents, lifecycle, serving
 from gpuvigil.sim.adversity import ATTACKS
 from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import (
@@ -76,11 +76,30 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
         )  # fmt: skip
         self.by_name = {n.name: n.id for n in self.fleet.nodes}
         attack = ATTACKS[scenario.attack](days * DAY) if scenario.attack else None
+        self.platform: Platform | None = None
+        n_serving = round(nodes * workload.serving_fraction)
+        self.serving: serving.Serving | None = None
+        if n_serving:
+            self.fleet.serve(range(nodes - n_serving, nodes))
+            self.serving = serving.Serving(self, self.fleet.nodes[nodes - n_serving :])
+        gate = self.serving is not None and scenario.capacity_gate
+        controller = serving.controller_config(
+            controller or ControllerConfig(), gpus_per_replica=self.cfg.gpus_per_replica,
+            gate=gate, isolation=scenario.gpu_isolation,
+        )  # fmt: skip
+        sim_serving = None
+        if gate and self.serving is not None:
+            sim_serving = serving.SimServing(self.serving, now=lambda: self.platform_t)
         self.platform = Platform(
             machines=[(n.name, n.labels, n.facts) for n in self.fleet.nodes], config=controller,
             reset_s=self.cfg.reset_gpu_s, reboot_s=self.cfg.reboot_s,
             preflight_s=self.cfg.validate_s, breaker=breaker, events=recorder, adversity=attack,
+            serving=sim_serving, gpus=self.cfg.gpus_per_node,
         ) if scenario.layer2 else None  # fmt: skip
+        if self.platform is not None:
+            self.platform.cluster.holders_of = self.holders_of
+        if self.platform is not None and self.serving is not None:
+            self.platform.pods_of = self.serving.pods_named
         self.silent: set[int] | None = None  # during a silence: nodes whose report waits
         self._pass_at: float | None = None
         self.layer1 = layer1 or Layer1()
@@ -90,7 +109,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
         self.tally = Tally()
         self.res = Results(scenario.name, nodes, days, seed, workload.name)
         self.jobs: list[Job] = workload.initial_and_arrivals(
-            random.Random(f"{seed}:jobs"), nodes=nodes, horizon_s=self.horizon,
+            random.Random(f"{seed}:jobs"), nodes=nodes - n_serving, horizon_s=self.horizon,
             gpus_per_node=self.cfg.gpus_per_node,
         )  # fmt: skip
         self.queue: deque[int] = deque()
@@ -102,6 +121,9 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
             self.push(onset, FAULT, self._instance(kind, nid, onset))
         for job in self.jobs:
             self.push(job.submit_s, ARRIVE, job)
+        if self.serving is not None:
+            self.fleet.on_change = self.serving.changed
+            self.push(serving.HOUR, serving.SERVING_DEMAND, None)
         self.held_at: float | None = None
         if scenario.incident:
             if scenario.incident == "skew" and self.platform is not None:
@@ -136,7 +158,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
             episodes.PUBLISH: self.on_publish,
             episodes.SILENCE: self.on_silence, episodes.SILENCE_END: self.on_silence_end,
             EXPIRE: self.on_expire, OFFER: self.on_offer, incidents.FLAP_EV: self.on_flap,
-            STORM_BATCH: self.on_storm_batch,
+            STORM_BATCH: self.on_storm_batch, serving.SERVING_READY: self.on_serving,
+            serving.SERVING_DEMAND: self.on_serving_demand, episodes.GPU_SWAP: self.on_gpu_swap,
         }  # fmt: skip
         self.rec.fleet(0.0, (n.name for n in self.fleet.nodes))
         heap, events, next_report = self._heap, 0, 0.0
@@ -154,6 +177,37 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
         if self.platform is not None:
             self.res.adversity = self.platform.adversity()
         return self.res
+
+    @property
+    def platform_t(self) -> float:
+        return self.platform.t if self.platform is not None else 0.0
+
+    def on_serving(self, t: float, _: object, __: int) -> None:
+        if self.serving is not None:
+            self.serving.ready_events.discard(t)
+            self.serving.update(t)
+            if self.serving.held and self.platform is not None:  # the gate waits on these
+                self.control_pass(t)
+
+    def on_serving_demand(self, t: float, _: object, __: int) -> None:
+        """The demand's hourly step (the HPA's desiredReplicas moves)."""
+        if self.serving is not None:
+            self.serving.on_demand(t)
+            self.push(t + serving.HOUR, serving.SERVING_DEMAND, None)
+
+    def holders_of(self, name: str, index: int) -> list[str]:
+        """The pods holding GPU `index` of the node (what PodResources would list)."""
+        node = self.fleet.nodes[self.by_name[name]]
+        if self.serving is not None and node.id in self.serving.ids:
+            return self.serving.holders(node, index)
+        return [f"{name}-job"] if node.job is not None else []
+
+    def sync_pods(self, nodes: list[Node]) -> None:
+        """The serving replicas on each node, as the controller's cluster lists its pods."""
+        if self.platform is None or self.serving is None:
+            return
+        for node in nodes:
+            self.platform.set_running(node.name, running=False)
 
     def _instance(self, kind: FaultKind, nid: int, onset: float) -> FaultInstance:
         self._fault_ids += 1

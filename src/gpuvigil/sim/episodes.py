@@ -11,10 +11,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.findings import Action, Finding
+from gpuvigil.platform.isolation import decode_isolation
 from gpuvigil.platform.state import State
+from gpuvigil.sim import devices
 from gpuvigil.sim.faults import BAD_DRIVER, BOOT_NOISE, LEMON_RETURN_S, Cause, Effect
 from gpuvigil.sim.fleet import Node, NodeState
-from gpuvigil.sim.platform import SLACK_S, sample_fixed_by
+from gpuvigil.sim.platform import SLACK_S, Wake, sample_fixed_by
 
 if TYPE_CHECKING:
     from gpuvigil.sim.engine import Engine
@@ -55,8 +57,59 @@ class Episodes:
         worst = None if None in fixed else max(fixed, key=lambda a: a.rank)  # type: ignore[union-attr]
         self.platform.at(t)
         self.platform.publish(node.name, findings, fixed_by=worst, running=node.job is not None)
+        self.plugin_sees(node, findings, t)
         self.rec.findings(t, node.name, findings)
         self.control_pass(t)
+
+    def plugin_sees(self: Engine, node: Node, findings: list[Finding], t: float) -> None:
+        """The device plugin takes GPUs with a critical Xid out of allocatable."""
+        out = devices.plugin_marks_out(findings)
+        if out == node.gpus_out:
+            return
+        node.gpus_out = out
+        if out:
+            self.fleet.remove_free(node.id)
+        elif node.state is NodeState.UP and node.job is None:
+            self.fleet.add_free(node.id)
+        if self.platform is not None:
+            self.platform.gpus_out(node.name, out)
+        self.fleet.mark(node, t)
+
+    def gpu_evicted(self: Engine, wake: Wake, t: float) -> None:
+        """The controller evicted one GPU's holders (the node stays in service), and the
+        GPUs it isolates now; a person swaps a GPU isolated for good."""
+        for name, pods in wake.evicted.items():
+            node = self.fleet.nodes[self.by_name[name]]
+            if self.serving is not None and node.id in self.serving.ids:
+                self.serving.evict(node, pods, t)
+            elif node.job is not None and f"{name}-job" in pods:
+                self.interrupt(self.jobs[node.job], t, node.faults[0] if node.faults else None,
+                               reason="drain: controller", graceful=self.sc.layer3)  # fmt: skip
+        if self.serving is not None:
+            isolated = {}
+            for name in wake.isolated:
+                rec = decode_isolation(self.platform.cluster.nodes[name].isolation_raw)
+                if rec is not None:
+                    isolated[self.by_name[name]] = {rec.index}
+            self.serving.isolate(isolated, t)
+        for name, step in wake.isolated.items():
+            node = self.fleet.nodes[self.by_name[name]]
+            if step == "isolated" and not node.swap_due:
+                node.swap_due = True
+                self.push(t + self._human_repair(node), GPU_SWAP, node, node.repair_epoch)
+
+    def on_gpu_swap(self: Engine, t: float, node: Node, epoch: int) -> None:
+        """A person swaps the isolated GPU: the machine goes down for it (its work is
+        drained, no gate: a person's drain), and comes back whole a reboot later."""
+        node.swap_due = False
+        if node.repair_epoch != epoch or node.state is not NodeState.UP or not node.faults:
+            return
+        if node.job is not None:
+            self.interrupt(self.jobs[node.job], t, node.faults[0], reason="drain: human")
+        self.set_state(node, NodeState.REPAIR, t)
+        self.rec.remediation(t, node.name, "REPLACE", reason="a person swaps the isolated GPU")
+        node.last_step = "REPLACE"
+        self.push(t + self.cfg.reboot_s, REPAIRED_EV, node, node.repair_epoch)
 
     def control_pass(self: Engine, t: float, *_: Any) -> None:
         self.platform.at(t)
@@ -68,6 +121,7 @@ class Episodes:
                     self.log_cure(self.fleet.nodes[nid], t)
         wake = self.platform.reconcile()
         self.tally.remediations += wake.steps
+        self.gpu_evicted(wake, t)
         for name in wake.drained:
             node = self.fleet.nodes[self.by_name[name]]
             if node.job is not None:
@@ -95,7 +149,10 @@ class Episodes:
             node = self.fleet.nodes[self.by_name[name]]
             if name in wake.replaced:
                 continue
-            if state in OUT:
+            if state is State.DRAINING and self.platform.cluster.nodes[name].pods:
+                # blocked, its pods still running: the capacity gate holds the drain
+                self.set_state(node, NodeState.CORDONED, t)
+            elif state in OUT:
                 self.set_state(node, NodeState.REPAIR, t)
                 if state is State.VALIDATING:
                     self.preflight_finds(node, t)
@@ -104,6 +161,8 @@ class Episodes:
             elif not self.platform.cluster.nodes[name].our_taints:
                 if self.platform.faults_cleared(name):
                     self.clear_faults(node, t)
+                    if node.state is NodeState.UP and node.recovering:  # cured in service
+                        self.back_in_service(node, t)  # (its GPU's reset): MTTR ends here
                 self.set_state(node, NodeState.UP, t)
         if wake.at is not None and (self._pass_at is None or wake.at < self._pass_at
                                     or self._pass_at <= t):  # fmt: skip
@@ -199,6 +258,12 @@ class Episodes:
             if fi.kind.persistent:
                 node.cleared.add(fi.kind.name)
         node.faults.clear()
+        if node.gpus_out:  # the device plugin restarts with the repaired GPUs
+            node.gpus_out = set()
+            if self.platform is not None:
+                self.platform.gpus_out(node.name, set())
+            if node.state is NodeState.UP and node.job is None:
+                self.fleet.add_free(node.id)
         self.fleet.mark(node, t)
 
     def log_cure(self: Engine, node: Node, t: float) -> None:
@@ -265,4 +330,5 @@ def lifetime_s(findings: tuple[Finding, ...], *, default_s: float = 3600.0) -> f
 
 
 CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH, SILENCE, SILENCE_END = 9, 10, 11, 12, 13, 14
-FAULT_EV, DETECT_EV = 0, 1
+FAULT_EV, DETECT_EV, REPAIRED_EV = 0, 1, 2
+GPU_SWAP = 21  # a person swaps an isolated GPU (after sim.serving's 19, 20)

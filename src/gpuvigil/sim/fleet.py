@@ -8,11 +8,12 @@ availability costs nothing per tick.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuvigil.platform.state import POOL_LABEL
-from gpuvigil.sim.faults import Cause, Effect, FaultKind
+from gpuvigil.sim.faults import NODE_WIDE, Cause, Effect, FaultKind
 
 
 class NodeState(StrEnum):
@@ -54,6 +55,8 @@ class Node:
     broken_since: float | None = None  # schedulable with a fault that affects work, since
     # this machine's memory (a replacement is a new machine and starts afresh)
     quarantines: int = 0
+    gpus_out: set[int] = field(default_factory=set)  # the device plugin's unhealthy GPUs
+    swap_due: bool = False  # a person will swap its isolated GPU (sim.episodes)
     lemon: str = ""  # a lemon's fault kind: it returns after every repair (sim.scenarios)
     cleared: set[str] = field(default_factory=set)  # fault kinds repaired on this machine
     flaps: dict[str, int] = field(default_factory=dict)  # kind -> returns after service
@@ -71,10 +74,14 @@ class Node:
 
     @property
     def broken_in_service(self) -> bool:
-        """Schedulable while carrying a fault that affects work (seen or not)."""
+        """Schedulable while carrying a fault that affects work (seen or not); a fault on a
+        GPU the device plugin took out of allocatable reaches no new work (per-GPU
+        isolation keeps the machine's other GPUs in service)."""
         return self.state is NodeState.UP and any(
-            f.kind.persistent and f.kind.effect is not Effect.NONE for f in self.faults
-        )
+            f.kind.persistent and f.kind.effect is not Effect.NONE
+            and (f.kind.fault in NODE_WIDE or f.gpu not in self.gpus_out)
+            for f in self.faults
+        )  # fmt: skip
 
     def new_machine(self) -> None:
         """A replacement arrived: nothing of the old machine's history is its."""
@@ -128,6 +135,14 @@ class Fleet:
         self._pos: dict[int, int] = {i: i for i in range(size)}
         self.unavailable_s = 0.0
         self.broken_in_service_s = 0.0
+        self.serving: set[int] = set()  # nodes of the serving pool: no training job lands there
+        self.on_change: Callable[[Node, float], None] | None = None  # sim.serving's update
+
+    def serve(self, ids: Iterable[int]) -> None:
+        """These nodes host the serving pool (`sim.serving`) from now on."""
+        for nid in ids:
+            self.serving.add(nid)
+            self.remove_free(nid)
 
     # --- the free pool: O(1) add, remove and random pick ---------------------------------
     @property
@@ -135,7 +150,9 @@ class Fleet:
         return len(self._free)
 
     def add_free(self, nid: int) -> None:
-        if nid in self._pos:
+        if nid in self._pos or nid in self.serving:
+            return
+        if self.nodes[nid].gpus_out:  # a gang's 8-GPU pod does not fit on 7 allocatable
             return
         self._pos[nid] = len(self._free)
         self._free.append(nid)
@@ -178,6 +195,8 @@ class Fleet:
         elif not bad and node.unavailable_since is not None:
             self.unavailable_s += t - node.unavailable_since
             node.unavailable_since = None
+        if self.on_change is not None and node.id in self.serving:
+            self.on_change(node, t)
 
     def close(self, t: float) -> None:
         for node in self.nodes:

@@ -120,6 +120,9 @@ class Workload:
     # > 0: people watch this work and find the host named in a crash this fast on average
     # (a flagship run's on-call team), instead of SimConfig.human_detect_mean_s
     human_detect_mean_s: float = 0.0
+    # this share of the fleet's nodes (the last ones) serves an always-on inference
+    # Deployment (`sim.serving`) instead of training: one pool of 64 in a fleet of 1,024
+    serving_fraction: float = 0.0
 
     def initial_and_arrivals(
         self, rng: random.Random, *, nodes: int, horizon_s: float, gpus_per_node: int
@@ -154,7 +157,7 @@ class Workload:
 
 
 WORKLOADS = {
-    "mixed": Workload(),
+    "mixed": Workload(serving_fraction=0.25),
     # One gang job on every node, checkpointing every 15 min (assumption: Meta does not
     # publish the interval), retried without limit: the Llama 3 405B pre-training setting.
     "llama3": Workload(

@@ -362,6 +362,9 @@ class Lifecycle:
                 self.tally.false[node.out] += 1
         self.fleet.close(t)
         self.tally.broken_in_service_s = self.fleet.broken_in_service_s
+        if self.serving is not None:
+            self.tally.serving_below_min = self.serving.finish(t)
+            self.tally.kept_gpu_s = self.serving.kept_gpu_s
         self.res.faults_undetected = sum(
             1 for n in self.fleet.nodes for f in n.faults
             if f.detected_s is None and f.kind.cause is not Cause.TOOLING

@@ -35,6 +35,7 @@ from gpuvigil.platform.controller import Controller, ControllerConfig, PassResul
 from gpuvigil.platform.safety import pool_limit
 from gpuvigil.platform.signatures import attributes_of, count
 from gpuvigil.platform.state import NodeView, State, pool_of_labels
+from gpuvigil.sim import devices
 from gpuvigil.sim.adversity import ApiOutage, Outage, Replicas, SplitBrain
 
 # Virtual time has microsecond steps: wake a little after a deadline, never on it.
@@ -83,6 +84,9 @@ class SimCluster(MemoryCluster):
         self.census: Counter[tuple[str, str]] = Counter()
         self.agent_skew_s = 0.0  # clock-skew: the agents' clocks this far ahead
         self.controller_calling = False  # api-outage refuses only the controller's calls
+        self.serving: object | None = None  # the capacity gate's reads (sim.serving.SimServing)
+        # the pods holding GPU `index` of a node (sim.devices); set by the engine
+        self.holders_of: Callable[[str, int], list[str]] = lambda _name, _index: []
         self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: nothing lands
 
     def _only_active(self) -> dict:
@@ -98,6 +102,15 @@ class SimCluster(MemoryCluster):
         if health is not None:
             health = health.model_copy(update={"generated_at": health.generated_at + ahead})
         return replace(view, heartbeat_at=view.heartbeat_at + ahead, health=health)
+
+    def gpu_holders(self, name: str, gpu_uuid: str) -> list[str] | None:
+        """Who holds the GPU, as the agent's PodResources mapping says: a serving replica
+        holds its slot's GPUs, a training job's pod every GPU of its node."""
+        node = self._call("gpu_holders", name)
+        index = devices.index_of(gpu_uuid, gpus=node.gpus) if node is not None else None
+        if index is None:
+            return None
+        return self.holders_of(name, index)
 
     def list_nodes(self) -> list[NodeView]:
         full, self.nodes = self.nodes, self._only_active()
@@ -137,6 +150,8 @@ class Wake:
     quarantined: list[str] = field(default_factory=list)
     states: dict[str, State] = field(default_factory=dict)
     steps: int = 0
+    evicted: dict[str, list[str]] = field(default_factory=dict)  # one GPU's holders, by node
+    isolated: dict[str, str] = field(default_factory=dict)  # node -> its isolated GPU's step
 
 
 class Platform:
@@ -153,6 +168,8 @@ class Platform:
         breaker: bool = True,
         events: object | None = None,
         adversity: ApiOutage | SplitBrain | None = None,
+        serving: object | None = None,
+        gpus: int = 8,
     ) -> None:
         cfg = config or ControllerConfig()
         if not breaker:  # the control run: no cause ever trips
@@ -163,6 +180,12 @@ class Platform:
             total=len(machines), reset_s=reset_s, reboot_s=reboot_s, preflight_s=preflight_s,
             beat_s=0.8 * cfg.policy.heartbeat_stale_s, pool_label=cfg.safety.pool_label,
         )  # fmt: skip
+        # the capacity gate's reads and writes (`sim.serving.SimServing`), as a Kubernetes
+        # cluster's `serving`; None: no serving pool behind a gate
+        self.cluster.serving = serving
+        self.gpus = gpus  # every node's device plugin registers this many
+        # a serving node's pods (`sim.serving`); None for a node that trains
+        self.pods_of: Callable[[str], list[str] | None] = lambda _name: None
         # name -> (labels, facts): the same dicts the engine's nodes carry
         self.machines = {name: (labels, facts) for name, labels, facts in machines}
         self.recount()
@@ -214,7 +237,7 @@ class Platform:
     def _add(self, name: str) -> None:
         labels, facts = self.machines.get(name, ({}, {}))
         pool = pool_of_labels(labels, label=self.config.safety.pool_label)
-        self.cluster.add_node(name, pool=pool, labels=labels, attributes=facts)
+        self.cluster.add_node(name, pool=pool, labels=labels, attributes=facts, gpus=self.gpus)
 
     def _hush(self, name: str) -> None:
         """During a silence the controller keeps seeing the report from before it."""
@@ -263,10 +286,26 @@ class Platform:
         if name in self.cluster.nodes:
             self.cluster.clear_findings(name)
             self._hush(name)
+            self.gpus_out(name, set())
+
+    def gpus_out(self, name: str, out: set[int]) -> None:
+        """The device plugin's unhealthy GPUs on the node now (all healthy again after a
+        repair: the plugin restarts with the node's GPU daemons)."""
+        node = self.cluster.nodes.get(name)
+        if node is None or node.gpus_out == out:
+            return
+        node.gpus_out = set(out)
+        node.version += 1
 
     def set_running(self, name: str, *, running: bool) -> None:
+        """The node's pods: its training job's, or its serving replicas."""
         node = self.cluster.nodes.get(name)
-        if node is not None:
+        if node is None:
+            return
+        replicas = self.pods_of(name)
+        if replicas is not None:
+            node.pods = [Pod(p) for p in replicas]
+        else:
             node.pods = [Pod(f"{name}-job")] if running else []
 
     def faults_cleared(self, name: str) -> bool:
@@ -319,7 +358,10 @@ class Platform:
                 continue
             wake.states[name] = d.state
             if len(node.evicted) > before.get(name, 0):
-                wake.drained.append(name)
+                if d.state is State.HEALTHY and node.isolation_raw:  # one GPU's holders
+                    wake.evicted[name] = [p.name for p in node.evicted[before.get(name, 0) :]]
+                else:
+                    wake.drained.append(name)
             if any(op.kind.value in ("request", "replace") for op in d.ops):
                 wake.steps += 1
             # a quarantine begins this pass (a record rewritten in QUARANTINED, e.g. for its
@@ -337,6 +379,11 @@ class Platform:
             quiet = d.state is State.HEALTHY and not node.faults and not node.our_taints
             if quiet and name not in probes:
                 self.cluster.active.discard(name)
+        wake.isolated = dict(result.isolated)
+        if any(step != "isolated" for step in wake.isolated.values()):
+            # the GPU's ladder moves on its own deadlines (grace, the reset's answer)
+            soon = self.t + self.held_retry_s
+            wake.at = soon if wake.at is None else min(wake.at, soon)
         closes = self._breaker_closes(wake.states)
         if closes is not None and (wake.at is None or closes < wake.at):
             wake.at = closes
@@ -411,6 +458,9 @@ class Platform:
                     return since + limit + SLACK_S
             return self.t + self.held_retry_s
         if d.state is State.DRAINING:
+            held = getattr(self.cluster.serving, "s", None)
+            if held is not None and name in held.held:  # the capacity gate holds it:
+                return self.t + self.held_retry_s  # the replicas' Ready passes sooner
             return self.t + 1.0
         if d.state is State.REMEDIATING:
             if node.request is not None:

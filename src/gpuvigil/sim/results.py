@@ -106,6 +106,17 @@ class Results:
         0, "most flaps", COUNT, "the most times one machine went back into service and the "
         "same fault returned", table=2,
     )  # fmt: skip
+    # Serving and per-GPU isolation (issue #23, sim.serving)
+    gpu_hours_kept_by_isolation: float = figure(
+        0.0, "GPU-h kept by isolation", GPU_HOURS, "GPU-hours the healthy GPUs of a machine "
+        "with one GPU isolated spent serving, while the whole-node ladder would have had the "
+        "machine out", table=2,
+    )  # fmt: skip
+    serving_minutes_below_demand: float = figure(
+        0.0, "serving min below demand", NUMBER, "minutes during which fewer serving "
+        "replicas were Ready than the demand (the HPA's desired replicas) asked for",
+        table=2, digits=1,
+    )  # fmt: skip
     jobs_finished: int = figure(0, "jobs finished", COUNT)
     jobs_failed: int = figure(0, "jobs failed", COUNT, "jobs that gave up")
     jobs_censored: int = figure(
@@ -173,6 +184,8 @@ class Tally:
         self.max_quarantines = 0
         self.lemons_replaced = 0
         self.max_flaps = 0
+        self.serving_below_min = 0.0
+        self.kept_gpu_s = 0.0  # GPU-seconds served on machines with one GPU isolated
 
     def fault_interruption(self, *, cause: str, calibrated: bool) -> None:
         self.by_fault_cause[cause] += 1
@@ -209,6 +222,8 @@ class Tally:
         res.max_quarantines_per_machine = self.max_quarantines
         res.lemons_replaced = self.lemons_replaced
         res.max_flaps_in_service = self.max_flaps
+        res.serving_minutes_below_demand = self.serving_below_min
+        res.gpu_hours_kept_by_isolation = self.kept_gpu_s / 3600.0
         res.jobs_finished, res.jobs_failed = self.finished, self.failed
         res.faults = self.faults
         res.remediations = self.remediations

@@ -42,6 +42,10 @@ class Scenario:
     storm_batch: int = 0  # a rolling rollout: this many nodes per batch ...
     storm_batch_every_s: float = 0.0  # ... this far apart
     storm_fixed_after_s: float = 6 * 3600.0  # the rollback lands this long after it began
+    # layer 2's two per-workload guards (issue #23), on wherever the controller runs except
+    # in `platform`, which shows the controller without them
+    gpu_isolation: bool = True  # one bad GPU costs one GPU (`platform.isolation`)
+    capacity_gate: bool = True  # no repair takes serving below its demand (`platform.capacity`)
 
     @property
     def fleet_event(self) -> bool:
@@ -66,8 +70,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("baseline", False, False, False, False,
                  "cloud instance checks only: dead machines replaced, failed jobs retried"),
         Scenario("node", True, False, False, False, "layer 1: node checks + cordon"),
-        Scenario("platform", True, True, False, False, "layers 1-2: + policy, safety, remediation"),
-        Scenario("full", *_FULL, "layers 1-4: + training resilience, observe"),
+        Scenario("platform", True, True, False, False,
+                 "layers 1-2: + policy, safety, remediation (whole-node, no capacity gate)",
+                 gpu_isolation=False, capacity_gate=False),
+        Scenario("full", *_FULL, "layers 1-4: + training resilience, observe; per-GPU "
+                 "isolation and the serving capacity gate"),
         Scenario("storm+breaker", *_FULL, "an upgrade drops a binary on 25% of the fleet",
                  storm="tool", wide_budget=True),
         Scenario("storm-no-breaker", *_FULL, "the same, the breaker never trips",
@@ -179,3 +186,19 @@ class SimConfig(StrictModel):
     remediation_retry_s: float = Field(
         600.0, description="How long a held remediation (budget, breaker) waits to retry."
     )
+    gpus_per_replica: int = Field(
+        2, ge=1, description="A serving replica's GPUs: a 70B model in FP8 on 2 H100s "
+        "(tensor parallel 2; assumption).",
+    )  # fmt: skip
+    replica_start_s: float = Field(
+        600.0, description="A new serving replica is Ready once its container has started "
+        "and its weights are loaded (~140 GB from the node's cache): ~10 min (assumption).",
+    )  # fmt: skip
+    serving_low: float = Field(
+        0.45, ge=0, le=1, description="Serving demand at night, as a share of the serving "
+        "pool's replica slots (assumption: a day's peak about 1.7x its trough).",
+    )  # fmt: skip
+    serving_high: float = Field(
+        0.75, ge=0, le=1, description="Serving demand at the day's peak, the same share: the "
+        "pool keeps a quarter spare (assumption).",
+    )  # fmt: skip
