@@ -173,8 +173,7 @@ class Platform:
     ) -> None:
         cfg = config or ControllerConfig()
         if not breaker:  # the control run: no cause ever trips
-            off = {"breaker_min_nodes": 10**9, "breaker_min_change_nodes": 10**9,
-                   "breaker_stale_min_nodes": 10**9}  # fmt: skip
+            off = {"breaker_min_nodes": 10**9, "breaker_stale_min_nodes": 10**9}
             cfg = cfg.model_copy(update={"safety": cfg.safety.model_copy(update=off)})
         self.config = cfg
         self.cluster = SimCluster(
@@ -439,7 +438,10 @@ class Platform:
                 self._nudged.add(key)  # once per probe: never a pass loop
                 due.append(self.t)
             if not sig.probe:
-                due.append(seconds(sig.probe_due(safety) - EPOCH))
+                since = sig.last_probe_end or sig.opened_at
+                wait = safety.breaker_probe_interval_s if sig.last_probe_end else \
+                    safety.breaker_probe_after_s  # fmt: skip
+                due.append(seconds(since - EPOCH) + wait)
         if not due:
             return None
         return max(min(due) + SLACK_S, self.t + SLACK_S)

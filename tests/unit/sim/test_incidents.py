@@ -56,6 +56,9 @@ def test_a_staggered_new_xid_quarantines_nothing(runs: dict[str, Results]) -> No
     assert r.false_quarantines == 0
 
 
+@pytest.mark.xfail(strict=True, reason="the breaker counts only new findings within 600 s; "
+                   "counting how many nodes show the signature now (issue #22 item 3) trips "
+                   "a rollout of 2 nodes every 11 min")  # fmt: skip
 def test_a_slow_rollout_replaces_and_drains_no_healthy_machine(
     runs: dict[str, Results],
 ) -> None:
