@@ -37,6 +37,10 @@ def test_a_rack_fault_blocks_every_node(runs: dict[str, Results]) -> None:
     assert runs["rack-fault"].false_quarantines == 0
 
 
+@pytest.mark.xfail(strict=True, reason="3 of pool-0's 64 nodes open a signature on "
+                   "gpuvigil.io/pool=pool-0, a value the whole pool has always shared (item 2: "
+                   "it names no change), and the held nodes are unblocked with EFA down "
+                   "('block lifted: circuit breaker holds'), 1,554 node-h (item 1)")  # fmt: skip
 def test_a_switch_fault_blocks_every_node(runs: dict[str, Results]) -> None:
     assert runs["switch-fault"].faults > runs["full"].faults
     assert added_exposure_h(runs, "switch-fault") <= 1.0

@@ -19,8 +19,7 @@ node) -> HEALTHY. QUARANTINED for INVESTIGATE findings (`fatal_grace_s` after th
 first seen, blocked meanwhile), after `max_failed_steps` or a spent
 ladder; only `release()` (`gpuvigil release NODE`) leaves it. Staleness alone blocks new
 work and never more: no drain, no step, no quarantine. What the circuit breaker holds
-(`Fleet.held`, `Fleet.stale`) neither starts nor escalates a repair; a held finding blocks
-unless it is a check that could not run (`hold_blocks`).
+(`Fleet.held`, `Fleet.stale`) neither blocks nor starts or escalates a repair.
 """
 
 from __future__ import annotations
