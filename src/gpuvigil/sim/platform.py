@@ -207,7 +207,6 @@ class Platform:
         if isinstance(adversity, ApiOutage):
             self.outage = Outage(self.cluster, adversity, lambda: self.t)
         self.passes = 0
-        self.in_quarantine: set[str] = set()  # nodes whose last decision was QUARANTINED
         self._nudged: set[tuple[object, str, object]] = set()  # probes passed on (_breaker_closes)
         self.held_retry_s = max(cfg.interval_s, 60.0)
         for name in ("gpuvigil.controller", "gpuvigil.leader"):
@@ -364,13 +363,8 @@ class Platform:
                     wake.drained.append(name)
             if any(op.kind.value in ("request", "replace") for op in d.ops):
                 wake.steps += 1
-            # a quarantine begins this pass (a record rewritten in QUARANTINED, e.g. for its
-            # breaker mark, is the same quarantine: counting it again made false ones)
-            if d.state is State.QUARANTINED and name not in self.in_quarantine:
+            if d.state is State.QUARANTINED and d.store:
                 wake.quarantined.append(name)
-                self.in_quarantine.add(name)
-            elif d.state is not State.QUARANTINED:
-                self.in_quarantine.discard(name)
             nxt = self._next(name, d, now)
             if nxt is not None:
                 nxt = max(nxt, self.t + SLACK_S)

@@ -58,14 +58,7 @@ CASES = [
         State.SUSPECT,
         [],
     ),
-    ("investigate blocks first", view(INVESTIGATE), Fleet(), State.SUSPECT, ["block"]),
-    (
-        "investigate -> quarantine after the fatal grace",
-        view(INVESTIGATE, record=rec(State.SUSPECT, 121, reason="needs a human: GPU_SDC")),
-        Fleet(),
-        State.QUARANTINED,
-        [],
-    ),
+    ("investigate -> quarantine", view(INVESTIGATE), Fleet(), State.QUARANTINED, ["block"]),
     ("cannot-run blocks only", view(CANNOT_RUN), Fleet(), State.SUSPECT, ["block"]),
     (
         "suspect persists -> draining",

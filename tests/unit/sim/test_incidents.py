@@ -54,6 +54,9 @@ def test_a_real_fault_under_an_open_signature_is_blocked(runs: dict[str, Results
     assert r.false_quarantines == 0
 
 
+@pytest.mark.xfail(strict=True, reason="a quarantine or INVESTIGATE finding must count toward "
+                   "the breaker's level (issue #22 item 3): one node every 30 s quarantines "
+                   "healthy machines before 3 new findings fall in one window")  # fmt: skip
 def test_a_staggered_new_xid_quarantines_nothing(runs: dict[str, Results]) -> None:
     r = runs["staggered-new-xid"]
     assert added_exposure_h(runs, "staggered-new-xid") <= 1.0

@@ -27,9 +27,8 @@ class PolicyConfig(StrictModel):
     """Timings of the state machine (seconds). Every default is explained in docs/controller.md."""
 
     suspect_grace_s: float = Field(600.0, ge=0)  # non-fatal problem: drain if it lasts this long
-    # A fatal problem blocks at once and drains this much later (an INVESTIGATE one is
-    # quarantined this much later), so a fleet-wide burst is seen by the circuit breaker
-    # before any of it is admitted (check + publish interval).
+    # A fatal problem blocks at once and drains this much later, so a fleet-wide burst is
+    # seen by the circuit breaker before any of it is admitted (check + publish interval).
     fatal_grace_s: float = Field(120.0, ge=0)
     suspect_max_s: float = Field(14400.0, gt=0)  # nothing to repair for this long: quarantine
     block_on_warning: bool = False  # WARNING findings also block new work
