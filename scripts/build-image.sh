@@ -39,7 +39,8 @@ fi
 if ! buildah "${STORE[@]}" inspect --type image "$BASE" >/dev/null 2>&1 \
    || [ "$BASE_TAR" -nt "$CACHE/containers/base.stamp" ]; then
   ctr=$(buildah "${STORE[@]}" from scratch)
-  buildah "${STORE[@]}" add "$ctr" "$BASE_TAR" /
+  # `add` prints the layer digest on stdout, which --test keeps for the check's JSON alone
+  buildah "${STORE[@]}" add --quiet "$ctr" "$BASE_TAR" / >&2
   buildah "${STORE[@]}" commit --quiet --rm "$ctr" "$BASE" >/dev/null
   touch "$CACHE/containers/base.stamp"
 fi

@@ -25,8 +25,11 @@ def _agent() -> dict[str, Any]:
 
 
 def _controller() -> dict[str, Any]:
-    # The controller's defaults in minutes and hours, here in seconds; the ladder, the
-    # budget and the breaker are the defaults.
+    # The controller's defaults in minutes and hours, here in seconds; the ladder and the
+    # budget are the defaults. The breaker never trips: the lab's faults are independent
+    # by construction and minutes apart, yet a fault on each of its 3 nodes within the
+    # level window (6 h) is, rightly, what it holds as a fleet-wide cause. Its test is
+    # tests/unit/platform and the simulator's fleet scenarios, not three machines.
     return {
         "interval_s": 1.0,
         "metrics_port": 0,
@@ -45,6 +48,7 @@ def _controller() -> dict[str, Any]:
             # default): several faults in one lab each start their own ladder
             "escalation_window_s": 20.0,
         },
+        "safety": {"breaker_min_nodes": 4},
     }
 
 

@@ -60,11 +60,21 @@ def test_rbac_allows_what_it_uses_and_nothing_more(kube, deployed) -> None:  # t
         assert can(verb, res, "-A"), (verb, res)
     assert can("update", "leases", "-n", "gpuvigil")
     assert can("delete", "pods", "-n", "gpuvigil")  # re-validation: the preflight pod
+    # the serving gate's make-before-break (docs/serving.md): a mark annotation on the
+    # workload, the HPA's floor, then the Scale subresource; never more of a workload
+    for verb, res in [
+        ("patch", "deployments"),
+        ("patch", "deployments/scale"),
+        ("patch", "horizontalpodautoscalers"),
+    ]:
+        assert can(verb, res, "-A"), (verb, res)
     for verb, res in [
         ("list", "secrets"),
         ("create", "pods"),
         ("update", "leases"),
-        ("patch", "deployments"),
+        ("create", "deployments"),
+        ("update", "deployments"),
+        ("delete", "deployments"),
     ]:
         assert not can(verb, res, "-n", "default"), (verb, res)
 
