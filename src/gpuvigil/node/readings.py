@@ -234,6 +234,9 @@ class XidEvent:
     process: str | None = None  # the `name=` field; None when '<unknown>' or absent
     device: str | None = None  # the driver instance that printed an SXid ("nvidia-nvswitch1")
     boot_id: str | None = None  # the boot it was logged in, when the reader knows it
+    # The GPU index NVML named the event by: a GPU fallen off the bus (Xid 79) may name no
+    # bus, and the rules still place the finding on gpu:<index>, not on an empty `pci:`.
+    gpu_index: int | None = None
 
     @property
     def code_name(self) -> str:

@@ -54,6 +54,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "seq": int,
     "pid": int,
     "uptime_s": (int, float),
+    "gpu_index": int,
 }
 _SOURCES = ("kmsg", "dmesg", "journal", "file", "nvml")
 

@@ -104,6 +104,7 @@ def xid_events_from_answer(
                     line=text,
                     time=at,
                     source="nvml",
+                    gpu_index=gpu,
                 )
             )
     return out

@@ -69,7 +69,7 @@ def evaluate(
     """
     gpus = gpus or {}
     resets = resets or GpuResets()
-    seen = reconcile(events, match_s=match_s)
+    seen = reconcile([_placed(ev, gpus) for ev in events], match_s=match_s)
     groups: dict[tuple[str, int, str], list[Seen]] = {}
     for s in seen:
         groups.setdefault((s.event.kind, s.event.code, _component(s.event, gpus)), []).append(s)
@@ -361,10 +361,27 @@ def _gpu(ev: XidEvent, gpus: Mapping[str, GpuRef]) -> GpuRef | None:
     return gpus.get(ev.bus_id or "") if ev.kind == "xid" else None
 
 
+def _placed(ev: XidEvent, gpus: Mapping[str, GpuRef]) -> XidEvent:
+    """An NVML event that named its GPU's index but no bus (a GPU fallen off the bus
+    answers nothing) gets that GPU's bus: it then reconciles with the kernel's line for
+    the same Xid, and a reset of that GPU clears it, as for any other event."""
+    if ev.bus_id or ev.gpu_index is None or ev.kind != "xid":
+        return ev
+    ref = next((g for g in gpus.values() if g.index == ev.gpu_index), None)
+    return ev.with_(bus_id=ref.bus_id, pci_bus_id=ref.bus_id) if ref else ev
+
+
 def _component(ev: XidEvent, gpus: Mapping[str, GpuRef]) -> str:
+    """gpu:<index>, nvswitch:<n>, pci:<bus>, or `node` when the event names none of them:
+    never an empty `pci:`, which attribution and the node's summary cannot place."""
+    bus = ev.bus_id or ev.pci_bus_id
     if ev.kind == "sxid":
         if ev.device and ev.device.startswith("nvidia-nvswitch"):
             return f"nvswitch:{ev.device.removeprefix('nvidia-nvswitch')}"
-        return f"pci:{ev.bus_id or ev.pci_bus_id}"
-    ref = gpus.get(ev.bus_id or "")
-    return f"gpu:{ref.index}" if ref else f"pci:{ev.bus_id or ev.pci_bus_id}"
+        return f"pci:{bus}" if bus else "node"
+    ref = _gpu(ev, gpus)
+    if ref is not None:
+        return f"gpu:{ref.index}"
+    if ev.gpu_index is not None:  # a GPU the map does not hold: still the GPU NVML named
+        return f"gpu:{ev.gpu_index}"
+    return f"pci:{bus}" if bus else "node"

@@ -330,3 +330,15 @@ def test_xid_79_from_nvml_names_the_lost_gpu_and_counts_once(scenario, make_ctx,
     assert (ev.code, ev.bus_id) == (79, "0000:5d:00.0") and "GPU 3" in ev.line
     xids, _ = run_check(REGISTRY["kernel_log"], ctx)
     assert [f.component for f in xids if f.code == "XID_79"] == ["gpu:3"]
+
+
+def test_an_event_naming_only_its_gpu_keeps_the_index():
+    """NVML named the GPU by index and gave no bus, and the GPU map has none for it: the
+    event keeps the index, so the Xid rules place it on gpu:N (never on an empty `pci:`)."""
+    from datetime import UTC, datetime
+
+    from gpuvigil.node.probes.nvml_client import Answer
+
+    answer = Answer(lines=[{"events": [{"gpu": 3, "pci": {"error": "GPU_IS_LOST"}, "xid": 79}]}])
+    (ev,) = nvml.xid_events_from_answer(answer, at=datetime(2026, 12, 3, tzinfo=UTC))
+    assert (ev.code, ev.gpu_index, ev.bus_id, ev.pci_bus_id) == (79, 3, None, "")

@@ -247,6 +247,27 @@ def test_nvml_only_event_still_counts():
     assert (f.code, f.component, f.evidence["sources"]) == ("XID_48", "gpu:3", ["nvml"])
 
 
+def _nvml_no_bus(code, *, gpu=3, ago_s=60.0):
+    """An NVML event from a GPU that answers nothing: its index, no bus (Xid 79)."""
+    ev = _nvml(code, ago_s=ago_s)
+    return ev.with_(pci_bus_id="", bus_id=None, gpu_index=gpu)
+
+
+def test_nvml_event_without_a_bus_is_the_kernel_event_on_its_gpu():
+    """Issue #26: Xid 79 gave a second finding on an empty `pci:` and attribution named it."""
+    (f,) = evaluate([xid(79, ago_s=60), _nvml_no_bus(79, ago_s=58)], catalog=CAT, now=NOW,
+                    gpus=GPUS)  # fmt: skip
+    assert (f.code, f.component) == ("XID_79", "gpu:3")
+    assert f.evidence["count"] == 1 and f.evidence["sources"] == ["kmsg", "nvml"]
+
+
+def test_an_event_that_names_no_gpu_is_never_on_an_empty_pci():
+    lost = _nvml_no_bus(79, gpu=5)  # a GPU the map does not hold: still the one NVML named
+    nameless = lost.with_(gpu_index=None)
+    assert [f.component for f in evaluate([lost], catalog=CAT, now=NOW, gpus=GPUS)] == ["gpu:5"]
+    assert [f.component for f in evaluate([nameless], catalog=CAT, now=NOW, gpus=GPUS)] == ["node"]
+
+
 def test_nvml_far_from_the_kernel_event_is_another_event():
     (f,) = evaluate([xid(79, ago_s=600), _nvml(79, ago_s=60)], catalog=CAT, now=NOW, gpus=GPUS)
     assert f.evidence["count"] == 2
