@@ -3,10 +3,17 @@ aside (never deleted), and the launcher's own flag is read only before the scrip
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
 
 from gpuvigil.core import exit_codes
-from gpuvigil.training import launch, resume
+from gpuvigil.training import launch, manifest, metrics, resume, run_state
 from gpuvigil.training.config import TrainingConfig
 from gpuvigil.training.resume import Choice, Skipped
 from gpuvigil.training.storage import LocalStorage
@@ -65,3 +72,71 @@ def test_the_setting_defaults_to_refusing_and_reads_the_launchers_variable() -> 
     assert TrainingConfig().checkpoint.allow_fresh_start is False
     env = {launch.ALLOW_FRESH_START_ENV: "true"}
     assert TrainingConfig.load(environ=env).checkpoint.allow_fresh_start is True
+
+
+@pytest.fixture
+def one_rank() -> Iterator[Any]:
+    """A real 1-rank gloo group: `resume.choose` broadcasts and gathers even alone, and a
+    fake collective would test the fake, not the refusal."""
+    dist = pytest.importorskip("torch.distributed")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(root: Path, group: Any, *, fresh: bool) -> Any:
+    """What `run_state.load` reads of a `Run`: its storage, group, config and metrics."""
+    config = TrainingConfig.model_validate(
+        {"checkpoint": {"dir": str(root), "allow_fresh_start": fresh}}
+    )
+    return SimpleNamespace(
+        _ckpt=SimpleNamespace(storage=LocalStorage(str(root))),
+        env=SimpleNamespace(rank=0, world_size=1, groups={"checkpoint": group}),
+        config=config,
+        metrics=metrics.build(CollectorRegistry()),
+    )
+
+
+def _damage(root: Path) -> list[str]:
+    """Two checkpoints whose manifests are not JSON (committed, then damaged)."""
+    names = ["step-000000004", "step-000000008"]
+    for name in names:
+        (root / name).mkdir()
+        (root / name / manifest.MANIFEST).write_bytes(b'{"files": ')
+    return names
+
+
+def test_every_checkpoint_damaged_raises_91_logs_an_error_and_moves_nothing(
+    tmp_path: Path, one_rank: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = _damage(tmp_path)
+    with caplog.at_level(logging.INFO), pytest.raises(resume.NoVerifiedCheckpoint) as got:
+        run_state.load(_run(tmp_path, one_rank, fresh=False))
+    assert got.value.code == exit_codes.NO_VERIFIED_CHECKPOINT
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    for name in names:  # each folder tried, with why it failed
+        assert f"{name}: manifest is not JSON" in error.getMessage()
+    # Refused: not even renamed, so a person finds them where the job left them.
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+
+
+def test_fresh_start_is_explicit_and_keeps_the_damaged_folders(
+    tmp_path: Path, one_rank: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = _damage(tmp_path)
+    with caplog.at_level(logging.INFO):
+        assert run_state.load(_run(tmp_path, one_rank, fresh=True)) is None
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"damaged-{n}" for n in names]
+
+
+def test_no_checkpoint_at_all_is_a_fresh_start_not_an_error(
+    tmp_path: Path, one_rank: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "step-000000004").mkdir()  # an interrupted first save: never a checkpoint
+    with caplog.at_level(logging.INFO):
+        assert run_state.load(_run(tmp_path, one_rank, fresh=False)) is None
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert (tmp_path / "step-000000004").is_dir()
