@@ -205,6 +205,15 @@ def test_job_success_and_goodput() -> None:
 
 
 @pytest.mark.parametrize(
+    ("last", "counts", "rate"),
+    [
+        (("succeeded", 0), (1, 0, 0), 1.0),
+        # The drain is no verdict either way: the failure that ends the job still counts.
+        (("failed", 1), (0, 1, 0), 0.0),
+    ],
+    ids=["then-succeeds", "then-fails"],
+)
+@pytest.mark.parametrize(
     "drain_end",
     [
         [],  # the launcher was killed before it wrote anything
@@ -213,16 +222,18 @@ def test_job_success_and_goodput() -> None:
     ],
     ids=["no-end-event", "interrupted", "failed-89"],
 )
-def test_a_drained_job_that_resumes_and_finishes_is_one_success(drain_end: list) -> None:
+def test_a_drained_and_resumed_job_is_one_job_judged_by_its_last_attempt(
+    drain_end: list, last: tuple[str, int], counts: tuple[int, int, int], rate: float
+) -> None:
     evs = [
         E(0, "job.start", job="d", gpus=2),
         *drain_end,
         E(60, "job.restart", job="d", cause="drain", lost_s=0.0),
-        E(100, "job.end", job="d", result="succeeded", exit_code=0),
+        E(100, "job.end", job="d", result=last[0], exit_code=last[1]),
     ]
     r = slo.compute(evs, start=0, end=1000)
-    assert (r.jobs_succeeded, r.jobs_failed, r.job_restarts) == (1, 0, 1)
-    assert r.job_success_rate == 1.0 and r.allocated_gpu_s == 200
+    assert (r.jobs_succeeded, r.jobs_failed, r.jobs_censored) == counts
+    assert r.job_restarts == 1 and r.job_success_rate == rate and r.allocated_gpu_s == 200
 
 
 def test_a_drained_job_that_never_resumes_is_censored_not_failed() -> None:
