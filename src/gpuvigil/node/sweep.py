@@ -1,38 +1,29 @@
 """One sweep: every registered check once -> a NodeReport (`gpuvigil check`, preflight,
 the bench; the agent schedules checks by group instead).
 
-`load_checks()` imports every module that registers checks: this list is the one place
-that names them. `run_sweep` runs the checks whose readings other rules use first (`gpu`
-puts the GPU inventory and NVML's Xid events into the node's facts, which the `xid` rule
-reads beside the kernel log), then the rest concurrently, each under its own deadline.
+`load_checks()` imports every module under `node/probes`; those that define checks register
+them on import (no list names them). `run_sweep` runs the checks whose readings other rules
+use first (`gpu` puts the GPU inventory and NVML's Xid events into the node's facts, which
+the `xid` rule reads beside the kernel log), then the rest concurrently, each under its own
+deadline.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuvigil.core import naming
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, run_check
-
-CHECK_MODULES = (
-    "gpuvigil.node.probes.nvml",
-    "gpuvigil.node.probes.nvidia_smi",
-    "gpuvigil.node.probes.dcgm",
-    "gpuvigil.node.probes.kernel_log",
-    "gpuvigil.node.probes.fabric",
-    "gpuvigil.node.probes.pcie",
-)
+from gpuvigil.node.discovery import import_all
 
 # Checks whose readings other checks' rules use (through `CheckContext.facts`): run first.
 FIRST = ("gpu",)
 
 
 def load_checks() -> None:
-    for name in CHECK_MODULES:
-        importlib.import_module(name)
+    import_all("gpuvigil.node.probes")
 
 
 def select(

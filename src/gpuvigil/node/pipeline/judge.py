@@ -5,34 +5,21 @@ The one place readings meet rules, for every path that judges a node: the checks
 npd-plugin, slurm-healthcheck), the agent's kernel-log stream (`node.kernel_watch`),
 `gpuvigil analyze`, the simulator (`sim.hardware`) and `gpuvigil replay`. Each caller
 hands over its readings; the facts a rule declared in `uses` come from the node's
-`Facts` (or are absent). `RULE_MODULES` is the one list of modules that register rules.
+`Facts` (or are absent). Rules register on import: `load_rules` imports every module under
+`node/rules`, so no list names them.
 """
 
 from __future__ import annotations
 
-import importlib
 import traceback
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.discovery import import_all
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.registry import RULES, Inputs, RuleSpec
-
-RULE_MODULES = (
-    "gpuvigil.node.rules.gpu",
-    "gpuvigil.node.rules.xid",
-    "gpuvigil.node.rules.driver_faults",
-    "gpuvigil.node.rules.dcgm",
-    "gpuvigil.node.rules.fabric",
-    "gpuvigil.node.rules.pcie",
-    # Pasted tool outputs (gpuvigil analyze): Fabric Manager, NVLink/NIC counters, topo -m.
-    "gpuvigil.node.rules.fabric_manager",
-    "gpuvigil.node.rules.counts",
-    "gpuvigil.node.rules.topology",
-)
-
 
 _loaded = False
 
@@ -40,8 +27,7 @@ _loaded = False
 def load_rules() -> dict[str, RuleSpec]:
     global _loaded
     if not _loaded:  # judge() runs on every check and publish: import once
-        for name in RULE_MODULES:
-            importlib.import_module(name)
+        import_all("gpuvigil.node.rules")
         _loaded = True
     return RULES
 
