@@ -158,7 +158,12 @@ COULD_NOT_RUN = frozenset(
     }
 )
 
-_XID = re.compile(r"^(S?XID)_(\d+)$")
+# What a rule declares for the open-ended codes it emits (`@rule(codes=(ANY_XID,))`): the
+# family of every XID_<n> (SXID_<n>) is the same, so the placeholder carries it.
+ANY_XID = "XID_<n>"
+ANY_SXID = "SXID_<n>"
+
+_XID = re.compile(r"^(S?XID)_(\d+|<n>)$")
 
 
 def family_of(code: str) -> str:
@@ -170,6 +175,20 @@ def family_of(code: str) -> str:
     if m:
         return GPU_XID if m.group(1) == "XID" else GPU_INTERCONNECT
     return HEALTH_CHECK
+
+
+def is_known(code: str) -> bool:
+    """A code in the table, or an Xid/SXid code (or their placeholders)."""
+    return code in CODES or _XID.match(code) is not None
+
+
+def declares(declared: frozenset[str], code: str) -> bool:
+    """Whether a rule that declared `declared` may emit `code`: one it named, an Xid/SXid
+    code under ANY_XID/ANY_SXID, or a could-not-judge code (every rule fails closed)."""
+    if code in declared or code in COULD_NOT_RUN:
+        return True
+    m = _XID.match(code)
+    return m is not None and (ANY_XID if m.group(1) == "XID" else ANY_SXID) in declared
 
 
 def xid(n: int) -> str:

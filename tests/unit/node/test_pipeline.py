@@ -73,7 +73,7 @@ class _Odd:
 
 
 def test_a_rule_that_raises_fails_closed_and_spares_the_others() -> None:
-    @registry.rule("test_broken", reads=_Odd, family=codes.HEALTH_CHECK)
+    @registry.rule("test_broken", reads=_Odd, codes=("CHECK_ERROR",))
     def broken(reading: _Odd, on: registry.Inputs) -> list[Finding]:
         """Always raises."""
         raise ZeroDivisionError("bug")

@@ -1,10 +1,13 @@
-"""The one registry of node rules: `@rule(name, reads=Reading, uses=(...), family=...)`.
+"""The one registry of node rules: `@rule(name, reads=Reading, uses=(...), codes=(...))`.
 
 A rule is a pure function `(reading, inputs) -> list[Finding]`. It declares the reading
 type it judges (`reads`), the other facts it may consult (`uses`, each possibly absent)
-and the condition family it feeds. `pipeline.judge` calls every rule whose reading is
-present; `Inputs.get` refuses a type the rule did not declare, so a declaration can never
-drift from what the rule really reads. Imported by the rule modules; imports no rule.
+and the codes it emits (`codes`, besides the could-not-judge ones every rule may emit).
+The condition families it feeds are derived from those codes' families in `core.codes`,
+the one place a family is declared, so the two cannot drift. `pipeline.judge` calls every
+rule whose reading is present; `Inputs.get` refuses a type the rule did not declare, so a
+declaration can never drift from what the rule really reads. Imported by the rule modules;
+imports no rule.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from gpuvigil.core.codes import FAMILIES, declares, family_of, is_known
 from gpuvigil.core.findings import Finding
 
 T = TypeVar("T")
@@ -25,24 +29,38 @@ class RuleSpec:
     name: str
     reads: type
     uses: tuple[type, ...]
-    families: tuple[str, ...]  # the condition families its findings feed
+    codes: frozenset[str]  # what it emits besides core.codes.COULD_NOT_RUN
     fn: RuleFn
     description: str = ""
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The condition families its findings feed: its codes', in `FAMILIES` order."""
+        own = {family_of(c) for c in self.codes}
+        return tuple(f for f in FAMILIES if f in own)
+
+    def emits(self, code: str) -> bool:
+        return declares(self.codes, code)
 
 
 RULES: dict[str, RuleSpec] = {}
 
 
 def rule(
-    name: str, *, reads: type, uses: tuple[type, ...] = (), family: str | tuple[str, ...]
+    name: str, *, reads: type, uses: tuple[type, ...] = (), codes: tuple[str, ...]
 ) -> Callable[[RuleFn], RuleFn]:
-    families = (family,) if isinstance(family, str) else tuple(family)
+    # A typo'd or unlisted code would give the rule a family nobody declared: refuse it
+    # at import, where the rule's module is loaded.
+    unknown = [c for c in codes if not is_known(c)]
+    if not codes or unknown:
+        raise ValueError(f"rule {name!r}: codes must be non-empty and in core.codes: {unknown}")
 
     def register(fn: RuleFn) -> RuleFn:
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
-        RULES[name] = RuleSpec(name, reads, tuple(uses), families, fn, doc[0] if doc else "")
+        spec = RuleSpec(name, reads, tuple(uses), frozenset(codes), fn, doc[0] if doc else "")
+        RULES[name] = spec
         return fn
 
     return register

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.error_counters import Limit, load
 from gpuvigil.node.pipeline.registry import Inputs, rule
 from gpuvigil.node.tool_readings import NicCounters, NvLinkReport
 
 
-@rule("nvlink_counts", reads=NvLinkReport, family=codes.GPU_INTERCONNECT)
+@rule("nvlink_counts", reads=NvLinkReport, codes=("NVLINK_ERROR_COUNTS", "NVLINK_DOWN"))
 def nvlink_counts(report: NvLinkReport, on: Inputs) -> list[Finding]:
     """NVLink states and error counts from one nvidia-smi/dcgmi capture."""
     limits = load().nvlink.get
@@ -59,7 +58,7 @@ def nvlink_counts(report: NvLinkReport, on: Inputs) -> list[Finding]:
     return out
 
 
-@rule("nic_counts", reads=NicCounters, family=codes.NETWORK_FABRIC)
+@rule("nic_counts", reads=NicCounters, codes=("NIC_ERROR_COUNTS",))
 def nic_counts(reading: NicCounters, on: Inputs) -> list[Finding]:
     """NIC port error counters (perfquery, ethtool -S) from one capture."""
     table = load().ib.get if reading.source == "perfquery" else load().ethtool_limit

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.pipeline.registry import Inputs, rule
 from gpuvigil.node.readings import DcgmReport, DcgmResult
@@ -119,7 +118,7 @@ def _ev(r: DcgmResult) -> dict[str, object]:
     return {"test": r.test, "result": r.result, "gpu": r.gpu, "info": r.info}
 
 
-@rule("dcgm", reads=DcgmReport, family=codes.HEALTH_CHECK)
+@rule("dcgm", reads=DcgmReport, codes=("DCGM_DIAG_FAIL", "DCGM_HEALTH_FAIL"))
 def dcgm_rule(report: DcgmReport, on: Inputs) -> list[Finding]:
     """DCGM's health watches or diagnostic, per GPU and test (by the report's kind)."""
     judge = health if report.kind == "health" else diag

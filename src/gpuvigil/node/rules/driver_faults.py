@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.pipeline.registry import Inputs, rule
 from gpuvigil.node.readings import (
@@ -84,7 +83,7 @@ def evaluate(
     "driver_faults",
     reads=KernelLog,
     uses=(GpuInventory, KnownGpus),
-    family=(codes.HEALTH_CHECK, codes.GPU_INTERCONNECT),
+    codes=("GPU_INIT_FAILED", "GPU_LOST", "NVLINK_DOWN"),
 )
 def driver_faults_rule(log: KernelLog, on: Inputs) -> list[Finding]:
     """GPU failures the driver logged without an Xid: fallen off the bus, not initialised,

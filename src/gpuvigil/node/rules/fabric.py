@@ -11,7 +11,6 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.instances import InstanceType
 from gpuvigil.node.config import FabricConfig
@@ -86,7 +85,7 @@ def compute_adapters(
     "fabric",
     reads=FabricReading,
     uses=(NodeInstance, FabricExpectation),
-    family=codes.NETWORK_FABRIC,
+    codes=("FABRIC_COUNT_LOW", "FABRIC_ERRORS", "FABRIC_PORT_DOWN", "FABRIC_RATE_LOW"),
 )
 def fabric_rule(reading: FabricReading, on: Inputs) -> list[Finding]:
     """RDMA adapters (EFA/InfiniBand/RoCE): count, port state, rate, error-counter rates."""

@@ -27,7 +27,16 @@ LIFECYCLE = ("started", "stopped", "failed")
 MAX_LINES = 5  # lines kept as evidence per finding
 
 
-@rule("fabric_manager", reads=FabricManagerLog, family=codes.GPU_INTERCONNECT)
+@rule(
+    "fabric_manager",
+    reads=FabricManagerLog,
+    codes=(
+        "FABRIC_MANAGER_ERROR",
+        "FABRIC_MANAGER_FAILED",
+        "FABRIC_MANAGER_STOPPED",
+        codes.ANY_SXID,
+    ),
+)
 def fabric_manager_rule(log: FabricManagerLog, on: Inputs) -> list[Finding]:
     """Fabric Manager: started/stopped/failed, NVSwitch SXid errors, logged errors."""
     out: list[Finding] = []
@@ -134,7 +143,7 @@ _DONE_STATES = ("completed", "n/a", "")
 _DONE_STATUSES = ("success", "n/a", "")
 
 
-@rule("gpu_fabric_registration", reads=GpuFabricStates, family=codes.GPU_INTERCONNECT)
+@rule("gpu_fabric_registration", reads=GpuFabricStates, codes=("GPU_FABRIC_NOT_REGISTERED",))
 def gpu_fabric_registration(states: GpuFabricStates, on: Inputs) -> list[Finding]:
     """Each GPU's NVLink fabric registration (nvidia-smi -q `Fabric`: State, Status).
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.catalog.gpus import GpuCatalog
@@ -251,7 +250,12 @@ def judge_inventory(
 # --- the rules the pipeline runs over a GpuInventory --------------------------------------
 
 
-@rule("gpu", reads=GpuInventory, uses=(ExpectedGpus, GpuSource), family=codes.HEALTH_CHECK)
+@rule(
+    "gpu",
+    reads=GpuInventory,
+    uses=(ExpectedGpus, GpuSource),
+    codes=("GPU_COUNT_LOW", "GPU_LOST", "GPU_RECOVERY_REQUIRED", "SOURCE_FALLBACK"),
+)
 def gpu_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
     """GPU count, lost GPUs, unreadable GPUs, the driver's recovery verdict, and whether
     NVML itself answered (else the fallback source in use, or the driver missing)."""
@@ -264,21 +268,21 @@ def gpu_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
     return out + presence(inv, expect=expect, now=on.now, check=on.check)
 
 
-@rule("gpu_memory", reads=GpuInventory, family=codes.GPU_MEMORY)
+@rule("gpu_memory", reads=GpuInventory, codes=memory.CODES)
 def gpu_memory_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
     """ECC errors, retired pages and remapped rows of every GPU that answered."""
     cfg = on.config.gpu
     return memory_all(inv, cfg=cfg, catalog=gpu_catalog.load(), now=on.now, check=on.check)
 
 
-@rule("gpu_thermal", reads=GpuInventory, family=codes.GPU_THERMAL)
+@rule("gpu_thermal", reads=GpuInventory, codes=thermal.CODES)
 def gpu_thermal_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
     """Temperatures against the GPU's own or the catalog's limits, and slowdown reasons."""
     cfg = on.config.gpu
     return thermal_all(inv, cfg=cfg, catalog=gpu_catalog.load(), now=on.now, check=on.check)
 
 
-@rule("gpu_links", reads=GpuInventory, family=codes.GPU_INTERCONNECT)
+@rule("gpu_links", reads=GpuInventory, codes=("PCIE_DEGRADED", "NVLINK_DOWN", "NVLINK_ERRORS"))
 def gpu_links_rule(inv: GpuInventory, on: Inputs) -> list[Finding]:
     """PCIe width/speed of each GPU, NVLinks down, and NVLink error rates since the
     previous inventory."""

@@ -16,6 +16,18 @@ from gpuvigil.node.catalog.gpus import GpuProduct
 from gpuvigil.node.config import GpuConfig
 from gpuvigil.node.readings import GpuReading
 
+# The codes `evaluate` emits (the gpu_memory rule declares them; their families are in
+# core.codes).
+CODES = (
+    "ECC_DISABLED",
+    "ECC_UNCORRECTED_AGGREGATE",
+    "ECC_UNCORRECTED_VOLATILE",
+    "RETIRED_PAGES_LIMIT",
+    "RETIRED_PAGES_PENDING",
+    "ROW_REMAP_FAILURE",
+    "ROW_REMAP_PENDING",
+)
+
 
 def evaluate(
     gpu: GpuReading,

@@ -6,7 +6,6 @@ Registered as the `pcie` rule: `node.pipeline` feeds it for the `pcie` check
 
 from __future__ import annotations
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.pipeline.registry import Inputs, rule
 from gpuvigil.node.readings import PcieLink, PcieReading
@@ -18,7 +17,7 @@ def component(link: PcieLink) -> str:
     return link.name
 
 
-@rule("pcie", reads=PcieReading, family=codes.GPU_INTERCONNECT)
+@rule("pcie", reads=PcieReading, codes=("PCIE_DEGRADED",))
 def pcie_rule(reading: PcieReading, on: Inputs) -> list[Finding]:
     """PCIe links of GPUs and network adapters: current against maximum speed and width."""
     fabric = getattr(on.config, "fabric", None)

@@ -21,6 +21,10 @@ from gpuvigil.node.readings import (
     GpuReading,
 )
 
+# The codes `evaluate` emits (the gpu_thermal rule declares them; their families are in
+# core.codes).
+CODES = ("HW_SLOWDOWN", "POWER_BRAKE", "TEMPERATURE_HIGH", "THERMAL_SLOWDOWN")
+
 
 def evaluate(
     gpu: GpuReading,

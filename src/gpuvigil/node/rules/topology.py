@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.pipeline.registry import Inputs, rule
 from gpuvigil.node.readings import ExpectedGpus, FabricExpectation
@@ -26,7 +25,7 @@ SOURCE = "nvidia-smi topo -m"
     "topology",
     reads=GpuTopology,
     uses=(ExpectedGpus, FabricExpectation),
-    family=(codes.HEALTH_CHECK, codes.GPU_INTERCONNECT, codes.NETWORK_FABRIC),
+    codes=("GPU_COUNT_LOW", "FABRIC_COUNT_LOW", "TOPOLOGY_NVLINK_MISSING"),
 )
 def topology_rule(topo: GpuTopology, on: Inputs) -> list[Finding]:
     """GPUs and NICs topo -m lists against the node's, and NVLink pairs against each other."""

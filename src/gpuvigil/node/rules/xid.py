@@ -153,7 +153,7 @@ def catalog_of(config: Any) -> XidCatalog:
     "xid",
     reads=KernelLog,
     uses=(GpuInventory, KnownGpus, NvmlXidEvents, GpuResets, Release),
-    family=codes.GPU_XID,
+    codes=(codes.ANY_XID, codes.ANY_SXID),
 )
 def xid_rule(log: KernelLog, on: Inputs) -> list[Finding]:
     """Xid/SXid events of this boot (and those kept from earlier ones), reconciled with
