@@ -27,7 +27,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.platform.policy import PROBE_FAILED
@@ -64,10 +64,22 @@ class OpenSignature:
     probes_failed: int = 0
     probe_cured: str = ""  # the probe node whose repair cured it (the signature then closes)
     hardware: bool = False  # on a topology attribute: a hardware event, held nowhere
+    members: set[str] = field(default_factory=set)  # every node seen showing it while open
+    grew_at: datetime | None = None  # when the last new node showed it (None: opened_at)
 
     @property
     def signature(self) -> Signature:
         return self.burst.signature
+
+    def probe_due(self, config: SafetyConfig) -> datetime:
+        """When the next probe may start: `breaker_probe_after_s` after the signature last
+        spread to a new node (a rollout still reaching nodes is evidence of the change
+        with every batch; a probe then only reboots a healthy machine), and
+        `breaker_probe_interval_s` after a probe that did not cure it."""
+        grown = (self.grew_at or self.opened_at) + timedelta(seconds=config.breaker_probe_after_s)
+        if self.last_probe_end is None:
+            return max(grown, self.opened_at + timedelta(seconds=config.breaker_probe_after_s))
+        return max(grown, self.last_probe_end + timedelta(seconds=config.breaker_probe_interval_s))
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,11 @@ class Breaker:
         new = self._new_findings(nodes, now)
         showing = self._showing(nodes)
         for sid, sig in list(self.signatures.items()):
-            sig.nodes = len(showing.get(sid, ()))
+            now_showing = showing.get(sid, set())
+            sig.nodes = len(now_showing)
+            if now_showing - sig.members:
+                sig.members |= now_showing
+                sig.grew_at = now
             had = sig.burst.describe(cfg.breaker_window_s)
             if not sig.hardware and self._judge_probe(sig, nodes, now):
                 del self.signatures[sid]
@@ -200,8 +216,9 @@ class Breaker:
                     continue
                 hardware = burst.signature.attribute in topology
                 self.signatures[sid] = OpenSignature(
-                    burst, now, nodes=len(burst.nodes), hardware=hardware
-                )
+                    burst, now, nodes=len(burst.nodes), hardware=hardware,
+                    members=set(burst.nodes),
+                )  # fmt: skip
                 self.status.trips += not hardware
                 detail = {**_detail(burst), "hardware": hardware}
                 reason = burst.describe(cfg.breaker_window_s)
@@ -298,7 +315,9 @@ class Breaker:
             n = max(sizes.get((sig.attribute, sig.value), 0), len(names))
             lam = expected(n, self.config)
             burst = Burst(sig, tuple(sorted(names)), n, lam, log_poisson_tail(len(names), lam))
-            self.signatures[sig.id] = OpenSignature(burst, now, nodes=len(names))
+            self.signatures[sig.id] = OpenSignature(
+                burst, now, nodes=len(names), members=set(names)
+            )
             why = burst.describe(self.config.breaker_window_s)
             reason = f"restored from the nodes' records: {why}"
             out.append(Change("open", sig.id, reason, {**_detail(burst), "restored": True}))
@@ -392,9 +411,7 @@ class Breaker:
                 sig.probe, sig.last_probe_end = "", now
                 sig.probes_failed += 1
             return False
-        since = sig.last_probe_end or sig.opened_at
-        wait = cfg.breaker_probe_interval_s if sig.last_probe_end else cfg.breaker_probe_after_s
-        if (now - since).total_seconds() < wait:
+        if now < sig.probe_due(cfg):
             return False
         candidates = [
             v

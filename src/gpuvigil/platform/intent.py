@@ -14,7 +14,7 @@ import dataclasses
 from datetime import datetime, timedelta
 
 from gpuvigil.platform.breaker import HELD
-from gpuvigil.platform.policy import Decision, Op, OpKind, PolicyConfig
+from gpuvigil.platform.policy import NEEDS_HUMAN, Decision, Op, OpKind, PolicyConfig
 from gpuvigil.platform.state import Intent, NodeView, Record, State
 
 # Words that say which safety mechanism holds a node (`Intent.held_by`), first match wins.
@@ -71,6 +71,8 @@ def next_words(d: Decision, node: NodeView, config: PolicyConfig) -> str:
     if d.held:
         return "drain once safety allows" if rec.state is State.SUSPECT else "wait"
     if rec.state is State.SUSPECT:
+        if rec.reason.startswith(NEEDS_HUMAN):
+            return f"quarantine for a person{_at(rec.since, config.fatal_grace_s)}"
         if rec.reason.startswith("fatal"):
             return f"drain{_at(rec.since, config.fatal_grace_s)}"
         return f"drain if it persists{_at(rec.since, config.suspect_grace_s)}"

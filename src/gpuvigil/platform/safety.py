@@ -77,6 +77,9 @@ class SafetyConfig(StrictModel):
     breaker_background_per_node_day: float = Field(0.02, gt=0)  # one finding, one node
     breaker_p_value: float = Field(1e-6, gt=0, lt=1)  # rarer than this by chance: a cause
     breaker_min_nodes: int = Field(3, ge=1)  # never trip on fewer nodes than this
+    # ... except a suspected change (not the pool, the fleet or topology) that every node
+    # carrying it shows: a rollout's first batch of 2, both failing, trips from this many
+    breaker_min_change_nodes: int = Field(2, ge=1)
     breaker_window_s: float = Field(600.0, gt=0)  # findings this recent are "new"
     # The level: nodes showing a finding now that began within this window (a rollout in
     # small batches never puts breaker_min_nodes in one breaker_window_s).

@@ -269,10 +269,16 @@ def _best(
     well (`Burst.also`)."""
     tripped: list[tuple[float, int, bool, str, Burst]] = []
     limit = math.log(config.breaker_p_value)
+    where = {FLEET, config.pool_label, *topology}  # groups that name no change
+    fewest = min(config.breaker_min_nodes, config.breaker_min_change_nodes)
     for sig, nodes in groups.items():
-        if (sig.key == ANY) is not any_code or len(nodes) < config.breaker_min_nodes:
+        if (sig.key == ANY) is not any_code or len(nodes) < fewest:
             continue
         n = max(population.get((sig.attribute, sig.value), 0), len(nodes))
+        # fewer than breaker_min_nodes only for a change every node carrying it shows
+        whole_change = sig.attribute not in where and len(nodes) == n
+        if len(nodes) < config.breaker_min_nodes and not whole_change:
+            continue
         lam = expected(n, config, window_s)
         log_p = log_poisson_tail(len(nodes), lam)
         if log_p <= limit:

@@ -173,7 +173,8 @@ class Platform:
     ) -> None:
         cfg = config or ControllerConfig()
         if not breaker:  # the control run: no cause ever trips
-            off = {"breaker_min_nodes": 10**9, "breaker_stale_min_nodes": 10**9}
+            off = {"breaker_min_nodes": 10**9, "breaker_min_change_nodes": 10**9,
+                   "breaker_stale_min_nodes": 10**9}  # fmt: skip
             cfg = cfg.model_copy(update={"safety": cfg.safety.model_copy(update=off)})
         self.config = cfg
         self.cluster = SimCluster(
@@ -207,6 +208,7 @@ class Platform:
         if isinstance(adversity, ApiOutage):
             self.outage = Outage(self.cluster, adversity, lambda: self.t)
         self.passes = 0
+        self.in_quarantine: set[str] = set()  # nodes whose last decision was QUARANTINED
         self._nudged: set[tuple[object, str, object]] = set()  # probes passed on (_breaker_closes)
         self.held_retry_s = max(cfg.interval_s, 60.0)
         for name in ("gpuvigil.controller", "gpuvigil.leader"):
@@ -363,8 +365,13 @@ class Platform:
                     wake.drained.append(name)
             if any(op.kind.value in ("request", "replace") for op in d.ops):
                 wake.steps += 1
-            if d.state is State.QUARANTINED and d.store:
+            # a quarantine begins this pass (a record rewritten in QUARANTINED, e.g. for its
+            # breaker mark, is the same quarantine: counting it again made false ones)
+            if d.state is State.QUARANTINED and name not in self.in_quarantine:
                 wake.quarantined.append(name)
+                self.in_quarantine.add(name)
+            elif d.state is not State.QUARANTINED:
+                self.in_quarantine.discard(name)
             nxt = self._next(name, d, now)
             if nxt is not None:
                 nxt = max(nxt, self.t + SLACK_S)
@@ -432,10 +439,7 @@ class Platform:
                 self._nudged.add(key)  # once per probe: never a pass loop
                 due.append(self.t)
             if not sig.probe:
-                since = sig.last_probe_end or sig.opened_at
-                wait = safety.breaker_probe_interval_s if sig.last_probe_end else \
-                    safety.breaker_probe_after_s  # fmt: skip
-                due.append(seconds(since - EPOCH) + wait)
+                due.append(seconds(sig.probe_due(safety) - EPOCH))
         if not due:
             return None
         return max(min(due) + SLACK_S, self.t + SLACK_S)

@@ -17,6 +17,7 @@ from helpers import CANNOT_RUN, FATAL, NONFATAL, T0, finding, view
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuvigil.core.codes import COULD_NOT_RUN
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.breaker import Breaker
 from gpuvigil.platform.clusters.memory import MemoryCluster
@@ -333,7 +334,8 @@ kinds = st.sampled_from(["none", "none", "cannot_run", "fatal", "nonfatal", "bot
 @given(kinds=st.lists(kinds, min_size=5, max_size=40), hold=st.booleans())
 def test_breaker_blocks_exactly_what_it_should(kinds, hold) -> None:  # type: ignore[no-untyped-def]
     """Whatever the mix: a healthy node is never blocked; a node whose findings a signature
-    holds is not blocked (unless holding is off, or a held finding is fatal) and never
+    holds is not blocked (unless holding is off, or a held finding says the machine is
+    broken: any but a check that could not run) and never
     disrupted; a node with a finding
     no signature holds is blocked or under repair."""
     c, ctl = _run(kinds, breaker_hold_blocks=hold)
@@ -344,7 +346,8 @@ def test_breaker_blocks_exactly_what_it_should(kinds, hold) -> None:  # type: ig
         if kind == "none":
             assert not blocked(c, i)
         elif shown <= held:
-            severe = any(f.fatal for f in v.health.findings)  # type: ignore[union-attr]
+            severe = any(f.fatal or f.code not in COULD_NOT_RUN  # a broken machine's
+                         for f in v.health.findings)  # type: ignore[union-attr]  # fmt: skip
             assert blocked(c, i) is (severe or not hold)
             assert not [a for a in c.nodes[f"n{i}"].actions if a[0] in ("drain", "request")]
         else:

@@ -74,6 +74,9 @@ def test_next_and_held_by_in_words() -> None:
     assert row["state"] == "SUSPECT" and row["next"].startswith("drain at ")
     c.set_findings("n4", [INVESTIGATE])
     ctl.reconcile()
+    assert rows(c)["n4"]["next"].startswith("quarantine for a person at ")  # blocked first
+    c.advance(CFG.policy.fatal_grace_s + 1)
+    ctl.reconcile()
     assert rows(c)["n4"]["next"] == "nothing: a person releases it (gpuvigil release n4)"
 
 

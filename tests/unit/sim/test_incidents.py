@@ -37,10 +37,6 @@ def test_a_rack_fault_blocks_every_node(runs: dict[str, Results]) -> None:
     assert runs["rack-fault"].false_quarantines == 0
 
 
-@pytest.mark.xfail(strict=True, reason="3 of pool-0's 64 nodes open a signature on "
-                   "gpuvigil.io/pool=pool-0, a value the whole pool has always shared (item 2: "
-                   "it names no change), and the held nodes are unblocked with EFA down "
-                   "('block lifted: circuit breaker holds'), 1,554 node-h (item 1)")  # fmt: skip
 def test_a_switch_fault_blocks_every_node(runs: dict[str, Results]) -> None:
     assert runs["switch-fault"].faults > runs["full"].faults
     assert added_exposure_h(runs, "switch-fault") <= 1.0
@@ -54,18 +50,12 @@ def test_a_real_fault_under_an_open_signature_is_blocked(runs: dict[str, Results
     assert r.false_quarantines == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a quarantine or INVESTIGATE finding must count toward "
-                   "the breaker's level (issue #22 item 3): one node every 30 s quarantines "
-                   "healthy machines before 3 new findings fall in one window")  # fmt: skip
 def test_a_staggered_new_xid_quarantines_nothing(runs: dict[str, Results]) -> None:
     r = runs["staggered-new-xid"]
     assert added_exposure_h(runs, "staggered-new-xid") <= 1.0
     assert r.false_quarantines == 0
 
 
-@pytest.mark.xfail(strict=True, reason="the breaker counts only new findings within 600 s; "
-                   "counting how many nodes show the signature now (issue #22 item 3) trips "
-                   "a rollout of 2 nodes every 11 min")  # fmt: skip
 def test_a_slow_rollout_replaces_and_drains_no_healthy_machine(
     runs: dict[str, Results],
 ) -> None:

@@ -15,10 +15,12 @@ HEALTHY -> SUSPECT (new work blocked) on a FAILED finding -> DRAINING when it pe
 one ladder step (RESET_GPU, REBOOT, REPLACE; a hung check stops at REBOOT), escalating when
 the step fails or the problem returns -> VALIDATING (a preflight pass newer than the step,
 and a fresh healthy summary; after REPLACE, only once another machine stands behind the
-node) -> HEALTHY. QUARANTINED for INVESTIGATE findings, after `max_failed_steps` or a spent
+node) -> HEALTHY. QUARANTINED for INVESTIGATE findings (`fatal_grace_s` after they were
+first seen, blocked meanwhile), after `max_failed_steps` or a spent
 ladder; only `release()` (`gpuvigil release NODE`) leaves it. Staleness alone blocks new
 work and never more: no drain, no step, no quarantine. What the circuit breaker holds
-(`Fleet.held`, `Fleet.stale`) neither blocks nor starts or escalates a repair.
+(`Fleet.held`, `Fleet.stale`) neither starts nor escalates a repair; a held finding blocks
+unless it is a check that could not run (`hold_blocks`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from gpuvigil.platform.state import (
 )
 
 __all__ = [
+    "NEEDS_HUMAN",
     "PROBE_FAILED",
     "Assessment",
     "Decision",
@@ -67,6 +70,7 @@ QUEUED = "waiting to quarantine: "
 # reason prefix of a breaker probe whose capped ladder did not cure it: the cause is the
 # change, not this machine, which goes back to being held (never quarantined for it)
 PROBE_FAILED = "probe did not cure it: "
+NEEDS_HUMAN = "needs a human: "  # reason prefix of an INVESTIGATE finding's block and quarantine
 
 
 def _next_step(after: Action | None, wanted: Action, cap: Action | None = None) -> Action | None:
@@ -382,8 +386,10 @@ def _healthy(c: _Ctx) -> Decision:
                 return c.go(State.QUARANTINED, f"{a.describe()} returned after {c.rec.step}")
         elif not recent or c.rec.last_step_done_at is None:
             c.rec = c.rec.model_copy(update={"failures": 0, "step": None})
-        if a.action is Action.INVESTIGATE:
-            return c.go(State.QUARANTINED, f"needs a human: {a.describe()}")
+        if a.action is Action.INVESTIGATE and c.cfg.fatal_grace_s <= 0:
+            return c.go(State.QUARANTINED, f"{NEEDS_HUMAN}{a.describe()}")
+        if a.action is Action.INVESTIGATE:  # blocked now; quarantined after the grace
+            return c.go(State.SUSPECT, f"{NEEDS_HUMAN}{a.describe()}")
         if a.fatal and c.cfg.fatal_grace_s <= 0:
             return c.drain_or_hold(f"fatal: {a.describe()}")
         return c.go(State.SUSPECT, ("fatal: " if a.fatal else "") + a.describe())
@@ -412,9 +418,13 @@ def _suspect(c: _Ctx) -> Decision:
         why = c.held_reason()
         return c.go(State.HEALTHY, f"block lifted: {why}" if why else "problem cleared",
                     Op(OpKind.UNBLOCK))  # fmt: skip
-    if a.action is Action.INVESTIGATE:
-        return c.go(State.QUARANTINED, f"needs a human: {a.describe()}")
     age = _age(c.rec.since, c.now)
+    if a.action is Action.INVESTIGATE:
+        # the costliest action waits `fatal_grace_s`, blocked, as a drain does: a new Xid
+        # reaching one node every 30 s is a burst the breaker holds, not N quarantines
+        if age >= c.cfg.fatal_grace_s:
+            return c.go(State.QUARANTINED, f"{NEEDS_HUMAN}{a.describe()}")
+        return c.keep(f"{NEEDS_HUMAN}{a.describe()}")
     fatal = a.fatal and age >= c.cfg.fatal_grace_s
     persisted = age >= c.cfg.suspect_grace_s and a.action.rank >= Action.RESET_GPU.rank
     if fatal or persisted:
@@ -482,7 +492,7 @@ def _validating(c: _Ctx) -> Decision:
     if a.readable and a.repairable:
         why = f"{a.describe()} after {rec.step.value}" if rec.step else a.describe()
         if a.action is Action.INVESTIGATE:
-            return c.go(State.QUARANTINED, f"needs a human: {why}")
+            return c.go(State.QUARANTINED, f"{NEEDS_HUMAN}{why}")
         if rec.step is None and a.action.rank < Action.RESET_GPU.rank:
             return c.keep(f"validation blocked: {why}")
         if not rec.in_budget:  # a new or released node: its first step takes budget

@@ -27,8 +27,9 @@ class PolicyConfig(StrictModel):
     """Timings of the state machine (seconds). Every default is explained in docs/controller.md."""
 
     suspect_grace_s: float = Field(600.0, ge=0)  # non-fatal problem: drain if it lasts this long
-    # A fatal problem blocks at once and drains this much later, so a fleet-wide burst is
-    # seen by the circuit breaker before any of it is admitted (check + publish interval).
+    # A fatal problem blocks at once and drains this much later (an INVESTIGATE one is
+    # quarantined this much later), so a fleet-wide burst is seen by the circuit breaker
+    # before any of it is admitted (check + publish interval).
     fatal_grace_s: float = Field(120.0, ge=0)
     suspect_max_s: float = Field(14400.0, gt=0)  # nothing to repair for this long: quarantine
     block_on_warning: bool = False  # WARNING findings also block new work
@@ -83,8 +84,9 @@ class Fleet:
     may_disrupt: bool = True  # budget left in the node's pool and an action token
     why_not: str = ""  # the reason when it may not (budget, rate limit)
     # Findings ((check, code)) the circuit breaker holds on this node: an open signature
-    # covers them (a bad change, not this machine). They neither block (`hold_blocks`) nor
-    # start or escalate a repair; `held_reason` names the suspected change.
+    # covers them (a bad change, not this machine). They start or escalate no repair, and
+    # block only when they say the machine is broken (not a check that could not run,
+    # `hold_blocks`); `held_reason` names the suspected change.
     held: frozenset[tuple[str, str]] = frozenset()
     held_reason: str = ""
     hold_mark: tuple[str, ...] = ()  # the holding signature, kept on the record (restarts)
@@ -141,9 +143,14 @@ class Assessment:
 
     @property
     def held_severe(self) -> bool:
-        """A held finding that is fatal or needs a human: the breaker may hold its repair,
-        never its block (a bad change explains the burst, not that this GPU works)."""
-        return any(p.fatal or p.action is Action.INVESTIGATE for p in self.held)
+        """A held finding that says the machine is broken (any but a check that could not
+        run; fatal or needing a human a fortiori): the breaker may hold its repair, never
+        its block (a bad change explains the burst, not that this EFA port or GPU works;
+        a switch's EFA down held on the pool left 16 broken nodes schedulable)."""
+        return any(
+            p.fatal or p.action is Action.INVESTIGATE or p.code not in COULD_NOT_RUN
+            for p in self.held
+        )
 
     @property
     def action(self) -> Action:
