@@ -3,7 +3,7 @@
     node:        gpuvigil.node.config.NodeConfig          (checks, thresholds, catalog overrides)
     agent:       gpuvigil.node.agent.AgentConfig          (schedules, sinks)
     controller:  gpuvigil.platform.controller.ControllerConfig  (policy, safety, cluster)
-    preflight:   gpuvigil.platform.preflight.PreflightConfig    (active checks, time budget)
+    preflight:   gpuvigil.node.preflight.PreflightConfig    (active checks, time budget)
 
 Unknown keys anywhere are errors naming the key and the file. A command loads only the
 sections it uses (`load(..., sections=("node",))`), so `gpuvigil check` does not import the
@@ -31,7 +31,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "node": ("gpuvigil.node.config", "NodeConfig"),
     "agent": ("gpuvigil.node.agent", "AgentConfig"),
     "controller": ("gpuvigil.platform.controller", "ControllerConfig"),
-    "preflight": ("gpuvigil.platform.preflight", "PreflightConfig"),
+    "preflight": ("gpuvigil.node.preflight", "PreflightConfig"),
 }
 ALL = tuple(SECTIONS)
 

@@ -227,10 +227,10 @@ def register(app: typer.Typer) -> None:
         except gconfig.ConfigError as e:
             typer.echo(f"gpuvigil agent: {e}", err=True)
             raise typer.Exit(2) from e
+        from gpuvigil.io.exec import become_subreaper
         from gpuvigil.node.compose import build_agent, install_stop_signals
-        from gpuvigil.node.probes.exec import become_subreaper
 
-        become_subreaper()  # the tools' setsid escapees come back to us (probes.exec)
+        become_subreaper()  # the tools' setsid escapees come back to us (io.exec)
 
         try:
             agent_obj, where = build_agent(cfg.agent, node_config=cfg.node)

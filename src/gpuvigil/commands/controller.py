@@ -52,7 +52,7 @@ def load_controller_config(config: Path | None, overrides: dict[str, Any]) -> An
 
 def open_or_exit(cfg: Any, kubernetes: Any = None) -> Any:
     """The configured cluster adapter, or exit 2 saying why (no kubeconfig, no Slurm)."""
-    from gpuvigil.node.sinks.kube_client import KubeConfigError
+    from gpuvigil.io.kube_client import KubeConfigError
     from gpuvigil.platform.clusters import open_cluster
 
     try:

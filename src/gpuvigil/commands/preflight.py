@@ -1,6 +1,6 @@
 """`gpuvigil preflight`: fast node checks plus active GPU and fabric tests, in one budget.
 
-Composes the config, calls `platform.preflight.run_preflight`, prints a table or JSON and
+Composes the config, calls `node.preflight.run_preflight`, prints a table or JSON and
 exits 0 (passed), 1 (a problem found) or 2 (a check could not run), like `gpuvigil check`.
 """
 
@@ -132,8 +132,8 @@ def register(app: typer.Typer) -> None:
         Try it anywhere: gpuvigil preflight --device cpu --expect-gpus 0
         """
         from gpuvigil import config as config_mod
+        from gpuvigil.node.preflight import node_name_of, run_preflight
         from gpuvigil.observe import terminal
-        from gpuvigil.platform.preflight import node_name_of, run_preflight
 
         overrides: dict[str, Any] = {"node": {}, "preflight": {"active": {}}}
         if expect_gpus is not None:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuvigil.core.findings import Action, CheckRun, Finding, Status, utcnow
+from gpuvigil.io.exec import resolve
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.judge import judge
-from gpuvigil.node.probes.exec import resolve
 
 
 @dataclass(frozen=True)

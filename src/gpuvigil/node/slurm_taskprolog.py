@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuvigil.node import slurm_conf as sc
+from gpuvigil.io import slurm_conf as sc
 
 VARS = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 

@@ -9,8 +9,8 @@ the tests can make a tool fail, hang, stop itself (SIGSTOP) or vanish while the 
 from __future__ import annotations
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.io import exec as ex
 from gpuvigil.node.checks import CheckContext, Needs, check
-from gpuvigil.node.probes import exec as ex
 
 
 @check(

@@ -19,7 +19,7 @@ from ctl_helpers import health
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary
-from gpuvigil.node import slurm_conf as sc
+from gpuvigil.io import slurm_conf as sc
 from gpuvigil.platform.clusters.base import Forbidden, Unavailable
 from gpuvigil.platform.clusters.settings import SlurmDegradeSettings, SlurmSettings
 from gpuvigil.platform.clusters.slurm import SlurmCluster
@@ -64,7 +64,7 @@ def adapter(
 
 
 def show(site: Any, node: str) -> dict[str, str]:
-    from gpuvigil.node.slurm_client import parse_show_node
+    from gpuvigil.io.slurm_client import parse_show_node
 
     return parse_show_node(site.run("scontrol", "show", "node", node, "-o").stdout)
 

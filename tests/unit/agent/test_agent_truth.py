@@ -1,7 +1,7 @@
 """The agent tells the truth (issue #13 item 5): output cut at the bound is "could not
 tell", output followed by death on a signal is CHECK_ERROR, `npd-plugin --family` fails
 closed, and /healthz fails once a sink has kept failing past its grace. (The process tree
-at the deadline: tests/unit/node/test_exec.py; the kernel-log file that is truncated,
+at the deadline: tests/unit/io/test_exec.py; the kernel-log file that is truncated,
 replaced, deleted or flooded: test_kmsg_stream.py; a mistyped NODE_NAME on a real
 kube-apiserver: tests/integration/agent/test_agent_liveness.py.)"""
 

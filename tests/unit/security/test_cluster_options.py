@@ -1,4 +1,4 @@
-"""One Kubernetes client factory (`node.sinks.kube_client`) and the cluster commands'
+"""One Kubernetes client factory (`io.kube_client`) and the cluster commands'
 `--kubeconfig`/`--context`: clear errors for a missing config, an unknown context, a dead
 API server and an unknown node; /report answers loopback clients only by default."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuvigil.io.kube_client import KubeConfigError, connect
 from gpuvigil.lab.control_plane import write_kubeconfig
 from gpuvigil.node.sinks.http import _loopback
-from gpuvigil.node.sinks.kube_client import KubeConfigError, connect
 from testkit import cli_env
 
 

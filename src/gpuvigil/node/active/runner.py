@@ -1,7 +1,7 @@
 """Run the active checks in a worker subprocess under deadlines, within a time budget.
 
 The parent side: builds the worker's spec, runs it through the fail-closed runner
-(`node.probes.exec.run`: own process group, killed at the deadline, bounded output),
+(`io.exec.run`: own process group, killed at the deadline, bounded output),
 reads the JSON lines it printed, and turns them into measurements and findings. A check
 in progress when the worker hung or died is CHECK_TIMEOUT or CHECK_ERROR; the worker is
 restarted for the checks still to run while the budget lasts; checks the budget did not
@@ -21,9 +21,9 @@ from typing import Any
 
 import gpuvigil
 from gpuvigil.core.findings import Action, Finding, Status, utcnow
+from gpuvigil.io import exec as execp
 from gpuvigil.node.active.config import ActiveConfig
 from gpuvigil.node.active.results import ACTIONS, Measurement, to_finding
-from gpuvigil.node.probes import exec as execp
 
 MIN_START_S = 5.0  # do not start a worker with less budget than this
 

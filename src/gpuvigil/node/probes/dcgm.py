@@ -1,5 +1,5 @@
 """DCGM checks: `dcgmi health -c -j` (group "slow") and `dcgmi diag -r N -j` (group
-"diag"), run fail-closed through `probes.exec`, parsed by `probes.dcgm_health_parse` and
+"diag"), run fail-closed through `io.exec`, parsed by `probes.dcgm_health_parse` and
 `probes.dcgm_parse` into a DcgmReport that the pipeline's `dcgm` rule judges.
 
 DCGM is optional unless `node.dcgm.required` says otherwise: absent and optional is
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuvigil.core.findings import Finding, Status
+from gpuvigil.io import exec as ex
 from gpuvigil.node.checks import CheckContext, Readout, check
-from gpuvigil.node.probes import exec as ex
 from gpuvigil.node.probes.dcgm_health_parse import parse_health
 from gpuvigil.node.probes.dcgm_parse import parse_diag
 from gpuvigil.node.readings import DcgmReport

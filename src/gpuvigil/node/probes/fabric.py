@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuvigil.core.findings import Finding, utcnow
+from gpuvigil.io import exec as execp
 from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.probes import exec as execp
 from gpuvigil.node.probes import instance
 from gpuvigil.node.probes.fabric_tools import parse_fi_info
 from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, FiInfo, NetDev

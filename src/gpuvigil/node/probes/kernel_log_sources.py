@@ -2,7 +2,7 @@
 
 Each reader returns the raw bytes it read (and the number of ring-buffer gaps) or raises
 `SourceBroken` carrying the fail-closed finding that says why the source cannot be used
-(the check then tries the next source). Tools run only through `probes.exec.run`.
+(the check then tries the next source). Tools run only through `io.exec.run`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.io import exec as runner
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.config import KernelLogConfig
-from gpuvigil.node.probes import exec as runner
 
 CHECK = "kernel_log"
 DMESG_ARGV = ("dmesg", "--time-format", "iso")

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gpuvigil.core.findings import Finding, Status
-from gpuvigil.node.probes import exec as ex
+from gpuvigil.io import exec as ex
 from gpuvigil.node.probes.file_watch import FileWatch
 
 STREAM_CHECK = "kernel_log"  # the stream stands in for the one-shot check of that name

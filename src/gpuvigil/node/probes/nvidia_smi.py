@@ -17,9 +17,9 @@ from dataclasses import replace
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding, utcnow
+from gpuvigil.io import exec as ex
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.probes import exec as ex
 from gpuvigil.node.probes import nvidia_smi_errors, nvidia_smi_text
 from gpuvigil.node.readings import (
     CLOCK_GPU_IDLE,

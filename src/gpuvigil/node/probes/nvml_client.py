@@ -3,7 +3,7 @@ per NVML binding, spoken to in JSON lines, killed (its process group) and replac
 request passes its deadline, crashes or prints garbage.
 
 The worker is a long-lived child of ours, not a tool run once, which is why it does not go
-through `probes.exec.run`; it gets the same care (argv list, own process group, bounded
+through `io.exec.run`; it gets the same care (argv list, own process group, bounded
 reads, a deadline on every request). Used by the `gpu` check (`probes.nvml`), the agent
 (kept warm across sweeps) and the bench.
 """

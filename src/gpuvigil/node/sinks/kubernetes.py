@@ -140,7 +140,7 @@ class KubernetesSink:
     ) -> None:
         from kubernetes import client
 
-        from gpuvigil.node.sinks.kube_client import KubeConfigError, connect
+        from gpuvigil.io.kube_client import KubeConfigError, connect
 
         try:
             api_client = connect(kubeconfig=config.kubeconfig, context=config.context)

@@ -27,7 +27,7 @@ from pydantic import Field
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import utcnow
 from gpuvigil.core.wire import Outcome, RemediationRequest, RemediationResult
-from gpuvigil.node.probes import exec as ex
+from gpuvigil.io import exec as ex
 from gpuvigil.node.readings import GpuReset
 
 log = logging.getLogger("gpuvigil.agent.remediation")

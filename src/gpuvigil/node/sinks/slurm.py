@@ -12,7 +12,7 @@ Called by the agent through a SinkWorker, and by `gpuvigil slurm-healthcheck`.
   this agent wrote (remembered in `marker_path`, so a restart does not forget it): a drain
   by an admin or by anything else is never undone. With the controller, only the
   controller drains.
-Every command goes through the one Slurm client (`node.slurm_client`): argv lists, deadlines.
+Every command goes through the one Slurm client (`io.slurm_client`): argv lists, deadlines.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gpuvigil.core.config import StrictModel
 from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, NodeReport
 from gpuvigil.core.states import State, tag
-from gpuvigil.node.slurm_client import SlurmClient, parse_show_node
+from gpuvigil.io.slurm_client import SlurmClient, parse_show_node
 
 log = logging.getLogger("gpuvigil.agent.slurm")
 __all__ = ["SlurmConfig", "SlurmNode", "SlurmSink", "parse_show_node", "reconcile_drain"]

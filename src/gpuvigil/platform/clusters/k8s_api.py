@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuvigil.core.wire import decode_time
-from gpuvigil.node.sinks.kube_client import connect, describe_unreachable
+from gpuvigil.io.kube_client import connect, describe_unreachable
 from gpuvigil.platform.clusters.base import (
     ClusterError,
     Conflict,
@@ -82,7 +82,7 @@ def json_object(text: str | None) -> dict[str, Any] | None:
 
 
 def load_api_client(settings: KubernetesSettings) -> client.ApiClient:
-    """The API client from the settings' kubeconfig and context (`node.sinks.kube_client`)."""
+    """The API client from the settings' kubeconfig and context (`io.kube_client`)."""
     return connect(kubeconfig=settings.kubeconfig, context=settings.context)
 
 

@@ -12,7 +12,7 @@ Called by the controller (`gpuvigil controller --cluster kubernetes`), `gpuvigil
 - reset / reboot: the agent's request annotation (`core.wire.REQUEST_ANNOTATION`), signed
   with the controller's key (`k8s_keys`, `core.signing`) and answered in
   `RESULT_ANNOTATION`; replace: delete the Node (Karpenter / the node group brings a new
-  one) or a configured hook command run through `node.probes.exec.run`;
+  one) or a configured hook command run through `io.exec.run`;
 - revalidate: create this validation's preflight pod (`k8s_preflight`: a pod that runs to
   completion and frees its GPUs; its exit, written by the node's kubelet, is the result);
 - state: the JSON record in the `gpuvigil.io/state` annotation, written with the
@@ -45,7 +45,7 @@ from gpuvigil.core import wire
 from gpuvigil.core.codes import FAMILIES
 from gpuvigil.core.findings import Action, utcnow
 from gpuvigil.core.signing import BadKey, Signer, Verifier, sig_annotation
-from gpuvigil.node.probes import exec as execp
+from gpuvigil.io import exec as execp
 from gpuvigil.platform.clusters import gpu_holders
 from gpuvigil.platform.clusters.base import (
     AgentResult,

@@ -1,10 +1,10 @@
 """The Slurm adapter: `Cluster` over scontrol / sinfo / squeue (22.05+), run only through
-`node.probes.exec.run` (argv lists, timeouts).
+`io.exec.run` (argv lists, timeouts).
 
 Called by the controller (`gpuvigil controller --cluster slurm`), `gpuvigil nodes` and
 `gpuvigil release`. Mapping:
 
-- every command goes through the one Slurm client, `node.slurm_client` (the agent's too);
+- every command goes through the one Slurm client, `io.slurm_client` (the agent's too);
 - read: `sinfo --json` (state, flags, reason, comment, extra, boot time) and
   `squeue --json` (running jobs per node); `scontrol --json` does not exist in 22.05;
 - health: the agent's summary in the node field `core.wire.SLURM_HEALTH_FIELD` (Extra);
@@ -40,9 +40,9 @@ from typing import Any
 
 from gpuvigil.core import wire
 from gpuvigil.core.findings import Action
-from gpuvigil.node.probes import exec as execp
-from gpuvigil.node.slurm_client import SlurmClient, SlurmError
-from gpuvigil.node.slurm_conf import expand_hostlist
+from gpuvigil.io import exec as execp
+from gpuvigil.io.slurm_client import SlurmClient, SlurmError
+from gpuvigil.io.slurm_conf import expand_hostlist
 from gpuvigil.platform.clusters.base import (
     AgentResult,
     Conflict,

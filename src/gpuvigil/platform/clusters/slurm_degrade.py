@@ -8,7 +8,7 @@ restarts mid-way redoes only what is not done yet:
 2. wait until no job holds a GPU there (`scontrol show node -d`'s GresUsed and squeue's
    per-job GRES, both; unreadable output counts as busy);
 3. rewrite the node's gres.conf lines without `/dev/nvidia<N>` and its `Gres=gpu:N` in the
-   slurm.conf fragment (`degrade.node_conf`), atomically, through `node.slurm_conf`;
+   slurm.conf fragment (`degrade.node_conf`), atomically, through `io.slurm_conf`;
 4. `scontrol reconfigure` (slurmd re-reads gres.conf), then, because slurmctld 22.05
    refuses a File-bound count change on reconfigure ("Attempt to change gres/gpu Count on
    node X from 8 to 7 invalid with File configuration"), the `restart_slurmctld` command,
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core import files
-from gpuvigil.node import slurm_conf as sc
-from gpuvigil.node.probes import exec as execp
-from gpuvigil.node.slurm_client import parse_show_node
+from gpuvigil.io import exec as execp
+from gpuvigil.io import slurm_conf as sc
+from gpuvigil.io.slurm_client import parse_show_node
 from gpuvigil.platform.clusters.base import Forbidden, Unavailable
 from gpuvigil.platform.state import parse_tag
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuvigil.core import files
-from gpuvigil.node import slurm_conf as sc
+from gpuvigil.io import slurm_conf as sc
 from gpuvigil.platform.clusters.base import ClusterError, DrainStatus, Unavailable
 from gpuvigil.platform.clusters.slurm_degrade import Degrader, holds_gpu
 from gpuvigil.platform.isolation import decode_isolation

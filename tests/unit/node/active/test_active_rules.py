@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.node.active.results import Measurement, to_finding
+from gpuvigil.node.preflight import internode_expectation
 from gpuvigil.node.rules import active as rules
-from gpuvigil.platform.preflight import internode_expectation
 
 pytest_plugins = ["active_fixtures"]  # this folder's fixtures (see active_fixtures.py)
 
@@ -146,8 +146,8 @@ _events = st.one_of(
     st.one_of(st.none(), st.integers(-9, 255)),
 )
 def test_worker_output_parser_never_raises(lines, error, rc):
+    from gpuvigil.io.exec import ExecResult
     from gpuvigil.node.active.runner import ActiveOutcome, _absorb
-    from gpuvigil.node.probes.exec import ExecResult
 
     result = ExecResult(
         argv=("python",),

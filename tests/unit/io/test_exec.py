@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from gpuvigil.node.probes import exec as ex
+from gpuvigil.io import exec as ex
 
 
 def test_success_captures_output() -> None:
@@ -118,7 +118,7 @@ def test_a_daemon_left_behind_after_a_clean_exit_is_killed(tmp_path: Path) -> No
     detached = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' </dev/null >/dev/null 2>&1"
     script = f"{detached} & sleep 0.3; exit 0"
     out = _in_a_fresh_process(
-        "from gpuvigil.node.probes import exec as ex\n"
+        "from gpuvigil.io import exec as ex\n"
         "assert ex.become_subreaper()\n"
         f"print(ex.run(['sh', '-c', {script!r}], timeout_s=10).ok)\n"
     )
@@ -133,7 +133,7 @@ def test_running_a_tool_does_not_make_the_caller_a_subreaper() -> None:
     never left COMPLETING on requeue, seen in the Slurm controller test)."""
     out = _in_a_fresh_process(
         "import ctypes\n"
-        "from gpuvigil.node.probes import exec as ex\n"
+        "from gpuvigil.io import exec as ex\n"
         "assert ex.run(['true']).ok\n"
         "v = ctypes.c_int(-1)\n"
         "ctypes.CDLL(None).prctl(37, ctypes.byref(v), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER\n"

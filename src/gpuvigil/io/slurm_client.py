@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from gpuvigil.node.probes import exec as ex
+from gpuvigil.io import exec as ex
 
 Kind = Literal["missing", "refused", "failed"]
 

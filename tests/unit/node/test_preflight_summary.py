@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuvigil.platform.preflight import whole_items
+from gpuvigil.node.preflight import whole_items
 
 
 def test_whole_items_never_cut_and_say_how_many_are_left_out() -> None:

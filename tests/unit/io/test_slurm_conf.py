@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuvigil.node import slurm_conf as sc
+from gpuvigil.io import slurm_conf as sc
 from gpuvigil.node.slurm_taskprolog import prolog_lines
 
 GRES = "# site gres\nNodeName=gpu[1-3] Name=gpu File=/dev/nvidia[0-7]\nNodeName=cpu1 Name=nic\n"

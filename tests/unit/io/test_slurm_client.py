@@ -1,4 +1,4 @@
-"""The one Slurm client (`node.slurm_client`): a call's own limit, and what a failure is.
+"""The one Slurm client (`io.slurm_client`): a call's own limit, and what a failure is.
 The tools are real executables in a temp folder (the real Slurm runs in the integration
 tests)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvigil.node.slurm_client import SlurmClient, SlurmError
+from gpuvigil.io.slurm_client import SlurmClient, SlurmError
 
 
 def tool(folder: Path, name: str, body: str) -> None:
