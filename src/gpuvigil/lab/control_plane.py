@@ -9,6 +9,7 @@ are in ../shared/REALPARTS.md: token auth for one admin, RBAC, no ServiceAccount
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -30,10 +31,43 @@ def missing() -> str | None:
     absent = [b for b in BINARIES if not (KUBE_BIN / b).exists()]
     if absent:
         return f"{', '.join(absent)} not built in {KUBE_BIN}: run `make kube` (builds it once)"
-    for tool, package in (("etcd", "etcd-server"), ("openssl", "openssl")):
+    for tool, package in (("etcd", "etcd-server"), ("openssl", "openssl"),
+                          ("kubectl", "kubernetes-client")):  # fmt: skip
         if shutil.which(tool) is None:
             return f"{tool} not installed: run `make system-deps` (Debian {package})"
     return None
+
+
+def refused(audit_log: Path) -> dict[str, list[str]]:
+    """Per user, each distinct request the API server refused (403), as "verb resource"
+    (with its subresource and namespace), from an audit log at Metadata level; {} when
+    there is no log yet. A line that is not an audit event is skipped."""
+    out: dict[str, set[str]] = {}
+    try:
+        lines = audit_log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return {}
+    for line in lines:
+        try:
+            ev = json.loads(line)
+            if ev.get("responseStatus", {}).get("code") != 403:
+                continue
+            ref = ev.get("objectRef") or {}
+            what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
+            where = f" in {ref['namespace']}" if ref.get("namespace") else ""
+            out.setdefault(ev["user"]["username"], set()).add(f"{ev['verb']} {what}{where}")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return {user: sorted(reqs) for user, reqs in out.items()}
+
+
+def sa_user(sa: str) -> str:
+    """The user name a ServiceAccount's token authenticates as ("namespace:name")."""
+    return f"system:serviceaccount:{sa}"
+
+
+def _sa_token(sa: str) -> str:
+    return f"sa-{sa.replace(':', '-')}-token"
 
 
 def write_kubeconfig(
@@ -71,12 +105,17 @@ class ControlPlane:
         users: tuple[str, ...] = (),
         audit_policy: str | None = None,
         nodes: tuple[str, ...] = (),
+        service_accounts: tuple[str, ...] = (),
     ) -> None:
         """`users`: more admins, each with the token `<user>-token`; `audit_policy`: the API
         server's audit policy (its log is `audit_log`), none by default; `nodes`: node
         identities, each with the token `<node>-node-token` as `system:node:<node>` in
         `system:nodes` (who a kubelet's client certificate makes it: the Node authorizer
-        and NodeRestriction keep it to its own Node)."""
+        and NodeRestriction keep it to its own Node); `service_accounts`: "namespace:name"
+        identities, each authenticated as `system:serviceaccount:<namespace>:<name>` in
+        its groups (what the account's token makes a pod: RBAC binds the user name, so
+        the shipped bindings apply exactly; a static token, since the lab runs no
+        ServiceAccount token controller)."""
         self.dir = workdir
         self.controllers = controllers
         self.port = free_port()
@@ -86,6 +125,7 @@ class ControlPlane:
         self.context = context  # the kubeconfig's cluster, user and context name
         self.procs: dict[str, Proc] = {}
         self.users, self.audit_policy, self.nodes = users, audit_policy, nodes
+        self.service_accounts = service_accounts
         self.audit_log = workdir / "audit.log"
 
     def start(self, *, timeout_s: float = 60, scheduler: bool = True) -> None:
@@ -120,6 +160,11 @@ class ControlPlane:
             + "".join(
                 f'{n}-node-token,system:node:{n},system:node:{n},"system:nodes"\n'
                 for n in self.nodes
+            )
+            + "".join(
+                f"{_sa_token(sa)},{sa_user(sa)},{sa_user(sa)},"
+                f'"system:serviceaccounts,system:serviceaccounts:{sa.split(":")[0]}"\n'
+                for sa in self.service_accounts
             )
         )
         audit: list[str] = []
@@ -207,6 +252,12 @@ class ControlPlane:
         """A kubeconfig that authenticates as one of `nodes` (`system:node:<node>`)."""
         assert node in self.nodes, node
         return self._write_kubeconfig(self.dir / f"kubeconfig-node-{node}", f"{node}-node-token")
+
+    def kubeconfig_for_service_account(self, sa: str) -> Path:
+        """A kubeconfig that authenticates as one of `service_accounts` ("namespace:name")."""
+        assert sa in self.service_accounts, sa
+        path = self.dir / f"kubeconfig-sa-{sa.replace(':', '-')}"
+        return self._write_kubeconfig(path, _sa_token(sa))
 
     def _write_kubeconfig(self, path: Path | None = None, token: str | None = None) -> Path:
         return write_kubeconfig(

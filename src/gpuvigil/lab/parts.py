@@ -1,8 +1,10 @@
-"""What the lab sets up from the shipped files: the preflight manifests, applied as written,
-and the training job built from the shipped Job example."""
+"""What the lab sets up from the shipped files: the manifests of deploy/kubernetes applied
+by the real kubectl (their RBAC then governs the controller and the agents), and the
+training job built from the shipped Job example."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +19,36 @@ NAMESPACE = "default"
 HOST = "$(GPUVIGIL_LAB_MACHINE)"  # a pod's path to its machine's folder (kubelet.py)
 
 
-def apply_manifests(api: Any, folder: Path) -> None:
-    """The shipped manifests of `folder` (its kustomization's resources, in its namespace),
-    as written: raw objects through the dynamic client, so the API server alone validates
-    them."""
-    from kubernetes.dynamic import DynamicClient
+# The workloads whose pods the lab runs itself (the agent on each emulated machine, the
+# controller beside them); every other shipped object is applied as a user would.
+RUN_BY_THE_LAB = {"DaemonSet", "Deployment"}
 
-    dyn = DynamicClient(api.api_client)
-    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    default_ns = kust.get("namespace") or "default"
-    for res in kust.get("resources") or []:
-        for doc in yaml.safe_load_all((folder / res).read_text()):
-            if doc:
-                kind = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-                ns = doc["metadata"].get("namespace") or default_ns if kind.namespaced else None
-                kind.create(body=doc, namespace=ns)
+
+def apply_shipped(kubeconfig: Path, folder: Path) -> list[str]:
+    """The kustomization in `folder` as a user installs it: rendered and applied by the real
+    kubectl (its namespace, ServiceAccounts, RBAC, ConfigMaps and the preflight
+    PodTemplate), less `RUN_BY_THE_LAB`. Returns "Kind/name" of what was applied; raises
+    RuntimeError with kubectl's message when the API server refuses any of it."""
+    kubectl = ["kubectl", "--kubeconfig", str(kubeconfig)]
+    rendered = subprocess.run([*kubectl, "kustomize", str(folder)], check=False,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    if rendered.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {folder}: {rendered.stderr.strip()}")
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    keep = [d for d in docs if d["kind"] not in RUN_BY_THE_LAB]
+    applied = subprocess.run([*kubectl, "apply", "-f", "-"], input=yaml.safe_dump_all(keep),
+                             check=False, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    if applied.returncode != 0:
+        raise RuntimeError(f"kubectl apply -k {folder}: {applied.stderr.strip()}")
+    return [f"{d['kind']}/{d['metadata']['name']}" for d in keep]
 
 
 def cluster_prerequisites(api: Any) -> None:
-    """What gpuvigil's manifests expect a GPU cluster to have: its namespace, and the NVIDIA
-    GPU operator's RuntimeClass `nvidia` (the preflight pod names it)."""
+    """What gpuvigil's manifests expect a GPU cluster to have: the NVIDIA GPU operator's
+    RuntimeClass `nvidia` (the preflight pod names it)."""
     from kubernetes import client
 
-    api.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                          "metadata": {"name": "gpuvigil"}})  # fmt: skip
     client.NodeV1Api(api.api_client).create_runtime_class(
         {
             "apiVersion": "node.k8s.io/v1",

@@ -27,6 +27,8 @@ class LabResult:
     settled: bool
     duration_s: float
     workdir: str
+    # each gpuvigil part: its API identity, what it ran from, what the API server refused it
+    parts: list[dict[str, Any]] = field(default_factory=list)
     figures: dict[str, float | None] = field(default_factory=dict)
     # --alerts: each alert of the fault, measured from it (lab/alerting.py); an alert
     # that fired before the fault has a negative fired_after_s (a healthy lab has none)
@@ -53,6 +55,7 @@ class LabResult:
             "settled": self.settled,
             "duration_s": round(self.duration_s, 1),
             "workdir": self.workdir,
+            "parts": self.parts,
             **alerting,
         }
 

@@ -24,14 +24,14 @@ from gpuvigil.core.config import deep_merge
 from gpuvigil.lab import episode, faults
 from gpuvigil.lab.alerting import HEALTHY_WATCH_S, RULES_DEFAULT, AlertPath
 from gpuvigil.lab.config import LabConfig
-from gpuvigil.lab.control_plane import ControlPlane
+from gpuvigil.lab.control_plane import ControlPlane, refused, sa_user
 from gpuvigil.lab.follow import Follower
 from gpuvigil.lab.jobs import JOB_LABEL, GangJob
 from gpuvigil.lab.kubelet import Kubelet
 from gpuvigil.lab.machine import GPUS, SRC, Machine, python_env
 from gpuvigil.lab.parts import (
     JOB,
-    apply_manifests,
+    apply_shipped,
     cluster_prerequisites,
     training_job,
     trust_key,
@@ -49,6 +49,19 @@ from gpuvigil.platform.state import POOL_LABEL
 
 REPO = SRC.parent
 POOL = "lab"
+# Who the controller is, as the shipped Deployment makes it ("namespace:name")
+CONTROLLER_SA = "gpuvigil:gpuvigil-controller"
+
+
+def audit_policy(users: list[str]) -> str:
+    """The API server records every request of gpuvigil's own identities (the lab's admin
+    emulation and fault injection are not gpuvigil's, and would bury them)."""
+    return yaml.safe_dump({
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "users": users}, {"level": "None"}],
+    })  # fmt: skip
 
 
 class LabError(RuntimeError):
@@ -74,7 +87,18 @@ class Lab:
         self.names = [f"lab-gpu-{i}" for i in range(1, config.nodes + 1)]
         if on is not None and on not in self.names:
             raise LabError(f"--on {on!r}: the lab's nodes are {', '.join(self.names)}")
-        self.cp = ControlPlane(workdir / "cluster")
+        # The parts talk as the shipped deploy makes them: the controller as its
+        # ServiceAccount, each agent as its node (deploy/kubernetes/node-identity), under the
+        # shipped RBAC; only the lab's own emulation and fault injection use the admin.
+        self.identities = {"controller": sa_user(CONTROLLER_SA)} | {
+            f"agent {n}": f"system:node:{n}" for n in self.names
+        }
+        self.cp = ControlPlane(
+            workdir / "cluster",
+            nodes=tuple(self.names),
+            service_accounts=(CONTROLLER_SA,),
+            audit_policy=audit_policy(sorted(set(self.identities.values()))),
+        )
         self.machines: dict[str, Machine] = {}
         self.kubelets: dict[str, Kubelet] = {}
         self.controller: Proc | None = None
@@ -109,7 +133,11 @@ class Lab:
 
         self.api = client.CoreV1Api(config.new_client_from_config(str(self.cp.kubeconfig)))
         cluster_prerequisites(self.api)
-        apply_manifests(self.api, REPO / "deploy/kubernetes/preflight")
+        self.say("applying deploy/kubernetes with kubectl (its RBAC governs the parts)")
+        try:
+            apply_shipped(self.cp.kubeconfig, REPO / "deploy/kubernetes")
+        except RuntimeError as e:
+            raise LabError(str(e)) from e
         shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
         agent_cfg = deep_merge(shipped, self.cfg.agent)
         self.say(f"registering {len(self.names)} GPU nodes, starting their agents")
@@ -118,7 +146,7 @@ class Lab:
             m = Machine(
                 name,
                 self.dir / "machines" / name,
-                kubeconfig=self.cp.kubeconfig,
+                kubeconfig=self.cp.kubeconfig_for_node(name),
                 agent_config=agent_cfg,
                 agent_restart_s=self.cfg.agent_restart_s,
                 env=self.cfg.preflight_env,
@@ -154,7 +182,10 @@ class Lab:
                 "events_path": str(self.events / "controller.jsonl"),
                 # the site's pool of 8-GPU machines, as its operator states it: preflight
                 # validates that many GPUs whatever a node's status says (docs/security.md)
-                "kubernetes": {"kubeconfig": str(self.cp.kubeconfig), "pool_gpus": {POOL: GPUS}},
+                "kubernetes": {
+                    "kubeconfig": str(self.cp.kubeconfig_for_service_account(CONTROLLER_SA)),
+                    "pool_gpus": {POOL: GPUS},
+                },
             },
             self.cfg.controller,
         )
@@ -168,6 +199,23 @@ class Lab:
             log=self.dir / "logs/controller.log",
             env=python_env(),
         )
+
+    def parts(self) -> list[dict[str, Any]]:
+        """Each gpuvigil part: who it was to the API server, what it ran from, and every
+        request of it the API server refused so far (the audit log: a verb the code uses
+        and the shipped RBAC lacks). Preflight makes no API call; its pods run on the
+        machines as the controller built them."""
+        denied = refused(self.cp.audit_log)
+        return [
+            {
+                "name": name,
+                "identity": who,
+                "image": None,
+                "runs_from": sys.prefix,
+                "refused": denied.get(who, []),
+            }
+            for name, who in self.identities.items()
+        ]
 
     def _agents_published(self) -> bool:
         from gpuvigil.core import wire
@@ -402,6 +450,7 @@ class Lab:
             settled=settled,
             duration_s=time.monotonic() - started,
             workdir=str(self.dir),
+            parts=self.parts(),
             alerts=None if self.alerting is None else self.alerting.take(f.fault_ts or 0.0),
             dashboard=dashboard,
             alerts_watched_before_fault_s=(

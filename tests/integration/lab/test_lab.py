@@ -127,6 +127,22 @@ def test_agent_stop_blocks_while_unknown_and_never_drains(results: dict[str, Any
     check_job_and_report(r)
 
 
+def test_every_part_talks_as_its_shipped_identity_and_is_refused_nothing(
+    results: dict[str, Any],
+) -> None:
+    """The controller as its ServiceAccount and each agent as its node, under the RBAC that
+    kubectl applied from deploy/kubernetes: the API server refused none of their requests
+    through every fault (its audit log), so the manifests grant what the code uses."""
+    assert results["by_fault"], results["stderr"]
+    for fault, r in results["by_fault"].items():
+        who = {p["name"]: p["identity"] for p in r["parts"]}
+        assert who["controller"] == "system:serviceaccount:gpuvigil:gpuvigil-controller", who
+        agents = {n: i for n, i in who.items() if n.startswith("agent ")}
+        assert agents and all(i == f"system:node:{n.split()[1]}" for n, i in agents.items())
+        refused = {p["name"]: p["refused"] for p in r["parts"] if p["refused"]}
+        assert not refused, f"{fault}: the API server refused {refused}"
+
+
 # The alerts each fault may raise that reach a person (page or ticket): exactly these, and
 # none on a healthy lab. A quarantine pages; a fatal Xid opens a ticket.
 PEOPLE = ("page", "ticket")
