@@ -24,10 +24,12 @@ HELP = (
     "every finding Kubernetes would block new work on (any FAILED one; --drain-on fatal: "
     "fatal ones only) and resumes the node only when it drained it itself and the finding "
     "has cleared: a person's drain is never lifted. Exit: 0 healthy, 1 unhealthy (a "
-    "definite failure wins), 2 a check could not run and nothing else failed.\n\n"
-    "slurm.conf: HealthCheckProgram=/usr/local/sbin/gpuvigil-healthcheck "
-    "HealthCheckInterval=300 HealthCheckNodeState=ANY (the two-line wrapper shipped as "
-    "deploy/slurm/gpuvigil-healthcheck; docs/agent.md)"
+    "definite failure wins), 2 a check could not run and nothing else failed."
+) + options.slurm_wrapper_help(
+    "HealthCheckProgram",
+    "gpuvigil-healthcheck",
+    "docs/agent.md",
+    more="HealthCheckInterval=300 HealthCheckNodeState=ANY",
 )
 
 

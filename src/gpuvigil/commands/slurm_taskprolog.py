@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from gpuvigil.commands import options
 from gpuvigil.node.slurm_taskprolog import prolog_lines
 
 HELP = (
@@ -15,10 +16,8 @@ HELP = (
     "device numbers (/dev/nvidiaN) instead of gres.conf positions, so a job on a node "
     "degraded to 7 GPUs never sees the GPU taken out; a task whose GPUs cannot be mapped "
     "gets none. Only for nodes without ConstrainDevices=yes. Always exits 0 (a failing "
-    "TaskProlog would fail the task; the fail-closed answer is no GPU).\n\n"
-    "slurm.conf: TaskProlog=/usr/local/sbin/gpuvigil-taskprolog (the wrapper shipped as "
-    "deploy/slurm/gpuvigil-taskprolog; docs/slurm.md)"
-)
+    "TaskProlog would fail the task; the fail-closed answer is no GPU)."
+) + options.slurm_wrapper_help("TaskProlog", "gpuvigil-taskprolog", "docs/slurm.md")
 
 
 def register(app: typer.Typer) -> None:

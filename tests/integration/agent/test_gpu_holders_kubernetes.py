@@ -17,7 +17,7 @@ from agent_helpers import wait_until
 
 from gpuvigil.core import holders as wire
 from gpuvigil.fakes.pod_resources import PodResourcesServer
-from gpuvigil.platform.clusters.gpu_holders import holders
+from gpuvigil.platform.clusters.gpu_holders import read
 from realparts.kube import NODE_IDENTITIES
 
 start_agent = agent_helpers.start_agent  # the fixture
@@ -68,11 +68,11 @@ def test_the_agent_publishes_its_gpus_holders_as_its_node(start_agent, kube, tmp
         assert first.complete
         now = datetime.now(UTC)
         assert abs((now - first.read_at).total_seconds()) < 10
-        assert holders(node_dict(kube, name), BAD, now) == ["ml/train-0"]
-        assert holders(node_dict(kube, name), "GPU-idle", now) == []  # complete and fresh
+        assert read(node_dict(kube, name), BAD, now).listed() == ["ml/train-0"]
+        assert read(node_dict(kube, name), "GPU-idle", now).listed() == []  # complete and fresh
         # The controller's clock past the bound: stale is unknown.
         late = first.read_at + timedelta(seconds=wire.MAX_AGE_S + 1)
-        assert holders(node_dict(kube, name), BAD, late) is None
+        assert read(node_dict(kube, name), BAD, late).listed() is None
 
         # A new holder shows within a publish interval or two.
         kubelet.set_pods({("ml", "serve-0"): {"main": {"nvidia.com/gpu": [f"{BAD}::1"]}}})
@@ -85,7 +85,7 @@ def test_the_agent_publishes_its_gpus_holders_as_its_node(start_agent, kube, tmp
         kubelet.mode = "hang"
         hung = wait_until(lambda: (m := published(kube, name)) and m.error and m, 15, "an error")
         assert hung.error.startswith("CHECK_TIMEOUT") and hung.holders == {}
-        assert holders(node_dict(kube, name), BAD, datetime.now(UTC)) is None
+        assert read(node_dict(kube, name), BAD, datetime.now(UTC)).listed() is None
         # The socket gone (kubelet restarting): unknown too, then readable again.
         kubelet.stop()
         wait_until(
@@ -95,7 +95,7 @@ def test_the_agent_publishes_its_gpus_holders_as_its_node(start_agent, kube, tmp
         )
         kubelet = PodResourcesServer(sock).start()
         wait_until(lambda: (m := published(kube, name)) and m.complete, 15, "a good read again")
-        assert holders(node_dict(kube, name), BAD, datetime.now(UTC)) == []
+        assert read(node_dict(kube, name), BAD, datetime.now(UTC)).listed() == []
         assert a.proc.poll() is None, a.log()  # none of this stopped the agent
     finally:
         kubelet.stop()

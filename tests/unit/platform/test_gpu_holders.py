@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuvigil.core import holders as wire
-from gpuvigil.platform.clusters.gpu_holders import holders, read
+from gpuvigil.platform.clusters.gpu_holders import read
 
 NOW = datetime(2026, 12, 2, 20, 0, tzinfo=UTC)
 BAD, GOOD = "GPU-aaaa", "GPU-bbbb"
@@ -58,8 +58,8 @@ def pod(name: str, *, gpus: int = 1, ns: str = "ml", node_name: str = "gpu-1",
 
 def test_the_annotation_alone_names_the_holders():
     n = node(mapping(**{BAD: ["ml/a", "ml/b"], GOOD: ["ml/c"]}))
-    assert holders(n, BAD, NOW) == ["ml/a", "ml/b"]
-    assert holders(n, "GPU-cccc", NOW) == []  # fresh and complete: nobody holds it
+    assert read(n, BAD, NOW).listed() == ["ml/a", "ml/b"]
+    assert read(n, "GPU-cccc", NOW).listed() == []  # fresh and complete: nobody holds it
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_the_annotation_alone_names_the_holders():
 def test_unknown_is_none_with_a_reason(message, why):
     got = read(node(message), BAD, NOW)
     assert got.pods is None and why in got.why
-    assert holders(node(message), BAD, NOW) is None
+    assert read(node(message), BAD, NOW).listed() is None
 
 
 def test_a_gpu_asking_pod_the_mapping_does_not_place_is_unknown():
@@ -114,7 +114,7 @@ def test_allocated_resources_status_speaks_for_its_pod_without_an_annotation():
 def test_the_status_is_preferred_over_a_disagreeing_annotation():
     n = node(mapping(**{BAD: ["ml/b"], GOOD: ["ml/a"]}))
     pods = [pod("a", status_ids=[BAD]), pod("b", status_ids=[GOOD])]
-    assert holders(n, BAD, NOW, pods=pods) == ["ml/a"]
+    assert read(n, BAD, NOW, pods=pods).listed() == ["ml/a"]
 
 
 def test_both_sources_mix_per_pod():
@@ -145,10 +145,12 @@ def test_a_dra_claim_matches_by_driver_pool_device():
             ],
         }
     ]
-    assert holders(node(None), BAD, NOW, pods=[p], dra_device="gpu.nvidia.com/gpu-1/gpu-3") == [
-        "ml/d"
-    ]
-    assert holders(node(None), BAD, NOW, pods=[p], dra_device="gpu.nvidia.com/gpu-1/gpu-4") == []
+    assert read(
+        node(None), BAD, NOW, pods=[p], dra_device="gpu.nvidia.com/gpu-1/gpu-3"
+    ).listed() == ["ml/d"]
+    assert (
+        read(node(None), BAD, NOW, pods=[p], dra_device="gpu.nvidia.com/gpu-1/gpu-4").listed() == []
+    )
 
 
 def test_device_ids_that_are_not_gpus_place_nothing():

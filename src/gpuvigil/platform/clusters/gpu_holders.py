@@ -1,9 +1,9 @@
 """Which pods hold one GPU of a Kubernetes node: pure, read from objects the caller has.
 
 Called by the controller's per-GPU path (`platform.isolation`) before it evicts a bad GPU's
-holders. `holders(node, gpu_uuid, now, pods=...)` answers `["ns/pod", ...]` (possibly empty:
-nobody holds it), or None when that cannot be known; then the caller falls back to the
-whole node, never to "no holders". `read(...)` gives the same answer with its source and why.
+holders. `read(node, gpu_uuid, now, pods=...).listed()` answers `["ns/pod", ...]` (possibly
+empty: nobody holds it), or None when that cannot be known; then the caller falls back to
+the whole node, never to "no holders". The `Holders` it returns also says its source and why.
 
 Two sources, per pod, the first that speaks for it:
 1. `pod.status.containerStatuses[].allocatedResourcesStatus` (KEP-4680 ResourceHealthStatus:
@@ -41,19 +41,9 @@ class Holders:
     source: str  # "status", "annotation", "status+annotation", or "" when unknown
     why: str = ""  # for unknown: what was missing; for the record otherwise
 
-
-def holders(
-    node: Mapping[str, Any],
-    gpu_uuid: str,
-    now: datetime,
-    *,
-    pods: Iterable[Mapping[str, Any]] | None = None,
-    max_age_s: float = wire.MAX_AGE_S,
-    dra_device: str | None = None,
-) -> list[str] | None:
-    """The pods holding `gpu_uuid` on `node` ("ns/name", sorted), or None when unknown."""
-    got = read(node, gpu_uuid, now, pods=pods, max_age_s=max_age_s, dra_device=dra_device)
-    return None if got.pods is None else list(got.pods)
+    def listed(self) -> list[str] | None:
+        """The holders ("ns/name", sorted), or None when unknown."""
+        return None if self.pods is None else list(self.pods)
 
 
 def read(

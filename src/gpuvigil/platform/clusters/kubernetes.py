@@ -483,7 +483,7 @@ class KubernetesCluster:
         sel = f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
         pods = [p for p in self._pages("list_pods", self.core.list_pod_for_all_namespaces,
                                        field_selector=sel) if workload(p)]  # fmt: skip
-        return gpu_holders.holders(raw, gpu_uuid, utcnow(), pods=pods)
+        return gpu_holders.read(raw, gpu_uuid, utcnow(), pods=pods).listed()
 
     def evict(self, name: str, pods: list[str], *, deadline: datetime, reason: str) -> DrainStatus:
         raw = self.watch.get(name)
