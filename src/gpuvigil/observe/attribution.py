@@ -162,7 +162,7 @@ def to_evidence(ev: Event) -> Evidence | None:
             kind = "info"
         return Evidence(ev.ts, kind, where, node, comp, code, strong)
     if ev.kind == Kind.HANG:
-        return Evidence(ev.ts, HANG, f"hang at step {d.get('step')} ({d.get('where', '?')})", node)
+        return _hang(ev)
     if ev.kind == Kind.CHECKPOINT and d.get("result") not in (None, "ok", "succeeded"):
         return Evidence(ev.ts, STORAGE, f"checkpoint {d.get('result')} at step {d.get('step')}")
     to = d.get("to")
@@ -181,6 +181,36 @@ def to_evidence(ev: Event) -> Evidence | None:
     if ev.kind == Kind.STRAGGLER:
         return Evidence(ev.ts, "info", f"straggler rank {d.get('rank')} on {node}", node)
     return None
+
+
+def _hang(ev: Event) -> Evidence:
+    """A hang record. One with a `verdict` (the watchdog's, from the ranks' collective
+    sequence numbers, or the monitor's on a frozen rank) places the hang on the culprit's
+    own node, and only there: a victim's record, or one that blames no rank (all ranks in
+    the same collective: no `culprit_rank`, the journal drops a null), names no node, since
+    the node it was written on is not the cause. An older record keeps its node."""
+    d = ev.data
+    text = f"hang at step {d.get('step')} ({d.get('where', '?')})"
+    if not d.get("verdict"):
+        return Evidence(ev.ts, HANG, text, ev.node)
+    blamed = d.get("culprit_rank")
+    if d.get("culprit") is True:
+        return Evidence(
+            ev.ts, HANG, f"{text}: rank {d.get('rank')} on {ev.node} is the culprit", ev.node,
+            strong=True,
+        )  # fmt: skip
+    if blamed is None:
+        return Evidence(ev.ts, HANG, f"{text}: no rank is blamed ({d.get('verdict_text', '')})")
+    return Evidence(ev.ts, HANG, f"{text}: rank {d.get('rank')} waited for rank {blamed}")
+
+
+def _hang_rule(f: Failure, ev: list[Evidence]) -> tuple[float, Evidence] | None:
+    """The culprit's own record first (it names its node), then the closest in time."""
+    hits = _pick(ev, HANG)
+    if not hits:
+        return None
+    best = min(hits, key=lambda e: (not e.strong, abs(e.ts - f.ts)))
+    return 0.75, best
 
 
 def _pick(items: list[Evidence], kind: str) -> list[Evidence]:
@@ -226,7 +256,7 @@ RULES = (
     (HARDWARE, _hardware),
     (NETWORK, _simple(NETWORK, 0.8)),
     (STORAGE, _simple(STORAGE, 0.8)),
-    (HANG, _simple(HANG, 0.75)),
+    (HANG, _hang_rule),
     (HARDWARE, _drain("drain", 0.5)),
     # Evicted by a drain that tool breakage caused: not the job's fault, not hardware.
     (TOOLING, _drain("tool_drain", 0.5)),

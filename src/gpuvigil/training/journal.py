@@ -144,18 +144,23 @@ class Journal:
     def hung(self, record: HangRecord) -> None:
         """The hang watchdog fired on this rank: its event and its exit record."""
         self.event(Kind.HANG, record.data())
-        if record.culprit:  # behind its peers: the rank they wait for, wherever its stack is
-            kind = "behind"
-        elif record.in_collective or record.reason == "peer" or record.behind:
+        v = record.verdict
+        culprits = v.culprits if v is not None else record.behind
+        if record.culprit and (v is None or v.why == "behind"):
+            kind = "behind"  # the rank its peers wait for, wherever its own stack is
+        elif record.culprit:
+            kind = "hang"  # outside any collective while its peers wait in one
+        elif record.in_collective or record.reason == "peer" or culprits:
             kind = "victim"
         else:
             kind = "hang"
+        waited = f"; waited for rank {', '.join(map(str, culprits))}" if culprits else ""
         self.exit(
             kind=kind,
             code=exit_codes.HANG,
             step=record.step,
-            detail=f"watchdog ({record.reason}) at {record.where}"
-            + (f"; waited for rank {', '.join(map(str, record.behind))}" if record.behind else ""),
+            detail=f"watchdog ({record.reason}) at {record.where}{waited}"
+            + (f"; {v.text}" if v is not None and not culprits else ""),
         )
 
     def exit_of(self, exc: BaseException, *, step: int) -> None:

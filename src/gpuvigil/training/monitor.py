@@ -121,6 +121,13 @@ class Monitor:
             "in_collective": False,
             "seq": beat.seq,  # collectives it entered, from its heartbeat (-1: unknown)
             "by": "monitor",
+            # Its heartbeat stopped: it is the culprit its peers' watchdogs call silent.
+            "culprit": True,
+            "culprit_rank": beat.rank,
+            "culprit_ranks": [beat.rank],
+            "verdict": "silent",
+            "verdict_text": f"rank {beat.rank} {what}: its heartbeat stopped {idle:.1f}s ago "
+            f"at step {beat.step}, after {beat.seq} collectives",
         }
         self._event(info, Kind.HANG, data, node=node)
         self._record(

@@ -149,6 +149,14 @@ def test_hung_rank_watchdog_fires_dumps_stacks_and_group_restarts(baseline: Job,
     assert "at_step" in dump and "train_resilient.py" in dump
     if 0 in by_rank:  # the peer blocked in the gradient all-reduce is marked as a victim
         assert by_rank[0]["in_collective"] is True
+    # Every record that was written names rank 1, with the sequence numbers as evidence:
+    # rank 0 entered the step's all-reduce, rank 1 (asleep in its own code) never did.
+    for d in by_rank.values():
+        assert (d["culprit_rank"], d["verdict"]) == (1, "behind"), d
+        assert d["seqs"]["0"] == d["seqs"]["1"] + 1, d
+    assert culprit["culprit"] is True and by_rank.get(0, {"culprit": False})["culprit"] is False
+    assert "(this rank is the culprit: rank 1 entered" in log
+    assert "likely a victim" not in log
     assert j.attempts() == {0, 1}
     assert params_equal(j.final, baseline.final)
 
@@ -174,8 +182,9 @@ def test_a_rank_that_never_enters_the_all_reduce_is_named_the_culprit(job: Any) 
     assert by_rank[0]["culprit"] is False and by_rank[0]["behind"] == [1]
     assert by_rank[0]["seq"] == by_rank[1]["seq"] + 1
     log = j.text()
-    assert "which rank 1 never entered: the culprit; this rank is a victim" in log
-    assert "this rank is the culprit" in log
+    assert "(the culprit is rank 1: rank 1 entered" in log and "this rank is a victim)" in log
+    assert "(this rank is the culprit: rank 1 entered" in log
+    assert by_rank[0]["culprit_rank"] == by_rank[1]["culprit_rank"] == 1
     (restart,) = j.event_list("job.restart")
     d = restart["data"]
     assert (d["cause"], d["kind"], d["rank"]) == ("hang", "behind", 1)

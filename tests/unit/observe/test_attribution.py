@@ -198,3 +198,33 @@ def test_a_drained_attempts_end_keeps_the_jobs_nodes_for_its_restart() -> None:
     a = at.attribute(evs, lookback_s=600, grace_s=120)
     assert [x.cause for x in a.attributions] == ["hardware", "hardware"]
     assert a.attributions[1].node == "node-18"
+
+
+def _hang_of(ts: float, node: str, rank: int, culprit_rank: int | None) -> object:
+    """A hang record as the watchdog writes it, with its verdict (the journal drops a null
+    `culprit_rank`)."""
+    blamed = {} if culprit_rank is None else {"culprit_rank": culprit_rank}
+    return E(ts, "hang", node=node, job="j", rank=rank, step=41, where="allreduce",
+             culprit=rank == culprit_rank, **blamed,
+             verdict="fabric" if culprit_rank is None else "behind",
+             verdict_text="all ranks in collective #13")  # fmt: skip
+
+
+def test_a_hang_is_placed_on_the_culprit_ranks_node_not_a_victims() -> None:
+    # The victim's record (node-17) is the closest to the failure; the culprit's (node-18,
+    # rank 1, behind its peer) names the node.
+    evs = [START, _hang_of(990, "node-18", 1, 1), _hang_of(999, "node-17", 0, 1), KILLED]
+    got = at.attribute(evs, lookback_s=600, grace_s=120).attributions[0]
+    assert (got.cause, got.node) == ("hang", "node-18")
+    assert got.summary == "hang at step 41 (allreduce): rank 1 on node-18 is the culprit"
+    # Only the victim wrote (the culprit froze and wrote nothing): the victim's node is not
+    # the cause, and the record says whom it waited for.
+    got = at.attribute([START, _hang_of(999, "node-17", 0, 1), KILLED]).attributions[0]
+    assert got.node is None and got.summary.endswith("rank 0 waited for rank 1")
+
+
+def test_a_hang_that_blames_no_rank_names_no_node() -> None:
+    evs = [START, _hang_of(990, "node-18", 1, None), _hang_of(991, "node-17", 0, None), KILLED]
+    got = at.attribute(evs, lookback_s=600, grace_s=120).attributions[0]
+    assert (got.cause, got.node) == ("hang", None)
+    assert "no rank is blamed (all ranks in collective #13)" in got.summary

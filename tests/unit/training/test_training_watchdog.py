@@ -180,3 +180,127 @@ def test_the_rank_behind_its_peers_collective_count_is_the_culprit() -> None:
     assert behind({0: 41}) == ()  # no peer to compare with
     assert behind({0: 41, 1: -1, 2: 39}) == (2,)  # an unknown number is no evidence
     assert behind({0: 12, 1: 10, 2: 11}) == (1, 2)
+
+
+def test_judge_names_the_culprit_of_a_collective_hang() -> None:
+    from gpuvigil.training.watchdog import judge
+
+    # 1. rank 1 stuck in its own code, rank 0 in the all-reduce it never entered.
+    v = judge({0: (13, True), 1: (12, False)}, world=2)
+    assert (v.culprits, v.why) == ((1,), "behind")
+    assert "rank 1 entered 12 collectives and never entered #13" in v.text
+    assert "rank 0: 13, rank 1: 12" in v.text  # the numbers are the evidence
+    # 2. both inside torch, rank 1 in an earlier collective (mismatched collectives).
+    assert judge({0: (13, True), 1: (12, True)}, world=2).culprits == (1,)
+    # Three ranks: the lowest never entered the one rank 2 waits in; rank 2 is a victim too.
+    assert judge({0: (12, True), 1: (10, True), 2: (11, True)}, world=3).culprits == (1,)
+    # 3. every rank in the same collective: nobody is blamed, and the record says why.
+    v = judge({0: (13, True), 1: (13, True)}, world=2)
+    assert (v.culprits, v.why) == ((), "fabric")
+    assert "all ranks in collective #13" in v.text and "the fabric or a peer outside" in v.text
+    assert "victim" not in v.text
+    # 4. a rank that published nothing (frozen, dead): the culprit, before any number.
+    v = judge({0: (13, True), 2: (12, True)}, world=3, wait_s=3.0)
+    assert (v.culprits, v.why) == ((1,), "silent")
+    assert "rank 1 published nothing within 3.0s" in v.text
+    # Silence is evidence only when the peers were asked through a working store.
+    assert judge({0: (13, True)}, world=2, asked=False).why == "unknown"
+
+
+def test_judge_without_numbers_uses_where_the_stacks_are() -> None:
+    from gpuvigil.training.watchdog import judge
+
+    # Equal numbers (a collective on another group), or none: the rank outside is the one.
+    v = judge({0: (-1, True), 1: (-1, False)}, world=2)
+    assert (v.culprits, v.why) == ((1,), "outside")
+    assert judge({0: (-1, True), 1: (-1, True)}, world=2).why == "fabric"
+    assert judge({0: (-1, False)}, world=1).culprits == (0,)  # alone, in its own code
+    assert judge({0: (5, True)}, world=1).culprits == ()  # alone in a collective: unknown
+
+
+def test_record_data_carries_the_culprit_rank_and_the_numbers() -> None:
+    from gpuvigil.training.watchdog import judge
+
+    seen = {0: (13, True), 1: (12, False)}
+    rec = HangRecord(0, "n", 5, 3.1, 3.0, "x", True, "timeout", "f", 13, (1,),
+                     judge(seen, world=2), {0: 13, 1: 12})  # fmt: skip
+    d = rec.data()
+    assert (d["culprit"], d["culprit_rank"], d["culprit_ranks"]) == (False, 1, [1])
+    assert (d["verdict"], d["seqs"]) == ("behind", {"0": 13, "1": 12})
+    fabric = HangRecord(0, "n", 5, 3.1, 3.0, "x", True, "timeout", "f", 13, (),
+                        judge({0: (13, True), 1: (13, True)}, world=2))  # fmt: skip
+    assert fabric.data()["culprit_rank"] is None and fabric.data()["verdict"] == "fabric"
+
+
+def _fire_both(tmp_path: Path, seq: dict[int, int]) -> list[HangRecord]:
+    """Two watchdogs on one real store fire at once, as the two ranks of a hung job do (rank 1
+    on its timeout, rank 0 on the flag it raises)."""
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    records: list[HangRecord] = []
+    threads = []
+    for rank, reason in ((0, "peer"), (1, "timeout")):
+        wd = Watchdog(WatchdogConfig(timeout_s=60, poll_s=0.05), rank=rank, node=f"n{rank}",
+                      dump_dir=tmp_path, on_fire=records.append, exit=lambda code: None,
+                      store=store, world_size=2,
+                      collective_seq=lambda r=rank: seq[r])  # fmt: skip
+        kw = {"reason": reason, "waited_s": 1.0}
+        threads.append(threading.Thread(target=wd.fire, kwargs=kw))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    return sorted(records, key=lambda r: r.rank)
+
+
+def test_two_watchdogs_on_a_real_store_agree_on_the_culprit(tmp_path: Path) -> None:
+    # Each main thread here sleeps in this test, not in torch (in_collective False on both):
+    # the numbers alone name rank 1, on both ranks.
+    r0, r1 = _fire_both(tmp_path, {0: 13, 1: 12})
+    assert r0.data()["culprit_rank"] == r1.data()["culprit_rank"] == 1
+    assert (r0.culprit, r1.culprit) == (False, True)
+    assert r0.data()["seqs"] == {"0": 13, "1": 12}
+    r0, _ = _fire_both(tmp_path, {0: 13, 1: 13})
+    assert r0.verdict is not None and r0.verdict.why == "own"  # both stuck in their own code
+
+
+def test_a_peer_that_never_publishes_is_the_culprit(tmp_path: Path) -> None:
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    wd, _, records = _watchdog(tmp_path, store=store, world_size=4,
+                               collective_seq=lambda: 13)  # fmt: skip
+    wd.fire(reason="timeout", waited_s=1.0)
+    (rec,) = records
+    # Rank 3 alone answered: ranks 0-2 are silent (frozen or dead), the lowest is named.
+    assert rec.data()["culprit_ranks"] == [0, 1, 2] and rec.data()["culprit_rank"] == 0
+    assert rec.data()["verdict"] == "silent"
+    assert store.get(HANG_KEY) == b"3"  # raised before waiting: a slower peer fires now
+
+
+@pytest.mark.parametrize(
+    ("rank", "seen", "kind", "detail"),
+    [
+        (1, {0: (13, True), 1: (12, False)}, "behind", "waited for rank 1"),  # stuck, behind
+        (0, {0: (13, True), 1: (12, False)}, "victim", "waited for rank 1"),
+        (1, {0: (-1, True), 1: (-1, False)}, "hang", "waited for rank 1"),  # outside, no numbers
+        (0, {0: (13, True), 1: (13, True)}, "victim", "all ranks in collective #13: the fabric"),
+    ],
+)
+def test_the_exit_record_charges_the_verdicts_culprit(
+    tmp_path: Path, rank: int, seen: dict[int, tuple[int, bool]], kind: str, detail: str
+) -> None:
+    from types import SimpleNamespace
+
+    from gpuvigil.training import lifecycle
+    from gpuvigil.training.journal import Journal
+    from gpuvigil.training.storage import LocalStorage
+    from gpuvigil.training.watchdog import judge
+
+    journal = Journal(SimpleNamespace(rank=rank, node="n", job="j"))  # type: ignore[arg-type]
+    journal.storage = LocalStorage(str(tmp_path))
+    s, inside = seen[rank]
+    record = HangRecord(rank, "n", 5, 3.1, 3.0, "x", inside, "timeout", "f", s, (),
+                        judge(seen, world=2))  # fmt: skip
+    journal.hung(record)
+    (exit_record,), _ = lifecycle.read_exits(journal.storage)
+    assert exit_record.kind == kind and detail in exit_record.detail, exit_record
