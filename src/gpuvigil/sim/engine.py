@@ -288,7 +288,8 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
             self.push(t + self._human_repair(node), REPAIRED, node, node.repair_epoch)
         elif by == "instance-check":
             self.take_out(node, t, reason="instance check failed")
-            self.remediate(node, t, Action.REBOOT if fi.kind.fix[0][0] == "REBOOT"
+            first = self.layer1.cures(fi.kind, gpu=fi.gpu)[:1]
+            self.remediate(node, t, Action.REBOOT if first and first[0][0] is Action.REBOOT
                            else Action.REPLACE)  # fmt: skip
         else:
             self.layer_decision(node, fi, t, active=by == "active-check")

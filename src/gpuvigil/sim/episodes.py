@@ -14,9 +14,10 @@ from gpuvigil.core.findings import Action, Finding
 from gpuvigil.platform.isolation import decode_isolation
 from gpuvigil.platform.state import State
 from gpuvigil.sim import devices
+from gpuvigil.sim.detect import sample_fixed_by
 from gpuvigil.sim.faults import BAD_DRIVER, BOOT_NOISE, LEMON_RETURN_S, Cause, Effect
 from gpuvigil.sim.fleet import Node, NodeState
-from gpuvigil.sim.platform import SLACK_S, Wake, sample_fixed_by
+from gpuvigil.sim.platform import SLACK_S, Wake
 
 if TYPE_CHECKING:
     from gpuvigil.sim.engine import Engine
@@ -49,8 +50,9 @@ class Episodes:
                 fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
             )
             findings += v.findings
-            if fi.fixed_by is None and fi.kind.fix:
-                fi.fixed_by = sample_fixed_by(fi.kind.fix, self.draws("fix", fi.id))
+            cures = self.layer1.cures(fi.kind, gpu=fi.gpu)
+            if fi.fixed_by is None and cures:
+                fi.fixed_by = sample_fixed_by(cures, self.draws("fix", fi.id))
             fixed.append(fi.fixed_by)
         if not findings:
             return

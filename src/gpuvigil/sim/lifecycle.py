@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.state import LADDER, pool_of_labels
 from gpuvigil.sim import restart
+from gpuvigil.sim.detect import cure_probability
 from gpuvigil.sim.faults import STORM_KINDS, Cause, Effect
 from gpuvigil.sim.fleet import BASE_FACTS, FaultInstance, Node, NodeState
 from gpuvigil.sim.jobs import Job, JobState
@@ -78,7 +79,8 @@ class Lifecycle:
             spent, s = 0.0, step if step in LADDER else Action.REBOOT
             while True:
                 spent += duration[s] + cfg.validate_s
-                if self.draws("cure", fi.id, s.value).random() < cure_probability(fi, s):
+                chance = cure_probability(self.layer1.cures(fi.kind, gpu=fi.gpu), s)
+                if self.draws("cure", fi.id, s.value).random() < chance:
                     break
                 if s is Action.REPLACE:
                     human = True  # the ladder is spent: quarantine for a person
@@ -374,12 +376,6 @@ class Lifecycle:
         self.tally.finish(self.res, unavailable_s=self.fleet.unavailable_s,
                           gpus_per_node=self.cfg.gpus_per_node)  # fmt: skip
         self.rec.finish(t, self.res)
-
-
-def cure_probability(fi: FaultInstance, step: Action) -> float:
-    """A step cures a fault with the best chance among the fixes it includes: a reboot
-    also resets the GPUs, a replacement is a new machine (a missing tool: nothing cures)."""
-    return max((p for a, p in fi.kind.fix if Action(a).rank <= step.rank), default=0.0)
 
 
 FAULT_EV, DETECT_EV, REPAIRED_EV, ARRIVE_EV, JOB_END_EV, JOB_HIT_EV, _, _, DRAIN_EV = range(9)

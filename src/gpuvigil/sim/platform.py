@@ -18,7 +18,6 @@ frozen at the silence's start.
 from __future__ import annotations
 
 import logging
-import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -130,14 +129,6 @@ class SimCluster(MemoryCluster):
         finally:
             full.update(self.nodes)
             self.nodes = full
-
-
-def sample_fixed_by(fix: tuple[tuple[str, float], ...], rng: random.Random) -> Action | None:
-    """The least ladder step that cures this instance of a fault (None: nothing does)."""
-    for action, p in fix:
-        if rng.random() < p:
-            return Action(action)
-    return None
 
 
 @dataclass
