@@ -149,6 +149,10 @@ def test_a_frozen_rank_is_named_and_the_group_restarts_within_timeout_plus_5s(
     assert params_equal(j.final, baseline.final)
     (hang,) = [e for e in j.event_list("hang") if e["data"].get("by") == "monitor"]
     assert (hang["data"]["rank"], hang["node"], hang["data"]["reason"]) == (1, "vm", "frozen")
+    assert (hang["data"]["culprit_rank"], hang["data"]["culprit"]) == (1, True)
+    # Rank 0's own watchdog fired first, on its timeout: rank 1 published no number.
+    (mine,) = [e["data"] for e in j.event_list("hang") if e["data"].get("by") != "monitor"]
+    assert (mine["rank"], mine["culprit_rank"], mine["verdict"]) == (0, 1, "silent"), mine
     (restart,) = j.event_list("job.restart")
     assert (restart["data"]["cause"], restart["data"]["kind"], restart["data"]["rank"]) == (
         "hang",
