@@ -29,6 +29,11 @@ class TorchOps:
             ]
         else:
             self.devices = [torch.device("cpu")] * cpu_devices
+            # One intra-op thread: a matmul split over threads waits, every call, for each
+            # thread's turn on a loaded machine (48x48 fp32 on 2 busy cores: 16 ms a call
+            # instead of 50 us, in 2 runs of 8), so the rate measured was the scheduler's.
+            # The virtual devices share the cores anyway; this worker process is theirs.
+            torch.set_num_threads(1)
         self.asynchronous = self.kind == "cuda"
         self._host_index = host_gpu_indexes(sysfs_root) if self.kind == "cuda" else {}
 

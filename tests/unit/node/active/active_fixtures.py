@@ -7,7 +7,7 @@ areas' tests import the shared helpers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,15 +16,21 @@ from gpuvigil.node.active.config import ActiveConfig
 
 
 @pytest.fixture
-def cpu_ops(need_torch: None) -> Callable[..., Any]:
+def cpu_ops(need_torch: None) -> Iterator[Callable[..., Any]]:
     """Two virtual CPU devices, optionally wrapped by a `gpuvigil.fakes.active` injector."""
+    import torch
+
     from gpuvigil.node.active.worker import build_ops
 
     def make(fault: str | None = None, devices: int = 2) -> Any:
         wrapper = f"gpuvigil.fakes.active:{fault}" if fault else None
         return build_ops("cpu", cpu_devices=devices, wrapper=wrapper)
 
-    return make
+    # The CPU ops take the process to one torch thread (their worker's own process in
+    # production); here the process is pytest's, so give the other tests theirs back.
+    threads = torch.get_num_threads()
+    yield make
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

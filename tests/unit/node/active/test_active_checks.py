@@ -75,6 +75,13 @@ def test_load_reports_tflops_and_passes(cpu_ops, small):
     assert all(m.evidence["iterations"] > 1 for m in ms)
 
 
+def test_cpu_devices_compute_on_one_thread(cpu_ops):
+    # With torch's default threads, a loaded 2-core machine made each 48x48 call of the
+    # test above wait ~16 ms for the second thread (GPU_SLOW on both devices, 2 runs of 8).
+    ops = cpu_ops()
+    assert ops.torch.get_num_threads() == 1
+
+
 def test_one_slow_device_is_slow_against_its_peers(cpu_ops, small):
     ms = matmul.load(cpu_ops("slow_matmul"), small, small.sizes("cpu"), {})
     assert problems(ms) == [("cpu:1", "GPU_SLOW")]
