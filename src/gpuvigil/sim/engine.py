@@ -98,6 +98,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
         ) if scenario.layer2 else None  # fmt: skip
         if self.platform is not None:
             self.platform.cluster.holders_of = self.holders_of
+            self.platform.cluster.preflight_judge = self.preflight_passes
         if self.platform is not None and self.serving is not None:
             self.platform.pods_of = self.serving.pods_named
         self.silent: set[int] | None = None  # during a silence: nodes whose report waits

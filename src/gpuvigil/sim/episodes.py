@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpuvigil.core.findings import Action, Finding
+from gpuvigil.core.findings import Action, Finding, NodeReport
 from gpuvigil.platform.isolation import decode_isolation
 from gpuvigil.platform.state import State
 from gpuvigil.sim import devices
@@ -20,8 +20,11 @@ from gpuvigil.sim.fleet import Node, NodeState
 from gpuvigil.sim.platform import SLACK_S, Wake
 
 if TYPE_CHECKING:
+    from gpuvigil.platform.clusters.memory import MemNode
     from gpuvigil.sim.engine import Engine
 
+# How a fault was found for the agent to publish it (the others: a person, a cloud check).
+SEEN_BY_AGENT = ("layer1", "active-check", "boot")
 OUT = (State.DRAINING, State.REMEDIATING, State.VALIDATING)
 BLOCKED = (State.SUSPECT, State.QUARANTINED)
 
@@ -30,7 +33,7 @@ class Episodes:
     def visible_findings(self: Engine, node: Node) -> list[Finding]:
         out: list[Finding] = []
         for fi in node.faults:
-            if fi.detected_by in ("layer1", "active-check", "boot"):
+            if fi.detected_by in SEEN_BY_AGENT:
                 out += self.layer1.verdict(
                     fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
                 ).findings
@@ -44,7 +47,7 @@ class Episodes:
         findings: list[Finding] = []
         fixed: list[Action | None] = []
         for fi in node.faults:
-            if fi.detected_by not in ("layer1", "active-check", "boot"):
+            if fi.detected_by not in SEEN_BY_AGENT:
                 continue
             v = self.layer1.verdict(
                 fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
@@ -182,6 +185,31 @@ class Episodes:
                 self.tally.detect.append(t - fi.onset_s)
                 self.push(t + self.cfg.validate_s, PUBLISH, node, 0)
 
+    def preflight_passes(self: Engine, mem: MemNode) -> bool:
+        """The node's preflight run (`MemoryCluster.preflight_judge`): the real verdict
+        (`NodeReport.exit_code`, as `node.preflight` passes on 0) over the node checks' and
+        the active checks' findings for every fault the steps run did not cure. Not merely
+        "no published fault remains": silent corruption no agent has reported fails it, and
+        a remaining fault no check sees passes it, as the real run would."""
+        node = self.fleet.nodes[self.by_name[mem.name]]
+        step = _latest_step(mem)
+        findings: list[Finding] = []
+        for fi in node.faults:
+            if fi.detected_by in SEEN_BY_AGENT:
+                left = bool(mem.faults)  # the cluster clears them all at the step that cures
+            else:  # unpublished: its own cure step, drawn as publish would draw it
+                if fi.fixed_by is None:
+                    cures = self.layer1.cures(fi.kind, gpu=fi.gpu)
+                    fi.fixed_by = sample_fixed_by(cures, self.draws("fix", fi.id))
+                fixed = fi.fixed_by
+                left = not isinstance(fixed, Action) or step is None or step.rank < fixed.rank
+            if left:
+                findings += self.layer1.verdict(fi.kind.fault, gpu=fi.gpu).findings
+                if fi.kind.effect is Effect.SILENT:  # what the active checks model (matmul)
+                    findings += self.layer1.verdict(fi.kind.fault, gpu=fi.gpu,
+                                                    active=True).findings  # fmt: skip
+        return NodeReport(node=mem.name, findings=tuple(findings)).exit_code() == 0
+
     def on_publish(self: Engine, t: float, node: Node, _: int) -> None:
         self.publish(node, t)
 
@@ -274,7 +302,7 @@ class Episodes:
         event log then shows what a real agent's would, and `replay` sees the cure when
         the controller validated the node."""
         for fi in node.faults:
-            if fi.detected_by in ("layer1", "active-check", "boot") and not fi.cleared_logged:
+            if fi.detected_by in SEEN_BY_AGENT and not fi.cleared_logged:
                 fi.cleared_logged = True
                 v = self.layer1.verdict(
                     fi.kind.fault, gpu=fi.gpu, active=fi.detected_by == "active-check"
@@ -334,3 +362,14 @@ def lifetime_s(findings: tuple[Finding, ...], *, default_s: float = 3600.0) -> f
 CONTROL_PASS, CONTROL_ARRIVE, CONTROL_HUMAN, PUBLISH, SILENCE, SILENCE_END = 9, 10, 11, 12, 13, 14
 FAULT_EV, DETECT_EV, REPAIRED_EV = 0, 1, 2
 GPU_SWAP = 21  # a person swaps an isolated GPU (after sim.serving's 19, 20)
+
+
+def _latest_step(mem: MemNode) -> Action | None:
+    """The step the node's agent ran last (its answer names it): the ladder escalates, so
+    the strongest of this episode."""
+    if mem.result is None or not mem.result.succeeded:
+        return None
+    try:
+        return Action(mem.result.detail)
+    except ValueError:
+        return None

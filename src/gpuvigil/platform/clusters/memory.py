@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -173,6 +173,10 @@ class MemoryCluster:
         self.calls: Counter[str] = Counter()
         self.reset_s, self.reboot_s, self.preflight_s = reset_s, reboot_s, preflight_s
         self.auto_preflight = auto_preflight
+        # What a node's preflight run says (True: passed). None: it passes when no published
+        # fault remains; the simulator sets the real verdict over what is left on the
+        # machine, which sees what no agent has published yet (silent corruption).
+        self.preflight_judge: Callable[[MemNode], bool] | None = None
         # A live agent publishes every `heartbeat_s` (0: at every `advance`), as the real
         # one does every interval: between beats its node does not change.
         self.heartbeat_s = heartbeat_s
@@ -276,7 +280,9 @@ class MemoryCluster:
                 and (now - started).total_seconds() >= self.preflight_s
                 and (node.preflight is None or node.preflight.at < started)
             ):
-                node.preflight = Preflight(passed=not node.faults, at=now, for_since=rec.since)
+                judge = self.preflight_judge
+                passed = judge(node) if judge is not None else not node.faults
+                node.preflight = Preflight(passed=passed, at=now, for_since=rec.since)
                 node.version += 1
 
     def _beat(self, last: datetime | None, now: datetime) -> datetime:
