@@ -116,6 +116,26 @@ def test_the_first_cure_of_each_xid_is_the_step_the_catalog_asks() -> None:
     assert {"gpu_lost", "hbm_ecc", "sram_ecc", "gsp_error"} <= checked
 
 
+def test_the_agent_clears_each_xid_at_the_simulators_first_cure() -> None:
+    """The Xid finding that asks the verdict's step says the agent clears it on that very
+    step (`clears_on`, from node.rules.xid's clearing): so the step that cures the fault in
+    the simulator is the one after which the real agent stops reporting it."""
+    from gpuvigil.core.findings import Action
+    from gpuvigil.sim.detect import Layer1
+    from gpuvigil.sim.faults import DEFAULT_KINDS
+
+    clears = {"window": Action.RESTART_APP, "gpu_reset": Action.RESET_GPU,
+              "reboot": Action.REBOOT}  # fmt: skip
+    layer1, seen = Layer1(), 0
+    for kind in DEFAULT_KINDS:
+        v, cures = layer1.verdict(kind.fault, gpu=0), layer1.cures(kind, gpu=0)
+        for f in v.findings:
+            if f.code.startswith("XID_") and f.action is v.action and cures:
+                seen += 1
+                assert clears.get(f.evidence["clears_on"]) is cures[0][0], (kind.name, f.code)
+    assert seen >= 4  # Xid 79, 95, 119, 13
+
+
 def test_a_reset_the_catalog_asks_is_what_cures_xid_119() -> None:
     """In `full`, Xid 119 faults are cured by the controller's GPU reset (the catalog's
     step) as often as the fault model says the first remedy works (90%): a reboot follows
