@@ -33,6 +33,9 @@ class Kind(StrEnum):
     BREAKER = "breaker"  # data: state (open|closed), reason
     JOB_START = "job.start"  # data: nodes, gpus
     JOB_RESTART = "job.restart"  # data: reason, lost_s, node
+    # rank 0, after the first step of each attempt: when its phases ended (lab restart phases)
+    # data: attempt, step, first_step_s, init_ts, group_ts, restored_ts
+    STARTUP = "startup"
     JOB_END = "job.end"  # data: result, exit_code, productive_gpu_s, allocated_gpu_s
     CHECKPOINT = "checkpoint"  # data: step, duration_s, stall_s, result
     STRAGGLER = "straggler"  # data: rank, ratio, windows

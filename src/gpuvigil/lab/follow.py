@@ -126,12 +126,28 @@ class Follower:
         elif kind == Kind.HANG:
             self.add("hang", node, f"rank {d.get('rank')} at step {d.get('step')} "
                      f"({d.get('where')})", ts)  # fmt: skip
+        elif kind == Kind.STARTUP:
+            self._ready(node, d, ts)
         elif kind in (Kind.JOB_START, Kind.JOB_RESTART, Kind.JOB_END):
             if kind == Kind.JOB_RESTART and isinstance(d.get("lost_steps"), int):
                 self.lost_steps.append(int(d["lost_steps"]))
             brief = ", ".join(f"{k}={v}" for k, v in sorted(d.items()) if k != "nodes")
             where = f" on {', '.join(d['nodes'])}" if isinstance(d.get("nodes"), list) else ""
             self.add(str(kind), node, f"{brief}{where}", ts)
+
+    def _ready(self, node: str | None, d: dict[str, Any], ts: float) -> None:
+        """Training's startup: when this attempt's worker started, its group formed, its
+        checkpoint was restored, each on its own time (the phases of a restart)."""
+        attempt = f"restart count {d.get('attempt')}"  # torchrun's, within this pod
+        for event, key, what in (
+            ("worker_start", "init_ts", "the worker reached training.init"),
+            ("rendezvous", "group_ts", "the process group formed"),
+            ("restored", "restored_ts", "the checkpoint restored"),
+        ):
+            if isinstance(d.get(key), int | float):
+                self.add(event, node, f"{attempt}: {what}", float(d[key]))
+        self.add("first_step", node, f"{attempt}: step {d.get('step')} done "
+                 f"({d.get('first_step_s')} s)", ts)  # fmt: skip
 
     # ---- the API server ------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ class LabResult:
     workdir: str
     # each gpuvigil part: its API identity, what it ran from, what the API server refused it
     parts: list[dict[str, Any]] = field(default_factory=list)
-    figures: dict[str, float | None] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
     # --alerts: each alert of the fault, measured from it (lab/alerting.py); an alert
     # that fired before the fault has a negative fired_after_s (a healthy lab has none)
     alerts: list[dict[str, Any]] | None = None
@@ -60,9 +60,10 @@ class LabResult:
         }
 
 
-def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, float | None]:
+def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, Any]:
     """Seconds from the fault to: the node blocked, the job running again (the restarted job
-    restored its checkpoint, or its first save), the node back in service (or removed)."""
+    restored its checkpoint, or its first save), the node back in service (or removed); and
+    the phases of the fault's gang restart (`restart_phases`)."""
 
     def first(pred: Any) -> float | None:
         return next((e["t_s"] for e in timeline if e["t_s"] >= 0 and pred(e)), None)
@@ -83,7 +84,62 @@ def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, float | None
         "blocked_s": first(lambda e: e["node"] == node and e["event"] == "block"),
         "job_resumed_s": resumed,
         "back_in_service_s": back,
+        "restart_phases": restart_phases(timeline, node),
     }
+
+
+# The phases of a gang restart, in order, each the seconds from the previous one's end to
+# this milestone (the first from the fault); docs/lab.md names each event.
+PHASES = ("detect", "stop", "reschedule", "process_start", "rendezvous", "restore", "first_step")
+
+
+def restart_phases(timeline: list[dict[str, Any]], node: str) -> dict[str, float | None] | None:
+    """Seconds each phase of the fault's first gang restart took, measured between events of
+    the timeline; None when the fault caused no restart. A phase whose end (or start) no
+    event marks is None, never guessed. Milestones:
+    - detect: the broken node blocked (gpuvigil's taint), or training's hang event;
+    - stop: every pod of the old attempt ended (the lab's job.attempt, written once they
+      are all gone, starts the next attempt);
+    - reschedule: the last of the new attempt's pods bound to a node (job.pod_scheduled);
+    - process_start: rank 0's worker reached training.init (startup's init_ts);
+    - rendezvous: its process group formed (group_ts);
+    - restore: the checkpoint restored (restored_ts);
+    - first_step: the first step after the restore done (startup's own time)."""
+    after = [e for e in timeline if e["t_s"] >= 0]
+    attempt = next((i for i, e in enumerate(after) if e["event"] == "job.attempt"), None)
+    if attempt is None:
+        return None
+    before, since = after[:attempt], after[attempt:]
+
+    def at(events: list[dict[str, Any]], *names: str, on: str | None = None) -> float | None:
+        return next(
+            (e["t_s"] for e in events if e["event"] in names and (on is None or e["node"] == on)),
+            None,
+        )
+
+    detect = at([e for e in before if e["event"] == "block" and e["node"] == node]
+                or [e for e in before if e["event"] == "hang"], "block", "hang")  # fmt: skip
+    first_step = at(since, "first_step")
+    ready = [e for e in since if first_step is None or e["t_s"] <= first_step]
+    scheduled = [
+        e["t_s"] for e in since if e["event"] == "job.pod_scheduled"
+        and (first_step is None or e["t_s"] <= first_step)
+    ]  # fmt: skip
+    ends = [
+        detect,
+        since[0]["t_s"],
+        max(scheduled) if scheduled else None,
+        at(ready, "worker_start"),
+        at(ready, "rendezvous"),
+        at(ready, "restored"),
+        first_step,
+    ]
+    out: dict[str, float | None] = {}
+    start: float | None = 0.0
+    for name, end in zip(PHASES, ends, strict=True):
+        out[name] = None if start is None or end is None else round(end - start, 2)
+        start = end
+    return out
 
 
 def report(events: Path) -> dict[str, Any]:

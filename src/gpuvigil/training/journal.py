@@ -122,6 +122,31 @@ class Journal:
             except OSError as e:
                 log.warning("could not remove exit record %s: %s", name, e)
 
+    def ready(
+        self,
+        *,
+        attempt: int,
+        step: int,
+        first_step_s: float,
+        init_ts: float | None,
+        group_ts: float | None,
+        restored_ts: float | None,
+    ) -> None:
+        """Rank 0, after the first step of an attempt: when each phase of its start ended,
+        so a restart's process start, rendezvous, restore and first step can be measured
+        (the lab's restart_phases) rather than assumed."""
+        if self.env.rank != 0:
+            return
+        data = {
+            "attempt": attempt,
+            "step": step,
+            "first_step_s": round(first_step_s, 4),
+            "init_ts": init_ts,
+            "group_ts": group_ts,
+            "restored_ts": restored_ts,
+        }
+        self.event(Kind.STARTUP, data)
+
     def end(self, *, steps: int) -> None:
         if self.env.rank == 0:
             self.event(

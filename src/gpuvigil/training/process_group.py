@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,6 +45,10 @@ class Env:
     store: Any = None  # this attempt's (prefixed) store, for the watchdog's peer signal
     groups: dict[str, Any] = field(default_factory=dict)  # side groups: "checkpoint", "monitor"
     store_addr: tuple[str, int] = ("", 0)  # where the per-node monitor reaches `store`
+    # When this worker reached `init` (interpreter up, torch imported) and when its process
+    # group formed: the process-start and rendezvous phases of a restart (startup).
+    init_ts: float | None = None
+    group_ts: float | None = None
 
     @property
     def is_main(self) -> bool:
@@ -116,6 +121,7 @@ def init(
 
     Exits with `exit_codes.NODE_UNHEALTHY` / `NODE_STATE_UNKNOWN` when the gate refuses.
     """
+    init_ts = time.time()
     config = config or TrainingConfig.load()
     verdict = health_gate.check(config.health_gate, now=utcnow())
     if not verdict.allowed:
@@ -151,6 +157,7 @@ def init(
         "checkpoint": dist.new_group(backend="gloo", timeout=timeout),
         "monitor": dist.new_group(backend="gloo", timeout=timedelta(seconds=60)),
     }
+    group_ts = time.time()  # the group and its side groups exist: rendezvous is over
     watch_store = dist.PrefixStore(
         key,
         dist.TCPStore(
@@ -180,6 +187,8 @@ def init(
         watch_store,
         groups,
         (base.host, base.port),
+        init_ts,
+        group_ts,
     )
 
 

@@ -90,6 +90,7 @@ class Run:
         )
         self._stragglers: StragglerWatch | None = None
         self._last_saved = -1
+        self._restored_ts: float | None = None  # set when __enter__'s restore is done
         self._finished = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -196,6 +197,14 @@ class Run:
     def _completed(self, step: int, dt: float) -> None:
         if step == self.start_step + 1:  # restart latency ends here; logged once per attempt
             log.info("gpuvigil: first step of this attempt done (step %d, %.3fs)", step, dt)
+            self.journal.ready(
+                attempt=self.env.restart_count,
+                step=step,
+                first_step_s=dt,
+                init_ts=self.env.init_ts,
+                group_ts=self.env.group_ts,
+                restored_ts=self._restored_ts,
+            )
         self.step = step
         if self.sampler is not None:
             self.sampler.advance()
@@ -284,6 +293,7 @@ class Run:
                 self._ckpt.storage.location,
             )
         job = loaded.job if loaded is not None else {}
+        self._restored_ts = time.time()  # the restore phase ends here (startup)
         self.journal.started(
             nodes=nodes,
             resumed_step=self.start_step,

@@ -263,9 +263,11 @@ def test_figures_from_the_timeline() -> None:
         {"t_s": 20.0, "event": "job.restart", "node": "n1", "detail": ""},
         {"t_s": 40.0, "event": "state", "node": "n2", "detail": "VALIDATING -> HEALTHY: validated"},
     ]
-    assert figures(t, "n2") == {"blocked_s": 1.0, "job_resumed_s": 20.0, "back_in_service_s": 40.0}
+    # no job.attempt in this timeline: no gang restart, so no restart phases
+    assert figures(t, "n2") == {"blocked_s": 1.0, "job_resumed_s": 20.0, "back_in_service_s": 40.0,
+                                "restart_phases": None}  # fmt: skip
     assert figures(t[:2], "n2") == {"blocked_s": None, "job_resumed_s": None,
-                                    "back_in_service_s": None}  # fmt: skip
+                                    "back_in_service_s": None, "restart_phases": None}  # fmt: skip
 
 
 def test_faults_run_in_an_order_that_keeps_the_lab(tmp_path: Path) -> None:
