@@ -13,6 +13,7 @@ import difflib
 import importlib
 import inspect
 import re
+import sys
 from typing import Any
 
 import typer
@@ -201,4 +202,11 @@ def version_command() -> None:
 
 
 def main(argv: list[str] | None = None) -> Any:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["logscan"]:  # typer-free when it can be (`logscan.fast_path`)
+        from gpuvigil.commands.logscan import fast_path
+
+        status = fast_path(words)
+        if status is not None:
+            raise SystemExit(status)
     return app(args=argv)

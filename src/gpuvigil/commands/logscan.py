@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-import typer
 
 from gpuvigil.node.capture.inputs import InputError, open_input
 from gpuvigil.node.probes.kernel_log_parser import iter_stream
@@ -29,7 +28,12 @@ from gpuvigil.node.readings import XidEvent
 from gpuvigil.observe.printable import printable
 
 if TYPE_CHECKING:
-    from gpuvigil.node.catalog.xid import XidCatalog
+    import typer
+
+    from gpuvigil.node.catalog.xid_base import BaseTable
+
+# Defaults of the options, shared by the typer command and `fast_path`.
+DEFAULT_TZ, DEFAULT_READ_TIMEOUT, DEFAULT_MAX_BYTES = "UTC", 300.0, 16 * 1024**3
 
 
 class Verdict(dict[str, Any]):
@@ -45,16 +49,18 @@ class Verdicts:
     and the lookup is most of an event's cost after parsing."""
 
     def __init__(self) -> None:
-        self._catalog: XidCatalog | None = None
+        self._catalog: BaseTable | None = None
         self._seen: dict[tuple[str, int, str], Verdict] = {}
 
     @property
-    def catalog(self) -> XidCatalog:
-        """Loaded at the first event: a log without one (most) never pays for it."""
+    def catalog(self) -> BaseTable:
+        """Loaded at the first event: a log without one (most) never pays for it. The base
+        entries resolved ahead (`xid_base`: a test holds them to the YAML), not the catalog
+        itself, whose yaml and pydantic cost 0.15 s of start-up."""
         if self._catalog is None:
-            from gpuvigil.node.catalog.xid import load_catalog
+            from gpuvigil.node.catalog.xid_base import load_table
 
-            self._catalog = load_catalog()
+            self._catalog = load_table()
         return self._catalog
 
     def of(self, ev: XidEvent) -> Verdict:
@@ -67,8 +73,8 @@ class Verdicts:
             hit = Verdict(
                 mnemonic=rule.name,
                 in_catalog=rule.known,
-                status=verdict.status.value,
-                action=verdict.action.value,
+                status=verdict.status,
+                action=verdict.action,
                 fatal=verdict.fatal,
             )
             hit.json_tail = _ENCODE(hit)[1:]
@@ -135,6 +141,8 @@ def _optional(v: str | float | None) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    import typer  # here, not at the top: `fast_path` runs without it
+
     @app.command("logscan")
     def logscan(  # noqa: PLR0917 - typer maps every option to a parameter
         path: str = typer.Argument(
@@ -153,19 +161,19 @@ def register(app: typer.Typer) -> None:
             "the 'time' field. Without it that field is null for such lines.",
         ),
         tz: str = typer.Option(
-            "UTC",
+            DEFAULT_TZ,
             "--tz",
             help="IANA time zone of stamps printed without an offset (dmesg -T, syslog); "
             "used for the 'time' field.",
         ),
         read_timeout: float = typer.Option(
-            300.0,
+            DEFAULT_READ_TIMEOUT,
             "--read-timeout",
             min=0.1,
             help="Seconds to read the whole input (a FIFO with no writer ends here, exit 2).",
         ),
         max_bytes: int = typer.Option(
-            16 * 1024**3,
+            DEFAULT_MAX_BYTES,
             "--max-bytes",
             min=1,
             help="Read at most this many bytes (after gzip/UTF-16 decoding); more is exit 2.",
@@ -193,42 +201,116 @@ def register(app: typer.Typer) -> None:
 
           gpuvigil logscan /var/log/kern.log --year 2026
         """
-        try:
-            zone = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError) as e:
-            typer.echo(f"gpuvigil logscan: unknown time zone {tz!r}", err=True)
-            raise typer.Exit(2) from e
-        try:
-            stream = open_input(path, timeout_s=read_timeout)
-        except InputError as e:
-            typer.echo(f"gpuvigil logscan: {e}", err=True)
-            raise typer.Exit(2) from e
-        stats = LineStats(count_lines=False)  # not reported: spare the scan
-        verdicts = Verdicts()
-        try:
-            with stream:
-                events = _counted(iter_stream(stream, year=year, tz=zone, stats=stats), verdicts)
-                if as_json:
-                    _print_json(events)
-                else:
-                    _print_table(events, source=path)
-        except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return
-        except InputError as e:
-            typer.echo(f"gpuvigil logscan: {e}", err=True)
-            raise typer.Exit(2) from e
-        # The one exit rule (`analyze`'s too, NodeReport.exit_code): a definite failure wins
-        # over "could not tell" (a FAILED event before the size cap is already enough).
-        told = True
-        if stats.bytes_read > max_bytes:
-            typer.echo(f"gpuvigil logscan: {path} is over --max-bytes {max_bytes}", err=True)
-            told = False
-        why = unreadable(found=events.count > 0, stats=stats)
-        if why is not None:
-            typer.echo(f"gpuvigil logscan: could not tell: {why}", err=True)
-            told = False
-        raise typer.Exit(1 if events.failed else 0 if told else 2)
+        raise typer.Exit(
+            run(path, as_json=as_json, year=year, tz=tz, read_timeout=read_timeout,
+                max_bytes=max_bytes)
+        )  # fmt: skip
+
+
+def run(
+    path: str, *, as_json: bool, year: int | None, tz: str, read_timeout: float, max_bytes: int
+) -> int:
+    """The command itself, without typer: its exit status. `fast_path` calls it straight
+    from the argv it understands (typer and the pydantic it needs cost 0.2 s of start-up,
+    more than the scan of an ordinary 200 MB log); the typer command calls it too."""
+    try:
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        _err(f"gpuvigil logscan: unknown time zone {tz!r}")
+        return 2
+    try:
+        stream = open_input(path, timeout_s=read_timeout)
+    except InputError as e:
+        _err(f"gpuvigil logscan: {e}")
+        return 2
+    stats = LineStats(count_lines=False)  # not reported: spare the scan
+    verdicts = Verdicts()
+    try:
+        with stream:
+            events = _counted(iter_stream(stream, year=year, tz=zone, stats=stats), verdicts)
+            if as_json:
+                _print_json(events)
+            else:
+                _print_table(events, source=path)
+    except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except InputError as e:
+        _err(f"gpuvigil logscan: {e}")
+        return 2
+    # The one exit rule (`analyze`'s too, NodeReport.exit_code): a definite failure wins
+    # over "could not tell" (a FAILED event before the size cap is already enough).
+    told = True
+    if stats.bytes_read > max_bytes:
+        _err(f"gpuvigil logscan: {path} is over --max-bytes {max_bytes}")
+        told = False
+    why = unreadable(found=events.count > 0, stats=stats)
+    if why is not None:
+        _err(f"gpuvigil logscan: could not tell: {why}")
+        told = False
+    return 1 if events.failed else 0 if told else 2
+
+
+def _err(message: str) -> None:
+    """`typer.echo(message, err=True)`: the same bytes. click strips ANSI escapes off a
+    stream that is not a terminal, so a message holding one still goes through it."""
+    if "\x1b" in message:
+        import typer
+
+        typer.echo(message, err=True)
+        return
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+# The options `fast_path` reads itself: name -> (parse, the least value typer allows).
+_INT, _FLOAT = re.compile(r"[0-9]{1,18}"), re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+_OPTIONS: dict[str, tuple[re.Pattern[str] | None, type, float | None]] = {
+    "--year": (_INT, int, None),
+    "--tz": (None, str, None),
+    "--read-timeout": (_FLOAT, float, 0.1),
+    "--max-bytes": (_INT, int, 1),
+}
+
+
+def fast_path(argv: list[str]) -> int | None:
+    """`gpuvigil logscan ...` run without typer when every word of `argv` is one that
+    typer would read the same way: `logscan`, one FILE (or `-`), `--json`, and the options
+    above with a plain value (`--opt V` or `--opt=V`, each once). Anything else (help, a
+    typo, `--`, a value typer might coerce or reject) returns None: typer runs it, with its
+    messages. Returns the exit status."""
+    if argv[:1] != ["logscan"]:
+        return None
+    opts: dict[str, Any] = {"as_json": False, "year": None, "tz": DEFAULT_TZ,
+                            "read_timeout": DEFAULT_READ_TIMEOUT,
+                            "max_bytes": DEFAULT_MAX_BYTES}  # fmt: skip
+    seen: set[str] = set()
+    path: str | None = None
+    words = iter(argv[1:])
+    for word in words:
+        name, eq, value = word.partition("=")
+        if word == "--json" and word not in seen:
+            opts["as_json"] = True
+        elif name in _OPTIONS and name not in seen:
+            if not eq:
+                value = next(words, None)
+                if value is None or value.startswith("-"):
+                    return None
+            shape, kind, least = _OPTIONS[name]
+            if (shape is not None and shape.fullmatch(value) is None) or not value:
+                return None
+            parsed = kind(value)
+            if least is not None and parsed < least:
+                return None
+            opts[name[2:].replace("-", "_")] = parsed
+        elif path is None and (word == "-" or not word.startswith("-")):
+            path = word
+        else:
+            return None
+        seen.add(name if eq else word)
+    if path is None:
+        return None
+    return run(path, **opts)
 
 
 class _counted:

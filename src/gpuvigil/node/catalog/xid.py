@@ -8,6 +8,7 @@ code resolves to FAILED + INVESTIGATE: the catalog fails closed.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -313,3 +314,38 @@ def _merge_codes(into: dict[int, Any], patches: dict[int, Entry]) -> None:
 def _default_catalog() -> XidCatalog:
     xid, sxid = _shipped()
     return XidCatalog(xid, sxid)
+
+
+def base_table(catalog: XidCatalog | None = None) -> dict[str, Any]:
+    """The shipped catalog's base entries (no family, no overrides) as `xid_base.json`
+    holds them: per kind, code -> [name, known, outcome, [[pattern, outcome], ...]], each
+    outcome [status, action, fatal]; `unknown` is what a code not in the catalog gets."""
+    cat = catalog if catalog is not None else load_catalog()
+
+    def row(rule: Rule) -> list[Any]:
+        return [rule.name, rule.known, _outcome_row(rule.outcome),
+                [[p.pattern, _outcome_row(o)] for p, o in rule.messages]]  # fmt: skip
+
+    out: dict[str, Any] = {
+        kind: {str(code): row(cat.rule(kind, code)) for code in cat.codes(kind)}
+        for kind in ("xid", "sxid")
+    }
+    out["unknown"] = {kind: row(_unknown(kind, -1, 1.0)) for kind in ("xid", "sxid")}
+    return out
+
+
+def _outcome_row(o: Outcome) -> list[Any]:
+    return [o.status.value, o.action.value, o.fatal]
+
+
+def write_base_table() -> None:
+    """Regenerate `xid_base.json` (after editing xid.yaml or sxid.yaml)."""
+    from gpuvigil.node.catalog.xid_base import TABLE
+
+    table = base_table()
+    with open(TABLE, "w", encoding="utf-8") as f:  # one code a line: diffs stay readable
+        f.write("{\n")
+        for i, (kind, rows) in enumerate(table.items()):
+            f.write(f'"{kind}": {{\n')
+            f.write(",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in rows.items()))
+            f.write("\n}" + (",\n" if i < len(table) - 1 else "\n}\n"))

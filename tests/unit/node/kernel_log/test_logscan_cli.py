@@ -243,3 +243,27 @@ def test_event_text_is_what_the_encoder_writes():
         verdict = verdicts.of(ev)
         assert logscan.event_text(ev, verdict) == logscan._ENCODE(logscan.event_json(ev, verdict))
         assert logscan.event_text(ev) == logscan._ENCODE(logscan.event_json(ev))
+
+
+def test_fast_path_runs_only_what_typer_reads_the_same(tmp_path, capsys):
+    """`python -m gpuvigil logscan ...` runs without typer (`fast_path`) when it reads
+    every word of the command line; anything else goes to typer, with its messages."""
+    from gpuvigil.commands.logscan import fast_path
+
+    f = tmp_path / "dmesg.log"
+    f.write_text(LOG)
+    for argv in (["logscan", "--help"], ["logscan"], ["logscan", str(f), "--jsn"],
+                 ["logscan", str(f), "--year", "20x6"], ["logscan", str(f), "--json", "--json"],
+                 ["logscan", str(f), "--read-timeout", "0.01"], ["logscan", "--", str(f)],
+                 ["logscan", str(f), str(f)], ["analyze", str(f)]):  # fmt: skip
+        assert fast_path(argv) is None, argv
+    assert fast_path(["logscan", str(f), "--json", "--year=2026", "--tz", "UTC"]) == 1
+    fast = capsys.readouterr().out
+    assert json.loads(fast)[0]["code"] == 79
+    from gpuvigil.cli import app
+
+    try:
+        app(args=["logscan", str(f), "--json", "--year=2026", "--tz", "UTC"])
+    except SystemExit as e:
+        assert e.code == 1
+    assert capsys.readouterr().out == fast

@@ -188,3 +188,29 @@ def test_config_file_overrides_reach_the_catalog(tmp_path):
     with pytest.raises(ConfigError) as e:
         config.load(f, environ={})
     assert str(f) in str(e.value) and "node.kernel_log.xid.79.severity" in str(e.value)
+
+
+def test_logscan_base_table_is_the_catalog_resolved():
+    """`logscan` reads the base entries from `xid_base.json` (no yaml, no pydantic at its
+    start-up): the file must be what the catalog resolves. After editing xid.yaml or
+    sxid.yaml, regenerate it: `python -c 'from gpuvigil.node.catalog.xid import
+    write_base_table; write_base_table()'`."""
+    import json
+
+    from gpuvigil.node.catalog.xid import base_table
+    from gpuvigil.node.catalog.xid_base import TABLE, load_table
+
+    with open(TABLE, encoding="utf-8") as f:
+        assert json.load(f) == base_table(), "xid_base.json is stale: regenerate it"
+    catalog, table = load_catalog(), load_table()
+    for kind in ("xid", "sxid"):
+        for code in [*catalog.codes(kind), 424242]:
+            rule, base = catalog.rule(kind, code), table.rule(kind, code)
+            assert (base.name, base.known) == (rule.name, rule.known)
+            for text in ("", "GPU has fallen off the bus.", "Non-fatal, Link 3", "to 0x2", "x"):
+                want, got = rule.outcome_for(text), base.outcome_for(text)
+                assert (got.status, got.action, got.fatal) == (
+                    want.status.value,
+                    want.action.value,
+                    want.fatal,
+                )
