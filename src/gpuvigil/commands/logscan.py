@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuvigil.node.capture.inputs import InputError, open_input
-from gpuvigil.node.probes.kernel_log_parser import iter_stream
+from gpuvigil.node.probes.kernel_log_parser import EventFields, iter_stream_fields
 from gpuvigil.node.probes.kernel_log_shape import unreadable
 from gpuvigil.node.probes.log_lines import LineStats
-from gpuvigil.node.readings import XidEvent
 from gpuvigil.observe.printable import printable
 
 if TYPE_CHECKING:
     import typer
 
     from gpuvigil.node.catalog.xid_base import BaseTable
+    from gpuvigil.node.readings import XidEvent
 
 # Defaults of the options, shared by the typer command and `fast_path`.
 DEFAULT_TZ, DEFAULT_READ_TIMEOUT, DEFAULT_MAX_BYTES = "UTC", 300.0, 16 * 1024**3
@@ -65,11 +65,15 @@ class Verdicts:
 
     def of(self, ev: XidEvent) -> Verdict:
         """The verdict keys of `logscan --json` for one event (shared: do not change)."""
-        key = (ev.kind, ev.code, ev.message)
+        return self.of_text(ev.kind, ev.code, ev.message)
+
+    def of_text(self, kind: str, code: int, message: str) -> Verdict:
+        """`of` for an event's kind, code and message (its `EventFields`)."""
+        key = (kind, code, message)
         hit = self._seen.get(key)
         if hit is None:
-            rule = self.catalog.rule(ev.kind, ev.code)
-            verdict = rule.outcome_for(ev.message)
+            rule = self.catalog.rule(kind, code)
+            verdict = rule.outcome_for(message)
             hit = Verdict(
                 mnemonic=rule.name,
                 in_catalog=rule.known,
@@ -78,7 +82,7 @@ class Verdicts:
                 fatal=verdict.fatal,
             )
             hit.json_tail = _ENCODE(hit)[1:]
-            if len(ev.message) <= _MEMO_TEXT:  # memory stays bounded on a hostile log
+            if len(message) <= _MEMO_TEXT:  # memory stays bounded on a hostile log
                 if len(self._seen) >= _MEMO_SIZE:
                     self._seen.clear()
                 self._seen[key] = hit
@@ -116,16 +120,29 @@ def event_text(ev: XidEvent, verdict: Verdict | None = None) -> str:
     """`event_json(ev, verdict)` as the standard encoder writes it (the same text, a test
     holds them equal), written straight from the fields: building and encoding a 19-key
     dict per event was half of an Xid storm's cost."""
-    s, opt = _STRING, _optional
+    fields = (ev.kind, ev.code, ev.pci_bus_id, ev.bus_id, ev.message, ev.line, ev.timestamp,
+              ev.time, ev.uptime_s, ev.source, ev.seq, ev.pid, ev.process, ev.device)  # fmt: skip
+    return fields_text(fields, verdict)
+
+
+def fields_text(fields: EventFields, verdict: Verdict | None = None) -> str:
+    """`event_text` of an event's `EventFields` (what `--json` parses each line into)."""
+    kind, code, pci, bus_id, message, line, stamp, when, up, _, seq, pid, proc, dev = fields
+    s, opt = _STRING, _optional  # the None tests inline: most optional fields are None
+    number = int.__repr__(code)
+    finding = ("SXID_" if kind == "sxid" else "XID_") + number  # XidEvent.code_name
     return (
-        f'{{"kind": {s(ev.kind)}, "code": {int.__repr__(ev.code)}, '
-        f'"pci_bus_id": {s(ev.pci_bus_id)}, "timestamp": {opt(ev.timestamp)}, '
-        f'"message": {s(ev.message)}, "finding_code": {s(ev.code_name)}, '
-        f'"bus_id": {opt(ev.bus_id)}, '
-        f'"time": {s(ev.time.isoformat()) if ev.time is not None else "null"}, '
-        f'"uptime_s": {opt(ev.uptime_s)}, "pid": {opt(ev.pid)}, '
-        f'"process": {opt(ev.process)}, "device": {opt(ev.device)}, "seq": {opt(ev.seq)}, '
-        f'"line": {s(ev.line)}' + (f", {verdict.json_tail}" if verdict is not None else "}")
+        f'{{"kind": {s(kind)}, "code": {number}, "pci_bus_id": {s(pci)}, '
+        f'"timestamp": {"null" if stamp is None else opt(stamp)}, "message": {s(message)}, '
+        f'"finding_code": {s(finding)}, '
+        f'"bus_id": {"null" if bus_id is None else opt(bus_id)}, '
+        f'"time": {"null" if when is None else s(when.isoformat())}, '
+        f'"uptime_s": {"null" if up is None else opt(up)}, '
+        f'"pid": {"null" if pid is None else opt(pid)}, '
+        f'"process": {"null" if proc is None else opt(proc)}, '
+        f'"device": {"null" if dev is None else opt(dev)}, '
+        f'"seq": {"null" if seq is None else opt(seq)}, '
+        f'"line": {s(line)}' + (f", {verdict.json_tail}" if verdict is not None else "}")
     )
 
 
@@ -227,11 +244,13 @@ def run(
     verdicts = Verdicts()
     try:
         with stream:
-            events = _counted(iter_stream(stream, year=year, tz=zone, stats=stats), verdicts)
+            events = _counted(iter_stream_fields(stream, year=year, tz=zone, stats=stats), verdicts)
             if as_json:
                 _print_json(events)
             else:
-                _print_table(events, source=path)
+                from gpuvigil.node.readings import XidEvent
+
+                _print_table(((XidEvent(*f), v) for f, v in events), source=path)
     except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -316,28 +335,27 @@ def fast_path(argv: list[str]) -> int | None:
 class _counted:
     """The events as they stream by, remembered only as counts (memory stays flat)."""
 
-    def __init__(self, events: Iterator[XidEvent], verdicts: Verdicts) -> None:
+    def __init__(self, events: Iterator[EventFields], verdicts: Verdicts) -> None:
         self.events, self.verdicts = events, verdicts
         self.count, self.failed = 0, False
 
-    def __iter__(self) -> Iterator[tuple[XidEvent, Verdict]]:
-        for ev in self.events:
+    def __iter__(self) -> Iterator[tuple[EventFields, Verdict]]:
+        of = self.verdicts.of_text
+        for fields in self.events:
             self.count += 1
-            verdict = self.verdicts.of(ev)
+            verdict = of(fields[0], fields[1], fields[4])  # kind, code, message
             if verdict["status"] == "FAILED":
                 self.failed = True
-            yield ev, verdict
+            yield fields, verdict
 
 
-def _print_json(events: Iterable[tuple[XidEvent, Verdict]]) -> None:
+def _print_json(events: Iterable[tuple[EventFields, Verdict]]) -> None:
     out = sys.stdout
-    out.write("[")
-    sep = "\n  "
-    for ev, verdict in events:
-        out.write(sep)
-        out.write(event_text(ev, verdict))
+    write, sep = out.write, "[\n  "
+    for fields, verdict in events:  # written as found: a live log's events show as they come
+        write(sep + fields_text(fields, verdict))
         sep = ",\n  "
-    out.write("\n]\n" if sep != "\n  " else "]\n")
+    write("\n]\n" if sep != "[\n  " else "[]\n")
     out.flush()
 
 
