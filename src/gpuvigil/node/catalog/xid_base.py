@@ -49,16 +49,16 @@ class BaseTable:
     """`rule(kind, code)` as `XidCatalog.rule(kind, code)` resolves it, from the file."""
 
     def __init__(self, data: dict) -> None:
-        self._rules = {
-            (kind, int(code)): _rule(row)
-            for kind in ("xid", "sxid")
-            for code, row in data[kind].items()
-        }
-        self._unknown = {kind: _rule(data["unknown"][kind]) for kind in ("xid", "sxid")}
+        self._data = data
+        self._rules: dict[tuple[str, int], BaseRule] = {}  # built at first use: a log
+        # names a few codes, and building all 270 was most of the table's load time
 
     def rule(self, kind: str, code: int) -> BaseRule:
         hit = self._rules.get((kind, code))
-        return hit if hit is not None else self._unknown[kind]
+        if hit is None:
+            row = self._data[kind].get(str(code)) or self._data["unknown"][kind]
+            hit = self._rules[kind, code] = _rule(row)
+        return hit
 
 
 def _rule(row: list) -> BaseRule:

@@ -122,7 +122,7 @@ def parse_line(
 
 
 def _parse(line: str, *, source: XidSource, tz: tzinfo, year: int | None) -> XidEvent | None:
-    fields = _fields(line, source=source, tz=tz, year=year)
+    fields = _fields(line, source, tz, year)
     return None if fields is None else _event(*fields)
 
 
@@ -147,7 +147,7 @@ EventFields = tuple[
 
 
 def _fields(
-    line: str, *, source: XidSource, tz: tzinfo, year: int | None, at: int = -1
+    line: str, source: XidSource, tz: tzinfo, year: int | None, at: int = -1
 ) -> EventFields | None:
     """`at`: where `Xid (` first is in `line`, when the caller has found it. A match
     starts with an SXid's device (`nvidia-nvswitchN: `), else at its `S` or `X`: with no
@@ -165,8 +165,14 @@ def _fields(
         return None  # a switch never prints a plain Xid: not a line we understand
     seq = None
     head = line[: m.start()]
+    # Raw dmesg's `[  123.456789]` first, as `_stamp` would read it (no talosctl `kern:`
+    # before it): the most common stamp, without the call and the tests of the others.
+    mono = _MONO.match(head) if head[:1] == "[" and "kern:" not in head else None
     km = _KMSG.match(head) if head[:1].isdigit() else None
-    if km is not None:
+    if mono is not None:
+        text = mono.group(1)
+        when, uptime = None, float(text)
+    elif km is not None:
         seq = int(km.group(2))
         text, when, uptime = km.group(3), None, int(km.group(3)) / 1e6
     else:
@@ -408,12 +414,12 @@ def iter_stream_fields(
 ) -> Iterator[EventFields]:
     """`iter_stream`'s events as their fields (`EventFields`), for `logscan --json`."""
     for raw in iter_lines(stream, (_NEEDLE,), chunk_size=chunk_size, stats=stats):
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
         at = line.find("Xid (")  # parse_line's pre-filter (a window of an over-long line)
         if at < 0:
             continue
         try:
-            fields = _fields(line, source=source, tz=tz, year=year, at=at)
+            fields = _fields(line, source, tz, year, at)
         except (ValueError, OverflowError, IndexError):  # as parse_line: no event
             continue
         if fields is not None:
