@@ -152,7 +152,7 @@ def _fields(
     """`at`: where `Xid (` first is in `line`, when the caller has found it. A match
     starts with an SXid's device (`nvidia-nvswitchN: `), else at its `S` or `X`: with no
     device name before `at` the search starts there (the look-behind still sees the text
-    before it), which spares trying every position of the stamp (1.8 us -> 0.7 us)."""
+    before it), which spares trying every position of the stamp (1.7 us -> 1.2 us)."""
     start = 0
     if at > 0 and line.find("nvidia-nvswitch", 0, at) < 0:
         start = at - 1
@@ -168,7 +168,7 @@ def _fields(
     # Raw dmesg's `[  123.456789]` first, as `_stamp` would read it (no talosctl `kern:`
     # before it): the most common stamp, without the call and the tests of the others.
     mono = _MONO.match(head) if head[:1] == "[" and "kern:" not in head else None
-    km = _KMSG.match(head) if head[:1].isdigit() else None
+    km = _KMSG.match(head) if mono is None and head[:1].isdigit() else None
     if mono is not None:
         text = mono.group(1)
         when, uptime = None, float(text)
@@ -184,8 +184,9 @@ def _fields(
     if pid_text is not None:
         pid_text = pid_text.strip("'")
         pid = int(pid_text) if pid_text.isdigit() else None
-        if name is not None and name.strip() not in _UNKNOWN:
-            process = name.strip()
+        name = name.strip() if name is not None else None
+        if name is not None and name not in _UNKNOWN:
+            process = name
     return (kind, int(code_text), printed_bus, normalize_bus_id(printed_bus), message.strip(),
             line, text, when, uptime, source, seq, pid, process, device)  # fmt: skip
 
