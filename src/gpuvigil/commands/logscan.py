@@ -333,7 +333,10 @@ def fast_path(argv: list[str]) -> int | None:
         seen.add(name if eq else word)
     if path is None:
         return None
-    return run(path, **opts)
+    try:
+        return run(path, **opts)
+    except KeyboardInterrupt:  # as typer ends a command on Ctrl-C: quietly, status 130
+        return 130
 
 
 class _counted:

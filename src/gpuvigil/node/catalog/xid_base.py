@@ -14,6 +14,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 TABLE = os.path.join(os.path.dirname(__file__), "xid_base.json")
 
@@ -48,7 +49,7 @@ class BaseRule:
 class BaseTable:
     """`rule(kind, code)` as `XidCatalog.rule(kind, code)` resolves it, from the file."""
 
-    def __init__(self, data: dict) -> None:
+    def __init__(self, data: dict[str, Any]) -> None:
         self._data = data
         self._rules: dict[tuple[str, int], BaseRule] = {}  # built at first use: a log
         # names a few codes, and building all 270 was most of the table's load time
@@ -61,7 +62,7 @@ class BaseTable:
         return hit
 
 
-def _rule(row: list) -> BaseRule:
+def _rule(row: list[Any]) -> BaseRule:
     name, known, outcome, messages = row
     return BaseRule(
         name=name,
