@@ -36,7 +36,7 @@ demo: venv
 # Faults through the whole platform on real parts (docs/lab.md): make lab FAULT=xid79,
 # or several in one lab: make lab FAULT="xid48 xid79"
 FAULT ?= xid48
-lab: venv kube
+lab: venv kube image
 	$(VENV)/bin/gpuvigil lab $(foreach f,$(FAULT),--fault $(f))
 
 lint: venv

@@ -136,6 +136,15 @@ def register(app: typer.Typer) -> None:
                 "fault's record lists its alerts, measured from the fault.",
             ),
         ] = False,
+        image: Annotated[
+            bool,
+            typer.Option(
+                "--image/--no-image",
+                help="Run the controller from the built image (`make image`), as its "
+                "Deployment does: the image's files, its user, its read-only root; without "
+                "the image, or with --no-image, from this machine's Python.",
+            ),
+        ] = True,
     ) -> None:
         from gpuvigil.core import config as core_config
         from gpuvigil.lab import control_plane
@@ -164,7 +173,8 @@ def register(app: typer.Typer) -> None:
         folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
         try:
             say = None if quiet else (lambda msg: typer.echo(msg, err=True))
-            lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say, alerts=alerts)
+            lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say, alerts=alerts,
+                          image=image)  # fmt: skip
             results = [r.to_json() for r in lab_run.run()]
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)

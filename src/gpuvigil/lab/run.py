@@ -12,6 +12,7 @@ errors and Ctrl-C.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -26,6 +27,8 @@ from gpuvigil.lab.alerting import HEALTHY_WATCH_S, RULES_DEFAULT, AlertPath
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.control_plane import ControlPlane, refused, sa_user
 from gpuvigil.lab.follow import Follower
+from gpuvigil.lab.image import Image
+from gpuvigil.lab.image import missing as image_missing
 from gpuvigil.lab.jobs import JOB_LABEL, GangJob
 from gpuvigil.lab.kubelet import Kubelet
 from gpuvigil.lab.machine import GPUS, SRC, Machine, python_env
@@ -51,6 +54,8 @@ REPO = SRC.parent
 POOL = "lab"
 # Who the controller is, as the shipped Deployment makes it ("namespace:name")
 CONTROLLER_SA = "gpuvigil:gpuvigil-controller"
+CONTROLLER_POD = "gpuvigil-controller-lab"  # its pod's name ($(POD_NAME): its lease identity)
+CONTROLLER_KUBECONFIG = "/etc/gpuvigil/kubeconfig"  # in its pod (the account's token)
 
 
 def audit_policy(users: list[str]) -> str:
@@ -78,6 +83,7 @@ class Lab:
         workdir: Path,
         progress: Any = None,
         alerts: bool = False,
+        image: bool = True,
     ) -> None:
         check_faults(faults)
         self.cfg, self.faults, self.on = config, faults, on
@@ -102,6 +108,9 @@ class Lab:
         self.machines: dict[str, Machine] = {}
         self.kubelets: dict[str, Kubelet] = {}
         self.controller: Proc | None = None
+        # image: the controller runs from the built image (lab/image.py), when it is built
+        self.want_image = image
+        self.image: Image | None = None
         self.follow = Follower(self.events)
         self.job: GangJob | None = None
         self.api: Any = None
@@ -161,6 +170,22 @@ class Lab:
                        taints=[])  # fmt: skip
             self.kubelets[name] = k
             m.start_agent()
+        if self.want_image:
+            why = image_missing()
+            if why:
+                self.say(f"{why}; the controller runs from the host's Python")
+            else:
+                self.say("opening the built image (the controller runs from it)")
+                try:
+                    self.image = Image.open()
+                except RuntimeError as e:
+                    raise LabError(str(e)) from e
+                stale = self.image.differs()
+                if stale:
+                    raise LabError(
+                        f"{self.image.tag} holds other code than this checkout ({len(stale)} "
+                        f"files, e.g. {', '.join(stale[:3])}): run `make image`, or --no-image"
+                    )
         self._start_controller()
         if self.alerting is not None:
             self.say("starting Prometheus (the shipped rules) and Alertmanager")
@@ -176,6 +201,8 @@ class Lab:
         self.say("every agent has published; the controller runs")
 
     def _start_controller(self) -> None:
+        kubeconfig = self.cp.kubeconfig_for_service_account(CONTROLLER_SA)
+        pod = self._controller_pod(kubeconfig) if self.image is not None else None
         cfg = deep_merge(
             {
                 "cluster": "kubernetes",
@@ -183,7 +210,7 @@ class Lab:
                 # the site's pool of 8-GPU machines, as its operator states it: preflight
                 # validates that many GPUs whatever a node's status says (docs/security.md)
                 "kubernetes": {
-                    "kubeconfig": str(self.cp.kubeconfig_for_service_account(CONTROLLER_SA)),
+                    "kubeconfig": str(kubeconfig) if pod is None else CONTROLLER_KUBECONFIG,
                     "pool_gpus": {POOL: GPUS},
                 },
             },
@@ -192,13 +219,49 @@ class Lab:
         if self.controller_metrics:
             host, port = self.controller_metrics.rsplit(":", 1)
             cfg.update(metrics_address=host, metrics_port=int(port))
-        path = self.dir / "controller.yaml"
+        path = self.dir / "controller.yaml" if pod is None else pod / "config.yaml"
         path.write_text(yaml.safe_dump({"controller": cfg}))
-        self.controller = Proc(
-            [sys.executable, "-m", "gpuvigil", "controller", "--config", str(path)],
-            log=self.dir / "logs/controller.log",
-            env=python_env(),
-        )
+        argv = [sys.executable, "-m", "gpuvigil", "controller", "--config", str(path)]
+        if pod is not None:
+            assert self.image is not None
+            argv = self._in_image(pod)
+        self.controller = Proc(argv, log=self.dir / "logs/controller.log", env=python_env())
+
+    def _controller_pod(self, kubeconfig: Path) -> Path:
+        """The controller pod's volumes on the host: its config folder (the ConfigMap, at
+        /etc/gpuvigil, with its account's kubeconfig beside it) owned by the pod's user,
+        and the lab's event folder open to it as /tmp is (every part appends there)."""
+        _, uid, _ = self._controller_container()
+        pod = self.dir / "controller-pod"
+        pod.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(kubeconfig, pod / "kubeconfig")
+        for f in (pod, pod / "kubeconfig"):
+            os.chown(f, uid, uid)
+        pod.chmod(0o700)
+        self.events.chmod(0o1777)
+        return pod
+
+    @staticmethod
+    def _controller_container() -> tuple[dict[str, Any], int, int]:
+        """The shipped Deployment's controller container, and its pod's uid and gid."""
+        doc = yaml.safe_load((REPO / "deploy/kubernetes/controller/deployment.yaml").read_text())
+        spec = doc["spec"]["template"]["spec"]
+        sc = spec.get("securityContext") or {}
+        uid = int(sc.get("runAsUser", 0))
+        return spec["containers"][0], uid, int(sc.get("runAsGroup", uid))
+
+    def _in_image(self, pod: Path) -> list[str]:
+        """The controller as the Deployment starts it: the image's entrypoint with the
+        container's args and env, as its securityContext's user, with its read-only root,
+        its ConfigMap mounted where the args name it."""
+        assert self.image is not None
+        container, uid, gid = self._controller_container()
+        env = {"POD_NAME": CONTROLLER_POD}
+        args = [a.replace("$(POD_NAME)", CONTROLLER_POD) for a in container["args"]]
+        read_only = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+        binds = [(str(pod), "/etc/gpuvigil", True), (str(self.events), str(self.events), False)]
+        return self.image.argv(["gpuvigil", *args], uid=uid, gid=gid, binds=binds, env=env,
+                               read_only_root=read_only)  # fmt: skip
 
     def parts(self) -> list[dict[str, Any]]:
         """Each gpuvigil part: who it was to the API server, what it ran from, and every
@@ -210,12 +273,16 @@ class Lab:
             {
                 "name": name,
                 "identity": who,
-                "image": None,
-                "runs_from": sys.prefix,
+                **self._runs_from(name),
                 "refused": denied.get(who, []),
             }
             for name, who in self.identities.items()
         ]
+
+    def _runs_from(self, part: str) -> dict[str, Any]:
+        if part == "controller" and self.image is not None:
+            return {"image": f"{self.image.tag}@{self.image.digest}", "runs_from": "image"}
+        return {"image": None, "runs_from": sys.prefix}  # the host's Python and this code
 
     def _agents_published(self) -> bool:
         from gpuvigil.core import wire
@@ -382,6 +449,8 @@ class Lab:
             k.stop()
         if self.controller is not None:
             self.controller.stop()
+        if self.image is not None:
+            self.image.close()
         for m in self.machines.values():
             m.stop()
         self.cp.stop()

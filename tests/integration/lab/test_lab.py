@@ -11,26 +11,44 @@ figures are in docs/performance.md."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuvigil.lab import alerting, control_plane
+from gpuvigil.lab import alerting, control_plane, image
 from gpuvigil.lab.config import LabConfig
 from testkit import cli_env, gpuvigil_argv, require
 
 pytestmark = [pytest.mark.realparts, pytest.mark.timeout(1500)]
+REPO = Path(__file__).resolve().parents[3]
 # row-remap-failure takes its node away for good: last
 ORDER = ("rank-hang", "agent-stop", "xid48", "xid79", "row-remap-failure")
 DRAINED = ("xid48", "xid79", "row-remap-failure")  # faults whose node is drained
+
+
+def built_of_this_code() -> None:
+    """The image the controller runs from holds this checkout's code: built here when it
+    is absent or older (tests/integration/deploy has built it already in a whole run)."""
+    if image.missing() is None:
+        im = image.Image.open()
+        try:
+            if not im.differs():
+                return
+        finally:
+            im.close()
+    p = subprocess.run(["scripts/build-image.sh"], cwd=REPO, capture_output=True, text=True,
+                       timeout=1700)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     why = control_plane.missing() or alerting.missing()
     require(not why, why or "")
+    built_of_this_code()
     workdir: Path = tmp_path_factory.mktemp("lab") / "lab"
     argv = ["lab", "--json", "--quiet", "--alerts", "--workdir", str(workdir)]
     for fault in ORDER:
@@ -130,13 +148,19 @@ def test_agent_stop_blocks_while_unknown_and_never_drains(results: dict[str, Any
 def test_every_part_talks_as_its_shipped_identity_and_is_refused_nothing(
     results: dict[str, Any],
 ) -> None:
-    """The controller as its ServiceAccount and each agent as its node, under the RBAC that
-    kubectl applied from deploy/kubernetes: the API server refused none of their requests
-    through every fault (its audit log), so the manifests grant what the code uses."""
+    """The controller as its ServiceAccount, from the built image, and each agent as its
+    node, under the RBAC that kubectl applied from deploy/kubernetes: the API server refused
+    none of their requests through every fault (its audit log), so the manifests grant what
+    the code uses."""
     assert results["by_fault"], results["stderr"]
     for fault, r in results["by_fault"].items():
         who = {p["name"]: p["identity"] for p in r["parts"]}
         assert who["controller"] == "system:serviceaccount:gpuvigil:gpuvigil-controller", who
+        # the controller ran from the image tests/integration/deploy built of this code
+        # (the lab refuses an image of other code), as the Deployment's user, read-only root
+        ctl = next(p for p in r["parts"] if p["name"] == "controller")
+        assert ctl["runs_from"] == "image", f"{ctl}: run `make image` first"
+        assert re.fullmatch(r"ghcr\.io/gpuvigil/gpuvigil:\S+@sha256:[0-9a-f]{64}", ctl["image"])
         agents = {n: i for n, i in who.items() if n.startswith("agent ")}
         assert agents and all(i == f"system:node:{n.split()[1]}" for n, i in agents.items())
         refused = {p["name"]: p["refused"] for p in r["parts"] if p["refused"]}
