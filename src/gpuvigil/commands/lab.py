@@ -140,9 +140,10 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--image/--no-image",
-                help="Run the controller from the built image (`make image`), as its "
-                "Deployment does: the image's files, its user, its read-only root; without "
-                "the image, or with --no-image, from this machine's Python.",
+                help="Run the controller and the agents from the built image (`make "
+                "image`), as their Deployment and DaemonSet do: the image's files, their "
+                "users, their volumes; without the image, or with --no-image, from this "
+                "machine's Python.",
             ),
         ] = True,
     ) -> None:

@@ -22,6 +22,7 @@ import gpuvigil
 from gpuvigil import __version__
 
 TAG = f"ghcr.io/gpuvigil/gpuvigil:{__version__}"  # what the manifests name
+IMAGE_PYTHON = "/opt/gpuvigil/bin/python"  # the Containerfile's venv
 
 
 def _store() -> list[str]:

@@ -31,6 +31,7 @@ import yaml
 from gpuvigil.fakes import faults as fake_faults
 from gpuvigil.fakes.gpu import SCENARIO_ENV, FakeNode, make_node
 from gpuvigil.fakes.sysfs import FakeSysfs
+from gpuvigil.lab.image import IMAGE_PYTHON, Image
 from gpuvigil.lab.procs import Proc
 
 GPUS = 8
@@ -94,6 +95,7 @@ class Machine:
         self.agent_starts = 0
         self._agent_down_since: float | None = None
         self.hold_agent = False  # the lab stopped it on purpose (it stays down)
+        self.image: Image | None = None  # the agent runs from it when set (lab/image.py)
 
     # ---- the hardware -------------------------------------------------------------------
 
@@ -104,8 +106,12 @@ class Machine:
         make_node(GPUS).save(self.scenario)
         for tool in TOOLS:
             script = self.bin / tool
+            # The same tool for a process of the host (preflight's pods) and for the agent
+            # in the image's root, where this Python is absent and the image's is the
+            # same code (lab/image.py refuses another).
             script.write_text(
-                f'#!/bin/sh\nexec "{sys.executable}" -m gpuvigil.lab.fake_tools {tool} "$@"\n'
+                f'#!/bin/sh\nPY="{sys.executable}"\n[ -x "$PY" ] || PY={IMAGE_PYTHON}\n'
+                f'exec "$PY" -m gpuvigil.lab.fake_tools {tool} "$@"\n'
             )
             script.chmod(0o755)
         (self.dir / "agent.yaml").write_text(yaml.safe_dump(self._agent_yaml()))
@@ -212,13 +218,34 @@ class Machine:
 
     def start_agent(self) -> None:
         self.agent_starts += 1
-        self.agent = Proc(
-            [sys.executable, "-m", "gpuvigil", "agent", "--config", str(self.dir / "agent.yaml"),
-             "--log-level", "info"],
-            log=self.dir / "logs" / f"agent-{self.agent_starts}.log",
-            env=python_env({**self.host_env(), "NODE_NAME": self.name}),
-        )  # fmt: skip
+        args = ["agent", "--config", str(self.dir / "agent.yaml"), "--log-level", "info"]
+        env = {**self.host_env(), "NODE_NAME": self.name}
+        argv = [sys.executable, "-m", "gpuvigil", *args]
+        if self.image is not None:
+            argv = self._in_image(["gpuvigil", *args], env)
+        self.agent = Proc(argv, log=self.dir / "logs" / f"agent-{self.agent_starts}.log",
+                          env=python_env(env))  # fmt: skip
         self._agent_down_since = None
+
+    def _in_image(self, argv: list[str], env: dict[str, str]) -> list[str]:
+        """The agent as its DaemonSet starts it, from the image: the container's user and
+        root, the machine's folders (its hostPath volumes, at the paths its config names)
+        and its node's kubeconfig as volumes, the image's PATH after the machine's tools."""
+        assert self.image is not None
+        doc = yaml.safe_load((SRC.parent / "deploy/kubernetes/agent/daemonset.yaml").read_text())
+        (container,) = [c for c in doc["spec"]["template"]["spec"]["containers"]
+                        if c["name"] == "agent"]  # fmt: skip
+        sc = container.get("securityContext") or {}
+        binds = [(str(self.dir), str(self.dir), False),
+                 (str(self.events_file.parent), str(self.events_file.parent), False),
+                 (str(self.kubeconfig), str(self.kubeconfig), True)]  # fmt: skip
+        sock = self.pod_resources_socket.parent
+        if not sock.is_relative_to(self.dir):
+            binds.append((str(sock), str(sock), False))
+        inner = {**env, "PATH": f"{self.bin}{os.pathsep}{self.image.env.get('PATH', '/usr/bin')}"}
+        return self.image.argv(argv, uid=int(sc.get("runAsUser", 0)),
+                               gid=int(sc.get("runAsGroup", 0)), binds=binds, env=inner,
+                               read_only_root=bool(sc.get("readOnlyRootFilesystem")))  # fmt: skip
 
     def stop_agent(self, sig: int = signal.SIGTERM) -> None:
         if self.agent is not None:

@@ -149,6 +149,22 @@ class Lab:
             raise LabError(str(e)) from e
         shipped = yaml.safe_load((REPO / "deploy/kubernetes/agent/agent.yaml").read_text())
         agent_cfg = deep_merge(shipped, self.cfg.agent)
+        if self.want_image:
+            why = image_missing()
+            if why:
+                self.say(f"{why}; the parts run from the host's Python")
+            else:
+                self.say("opening the built image (the controller and the agents run from it)")
+                try:
+                    self.image = Image.open()
+                except RuntimeError as e:
+                    raise LabError(str(e)) from e
+                stale = self.image.differs()
+                if stale:
+                    raise LabError(
+                        f"{self.image.tag} holds other code than this checkout ({len(stale)} "
+                        f"files, e.g. {', '.join(stale[:3])}): run `make image`, or --no-image"
+                    )
         self.say(f"registering {len(self.names)} GPU nodes, starting their agents")
         pool_label = self.cfg.controller.get("safety", {}).get("pool_label", POOL_LABEL)
         for name in self.names:
@@ -163,6 +179,7 @@ class Lab:
             )
             if self.alerting is not None:  # before create(): it writes the agent's config
                 m.http_listen = f"127.0.0.1:{free_port()}"
+            m.image = self.image
             m.create()
             self.machines[name] = m
             k = Kubelet(m, self.api, pods_dir=self.dir / "pods")
@@ -170,22 +187,6 @@ class Lab:
                        taints=[])  # fmt: skip
             self.kubelets[name] = k
             m.start_agent()
-        if self.want_image:
-            why = image_missing()
-            if why:
-                self.say(f"{why}; the controller runs from the host's Python")
-            else:
-                self.say("opening the built image (the controller runs from it)")
-                try:
-                    self.image = Image.open()
-                except RuntimeError as e:
-                    raise LabError(str(e)) from e
-                stale = self.image.differs()
-                if stale:
-                    raise LabError(
-                        f"{self.image.tag} holds other code than this checkout ({len(stale)} "
-                        f"files, e.g. {', '.join(stale[:3])}): run `make image`, or --no-image"
-                    )
         self._start_controller()
         if self.alerting is not None:
             self.say("starting Prometheus (the shipped rules) and Alertmanager")
@@ -280,7 +281,7 @@ class Lab:
         ]
 
     def _runs_from(self, part: str) -> dict[str, Any]:
-        if part == "controller" and self.image is not None:
+        if self.image is not None:
             return {"image": f"{self.image.tag}@{self.image.digest}", "runs_from": "image"}
         return {"image": None, "runs_from": sys.prefix}  # the host's Python and this code
 

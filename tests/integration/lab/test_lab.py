@@ -148,19 +148,20 @@ def test_agent_stop_blocks_while_unknown_and_never_drains(results: dict[str, Any
 def test_every_part_talks_as_its_shipped_identity_and_is_refused_nothing(
     results: dict[str, Any],
 ) -> None:
-    """The controller as its ServiceAccount, from the built image, and each agent as its
-    node, under the RBAC that kubectl applied from deploy/kubernetes: the API server refused
+    """Every part from the built image, the controller as its ServiceAccount and each agent
+    as its node, under the RBAC that kubectl applied from deploy/kubernetes: the API server refused
     none of their requests through every fault (its audit log), so the manifests grant what
     the code uses."""
     assert results["by_fault"], results["stderr"]
     for fault, r in results["by_fault"].items():
         who = {p["name"]: p["identity"] for p in r["parts"]}
         assert who["controller"] == "system:serviceaccount:gpuvigil:gpuvigil-controller", who
-        # the controller ran from the image tests/integration/deploy built of this code
-        # (the lab refuses an image of other code), as the Deployment's user, read-only root
-        ctl = next(p for p in r["parts"] if p["name"] == "controller")
-        assert ctl["runs_from"] == "image", f"{ctl}: run `make image` first"
-        assert re.fullmatch(r"ghcr\.io/gpuvigil/gpuvigil:\S+@sha256:[0-9a-f]{64}", ctl["image"])
+        # every part ran from the image tests/integration/deploy built of this code (the
+        # lab refuses an image of other code), as its manifest's user, with its volumes
+        for part in r["parts"]:
+            assert part["runs_from"] == "image", f"{part}: run `make image` first"
+            assert re.fullmatch(r"ghcr\.io/gpuvigil/gpuvigil:\S+@sha256:[0-9a-f]{64}",
+                                part["image"]), part  # fmt: skip
         agents = {n: i for n, i in who.items() if n.startswith("agent ")}
         assert agents and all(i == f"system:node:{n.split()[1]}" for n, i in agents.items())
         refused = {p["name"]: p["refused"] for p in r["parts"] if p["refused"]}
