@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from gpuvigil.platform.controller import PassResult
 
 log = logging.getLogger("gpuvigil.controller")
+MAX_GAP_S = 300.0  # the longest time between passes counted in the availability SLI
 
 
 class Announcer:
@@ -45,9 +46,9 @@ class Announcer:
         self._announced: set[str] = set()  # nodes whose state this process has put on record
         self._signatures: set[tuple[str, str, str]] = set()  # exported signature series
         self._hardware: set[tuple[str, str, str]] = set()
-        self._episodes: set[str] = (
-            set()
-        )  # nodes with a gpuvigil_machine_episodes series  # exported hardware event series
+        self._episodes: set[str] = set()  # nodes with a gpuvigil_machine_episodes series
+        # the last pass's (time, nodes out of service), for the SLI's counter
+        self._out: tuple[datetime, int] | None = None
 
     def transition(self, node: NodeView, old: Record, d: Decision, now: datetime) -> None:
         new = d.record
@@ -143,6 +144,19 @@ class Announcer:
             reason = "gpuvigilHardwareEvent" if hardware else "gpuvigilBreakerOpen"
             what = "hardware event" if hardware else "circuit breaker"
             self.cluster_event(sig.burst.nodes[0], reason, f"{what}: {change.reason}", True)
+
+    def _count_unavailable(self, m: ControllerMetrics, now: datetime, out: int) -> None:
+        """Add the node-seconds out of service since the last pass: the nodes out then,
+        for the time since (what the controller last saw held until now), by the
+        controller's clock (the simulator's, in a simulation). A gap past `MAX_GAP_S` is
+        a pass that did not run here (a standby, whose leader counted those seconds, or
+        an outage): not counted twice, nor guessed."""
+        if self._out is not None:
+            since, was_out = self._out
+            gap = (now - since).total_seconds()
+            if 0 < gap <= MAX_GAP_S:
+                m.node_unavailable_seconds.inc(was_out * gap)
+        self._out = (now, out)
 
     def export_signatures(self, m: ControllerMetrics, breaker: Breaker, pool_label: str) -> None:
         """One series per open cause, labelled with what it concentrates on (the alert
@@ -247,6 +261,7 @@ class Announcer:
             m.nodes.labels(state.value).set(count)
         m.nodes_total.set(len(nodes))
         m.nodes_in_service.set(in_service)
+        self._count_unavailable(m, result.at, len(nodes) - in_service)
         m.breaker_open.set(1 if breaker.status.open else 0)
         self.export_signatures(m, breaker, gate.config.pool_label)
         m.held.set(held)

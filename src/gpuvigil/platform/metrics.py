@@ -26,6 +26,7 @@ class ControllerMetrics:
     nodes: Gauge
     nodes_total: Gauge
     nodes_in_service: Gauge
+    node_unavailable_seconds: Counter
     node_state: Gauge
     out_of_service_since: Gauge
     state_deadline: Gauge
@@ -76,6 +77,13 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
         nodes_in_service=Gauge(
             "gpuvigil_nodes_in_service",
             "Nodes HEALTHY and not blocked by anyone.",
+            registry=registry,
+        ),
+        node_unavailable_seconds=Counter(
+            "gpuvigil_node_unavailable_seconds",
+            "Node-seconds out of service (nodes seen minus nodes in service, over the time "
+            "between the leader's passes): the availability SLI's errors, whole between "
+            "scrapes, which a sampled gauge is not.",
             registry=registry,
         ),
         node_state=Gauge(

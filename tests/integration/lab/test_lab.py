@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gpuvigil.core import slo_targets
 from gpuvigil.lab import alerting, control_plane, image
 from gpuvigil.lab.config import LabConfig
 from testkit import cli_env, gpuvigil_argv, require
@@ -207,6 +208,27 @@ def test_xid79_tickets_within_60_s_and_resolves_after_the_reboot(results: dict[s
     assert a["resolved_after_s"] > booted, (a, booted)  # the reboot itself resolves nothing
 
 
+FAST_BURN = slo_targets.BURN_WINDOWS[0][0]  # the 1h/5m page's factor (14.4)
+
+
+def burn_rate_so_far(fault: str, results: dict[str, Any]) -> float:
+    """The availability budget's true burn rate over the lab's last hour at the end of
+    `fault`: the node-seconds out of service of it and the faults before (blocked to back
+    in service or removed) over an hour of the nodes left, over the budget. The lab packs
+    several outages of a 3-node fleet into minutes, which is a real fast burn: near the
+    page's factor, whether it pages is the SLO's arithmetic, not the fault's, so the
+    availability page is asserted absent only well below it."""
+    out_s, removed = 0.0, 0
+    for name in ORDER[: ORDER.index(fault) + 1]:
+        r = results["by_fault"].get(name)
+        f = (r or {}).get("figures") or {}
+        if f.get("blocked_s") is not None and f.get("back_in_service_s") is not None:
+            out_s += max(0.0, f["back_in_service_s"] - f["blocked_s"])
+        removed += bool(r) and r["final_state"].get(r["node"]) == "REMOVED"
+    nodes = LabConfig().nodes - removed
+    return out_s / (3600 * nodes) / slo_targets.error_budget(slo_targets.AVAILABILITY)
+
+
 @pytest.mark.parametrize("fault", ORDER)
 def test_each_fault_reaches_exactly_the_people_it_should(
     fault: str, results: dict[str, Any]
@@ -218,6 +240,8 @@ def test_each_fault_reaches_exactly_the_people_it_should(
         want = {"GpuvigilFatalXid"} | (
             {"GpuvigilNodeQuarantined"} if r["final_state"][r["node"]] == "QUARANTINED" else set()
         )
+    if burn_rate_so_far(fault, results) >= 0.7 * FAST_BURN:
+        got.discard("GpuvigilAvailabilityBudgetFastBurn")  # may page: see burn_rate_so_far
     assert got == want, r["alerts"]
     for a in r["alerts"]:  # whatever reached a person reached them in time
         if a["severity"] in PEOPLE:

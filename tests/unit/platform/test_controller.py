@@ -48,6 +48,30 @@ def test_excluded_nodes_are_observed_only() -> None:
     assert not c.nodes["n0"].actions
 
 
+def test_node_seconds_out_of_service_are_counted_between_passes() -> None:
+    """The availability SLI's counter: the nodes out at a pass, for the seconds until the
+    next (the controller's clock), whatever the scrape interval; a gap past MAX_GAP_S is
+    not counted (a standby's leader counted it)."""
+    from gpuvigil.platform.announce import MAX_GAP_S
+
+    c = fleet()
+    reg = CollectorRegistry()
+    ctl = Controller(c, config=AT_ONCE, clock=c.clock.now, metrics=pmetrics.build(reg))
+    total = "gpuvigil_node_unavailable_seconds_total"
+    ctl.reconcile()
+    assert reg.get_sample_value(total) == 0
+    c.set_findings("n1", [FATAL])
+    c.advance(10)
+    ctl.reconcile()  # n1 goes out now: the 10 s before had every node in service
+    assert reg.get_sample_value(total) == 0
+    c.advance(20)
+    ctl.reconcile()
+    assert reg.get_sample_value(total) == 20  # one node out for 20 s
+    c.advance(MAX_GAP_S + 1)
+    ctl.reconcile()
+    assert reg.get_sample_value(total) == 20
+
+
 def test_metrics_one_series_per_node() -> None:
     c = fleet()
     reg = CollectorRegistry()
