@@ -219,7 +219,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
     def on_fault(self, t: float, fi: FaultInstance, _: int) -> None:
         node = self.fleet.nodes[fi.node]
         kind = fi.kind
-        if node.state in (NodeState.REPAIR, NodeState.DOWN):
+        if node.state in (NodeState.REPAIR, NodeState.DOWN) and not fi.on_arrival:
             return  # the node is out of service already; its repair covers this
         if not kind.persistent and node.job is None:
             return  # an application fault needs an application

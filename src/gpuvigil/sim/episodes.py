@@ -229,7 +229,28 @@ class Episodes:
             fi.detected_s, fi.detected_by = t, "layer1"
             node.faults.append(fi)
             self.publish(node, t)
+        self.faulty_on_arrival(node, t)
         self.control_pass(t)
+
+    def faulty_on_arrival(self: Engine, node: Node, t: float) -> None:
+        """A replacement that arrives broken (`replacement_faulty_rate`): one of the fleet's
+        persistent hardware faults, picked by their rates, present from its first boot;
+        only the checks, the real preflight verdict among them, keep it out of work."""
+        rate = self.cfg.replacement_faulty_rate
+        rng = self.draws("faulty-replacement", node.id, t)
+        if rate <= 0 or rng.random() >= rate:
+            return
+        # a host dead on arrival never registers (the cloud's launch check takes it back)
+        kinds = [k for k in self.model.kinds if k.persistent and not k.host_down
+                 and k.cause is not Cause.TOOLING and k.effect is not Effect.NONE
+                 and k.per_node_day > 0]  # fmt: skip
+        if not kinds:
+            return
+        kind = rng.choices(kinds, weights=[k.per_node_day for k in kinds])[0]
+        fi = self._instance(kind, node.id, t)
+        fi.on_arrival = True
+        self.tally.faulty_replacements += 1
+        self.on_fault(t, fi, 0)
 
     def on_control_human(self: Engine, t: float, node: Node, epoch: int) -> None:
         if node.repair_epoch != epoch:

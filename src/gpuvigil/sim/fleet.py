@@ -36,6 +36,7 @@ class FaultInstance:
     interrupted_job: bool = False
     fixed_by: object = None  # the least ladder step that cures this instance (layer 2)
     cleared_logged: bool = False  # the agent has reported its findings cleared
+    on_arrival: bool = False  # a replacement arrived with it (struck while out of service)
 
 
 @dataclass(eq=False)

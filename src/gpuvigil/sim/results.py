@@ -102,6 +102,10 @@ class Results:
         0, "lemons replaced", COUNT, "machines whose fault returns after every repair that "
         "were replaced", table=2,
     )  # fmt: skip
+    faulty_replacements: int = figure(
+        0, "faulty replacements", COUNT, "replacement machines that arrived with a hardware "
+        "fault (SimConfig.replacement_faulty_rate)", table=2,
+    )  # fmt: skip
     max_flaps_in_service: int = figure(
         0, "most flaps", COUNT, "the most times one machine went back into service and the "
         "same fault returned", table=2,
@@ -183,6 +187,7 @@ class Tally:
         self.broken_in_service_s = 0.0
         self.max_quarantines = 0
         self.lemons_replaced = 0
+        self.faulty_replacements = 0
         self.max_flaps = 0
         self.serving_below_min = 0.0
         self.kept_gpu_s = 0.0  # GPU-seconds served on machines with one GPU isolated
@@ -221,6 +226,7 @@ class Tally:
         res.broken_in_service_h = self.broken_in_service_s / 3600.0
         res.max_quarantines_per_machine = self.max_quarantines
         res.lemons_replaced = self.lemons_replaced
+        res.faulty_replacements = self.faulty_replacements
         res.max_flaps_in_service = self.max_flaps
         res.serving_minutes_below_demand = self.serving_below_min
         res.gpu_hours_kept_by_isolation = self.kept_gpu_s / 3600.0

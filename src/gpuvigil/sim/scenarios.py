@@ -177,6 +177,15 @@ class SimConfig(StrictModel):
     replace_s: float = Field(
         3600.0, description="Cloud: terminate + launch a new instance + preflight: ~1 h."
     )
+    replacement_faulty_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of replacement machines that arrive with a hardware fault, "
+        "drawn as the fleet's own persistent hardware faults are (by their rates); the "
+        "real preflight verdict must catch it. 0 unless set: no published figure "
+        "(assumption).",
+    )
     validate_s: float = Field(
         600.0, description="Preflight (active checks) before a remediated node takes work."
     )
