@@ -274,6 +274,9 @@ class Lifecycle:
         software = fi is None or not fi.kind.persistent
         code = restart.exit_code(stop, layer3=layer3, graceful=graceful, software=software)
         keep = job.done_at(t) if graceful else job.secured_at(t)
+        corrupt = self.corrupted_since(job, t) if graceful else None
+        if corrupt is not None:  # the drain's save holds wrong results: good up to before
+            keep = job.secured_at(max(corrupt, job.run_start))
         progressed = keep > job.start_secured + 1e-6
         self._settle(job, t)
         if fi is not None and fi.kind.persistent and fi.kind.effect is Effect.CRASH:
@@ -297,6 +300,8 @@ class Lifecycle:
         # A drain that saved loses nothing; a job stopped while still starting (t before
         # run_start: requeue, load) had no work since its checkpoint to lose.
         lost_s = 0.0 if graceful else max(0.0, t - job.last_checkpoint(t))
+        if corrupt is not None:  # back to the last checkpoint before the corruption
+            lost_s = max(0.0, t - job.last_checkpoint(max(corrupt, job.run_start)))
         self.rec.job_restart(t, job, reason=reason, lost_s=lost_s, node=blamed,
                              exit_code=code)  # fmt: skip
         if job.failures_in_row >= self.workload.max_failures_in_row:
@@ -309,6 +314,14 @@ class Lifecycle:
             job.state = JobState.QUEUED
             self.push(t + self.cfg.requeue_delay_s, ARRIVE_EV, job, 1)
         self.schedule(t)
+
+    def corrupted_since(self: Engine, job: Job, t: float) -> float | None:
+        """When silent corruption began on one of the job's nodes (the earliest onset at
+        or before t), or None: a drain then saves wrong results, so the work since is
+        lost, whatever the save on SIGTERM kept."""
+        onsets = [fi.onset_s for nid in job.nodes for fi in self.fleet.nodes[nid].faults
+                  if fi.kind.effect is Effect.SILENT and fi.onset_s <= t]  # fmt: skip
+        return min(onsets) if onsets else None
 
     def withhold(self: Engine, node: Node, t: float) -> None:
         """The node whose fault just crashed a job is not handed to the next job at that
