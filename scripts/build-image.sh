@@ -51,6 +51,7 @@ fi
 CONTEXT=$(mktemp -d "${TMPDIR:-/tmp}/gpuvigil-image.XXXXXXXX")
 trap 'rm -rf "$CONTEXT"' EXIT
 cp Containerfile "$CONTEXT"/
+mkdir -p "$CONTEXT/examples" && cp examples/*.py "$CONTEXT/examples"/
 PIP=(.venv/bin/python -m pip)
 [ -x .venv/bin/python ] || PIP=(python3 -m pip)
 "${PIP[@]}" freeze --exclude-editable --disable-pip-version-check 2>/dev/null \

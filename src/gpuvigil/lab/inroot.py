@@ -26,7 +26,8 @@ def _mount(*args: str) -> None:
 def enter(spec: dict, argv: list[str]) -> None:  # type: ignore[type-arg]
     root = Path(spec["root"])
     _mount("--bind", str(root), str(root))  # a mount of its own, to remount read-only
-    for host, inside, read_only in spec["binds"]:
+    # outer folders first: a volume at /tmp must not hide one at /tmp/lab/machine
+    for host, inside, read_only in sorted(spec["binds"], key=lambda b: len(Path(b[1]).parts)):
         target = root / inside.lstrip("/")
         if Path(host).is_dir():
             target.mkdir(parents=True, exist_ok=True)
@@ -40,6 +41,9 @@ def enter(spec: dict, argv: list[str]) -> None:  # type: ignore[type-arg]
     _mount("-t", "proc", "proc", str(root / "proc"))
     (root / "dev").mkdir(exist_ok=True)
     _mount("--rbind", "/dev", str(root / "dev"))
+    (root / "sys").mkdir(exist_ok=True)  # read-only, as a runtime mounts it
+    _mount("--rbind", "/sys", str(root / "sys"))
+    _mount("-o", "remount,bind,ro", str(root / "sys"))
     if spec.get("read_only_root"):
         _mount("-o", "remount,bind,ro", str(root))
     os.chroot(root)

@@ -22,6 +22,7 @@ container that does nothing until it is stopped.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -36,6 +37,8 @@ from gpuvigil.lab.machine import GPUS, Machine, python_env
 from gpuvigil.lab.procs import Proc, running
 
 GPU_RESOURCE = "nvidia.com/gpu"
+PREFLIGHT_APP = "gpuvigil-preflight"  # the PodTemplate's app.kubernetes.io/name
+IMAGE_USER = 65532  # the Containerfile's USER
 
 SMP = "application/strategic-merge-patch+json"
 
@@ -59,6 +62,7 @@ class PodRun:
     reported: str = ""  # the last status written (no repeated writes)
     finished: bool = False  # final status written, pod deleted (or left for its owner)
     gpus: dict[str, list[str]] | None = None  # container -> GPU UUIDs; None: not admitted
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class Kubelet:
@@ -69,6 +73,7 @@ class Kubelet:
         self.pods_dir = pods_dir
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.pod_resources = PodResourcesServer(machine.pod_resources_socket)
+        self.from_image = 0  # containers started from the built image (preflight's)
 
     # ---- the Node ---------------------------------------------------------------------
 
@@ -134,7 +139,8 @@ class Kubelet:
                     self._delete(PodRun(meta["namespace"], meta["name"], pod["spec"]))
                 continue
             if run is None:
-                run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"])
+                run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"],
+                                              labels=meta.get("labels") or {})  # fmt: skip
             for proc in run.procs.values():
                 if proc is not None:
                     proc.remember(every_s=1.0)
@@ -223,7 +229,44 @@ class Kubelet:
         # here sees the machine's /dev, so its path in the arguments becomes that file.
         message = c.get("terminationMessagePath") or "/dev/termination-log"
         argv = [str(folder / f"{c['name']}.termination-log") if a == message else a for a in argv]
+        if self._from_image(run, c):
+            argv = self._in_image(run, c, argv, env, folder)
+            self.from_image += 1
         return Proc(argv, log=folder / f"{c['name']}.log", env=env)
+
+    def _from_image(self, run: PodRun, c: dict[str, Any]) -> bool:
+        """Preflight's pods run from the built image when the lab has it (the training
+        job's pods, of the same image, still run from this machine's Python)."""
+        image = self.machine.image
+        return (image is not None and str(c.get("image", "")).split(":")[0] ==
+                image.tag.split(":")[0]
+                and run.labels.get("app.kubernetes.io/name") == PREFLIGHT_APP)  # fmt: skip
+
+    def _in_image(self, run: PodRun, c: dict[str, Any], argv: list[str], env: dict[str, str],
+                  folder: Path) -> list[str]:  # fmt: skip
+        """The container as a runtime starts it: the image's root, the pod's and the
+        container's securityContext (user, read-only root), its emptyDir /tmp and its
+        termination-message file, and the machine (its devices: the fakes' files)."""
+        image = self.machine.image
+        assert image is not None
+        pod_sc = run.spec.get("securityContext") or {}
+        sc = {**pod_sc, **(c.get("securityContext") or {})}
+        uid = int(sc.get("runAsUser", IMAGE_USER))
+        gid = int(sc.get("runAsGroup", uid))
+        tmp = folder / f"{c['name']}.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        log = folder / f"{c['name']}.termination-log"
+        log.touch()
+        for path in (tmp, log):
+            os.chown(path, uid, gid)
+        binds = [(str(self.machine.dir), str(self.machine.dir), True), (str(tmp), "/tmp", False),
+                 (str(log), str(log), False)]  # fmt: skip
+        inner = {k: v for k, v in env.items() if k not in ("PYTHONPATH",)}
+        inner["PATH"] = f"{self.machine.bin}{os.pathsep}{image.env.get('PATH', '/usr/bin')}"
+        if argv and argv[0] == sys.executable:  # `gpuvigil ...`: the image's entrypoint
+            argv = ["gpuvigil", *argv[3:]] if argv[1:3] == ["-m", "gpuvigil"] else argv
+        return image.argv(argv, uid=uid, gid=gid, binds=binds, env=inner,
+                          read_only_root=bool(sc.get("readOnlyRootFilesystem")))  # fmt: skip
 
     def _message(self, run: PodRun, c: dict[str, Any], code: int) -> str:
         """What the kubelet puts in `terminated.message`: the termination-message file (at

@@ -111,6 +111,7 @@ class Lab:
         # image: the controller runs from the built image (lab/image.py), when it is built
         self.want_image = image
         self.image: Image | None = None
+        self.preflights_from_image = 0  # of machines gone back to the provider
         self.follow = Follower(self.events)
         self.job: GangJob | None = None
         self.api: Any = None
@@ -270,7 +271,7 @@ class Lab:
         and the shipped RBAC lacks). Preflight makes no API call; its pods run on the
         machines as the controller built them."""
         denied = refused(self.cp.audit_log)
-        return [
+        parts = [
             {
                 "name": name,
                 "identity": who,
@@ -279,6 +280,13 @@ class Lab:
             }
             for name, who in self.identities.items()
         ]
+        # preflight's pods: no API identity (no token mounted); `runs` counts the
+        # containers the kubelets started from the image so far
+        runs = self.preflights_from_image + sum(k.from_image for k in self.kubelets.values())
+        if self.image is not None:
+            parts.append({"name": "preflight", "identity": None, **self._runs_from("preflight"),
+                          "refused": [], "runs": runs})  # fmt: skip
+        return parts
 
     def _runs_from(self, part: str) -> dict[str, Any]:
         if self.image is not None:
@@ -349,6 +357,7 @@ class Lab:
         for name in list(self.follow.gone):
             k = self.kubelets.pop(name, None)
             if k is not None:  # the machine went back to the provider
+                self.preflights_from_image += k.from_image
                 k.stop()
                 k.machine.stop()
         self.follow.read_logs()

@@ -47,9 +47,33 @@ def test_image_builds_and_runs_check():
     assert p.returncode == (2 if failed else 0), p.stderr[-2000:]
     assert report["status"] in ("OK", "FAILED")
     preflight_in_image(tag)
+    example_in_image(tag)
     containerfile = (REPO / "Containerfile").read_text()
     assert "USER 65532" in containerfile and containerfile.count("FROM ") == 2
     assert yaml.safe_load((REPO / "deploy/kubernetes/controller/deployment.yaml").read_text())
+
+
+def example_in_image(tag: str) -> None:
+    """The script the shipped training Job runs is in the image, and starts there (its
+    --help: PyTorch and gpuvigil.training import), as the image's user."""
+    import os
+
+    job = yaml.safe_load((REPO / "deploy/kubernetes/examples/training-job.yaml").read_text())
+    (ctr,) = job["spec"]["template"]["spec"]["containers"]
+    script = next(a for a in ctr["args"] if a.endswith(".py"))
+    cache = Path(os.environ.get("GPUVIGIL_CACHE", Path.home() / ".cache/gpuvigil"))
+    store = ["--root", str(cache / "containers/storage"), "--runroot",
+             str(cache / "containers/run"), "--storage-driver", "vfs"]  # fmt: skip
+    c = subprocess.run(["buildah", *store, "from", "--quiet", tag], capture_output=True,
+                       text=True, timeout=300, check=True).stdout.strip()  # fmt: skip
+    try:
+        p = subprocess.run(["buildah", *store, "run", "--isolation", "chroot", c, "--",
+                            "python", script, "--help"], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    finally:
+        subprocess.run(["buildah", *store, "rm", c], capture_output=True, timeout=120)
+    assert p.returncode == 0, (script, p.stdout[-2000:], p.stderr[-2000:])
+    assert "--checkpoint-dir" in p.stdout, p.stdout[-2000:]
 
 
 def preflight_in_image(tag: str) -> None:

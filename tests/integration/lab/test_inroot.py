@@ -29,6 +29,7 @@ def test_a_part_runs_as_its_user_on_a_read_only_root(tmp_path: Path) -> None:
         if Path(f"/{link}").is_symlink():
             (root / link).symlink_to(os.readlink(f"/{link}"))
     vol.mkdir()
+    (tmp_path / "etc").mkdir()  # a volume at /etc, listed after /etc/gpuvigil: must not hide it
     (vol / "config.yaml").write_text("controller: {}\n")
     os.chown(vol / "config.yaml", 65532, 65532)
     out.mkdir(mode=0o1777)
@@ -42,7 +43,7 @@ def test_a_part_runs_as_its_user_on_a_read_only_root(tmp_path: Path) -> None:
     )
     argv = image.argv(["sh", "-c", script], uid=65532, gid=65532, env={"A": "1"},
                       binds=[(str(vol), "/etc/gpuvigil", True), (str(out), "/events", False),
-                             ("/usr", "/usr", True)],
+                             ("/usr", "/usr", True), (str(tmp_path / "etc"), "/etc", False)],
                       read_only_root=True)  # fmt: skip
     assert "shell=True" not in " ".join(argv) and argv[0] == "unshare"
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

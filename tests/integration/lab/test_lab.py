@@ -107,6 +107,9 @@ def test_xid48_ends_in_service_after_a_gpu_reset_without_a_reboot(results: dict[
     r = lab("xid48", results)
     node, shown = r["node"], _show(r)
     assert r["remediation_steps"] == ["RESET_GPU"], shown
+    # validated by preflight in the image it ships in, as the PodTemplate's user
+    (pre,) = [p for p in r["parts"] if p["name"] == "preflight"]
+    assert pre["runs_from"] == "image" and pre["runs"] >= 1, pre
     assert r["final_state"][node] == "HEALTHY", shown
     assert events(r, "preflight", node) and not events(r, "reboot", node), shown
     check_job_and_report(r)
