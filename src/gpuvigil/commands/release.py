@@ -17,6 +17,8 @@ from gpuvigil.commands.controller import (
     open_or_exit,
 )
 
+CONFLICT_TRIES = 5  # re-reads of a Node another writer changed between read and store
+
 
 def register(app: typer.Typer) -> None:
     @app.command("release")
@@ -39,7 +41,7 @@ def register(app: typer.Typer) -> None:
         REPLACE/INVESTIGATE Xid events it kept across reboots. Exit 1 when the node is not
         quarantined (use --force)."""
         from gpuvigil.core.findings import utcnow
-        from gpuvigil.platform.clusters.base import ClusterError, NotFound
+        from gpuvigil.platform.clusters.base import ClusterError, Conflict, NotFound
         from gpuvigil.platform.policy import release
         from gpuvigil.platform.state import State
 
@@ -49,16 +51,26 @@ def register(app: typer.Typer) -> None:
         adapter = open_or_exit(cfg)
         who = by or getpass.getuser()
         try:
-            v = adapter.get_node(name)
-            state = v.record.state if v.record else State.HEALTHY
-            if state is not State.QUARANTINED and not force:
-                typer.echo(
-                    f"{name} is {state.value}, not QUARANTINED (--force to revalidate)", err=True
-                )
-                raise typer.Exit(1)
-            now = utcnow()
-            rec = release(v.record, now=now, who=who)
-            adapter.store(name, rec, version=v.version)
+            # Read, decide, store only if the Node is unchanged since the read: the agent
+            # and the controller write it too, so a conflict means read it again and decide
+            # again on what is there now (a 409 ended the release before).
+            for attempt in range(1, CONFLICT_TRIES + 1):
+                v = adapter.get_node(name)
+                state = v.record.state if v.record else State.HEALTHY
+                if state is not State.QUARANTINED and not force:
+                    typer.echo(
+                        f"{name} is {state.value}, not QUARANTINED (--force to revalidate)",
+                        err=True,
+                    )
+                    raise typer.Exit(1)
+                now = utcnow()
+                rec = release(v.record, now=now, who=who)
+                try:
+                    adapter.store(name, rec, version=v.version)
+                    break
+                except Conflict:
+                    if attempt == CONFLICT_TRIES:
+                        raise
             adapter.block(name, reason=rec.tag())  # stays off work until it validates
             # The agent forgets the REPLACE/INVESTIGATE Xid events it kept across reboots.
             adapter.mark_released(name, at=now)
