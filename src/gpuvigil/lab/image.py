@@ -71,14 +71,16 @@ class Image:
     def open(cls, tag: str = TAG) -> Image:
         """A container of `tag` with its root mounted; `close()` removes it."""
         ctr = _buildah("from", "--quiet", "--pull-never", tag)
+        opened = False
         try:
             root = Path(_buildah("mount", ctr))
             digest = _buildah("inspect", "--format", "{{.FromImageDigest}}", ctr)
             each_env = "{{range .OCIv1.Config.Env}}{{println .}}{{end}}"
             env_lines = _buildah("inspect", "--type", "image", "--format", each_env, tag)
-        except Exception:
-            _buildah("rm", ctr)
-            raise
+            opened = True
+        finally:
+            if not opened:  # the failure itself goes on up: only the container is undone
+                _buildah("rm", ctr)
         env = dict(line.split("=", 1) for line in env_lines.splitlines() if "=" in line)
         return cls(tag, ctr, root, digest, env)
 
