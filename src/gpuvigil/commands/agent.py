@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from gpuvigil import config as gconfig
+from gpuvigil.core.cli_exit import CliExit
 
 HELP = """Run the node agent: checks on schedules, the kernel log as a stream, and the
 verdict published to the chosen sinks until stopped (SIGTERM/SIGINT).
@@ -203,7 +204,7 @@ def register(app: typer.Typer) -> None:
         )
         if slurm_mode not in (None, "publish", "standalone"):
             typer.echo(f"--slurm-mode must be publish or standalone, not {slurm_mode!r}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         path = config or (
             Path(os.environ["GPUVIGIL_CONFIG"]) if os.environ.get("GPUVIGIL_CONFIG") else None
         )
@@ -226,7 +227,7 @@ def register(app: typer.Typer) -> None:
             cfg = gconfig.load(path, overrides=over)
         except gconfig.ConfigError as e:
             typer.echo(f"gpuvigil agent: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         from gpuvigil.io.exec import become_subreaper
         from gpuvigil.node.compose import build_agent, install_stop_signals
 
@@ -236,7 +237,7 @@ def register(app: typer.Typer) -> None:
             agent_obj, where = build_agent(cfg.agent, node_config=cfg.node)
         except (ValueError, OSError, ImportError) as e:
             typer.echo(f"gpuvigil agent: cannot start: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         install_stop_signals(agent_obj)
         logging.getLogger("gpuvigil.agent").info(
             "agent for node %s: %d checks, publishing to %s",

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.capture.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def register(app: typer.Typer) -> None:
 
 def _fail(message: str) -> None:
     typer.echo(f"gpuvigil analyze: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(CliExit.CANNOT_TELL)
 
 
 def _node_config(

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from gpuvigil import config as config_mod
 from gpuvigil.commands import report_view
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.readings import GpuInventory
 from gpuvigil.node.sweep import run_sweep, select
@@ -67,14 +68,14 @@ def register(app: typer.Typer) -> None:
             cfg = config_mod.load(config, overrides=overrides, sections=("node",))
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil check: config error: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         ctx = CheckContext(config=cfg.node, root=sysfs_root or Path("/"))
         specs = select()
         unknown = sorted(set(skip or ()) - {s.name for s in specs})
         if unknown:
             names = ", ".join(s.name for s in specs)
             typer.echo(f"gpuvigil check: no check named {', '.join(unknown)} ({names})", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         with terminal.progress(quiet=as_json) as progress:  # a DCGM diag takes minutes
             progress(f"running {len(specs) - len(set(skip or ()))} node checks", None)
             report = run_sweep(ctx, node=node, specs=specs, skipped=skip or ())

@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from gpuvigil.core.cli_exit import CliExit
+
 CLUSTER_HELP = "kubernetes or slurm (default: controller.cluster in the config, else kubernetes)"
 CONFIG_OPTION = typer.Option(None, "--config", help="YAML config file (its controller: section).")
 KUBECONFIG_OPTION = typer.Option(
@@ -47,7 +49,7 @@ def load_controller_config(config: Path | None, overrides: dict[str, Any]) -> An
         return gconfig.load(config, overrides=over, sections=("controller",))
     except gconfig.ConfigError as e:
         typer.echo(f"config error: {e}", err=True)
-        raise typer.Exit(2) from e
+        raise typer.Exit(CliExit.CANNOT_TELL) from e
 
 
 def open_or_exit(cfg: Any, kubernetes: Any = None) -> Any:
@@ -64,10 +66,10 @@ def open_or_exit(cfg: Any, kubernetes: Any = None) -> Any:
         )
     except KubeConfigError as e:
         typer.echo(f"cannot open the {cfg.cluster} cluster: {e}", err=True)
-        raise typer.Exit(2) from e
+        raise typer.Exit(CliExit.CANNOT_TELL) from e
     except Exception as e:  # an unreadable token, no Slurm: say it, exit 2
         typer.echo(f"cannot open the {cfg.cluster} cluster: {type(e).__name__}: {e}", err=True)
-        raise typer.Exit(2) from e
+        raise typer.Exit(CliExit.CANNOT_TELL) from e
 
 
 def register(app: typer.Typer) -> None:
@@ -142,7 +144,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"gpuvigil controller: cannot listen on {where} "
                            f"(controller.metrics_address, metrics_port): {e.strerror or e}",
                            err=True)  # fmt: skip
-                raise typer.Exit(2) from None
+                raise typer.Exit(CliExit.CANNOT_TELL) from None
         if not cfg.dry_run and hasattr(adapter, "signer"):  # in the background: start at once
             threading.Thread(target=_publish_key, args=(adapter,), daemon=True).start()
         if once:
@@ -193,7 +195,7 @@ def _elector(cfg: Any, adapter: Any, identity: str, metrics: Any) -> Any:
         store = adapter.lease_store()
     except Exception as e:
         typer.echo(f"cannot open the leader lease: {e}", err=True)
-        raise typer.Exit(2) from e
+        raise typer.Exit(CliExit.CANNOT_TELL) from e
     return LeaderElector(
         store, identity=identity, settings=cfg.lease, elect=cfg.leader_election,
         on_change=lambda lead: metrics.is_leader.set(int(lead)),
@@ -214,7 +216,7 @@ def _once(ctl: Any, elector: Any) -> None:
                     f"another controller holds the lease ({holder}): stop it, or use --dry-run",
                     err=True,
                 )
-                raise typer.Exit(2)
+                raise typer.Exit(CliExit.CANNOT_TELL)
             time.sleep(elector.settings.retry_s)
     try:
         result = ctl.reconcile()
@@ -223,7 +225,7 @@ def _once(ctl: Any, elector: Any) -> None:
             elector.release()
     if not result.listed:
         typer.echo("could not list the nodes", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(CliExit.CANNOT_TELL)
     for name, d in sorted(result.decisions.items()):
         ops = ",".join(op.kind.value for op in d.ops) or "-"
         typer.echo(f"{name}\t{d.state.value}\t{ops}\t{d.held or d.reason}")

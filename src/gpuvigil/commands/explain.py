@@ -20,6 +20,7 @@ from gpuvigil.commands.controller import (
     load_controller_config,
     open_or_exit,
 )
+from gpuvigil.core.cli_exit import CliExit
 
 if TYPE_CHECKING:
     from gpuvigil.core.events import Event
@@ -133,7 +134,7 @@ def register(app: typer.Typer) -> None:
                 view = None  # gone from the cluster: the logs may still tell
             except ClusterError as e:
                 typer.echo(f"cannot read node {name}: {e}", err=True)
-                raise typer.Exit(2) from e
+                raise typer.Exit(CliExit.CANNOT_TELL) from e
 
         def warn(msg: str) -> None:
             typer.echo(msg, err=True)
@@ -141,7 +142,7 @@ def register(app: typer.Typer) -> None:
         lines = story(view, read_events(paths, warn=warn), node=name)
         if not lines and view is None:
             typer.echo(f"nothing known about node {name!r}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(CliExit.FAILED)
         for ts, src, what in lines:
             at = datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
             if as_json:

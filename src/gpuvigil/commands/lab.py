@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from gpuvigil.core.cli_exit import CliExit
+
 HELP = """Inject one fault into the whole platform running on this machine, on real parts,
 and show what every part did about it, second by second.
 
@@ -156,20 +158,20 @@ def register(app: typer.Typer) -> None:
             check_faults(fault)
         except LabError as e:
             typer.echo(f"gpuvigil lab: --fault: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         from gpuvigil.lab import alerting
 
         why = control_plane.missing() or (alerting.missing() if alerts else "")
         if why:
             typer.echo(f"gpuvigil lab: {why}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         try:
             data = core_config.read_yaml(config).get("lab", {}) if config else {}
             cfg = core_config.validate(LabConfig, {**data, "nodes": nodes},
                                        source=str(config or "--nodes"))  # fmt: skip
         except core_config.ConfigError as e:
             typer.echo(f"gpuvigil lab: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         keep = workdir is not None
         folder = workdir or Path(tempfile.mkdtemp(prefix="gpuvigil-lab-"))
         try:
@@ -179,7 +181,7 @@ def register(app: typer.Typer) -> None:
             results = [r.to_json() for r in lab_run.run()]
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         ok = len(results) == len(fault) and all(
             r["settled"] and r["job"]["finished"] for r in results
         )
@@ -194,4 +196,4 @@ def register(app: typer.Typer) -> None:
         if len(results) < len(fault):
             typer.echo(f"gpuvigil lab: not run: {', '.join(fault[len(results):])} (the "
                        "fault before did not settle)", err=True)  # fmt: skip
-        raise typer.Exit(0 if ok else 1)
+        raise typer.Exit(CliExit.OK if ok else CliExit.FAILED)

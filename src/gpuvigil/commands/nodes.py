@@ -18,6 +18,7 @@ from gpuvigil.commands.controller import (
     load_controller_config,
     open_or_exit,
 )
+from gpuvigil.core.cli_exit import CliExit
 
 if TYPE_CHECKING:
     from gpuvigil.platform.state import NodeView
@@ -123,10 +124,10 @@ def register(app: typer.Typer) -> None:
             views = [adapter.get_node(name)] if name else adapter.list_nodes()
         except NotFound as e:
             typer.echo(f"no node named {name!r} in the {cfg.cluster} cluster", err=True)
-            raise typer.Exit(1) from e
+            raise typer.Exit(CliExit.FAILED) from e
         except ClusterError as e:
             typer.echo(f"cannot read the nodes: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         now = utcnow()
         views_sorted = sorted(views, key=lambda v: v.name)
         rows = [node_row(v) for v in views_sorted]

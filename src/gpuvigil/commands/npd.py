@@ -17,6 +17,7 @@ import typer
 from gpuvigil import config as gconfig
 from gpuvigil.commands import options
 from gpuvigil.core import codes, freshness, naming
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.core.findings import NodeReport, Status, utcnow
 
 NPD_DEFAULT_MAX_OUTPUT = 80  # node-problem-detector's default max_output_length
@@ -67,18 +68,22 @@ def fit(text: str, suffix: str = "", *, limit: int) -> str:
     return text.encode()[:limit].decode("utf-8", errors="ignore")
 
 
-def verdict(report: NodeReport, *, family: str | None = None) -> int:
-    """0 OK, 1 a problem, 2 unknown. With a family: a FAILED finding of another family that
+def verdict(report: NodeReport, *, family: str | None = None) -> CliExit:
+    """OK, FAILED or CANNOT_TELL (`CliExit`). With a family: a FAILED finding of another family that
     kept the checks from judging at all (no driver, a lost GPU, a check that could not
     run: the health-check family) makes this family unknown, never healthy."""
     failed = [f for f in report.findings if f.status is Status.FAILED]
     if family is not None and family != codes.HEALTH_CHECK:
         if any(f.family == family and not f.could_not_run for f in failed):
-            return 1
-        return 2 if any(f.family in (family, codes.HEALTH_CHECK) for f in failed) else 0
+            return CliExit.FAILED
+        return (
+            CliExit.CANNOT_TELL
+            if any(f.family in (family, codes.HEALTH_CHECK) for f in failed)
+            else CliExit.OK
+        )
     if any(not f.could_not_run for f in failed):
-        return 1
-    return 2 if failed else 0
+        return CliExit.FAILED
+    return CliExit.CANNOT_TELL if failed else CliExit.OK
 
 
 def only_family(report: NodeReport, family: str | None) -> NodeReport:
@@ -129,12 +134,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         if family is not None and family not in codes.FAMILIES:
             typer.echo(fit(f"unknown family {family!r}", limit=max_length))
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         if from_state_file is not None:
             report = fresh_report(from_state_file, max_age_s=max_age)
             if report is None:
                 typer.echo(fit(f"gpuvigil: no fresh report in {from_state_file}", limit=max_length))
-                raise typer.Exit(2)
+                raise typer.Exit(CliExit.CANNOT_TELL)
         else:
             report = run_once(
                 config=config, sysfs_root=sysfs_root, expect_gpus=expect_gpus, names=checks or None

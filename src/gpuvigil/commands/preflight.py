@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.core.config import ConfigError
 
 
@@ -158,7 +159,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(
                     f"gpuvigil preflight: --master wants HOST:PORT, not {master!r}", err=True
                 )
-                raise typer.Exit(2)
+                raise typer.Exit(CliExit.CANNOT_TELL)
             overrides["preflight"]["active"]["peers"] = {
                 "master_addr": addr,
                 "master_port": int(port),
@@ -169,7 +170,7 @@ def register(app: typer.Typer) -> None:
             cfg = config_mod.load(config, overrides=overrides, sections=("node", "preflight"))
         except (ConfigError, ValueError) as e:
             typer.echo(f"gpuvigil preflight: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         name = node_name_of(cfg, node_name)
         with terminal.progress(quiet=as_json) as progress:
             result = run_preflight(cfg, root=sysfs_root, node_name=name, progress=progress)

@@ -16,6 +16,7 @@ from gpuvigil.commands.controller import (
     load_controller_config,
     open_or_exit,
 )
+from gpuvigil.core.cli_exit import CliExit
 
 CONFLICT_TRIES = 5  # re-reads of a Node another writer changed between read and store
 
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
                         f"{name} is {state.value}, not QUARANTINED (--force to revalidate)",
                         err=True,
                     )
-                    raise typer.Exit(1)
+                    raise typer.Exit(CliExit.FAILED)
                 now = utcnow()
                 rec = release(v.record, now=now, who=who)
                 try:
@@ -81,8 +82,8 @@ def register(app: typer.Typer) -> None:
             )
         except NotFound as e:
             typer.echo(f"no node named {name!r} in the {cfg.cluster} cluster", err=True)
-            raise typer.Exit(1) from e
+            raise typer.Exit(CliExit.FAILED) from e
         except ClusterError as e:
             typer.echo(f"cannot release {name}: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         typer.echo(f"{name}: {state.value} -> VALIDATING (released by {who})")

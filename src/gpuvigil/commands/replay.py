@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from gpuvigil.core.cli_exit import CliExit
+
 
 def register(app: typer.Typer) -> None:
     @app.command("replay")
@@ -55,11 +57,11 @@ def register(app: typer.Typer) -> None:
             cfg = config_mod.load(policy, sections=("node", "controller"))
         except config_mod.ConfigError as e:
             typer.echo(f"gpuvigil replay: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         empty = [str(p) for p in inputs if not p.read_bytes().strip()]
         if empty:
             typer.echo(f"gpuvigil replay: {', '.join(empty)}: empty, nothing to replay", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         events = all(sim_replay.is_event_log(p) for p in inputs)
         fleet = sim_replay.fleet_from_events(inputs) if events else 0
         with terminal.progress(quiet=as_json) as progress:
@@ -74,7 +76,7 @@ def register(app: typer.Typer) -> None:
                     f"{', '.join(map(str, inputs))}: nothing to replay",
                     err=True,
                 )
-                raise typer.Exit(2)
+                raise typer.Exit(CliExit.CANNOT_TELL)
             progress(f"replaying {len(changes):,} changes", None)
             result = sim_replay.replay(
                 changes, controller=cfg.controller, steps_work=not events, fleet=fleet

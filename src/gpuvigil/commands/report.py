@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from gpuvigil.core import slo_targets
+from gpuvigil.core.cli_exit import CliExit
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -129,7 +130,7 @@ def register(app: typer.Typer) -> None:
             files = [p for p in events if p != reader.STDIN]
             if len(files) < len(events):
                 err.print("report: reading stdin: give --end, or --window all")
-                raise typer.Exit(2)
+                raise typer.Exit(CliExit.CANNOT_TELL)
             ends = [t for t in (reader.last_timestamp(p) for p in files) if t is not None]
             end_ts = max(ends) if ends else None
         start_ts = end_ts - window_s if (end_ts is not None and window_s is not None) else None
@@ -156,7 +157,7 @@ def register(app: typer.Typer) -> None:
             )
         if stats.events == 0:
             err.print("report: no usable events in the input")
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         if html is not None:
             from gpuvigil.observe.html import render_html
 
@@ -173,4 +174,4 @@ def register(app: typer.Typer) -> None:
             missed = [k for k in ("availability", "job_success") if slo[k]["met"] is False]
             if missed:
                 err.print(f"report: SLO missed: {', '.join(missed)}")
-                raise typer.Exit(1)
+                raise typer.Exit(CliExit.FAILED)

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gpuvigil.core.cli_exit import CliExit
+
 SCENARIO_HELP = (
     "baseline | node | platform | full | storm+breaker | storm-no-breaker | "
     "driver-storm+breaker | driver-storm-no-breaker | pool-rollout | silence | split-brain | "
@@ -82,7 +84,7 @@ def register(app: typer.Typer) -> None:
                 )  # fmt: skip
         except (cli.UsageError, config_mod.ConfigError) as e:
             typer.echo(f"gpuvigil simulate: {e}", err=True)
-            raise typer.Exit(2) from e
+            raise typer.Exit(CliExit.CANNOT_TELL) from e
         if as_json:
             typer.echo(json.dumps({k: r.to_json() for k, r in results.items()}, indent=2))
             return

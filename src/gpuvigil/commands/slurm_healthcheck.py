@@ -11,6 +11,7 @@ from gpuvigil import config as gconfig
 from gpuvigil.commands import options
 from gpuvigil.commands.npd import fresh_report, run_once
 from gpuvigil.core import freshness, naming
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.sinks.state_file import DEFAULT_PATH
 
@@ -82,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
         if drain_on not in ("blocked", "fatal", "failed"):
             typer.echo("--drain-on must be blocked or fatal", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         name = naming.node_name(node_name)
         report = fresh_report(state_file, max_age_s=max_age) if agent else None
         source = f"agent report {state_file}"
@@ -104,7 +105,7 @@ def register(app: typer.Typer) -> None:
                 did = sl.reconcile_drain(sl.SlurmNode(name, config=cfg), report, config=cfg)
             except RuntimeError as e:
                 typer.echo(f"gpuvigil: scontrol failed: {e}", err=True)
-                raise typer.Exit(2) from e
+                raise typer.Exit(CliExit.CANNOT_TELL) from e
             typer.echo(f"gpuvigil: {report.status.value} ({source}); slurm: {did}")
         raise typer.Exit(report.exit_code())
 

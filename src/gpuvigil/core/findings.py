@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from gpuvigil.core import codes
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.core.conditions import Condition, derive_conditions
 from gpuvigil.core.verdicts import Action, Status
 
@@ -108,7 +109,7 @@ class NodeReport(BaseModel):
     def action(self) -> Action:
         return Action.worst(f.action for f in self.problems)
 
-    def exit_code(self) -> int:
+    def exit_code(self) -> CliExit:
         """The CLI contract (docs/checks.md): a definite failure wins (1); otherwise a check
         that could not run or an input that could not be read is "could not tell" (2);
         healthy (0) only when every check ran and found nothing FAILED.
@@ -118,8 +119,8 @@ class NodeReport(BaseModel):
         """
         failed = [f for f in self.findings if f.status is Status.FAILED]
         if any(not f.could_not_run for f in failed):
-            return 1
-        return 2 if failed else 0
+            return CliExit.FAILED
+        return CliExit.CANNOT_TELL if failed else CliExit.OK
 
 
 def _without(data: Any, keys: tuple[str, ...]) -> Any:

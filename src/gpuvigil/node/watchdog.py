@@ -15,7 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-EXIT_STALLED = 3  # `gpuvigil agent` exit status when the watchdog fires
+from gpuvigil.core.cli_exit import CliExit
+
+EXIT_STALLED = CliExit.STALLED  # `gpuvigil agent` exit status when the watchdog fires
 log = logging.getLogger("gpuvigil.agent")
 
 
