@@ -66,6 +66,7 @@ def node_row(v: NodeView) -> dict[str, Any]:
         "held_by": intent.held_by if intent else "",
         "blocked_by": blocked,
         "running": v.running,
+        "spare": v.spare,  # a hot spare, kept idle for gang jobs' lost ranks
         "health": v.health.status.value if v.health else (v.health_error or "absent"),
         "history": [
             {"at": t.at.isoformat(), "to": t.to.value, "reason": t.reason}
@@ -151,7 +152,8 @@ def render(rows: list[dict[str, object]], ages: list[str], *, history: bool) -> 
             Column("reason"), Column("next"), Column("held by"))  # fmt: skip
     cells = [
         [plain(str(r["node"])),
-         plain(f"{r['state']} (dry run)" if r.get("dry_run") else str(r["state"])), age,
+         plain(str(r["state"]) + (" (dry run)" if r.get("dry_run") else "")
+               + (" (spare)" if r.get("spare") else "")), age,
          plain(str(r["health"])),
          plain(", ".join(r["blocked_by"]) or "-"),  # type: ignore[arg-type]
          str(r["running"]), plain(str(r["reason"])), plain(str(r.get("next") or "-")),

@@ -53,6 +53,9 @@ REQUEST_PURPOSE, RESULT_PURPOSE = "remediation-request", "remediation-result"  #
 RELEASED_ANNOTATION = f"{DOMAIN}/released-at"
 UNHEALTHY_TAINT = f"{DOMAIN}/unhealthy"
 UNVALIDATED_TAINT = f"{DOMAIN}/unvalidated"
+# A hot spare (`platform.spares`): this taint (NoSchedule) keeps ordinary work off, and
+# the label of the same key ("true") is what gang jobs' pods tolerate and select on.
+SPARE_TAINT = f"{DOMAIN}/spare"
 SLURM_HEALTH_FIELD = "Extra"
 # The agent's latest NodeReport on the node itself (state-file sink), read by the training
 # health gate, `slurm-healthcheck` and `npd-plugin --from-state-file`.

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -39,6 +39,7 @@ from gpuvigil.core.config import StrictModel
 from gpuvigil.core.events import EventWriter
 from gpuvigil.core.findings import utcnow
 from gpuvigil.platform import intent
+from gpuvigil.platform import spares as spares_mod
 from gpuvigil.platform.announce import Announcer
 from gpuvigil.platform.apply import apply
 from gpuvigil.platform.breaker import Breaker
@@ -49,6 +50,7 @@ from gpuvigil.platform.clusters.base import (
     Conflict,
     Fenced,
     NodeView,
+    Sparing,
     Unavailable,
 )
 from gpuvigil.platform.clusters.settings import KubernetesSettings, SlurmSettings
@@ -86,6 +88,7 @@ class ControllerConfig(StrictModel):
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)  # capacity gate: docs/serving.md
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)  # one bad GPU, one GPU
+    spares: spares_mod.SpareConfig = Field(default_factory=spares_mod.SpareConfig)  # hot spares
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
@@ -102,6 +105,7 @@ class PassResult:
     decided: int = 0  # nodes the policy ran for (the rest reused an unchanged decision)
     fenced: bool = False  # the pass stopped: this replica may not act
     isolated: dict[str, str] = field(default_factory=dict)  # node -> its isolated GPU's step
+    spares: spares_mod.Plan | None = None  # the pass's hot-spare plan (None: spares off)
 
 
 Work = tuple[NodeView, Decision, Fleet]
@@ -136,6 +140,11 @@ class Controller:
         self.breaker = Breaker(safety, heartbeat_stale_s=policy.heartbeat_stale_s)
         self.replacements = Replacements(timeout_s=policy.replace_timeout_s)
         self.voice = Announcer(cluster, dry_run=self.config.dry_run, metrics=metrics, events=events)
+        if self.config.spares.enabled and not isinstance(cluster, Sparing):
+            raise ValueError(
+                f"controller.spares is set but the {getattr(cluster, 'name', '?')} adapter "
+                "cannot keep spares"
+            )
         if self.config.serving.pools and getattr(cluster, "serving", None) is None:
             raise ValueError(
                 f"controller.serving.pools is set but the {getattr(cluster, 'name', '?')} "
@@ -162,6 +171,7 @@ class Controller:
         self.machines: dict[str, tuple[Episode, ...]] = {}
         self._skewed = 0  # nodes over the skew tolerance last pass (logged when it rises)
         self._fenced = threading.Event()  # set when a write hit the fence mid-pass
+        self._busy: dict[str, datetime] = {}  # node -> when to try it as a spare again
         self.last_pass_at = time.time()  # wall clock of the last finished pass (/healthz)
 
     # ---- one pass -------------------------------------------------------------------
@@ -252,6 +262,7 @@ class Controller:
             work, applied=applied, nodes=nodes, slots=slots, gate=gate, now=now, result=result
         )
         self._apply_all(disruptions, now, result)
+        self._keep_spares(nodes, now, result)
         self._restore(nodes, now)
         self._publish(nodes, now, result)
         self.voice.export(
@@ -262,6 +273,60 @@ class Controller:
         result.fenced = self._fenced.is_set()
         self.last_pass_at = time.time()
         return result
+
+    def _keep_spares(self, nodes: list[NodeView], now: datetime, result: PassResult) -> None:
+        """Hot spares (`platform.spares`): give back used, unfit and surplus spares, then
+        refill short pools with fit idle nodes. After the decisions, so a node decided out
+        of service this pass is no spare; under the fence like every write."""
+        config = self.config.spares
+        if not config.enabled or self._fenced.is_set():
+            return
+        safety = self.config.safety
+        plan = spares_mod.plan(
+            nodes, config=config, now=now, breaker_open=self.breaker.status.open,
+            states={k: d.state for k, d in result.decisions.items()},
+            pool_of={v.name: pool_of(v, safety) for v in nodes},
+        )  # fmt: skip
+        cluster: Sparing = self.cluster  # type: ignore[assignment]  # checked in __init__
+        for name, why in plan.unmake:
+            log.info("node %s: no longer a hot spare: %s", name, why)
+            if not self.config.dry_run:
+                self._spare_write(lambda n=name: cluster.unmake_spare(n), name, result)
+        self._busy = {k: t for k, t in self._busy.items() if t > now}
+
+        def make(name: str) -> bool:
+            if self.config.dry_run or self._fenced.is_set():
+                log.info("node %s: would be made a hot spare (dry run)", name)
+                return False
+            ok = self._spare_write(lambda: cluster.make_spare(name), name, result) is True
+            if ok:
+                log.info("node %s: made a hot spare", name)
+            return ok
+
+        kept, busy = spares_mod.fill(
+            plan, make, max_tries=4 * config.max_new_per_pass, skip=self._busy
+        )
+        for name in busy if not (self.config.dry_run or self._fenced.is_set()) else ():
+            self._busy[name] = now + timedelta(seconds=config.busy_recheck_s)  # holds work
+        result.spares = dataclasses.replace(plan, spares=kept)
+        if plan.held:
+            log.info("hot spares: pools short and held: %s", plan.held)
+        if self.metrics:
+            for pool, want in plan.wanted.items():
+                self.metrics.spares.labels(pool).set(kept.get(pool, 0))
+                self.metrics.spares_wanted.labels(pool).set(want)
+
+    def _spare_write(self, call: Callable[[], T], name: str, result: PassResult) -> T | None:
+        try:
+            return call()
+        except Fenced as e:
+            self._fenced.set()
+            self.voice.api_error(e)
+        except ClusterError as e:  # level-based: the next pass plans again from the nodes
+            self.voice.api_error(e)
+            result.errors[name] = f"{e.kind}: {e}"
+            log.info("node %s: hot spare: %s (%s); next pass retries", name, e, e.kind)
+        return None
 
     def _restore(self, nodes: list[NodeView], now: datetime) -> None:
         """Serving replicas a make-before-break added go back once its node is repaired."""

@@ -37,6 +37,8 @@ class ControllerMetrics:
     hardware_event: Gauge
     budget_in_use: Gauge
     budget_limit: Gauge
+    spares: Gauge
+    spares_wanted: Gauge
     reconcile_duration: Histogram
     is_leader: Gauge
     api_errors: Counter
@@ -148,6 +150,18 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
         budget_limit=Gauge(
             "gpuvigil_disruption_budget_limit",
             "Most nodes allowed DRAINING or REMEDIATING at once per pool.",
+            ["pool"],
+            registry=registry,
+        ),
+        spares=Gauge(
+            "gpuvigil_spares",
+            "Hot spares per pool: validated, idle nodes kept for gang jobs' lost ranks.",
+            ["pool"],
+            registry=registry,
+        ),
+        spares_wanted=Gauge(
+            "gpuvigil_spares_wanted",
+            "Hot spares configured per pool (controller.spares).",
             ["pool"],
             registry=registry,
         ),

@@ -302,6 +302,9 @@ class NodeView:
     gpu_capacity: int | None = None
     gpu_allocatable: int | None = None
     isolation_text: str | None = None
+    # A hot spare (`platform.spares`): kept idle for gang jobs' lost ranks (k8s: the
+    # `gpuvigil.io/spare` label and taint; Slurm: in the spare reservation).
+    spare: bool = False
 
     @property
     def blocked_by_someone_else(self) -> bool:

@@ -3,8 +3,9 @@
 TokenRequest token) with the shipped RBAC applied by the real kubectl, on a real
 kube-apiserver 1.20:
 
-- it sees a node that joins after it started (its watch is allowed), acts on it, and
-  exits within 10 s of SIGTERM, giving its Lease up;
+- it sees a node that joins after it started (its watch is allowed), acts on it, keeps
+  a hot spare (marks an idle node, gives it back once work lands there), and exits
+  within 10 s of SIGTERM, giving its Lease up;
 - with the shipped ClusterRole minus `watch`, the refused watch is logged at WARNING and
   `/healthz` fails within two passes (it used to take 244 s).
 """
@@ -63,6 +64,7 @@ def config(tmp_path: Path, tag: str, *, port: int, interval_s: float, lease: str
         "  lease: {duration_s: 6, renew_deadline_s: 4, retry_s: 1}\n"
         "  policy: {drain_timeout_s: 3600, fatal_grace_s: 0}\n"
         "  safety: {max_disrupted: 5, max_disrupted_percent: 100}\n"
+        "  spares: {default: 1}\n"
         "  kubernetes:\n"
         f"    node_selector: 'fleet={tag}'\n"
         "    eviction_grace_s: 0\n"
@@ -96,6 +98,11 @@ def holder(kube: Any, lease: str) -> str | None:
     return coord.read_namespaced_lease(lease, NS).spec.holder_identity  # type: ignore[no-any-return]
 
 
+def spare_taint(kube: Any, node: str) -> bool:
+    taints = kube.core().read_node(node).spec.taints or []
+    return any(t.key == "gpuvigil.io/spare" for t in taints)
+
+
 def test_as_its_account_it_watches_acts_and_stops_within_10_s(shipped, agent, tmp_path) -> None:  # type: ignore[no-untyped-def]
     kube = shipped
     tag = uuid.uuid4().hex[:6]
@@ -115,6 +122,14 @@ def test_as_its_account_it_watches_acts_and_stops_within_10_s(shipped, agent, tm
             return "gpuvigil.io/state" in ann
 
         wait_for(acted, 60, "the controller to see the late node by its watch and act")
+        # Hot spares as its account: a healthy idle node is made the spare (taint and
+        # label: patch on nodes; its pods counted: list on pods), and given back once a
+        # gang pod runs there.
+        spare = kube.create_node(f"spare-{tag}", labels={"fleet": tag})
+        agent.publish(spare)
+        wait_for(lambda: spare_taint(kube, spare), 30, "the idle node to become the spare")
+        kube.create_running_pod(spare, namespace=kube.namespace())
+        wait_for(lambda: not spare_taint(kube, spare), 30, "the used spare to be given back")
         assert healthz(port)[0] == 200
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()

@@ -54,6 +54,7 @@ __all__ = [
     "NotFound",
     "Preflight",
     "Record",
+    "Sparing",
     "State",
     "Unavailable",
     "unfenced",
@@ -192,6 +193,25 @@ class GpuIsolating(Protocol):
 
     def store_isolation(self, name: str, text: str | None) -> None:
         """Write the node's isolation record (`platform.isolation`); None deletes it."""
+        ...
+
+
+@runtime_checkable
+class Sparing(Protocol):
+    """What a cluster that can keep hot spares offers besides `Cluster` (`platform.spares`;
+    docs/controller.md "Hot spares"): the controller keeps spares only on an adapter that
+    has these. A spare is shown as `NodeView.spare`, and its running work as
+    `NodeView.running` (counted for every spare, so a used one is seen)."""
+
+    def make_spare(self, name: str) -> bool:
+        """Keep ordinary work off the node and let gang jobs' replacements on (k8s: the
+        `gpuvigil.io/spare` label and `gpuvigil.io/spare:NoSchedule` taint; Slurm: add it
+        to the spare reservation). Only while it holds no work, checked at the cluster
+        just before: False (nothing written) when it does."""
+        ...
+
+    def unmake_spare(self, name: str) -> None:
+        """The node is an ordinary one again (both marks removed); idempotent."""
         ...
 
 

@@ -90,7 +90,9 @@ from gpuvigil.platform.state import (
 )
 
 log = logging.getLogger("gpuvigil.clusters.kubernetes")
-OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)
+OUR_TAINTS = (wire.UNHEALTHY_TAINT, wire.UNVALIDATED_TAINT)  # what `unblock` lifts
+# gpuvigil's own, never a block by someone else; lifted only by `unmake_spare`
+SPARE_TAINT = {"key": wire.SPARE_TAINT, "value": "true", "effect": "NoSchedule"}
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable",)  # the cordon itself, counted once
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 BLOCK_TAINT = {"key": wire.UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
@@ -238,13 +240,17 @@ class KubernetesCluster:
         return self.watch.blind(after_s)
 
     def _counts(self, nodes: list[dict[str, Any]]) -> Counter[str]:
-        """Running pods per node. Only a DRAINING node's count matters to the policy, so by
-        default only those are listed (one field-selected list each); many of them, or
-        `count_pods: all` (`gpuvigil nodes`), take one paged list of every pod instead."""
+        """Running pods per node. Only a DRAINING node's count matters to the policy (and a
+        hot spare's, to see it used), so by default only those are listed (one
+        field-selected list each); many of them, or `count_pods: all` (`gpuvigil nodes`),
+        take one paged list of every pod instead."""
         if self.settings.count_pods == "all":
             return self._running()
         draining = []
         for n in nodes:
+            if any(t.get("key") == wire.SPARE_TAINT for t in n.get("spec", {}).get("taints") or []):
+                draining.append(n["metadata"]["name"])  # a spare's work: a used one is seen
+                continue
             text = (n["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
             rec = decode_record(text) if text and "DRAINING" in text else None
             if rec is not None and rec.state is State.DRAINING:
@@ -278,7 +284,7 @@ class KubernetesCluster:
         others += [
             f"taint:{t['key']}"
             for t in taints
-            if t.get("key") not in OUR_TAINTS + IGNORED_TAINTS
+            if t.get("key") not in (*OUR_TAINTS, *IGNORED_TAINTS, wire.SPARE_TAINT)
             and t.get("effect") in ("NoSchedule", "NoExecute")
         ]
         keys = {t.get("key") for t in taints}
@@ -309,6 +315,8 @@ class KubernetesCluster:
             gpu_capacity=_count((status.get("capacity") or {}).get(GPU_RESOURCE)),
             gpu_allocatable=_count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
             isolation_text=ann.get(ISOLATION_ANNOTATION),
+            # the taint is what keeps ordinary work off: it alone makes a spare
+            spare=wire.SPARE_TAINT in keys,
         )
 
     def _agent_result(self, meta: dict[str, Any], ann: dict[str, str]) -> AgentResult | None:
@@ -370,14 +378,24 @@ class KubernetesCluster:
             self.watch.remember(raw)
         return list(raw.get("spec", {}).get("taints") or []), raw["metadata"]["resourceVersion"]
 
-    def _set_taints(self, name: str, change: Callable[[list[dict[str, Any]]], list[Any]]) -> None:
-        """Read-modify-write of the taint list with the resourceVersion (no lost updates)."""
+    def _set_taints(
+        self,
+        name: str,
+        change: Callable[[list[dict[str, Any]]], list[Any]],
+        *,
+        labels: dict[str, str | None] | None = None,
+    ) -> None:
+        """Read-modify-write of the taint list with the resourceVersion (no lost updates);
+        `labels` set (None: removed) in the same PATCH."""
         for attempt in range(3):
             taints, version = self._latest(name, fresh=attempt > 0)
             new = change(list(taints))
             if new == taints:
                 return
-            body = {"metadata": {"resourceVersion": version}, "spec": {"taints": new}}
+            meta: dict[str, Any] = {"resourceVersion": version}
+            if labels:
+                meta["labels"] = labels
+            body = {"metadata": meta, "spec": {"taints": new}}
             try:
                 self._patch_node("taint", name, body)
                 return
@@ -390,6 +408,24 @@ class KubernetesCluster:
 
     def unblock(self, name: str) -> None:
         self._set_taints(name, lambda ts: [t for t in ts if t.get("key") not in OUR_TAINTS])
+
+    def make_spare(self, name: str) -> bool:
+        if self._running(name)[name]:  # only an idle node: the taint would evict nothing
+            return False
+        self._set_taints(
+            name,
+            lambda ts: ts if any(t.get("key") == wire.SPARE_TAINT for t in ts)
+            else [*ts, dict(SPARE_TAINT)],
+            labels={wire.SPARE_TAINT: "true"},
+        )  # fmt: skip
+        return True
+
+    def unmake_spare(self, name: str) -> None:
+        self._set_taints(
+            name,
+            lambda ts: [t for t in ts if t.get("key") != wire.SPARE_TAINT],
+            labels={wire.SPARE_TAINT: None},
+        )
 
     def store(self, name: str, record: Record, *, version: str = "", block: bool = False) -> None:
         meta: dict[str, Any] = {"annotations": {STATE_ANNOTATION: record.encode()}}

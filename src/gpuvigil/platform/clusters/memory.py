@@ -114,6 +114,7 @@ class MemNode:
     gpus_out: set[int] = field(default_factory=set)
     holders_known: bool = True
     isolation_raw: str | None = None
+    spare: bool = False  # a hot spare (`Sparing`): only gang work lands on it
 
 
 class MemoryLease:
@@ -379,6 +380,7 @@ class MemoryCluster:
             gpu_capacity=node.gpus or None,
             gpu_allocatable=max(0, node.gpus - len(node.gpus_out)) if node.gpus else None,
             isolation_text=node.isolation_raw,
+            spare=node.spare,
         )
 
     def list_nodes(self) -> list[NodeView]:
@@ -403,6 +405,23 @@ class MemoryCluster:
             node.our_taints.clear()  # ours only: other_blocks are never touched
             node.version += 1
             node.actions.append(("unblock", ""))
+
+    def make_spare(self, name: str) -> bool:
+        node = self._write("make_spare", name)
+        if node.pods:  # work landed since the list: not idle, nothing written
+            return False
+        if not node.spare:
+            node.spare = True
+            node.version += 1
+            node.actions.append(("make_spare", ""))
+        return True
+
+    def unmake_spare(self, name: str) -> None:
+        node = self._write("unmake_spare", name)
+        if node.spare:
+            node.spare = False
+            node.version += 1
+            node.actions.append(("unmake_spare", ""))
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
         node = self._write("drain", name)

@@ -1,0 +1,156 @@
+"""Hot spares (`platform.spares`) through the real controller over the memory cluster: a
+pool keeps its count of validated idle nodes, a used or failed spare is given back and
+refilled, busy, unvalidated and unhealthy nodes are never taken, the rate and the breaker
+hold new spares, and a config error names the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import FATAL
+from prometheus_client import CollectorRegistry
+
+from gpuvigil import config as config_mod
+from gpuvigil.core.config import ConfigError
+from gpuvigil.platform import metrics as pmetrics
+from gpuvigil.platform.clusters.memory import MemoryCluster, Pod
+from gpuvigil.platform.controller import Controller, ControllerConfig
+from gpuvigil.platform.policy import PolicyConfig
+from gpuvigil.platform.spares import SpareConfig
+
+
+def cfg(**spares: object) -> ControllerConfig:
+    return ControllerConfig(
+        policy=PolicyConfig(fatal_grace_s=0), spares=SpareConfig.model_validate(spares)
+    )
+
+
+def spares(c: MemoryCluster) -> list[str]:
+    return sorted(n.name for n in c.nodes.values() if n.spare)
+
+
+def test_a_pool_keeps_its_spares_and_refills_a_used_one() -> None:
+    c = MemoryCluster()
+    for i in range(6):
+        c.add_node(f"a{i}", pool="a", pods=1 if i < 3 else 0)
+    c.add_node("b0", pool="b")
+    ctl = Controller(c, config=cfg(pools={"a": 2}), clock=c.clock.now)
+    r = ctl.reconcile()
+    assert spares(c) == ["a3", "a4"]  # idle ones only; pool b keeps none
+    assert r.spares is not None and r.spares.spares == {"a": 2, "b": 0}
+    # a gang job's lost rank lands on a3: it is that job's node now; a5 replaces it
+    c.nodes["a3"].pods.append(Pod("job-rank-1"))
+    c.nodes["a3"].version += 1
+    ctl.reconcile()
+    assert spares(c) == ["a4", "a5"]
+    ctl.reconcile()  # nothing changes: no write
+    assert c.calls["make_spare"] == 3 and c.calls["unmake_spare"] == 1
+
+
+def test_never_a_busy_unvalidated_or_unhealthy_node() -> None:
+    c = MemoryCluster()
+    c.add_node("busy", pods=1)
+    c.add_node("new", unvalidated=True)
+    c.add_node("sick")
+    c.set_findings("sick", [FATAL])
+    c.add_node("cordoned")
+    c.cordon("cordoned")
+    c.add_node("fine")
+    ctl = Controller(c, config=cfg(default=3), clock=c.clock.now)
+    r = ctl.reconcile()
+    assert spares(c) == ["fine"]
+    assert r.spares is not None and r.spares.short("default") == 2
+
+
+def test_a_spare_that_fails_is_given_back_and_replaced() -> None:
+    c = MemoryCluster()
+    for i in range(3):
+        c.add_node(f"n{i}")
+    ctl = Controller(c, config=cfg(default=1), clock=c.clock.now)
+    ctl.reconcile()
+    assert spares(c) == ["n0"]
+    c.set_findings("n0", [FATAL])
+    ctl.reconcile()
+    assert spares(c) == ["n1"]
+
+
+def test_work_that_lands_between_list_and_write_wins() -> None:
+    c = MemoryCluster()
+    c.add_node("n0")
+    real = c.list_nodes
+
+    def racing() -> list:  # type: ignore[type-arg]
+        views = real()
+        c.nodes["n0"].pods.append(Pod("raced"))
+        return views
+
+    c.list_nodes = racing  # type: ignore[method-assign]
+    r = Controller(c, config=cfg(default=1), clock=c.clock.now).reconcile()
+    assert spares(c) == [] and r.spares is not None and r.spares.spares == {"default": 0}
+
+
+def test_rate_and_breaker_hold_new_spares_and_surplus_goes_back() -> None:
+    c = MemoryCluster()
+    for i in range(8):
+        c.add_node(f"n{i}")
+    ctl = Controller(c, config=cfg(default=5, max_new_per_pass=2), clock=c.clock.now)
+    r = ctl.reconcile()
+    assert len(spares(c)) == 2 and r.spares is not None and "rate" in r.spares.held
+    ctl.reconcile()
+    ctl.reconcile()
+    assert len(spares(c)) == 5
+    ctl.config = cfg(default=1)
+    ctl.reconcile()
+    assert spares(c) == ["n0"]  # the surplus went back to the queue
+
+
+def test_breaker_open_holds_new_spares() -> None:
+    c = MemoryCluster()
+    for i in range(10):
+        c.add_node(f"n{i}")
+    for i in range(5):
+        c.set_findings(f"n{i}", [FATAL])
+    ctl = Controller(c, config=cfg(default=2), clock=c.clock.now)
+    r = ctl.reconcile()
+    assert r.breaker_open and spares(c) == []
+    assert r.spares is not None and r.spares.held == "circuit breaker open"
+
+
+def test_metrics_and_dry_run() -> None:
+    c = MemoryCluster()
+    c.add_node("n0")
+    reg = CollectorRegistry()
+    m = pmetrics.build(reg)
+    dry = cfg(default=2).model_copy(update={"dry_run": True})
+    Controller(c, config=dry, clock=c.clock.now, metrics=m).reconcile()
+    assert spares(c) == [] and c.calls["make_spare"] == 0
+    Controller(c, config=cfg(default=2), clock=c.clock.now, metrics=m).reconcile()
+    assert reg.get_sample_value("gpuvigil_spares", {"pool": "default"}) == 1
+    assert reg.get_sample_value("gpuvigil_spares_wanted", {"pool": "default"}) == 2
+
+
+def test_a_bad_setting_names_the_key_and_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "gpuvigil.yaml"
+    path.write_text("controller:\n  spares:\n    pools: {train: -1}\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(path, sections=("controller",))
+    assert "controller.spares.pools.train" in str(e.value) and str(path) in str(e.value)
+    path.write_text("controller:\n  spares:\n    per_pool: 2\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(path, sections=("controller",))
+    assert "controller.spares.per_pool" in str(e.value) and str(path) in str(e.value)
+
+
+def test_gpuvigil_nodes_shows_the_spares(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuvigil.commands.nodes import node_row, render
+
+    c = MemoryCluster()
+    c.add_node("busy", pods=1)
+    c.add_node("idle")
+    Controller(c, config=cfg(default=1), clock=c.clock.now).reconcile()
+    rows = [node_row(v) for v in sorted(c.list_nodes(), key=lambda v: v.name)]
+    assert [(r["node"], r["spare"]) for r in rows] == [("busy", False), ("idle", True)]
+    render(rows, ["1m", "1m"], history=False)
+    out = capsys.readouterr().out
+    assert out.count("(spare)") == 1  # the state cell: "HEALTHY (spare)"
