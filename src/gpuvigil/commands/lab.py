@@ -78,10 +78,13 @@ def render(result: dict[str, Any]) -> str:
     ]
     fig = result.get("figures") or {}
     names = {"blocked_s": "blocked", "job_resumed_s": "job resumed",
-             "back_in_service_s": "back in service"}  # fmt: skip
+             "back_in_service_s": "back in service",
+             "gpu_isolated_s": "GPU isolated"}  # fmt: skip
     shown = [f"{label} {fig[k]:.1f}s" for k, label in names.items() if fig.get(k) is not None]
     if shown:
         lines.append("from the fault: " + ", ".join(shown))
+    if fig.get("gpus_out") is not None:
+        lines.append(f"GPUs out of service at once, at most: {fig['gpus_out']}")
     att = (result.get("report") or {}).get("attribution") or {}
     for a in att.get("failures") or []:
         lines.append(f"report: {a['event']} -> {a['cause']} ({a['confidence']}): {a['summary']}")

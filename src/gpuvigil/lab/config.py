@@ -76,6 +76,11 @@ class LabConfig(StrictModel):
     # The job's pods request every GPU of their node, as real ones do (so one rank per
     # node, and none on a node whose preflight pod holds the GPUs while it runs).
     gpu_requests: bool = True
+    # The device plugin's DP_DISABLE_HEALTHCHECKS Xids (besides the application errors it
+    # always skips): Xid 48 here, so `--fault xid48` shows the whole node's ladder (drain,
+    # GPU reset, preflight). Without it, Xid 48 marks its GPU Unhealthy, as the plugin's
+    # default does, and takes the per-GPU path, as row-remap-failure's Xid 64 does.
+    device_plugin_skip_xids: tuple[int, ...] = (48,)
     agent: dict[str, Any] = Field(default_factory=_agent)  # merged into the shipped file
     controller: dict[str, Any] = Field(default_factory=_controller)
     preflight_env: dict[str, str] = Field(default_factory=_preflight_env)

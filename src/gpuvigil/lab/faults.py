@@ -23,7 +23,11 @@ class FaultKind:
     summary: str
     expect: str  # how the lab run should end (the docs' table and the tests say the same)
     gpu_fault: bool = True
-    ends_node: bool = False  # the node leaves the lab (replaced) or waits for a person
+    ends_node: bool = False  # the node (or its GPU) leaves the lab for good: run it last
+    # One GPU's fault (GPU-local in the catalog, and the device plugin marks the GPU
+    # Unhealthy): the job's pods leave a GPU of their node to a holder pod, whose GPU the
+    # fault hits, so the run shows the holder evicted and the job on the other GPUs running on.
+    per_gpu: bool = False
 
 
 KINDS = {
@@ -34,8 +38,9 @@ KINDS = {
         FaultKind("xid79", "Xid 79: the GPU fell off the bus (a reboot cures it)",
                   "drained, REBOOT (a new boot id), preflight, back in service"),
         FaultKind("row-remap-failure", "a row remap failed (no spare rows): replace the GPU",
-                  "drained, then replaced (the Node is deleted) or quarantined for a person",
-                  ends_node=True),
+                  "only that GPU leaves service: its holder pod evicted, the GPU isolated "
+                  "until replaced; the node is never cordoned, the job runs on",
+                  ends_node=True, per_gpu=True),
         FaultKind("rank-hang", "one rank stops making progress (its process is stopped)",
                   "the hang watchdog ends the step, the job restarts; no node is blocked",
                   gpu_fault=False),
@@ -55,7 +60,7 @@ def order_problem(kinds: list[str]) -> str | None:
             return f"unknown fault {kind!r}; one of {', '.join(KINDS)}"
     ends = [k for k in kinds[:-1] if KINDS[k].ends_node]
     if ends:
-        return f"{ends[0]} takes its node out of the lab for good: give it last"
+        return f"{ends[0]} takes its GPU or node out of the lab for good: give it last"
     return None
 
 

@@ -4,8 +4,9 @@
 - the event logs the parts write (the agents' `finding.set`/`finding.cleared`, the
   controller's `node.state`/`remediation`, training's `checkpoint`/`hang`/`job.*`), read
   as they grow;
-- the Node objects on the API server (the agent's conditions, gpuvigil's taint, the
-  preflight result, the agent's remediation answer), compared pass by pass;
+- the Node objects on the API server (the agent's conditions, gpuvigil's taint, a cordon,
+  the preflight result, the agent's remediation answer, the controller's record of an
+  isolated GPU, the device plugin's allocatable GPUs), compared pass by pass;
 - what the lab itself did (the fault, a reboot carried out, pods started and stopped).
 Times are seconds since the fault; entries before it are negative.
 """
@@ -21,6 +22,9 @@ from typing import Any
 from gpuvigil.core import wire
 from gpuvigil.core.codes import FAMILIES
 from gpuvigil.core.events import Kind
+from gpuvigil.platform.isolation import ISOLATION_ANNOTATION, decode_isolation
+
+GPU_RESOURCE = "nvidia.com/gpu"
 
 UNHEALTHY_TAINT = wire.UNHEALTHY_TAINT
 
@@ -70,9 +74,14 @@ class Follower:
     lost_steps: list[int] = field(default_factory=list)  # from training's job.restart
     last_step: int = 0  # the latest completed step training reported
     resumed_after: float | None = None  # a new attempt started then; its first save says so
+    isolated: dict[str, str] = field(default_factory=dict)  # node -> its GPU's isolation step
+    gpus_out: int = 0  # the most GPUs out of service at once since the fault (`_out`)
+    watched: dict[str, str] = field(default_factory=dict)  # "ns/pod" -> node, followed
+    pods_gone: set[str] = field(default_factory=set)  # of `watched`
     _tails: dict[Path, _Tail] = field(default_factory=dict)
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> last API view
     _preflights: set[tuple[str, str]] = field(default_factory=set)
+    _deleting: set[str] = field(default_factory=set)  # of `watched`, deletion seen
 
     def next_fault(self) -> None:
         """Start the timeline of the next fault of the same lab: what the parts are (node
@@ -80,6 +89,7 @@ class Follower:
         self.entries, self.fault_ts, self.steps = [], None, []
         self.left_service, self.lost_steps = set(), []
         self.last_step, self.resumed_after = 0, None
+        self.gpus_out, self.watched, self.pods_gone = 0, {}, set()
 
     def add(self, event: str, node: str | None, detail: str, ts: float | None = None) -> None:
         self.entries.append(Entry(ts if ts is not None else time.time(), event, node, detail))
@@ -161,6 +171,8 @@ class Follower:
                     self.add("node_removed", name, "the Node object was deleted (replaced)")
                 continue
             self._node(name, raw)
+        if self.fault_ts is not None:  # once every node of the pass is read
+            self.gpus_out = max(self.gpus_out, self._out())
 
     def _node(self, name: str, raw: dict[str, Any]) -> None:
         ann = raw["metadata"].get("annotations") or {}
@@ -170,18 +182,29 @@ class Follower:
             if c.get("type") in FAMILIES
         }
         taints = {t.get("key") for t in (raw.get("spec") or {}).get("taints") or []}
+        status = raw.get("status") or {}
+        iso = decode_isolation(ann.get(ISOLATION_ANNOTATION))
         now = {
             "conditions": {t: (c.get("status"), c.get("reason")) for t, c in conds.items()},
             "blocked": UNHEALTHY_TAINT in taints,
             "unvalidated": wire.UNVALIDATED_TAINT in taints,
             "request": ann.get(wire.REQUEST_ANNOTATION),
             "result": ann.get(wire.RESULT_ANNOTATION),
-            "boot": ((raw.get("status") or {}).get("nodeInfo") or {}).get("bootID"),
+            "boot": (status.get("nodeInfo") or {}).get("bootID"),
+            "cordoned": bool((raw.get("spec") or {}).get("unschedulable")),
+            "isolation": (iso.index, iso.step) if iso is not None else None,
+            "why": iso.reason if iso is not None else "",
+            "gpus": (_count(status, "capacity"), _count(status, "allocatable")),
         }
         before = self._seen.get(name)
         self._seen[name] = now
+        if now["isolation"] is None:
+            self.isolated.pop(name, None)
+        else:
+            self.isolated[name] = str(now["isolation"][1])
         if before is None:
             return
+        self._gpu_changes(name, before, now)
         for t, (status, reason) in now["conditions"].items():
             old = before["conditions"].get(t)
             if old is not None and old[0] != status:
@@ -199,6 +222,50 @@ class Follower:
                                      else said)[:200])  # fmt: skip
         if now["boot"] != before["boot"]:
             self.add("booted", name, f"new boot id {str(now['boot'])[:8]}")
+
+    def _gpu_changes(self, name: str, before: dict[str, Any], now: dict[str, Any]) -> None:
+        """A cordon, the device plugin's allocatable GPUs, the controller's isolation."""
+        if now["cordoned"] != before["cordoned"]:
+            self.add("cordon" if now["cordoned"] else "uncordon", name, "spec.unschedulable "
+                     f"{str(now['cordoned']).lower()}")  # fmt: skip
+        (cap, alloc), (_, was) = now["gpus"], before["gpus"]
+        if alloc != was:
+            self.add("allocatable", name, f"{GPU_RESOURCE} {was} -> {alloc} of {cap} "
+                     "(the device plugin's healthy GPUs)")  # fmt: skip
+        iso, old = now["isolation"], before["isolation"]
+        if iso != old:
+            if iso is None:
+                self.add("gpu", name, f"gpu:{old[0]} released (the isolation record deleted)")
+            else:
+                self.add("gpu", name, f"gpu:{iso[0]} {iso[1]}: {now['why']}"[:200])
+
+    def _out(self) -> int:
+        """GPUs out of service now: every GPU of a node blocked, cordoned or removed; else
+        those the device plugin withholds or the controller isolates."""
+        out = 0
+        for name, seen in self._seen.items():
+            cap, alloc = seen["gpus"]
+            if name in self.gone or seen["blocked"] or seen["cordoned"]:
+                out += cap or 0
+            else:
+                withheld = (cap or 0) - alloc if alloc is not None else 0
+                out += max(withheld, 1 if seen["isolation"] is not None else 0)
+        return out
+
+    def read_pods(self, pods: list[dict[str, Any]]) -> None:
+        """The pods the lab follows (`watched`): a deletion asked for (an eviction), and
+        the pod gone from the API server."""
+        present = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+        for key, node in self.watched.items():
+            pod = present.get(key)
+            if key in self.pods_gone:
+                continue
+            if pod is None:
+                self.pods_gone.add(key)
+                self.add("pod_gone", node, f"pod {key} gone from the API server")
+            elif pod["metadata"].get("deletionTimestamp") and key not in self._deleting:
+                self._deleting.add(key)
+                self.add("pod_deleting", node, f"pod {key}: deletion asked for (an eviction)")
 
     def read_preflight(self, pods: list[dict[str, Any]]) -> None:
         """The controller's preflight pods (one per validation): started, and how each ended
@@ -235,6 +302,11 @@ class Follower:
             {"t_s": round(e.ts - t0, 2), "event": e.event, "node": e.node, "detail": e.detail}
             for e in sorted(self.entries, key=lambda e: e.ts)
         ]
+
+
+def _count(status: dict[str, Any], field: str) -> int | None:
+    text = str((status.get(field) or {}).get(GPU_RESOURCE, ""))
+    return int(text) if text.isdigit() else None
 
 
 def _json(text: str | None) -> dict[str, Any]:

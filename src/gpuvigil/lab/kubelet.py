@@ -13,7 +13,9 @@ Its device manager, as the kubelet's with NVIDIA's device plugin: a pod's `nvidi
 limits are given whole GPUs at admission (the fake NVML's UUIDs, lowest index first, in
 `NVIDIA_VISIBLE_DEVICES`), freed when the pod ends, and listed on the PodResources API
 (`fakes.pod_resources`, a real gRPC server on `machine.pod_resources_socket`), which the
-machine's agent reads to publish which pod holds which GPU.
+machine's agent reads to publish which pod holds which GPU. Only the GPUs the device plugin
+(`lab.device_plugin`) calls healthy are given out and counted in the Node's allocatable;
+its capacity counts all of them.
 
 A container is a process on the machine (`machine.Machine.host_env`): `gpuvigil ...` and
 `python ...` run this checkout's Python; an image with no command (the pause image) is a
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvigil.fakes.pod_resources import PodResourcesServer
+from gpuvigil.lab.device_plugin import DevicePlugin
 from gpuvigil.lab.machine import GPUS, Machine, python_env
 from gpuvigil.lab.procs import Proc, running
 
@@ -64,9 +67,17 @@ class PodRun:
     gpus: dict[str, list[str]] | None = None  # container -> GPU UUIDs; None: not admitted
     labels: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def holds(self) -> bool:
+        """It holds its GPUs: admitted and not ended (a pod that ran to completion, whose
+        object stays, frees them, as the kubelet's device manager does)."""
+        return bool(self.gpus) and not self.finished and self.phase not in ("Succeeded", "Failed")
+
 
 class Kubelet:
-    def __init__(self, machine: Machine, api: Any, *, pods_dir: Path) -> None:
+    def __init__(
+        self, machine: Machine, api: Any, *, pods_dir: Path, skip_xids: tuple[int, ...] = ()
+    ) -> None:
         self.machine = machine
         self.api = api  # kubernetes.client.CoreV1Api
         self.node = machine.name
@@ -74,6 +85,7 @@ class Kubelet:
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.pod_resources = PodResourcesServer(machine.pod_resources_socket)
         self.from_image = 0  # containers started from the built image (preflight's)
+        self.plugin = DevicePlugin(machine, skip_xids=skip_xids)
 
     # ---- the Node ---------------------------------------------------------------------
 
@@ -89,6 +101,7 @@ class Kubelet:
         }
         self.api.create_node(body)
         self.pod_resources.start()
+        self.plugin.start()
         self.report_node()
         # Admission adds node.kubernetes.io/not-ready; the node lifecycle controller that
         # lifts it does not run here (no heartbeats), so the kubelet lifts it once Ready.
@@ -101,10 +114,12 @@ class Kubelet:
         self.api.patch_node(self.node, {"spec": {"taints": keep}})
 
     def report_node(self) -> None:
-        cap = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(GPUS)}
+        cap = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU_RESOURCE: str(GPUS)}
+        uuids = [g.uuid for g in self.machine.fake_node().gpus]
+        alloc = {**cap, GPU_RESOURCE: str(len(self.plugin.healthy(uuids)))}
         status = {
             "capacity": cap,
-            "allocatable": cap,
+            "allocatable": alloc,
             "conditions": [
                 {
                     "type": "Ready",
@@ -127,6 +142,8 @@ class Kubelet:
 
     def sync(self, pods: list[dict[str, Any]]) -> None:
         """One pass over the pods bound to this node (raw JSON from a pod list)."""
+        if self.plugin.check():  # a GPU went Unhealthy: allocatable drops, as ListAndWatch
+            self.report_node()
         seen = set()
         for pod in pods:
             meta = pod["metadata"]
@@ -153,15 +170,16 @@ class Kubelet:
             self._kill(self.runs.pop(uid))  # deleted outright (grace 0): nothing to report
         self.pod_resources.set_pods(
             {(r.namespace, r.name): {c: {GPU_RESOURCE: ids} for c, ids in r.gpus.items()}
-             for r in self.runs.values() if r.gpus and not r.finished}
+             for r in self.runs.values() if r.holds}
         )  # fmt: skip
 
     def _admit(self, run: PodRun) -> None:
         """Give each container the GPUs its limits ask for (whole GPUs, lowest index free
         first); a finished or deleted pod's GPUs are free again."""
-        held = {u for r in self.runs.values() if r.gpus and not r.finished for u in
+        held = {u for r in self.runs.values() if r.holds for u in
                 (i for ids in r.gpus.values() for i in ids)}  # fmt: skip
-        free = [g.uuid for g in self.machine.fake_node().gpus if g.uuid not in held]
+        uuids = self.plugin.healthy(g.uuid for g in self.machine.fake_node().gpus)
+        free = [u for u in uuids if u not in held]
         run.gpus = {}
         for c in [*(run.spec.get("initContainers") or []), *(run.spec.get("containers") or [])]:
             want = str(((c.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, "0"))
@@ -387,6 +405,7 @@ class Kubelet:
                 run.init_done = 0
                 run.gpus = None  # admitted again after the boot
         self.machine.reboot()
+        self.plugin.restart()  # its pod starts again with the machine: every GPU healthy
         self.report_node()
 
     def stop(self) -> None:
@@ -411,6 +430,14 @@ def _code(proc: Proc | None) -> int:
     if code is None:
         return 137
     return 128 - code if code < 0 else code  # death by signal N reads 128 + N
+
+
+def gpus_of(kubelet: Kubelet, namespace: str, name: str) -> list[int]:
+    """The indexes of the GPUs a pod on this node was given ([] before its admission)."""
+    mine = [r for r in kubelet.runs.values() if (r.namespace, r.name) == (namespace, name)]
+    run = next((r for r in mine if r.holds), None)
+    held = {u for ids in (run.gpus or {}).values() for u in ids} if run and run.gpus else set()
+    return [g.index for g in kubelet.machine.fake_node().gpus if g.uuid in held]
 
 
 def ranks_on(kubelet: Kubelet) -> list[int]:

@@ -12,6 +12,7 @@ import yaml
 
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.jobs import GangJob, load_example
+from gpuvigil.lab.kubelet import GPU_RESOURCE
 from gpuvigil.lab.procs import free_port
 
 JOB = "lab-train"
@@ -72,12 +73,22 @@ def trust_key(api: Any, *, namespace: str = "gpuvigil", name: str = "gpuvigil-tr
 
 
 def training_job(
-    example_path: Path, cfg: LabConfig, *, name: str, events: Path, checkpoints: Path
+    example_path: Path,
+    cfg: LabConfig,
+    *,
+    name: str,
+    events: Path,
+    checkpoints: Path,
+    gpus: int | None = None,
 ) -> GangJob:
-    """The shipped Job example's pods and podFailurePolicy, running the lab's workload."""
+    """The shipped Job example's pods and podFailurePolicy, running the lab's workload;
+    `gpus`: each pod's `nvidia.com/gpu` instead of the example's (every GPU of a node)."""
     example = load_example(example_path)
     pod = example["spec"]["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = cfg.grace_s
+    if gpus is not None:
+        for c in pod["containers"]:
+            c.setdefault("resources", {}).setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
     if not cfg.gpu_requests:
         for c in pod["containers"]:
             c.pop("resources", None)

@@ -60,10 +60,12 @@ class LabResult:
         }
 
 
-def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, Any]:
+def figures(timeline: list[dict[str, Any]], node: str, *, gpus_out: int | None = None
+            ) -> dict[str, Any]:  # fmt: skip
     """Seconds from the fault to: the node blocked, the job running again (the restarted job
-    restored its checkpoint, or its first save), the node back in service (or removed); and
-    the phases of the fault's gang restart (`restart_phases`)."""
+    restored its checkpoint, or its first save), the node back in service (or removed), its
+    GPU isolated (the per-GPU path); the phases of the fault's gang restart
+    (`restart_phases`); and `gpus_out`, the most GPUs out of service at once (`Follower`)."""
 
     def first(pred: Any) -> float | None:
         return next((e["t_s"] for e in timeline if e["t_s"] >= 0 and pred(e)), None)
@@ -80,10 +82,15 @@ def figures(timeline: list[dict[str, Any]], node: str) -> dict[str, Any]:
             )
         )
     )
+    isolated = first(
+        lambda e: e["node"] == node and e["event"] == "gpu" and " isolated: " in e["detail"]
+    )
     return {
         "blocked_s": first(lambda e: e["node"] == node and e["event"] == "block"),
         "job_resumed_s": resumed,
         "back_in_service_s": back,
+        "gpu_isolated_s": isolated,
+        "gpus_out": gpus_out,
         "restart_phases": restart_phases(timeline, node),
     }
 

@@ -183,7 +183,8 @@ class Lab:
             m.image = self.image
             m.create()
             self.machines[name] = m
-            k = Kubelet(m, self.api, pods_dir=self.dir / "pods")
+            k = Kubelet(m, self.api, pods_dir=self.dir / "pods",
+                        skip_xids=self.cfg.device_plugin_skip_xids)  # fmt: skip
             k.register(labels={"nvidia.com/gpu.present": "true", pool_label: POOL},
                        taints=[])  # fmt: skip
             self.kubelets[name] = k
@@ -302,13 +303,14 @@ class Lab:
                 return False
         return True
 
-    def start_job(self, name: str) -> None:
+    def start_job(self, name: str, *, gpus: int | None = None) -> None:
         self.job = training_job(
             REPO / "deploy/kubernetes/examples/training-job.yaml",
             self.cfg,
             name=name,
             events=self.events,
             checkpoints=self.dir / "checkpoints" / name,
+            gpus=gpus,
         )
         self.follow.add("job", None, self.job.start_attempt(self.api))
         self.say("training job started (2 ranks)")
@@ -343,6 +345,7 @@ class Lab:
             elif m.tend_agent():
                 self.follow.add("agent_restart", name, "the agent was started again")
         self.follow.read_preflight(pods.get("items") or [])
+        self.follow.read_pods(pods.get("items") or [])
         if self.job is not None:
             name = self.job.name
             mine = [p for p in pods.get("items") or []
@@ -503,10 +506,14 @@ class Lab:
             self.follow.next_fault()
         self.fault, self.target = fault, None
         offsets = log_offsets(self.events)
-        self.start_job(JOB if index == 0 else f"{JOB}-{index + 1}")
+        # one GPU's fault: the job leaves a GPU of each node to the holder the fault hits
+        per_gpu = faults.KINDS[fault].per_gpu
+        self.start_job(JOB if index == 0 else f"{JOB}-{index + 1}",
+                       gpus=GPUS - 1 if per_gpu else None)  # fmt: skip
         self.wait_for_progress()
         try:
-            episode.inject(self)
+            gpu = episode.place_holder(self, f"gpu-holder-{index + 1}") if per_gpu else 3
+            episode.inject(self, gpu=gpu)
         except episode.EpisodeError as e:
             raise LabError(str(e)) from e
         settled = self.follow_to_end(started)
@@ -525,7 +532,7 @@ class Lab:
             final_state=final,
             job=job_record(job, f.lost_steps),
             report=report(logs),
-            figures=figures(f.timeline(), self.target),
+            figures=figures(f.timeline(), self.target, gpus_out=f.gpus_out),
             settled=settled,
             duration_s=time.monotonic() - started,
             workdir=str(self.dir),

@@ -264,10 +264,81 @@ def test_figures_from_the_timeline() -> None:
         {"t_s": 40.0, "event": "state", "node": "n2", "detail": "VALIDATING -> HEALTHY: validated"},
     ]
     # no job.attempt in this timeline: no gang restart, so no restart phases
-    assert figures(t, "n2") == {"blocked_s": 1.0, "job_resumed_s": 20.0, "back_in_service_s": 40.0,
-                                "restart_phases": None}  # fmt: skip
+    assert figures(t, "n2", gpus_out=8) == {
+        "blocked_s": 1.0, "job_resumed_s": 20.0, "back_in_service_s": 40.0,
+        "gpu_isolated_s": None, "gpus_out": 8, "restart_phases": None}  # fmt: skip
     assert figures(t[:2], "n2") == {"blocked_s": None, "job_resumed_s": None,
-                                    "back_in_service_s": None, "restart_phases": None}  # fmt: skip
+                                    "back_in_service_s": None, "gpu_isolated_s": None,
+                                    "gpus_out": None, "restart_phases": None}  # fmt: skip
+    iso = [*t[1:2], {"t_s": 9.5, "event": "gpu", "node": "n2", "detail": "gpu:7 isolated: x"}]
+    assert figures(iso, "n2", gpus_out=1)["gpu_isolated_s"] == 9.5
+
+
+def _node(name: str, *, alloc: int = 8, isolation: dict | None = None, cordoned: bool = False,
+          blocked: bool = False) -> dict:  # fmt: skip
+    from gpuvigil.core import wire
+    from gpuvigil.platform.isolation import ISOLATION_ANNOTATION
+
+    ann = {ISOLATION_ANNOTATION: json.dumps(isolation)} if isolation else {}
+    taints = [{"key": wire.UNHEALTHY_TAINT, "effect": "NoSchedule"}] if blocked else []
+    return {"metadata": {"name": name, "annotations": ann},
+            "spec": {"unschedulable": cordoned, "taints": taints},
+            "status": {"capacity": {"nvidia.com/gpu": "8"},
+                       "allocatable": {"nvidia.com/gpu": str(alloc)}}}  # fmt: skip
+
+
+def test_the_follower_counts_the_gpus_out_of_service() -> None:
+    """One GPU the device plugin withholds or the controller isolates costs 1; a node
+    blocked, cordoned or removed costs its 8; the figure is the most at once since the
+    fault, and the timeline says what changed."""
+    f = Follower(Path("/nonexistent"))
+    f.read_nodes([_node("n1"), _node("n2", alloc=7)], ["n1", "n2"])
+    assert f.gpus_out == 0  # before the fault: not counted
+    f.fault_ts = 1.0
+    rec = {"node": "n2", "gpu_uuid": "GPU-7", "index": 7, "since": "2026-12-03T11:00:00Z",
+           "step": "isolated", "reason": "ROW_REMAP_FAILURE needs a new GPU"}  # fmt: skip
+    f.read_nodes([_node("n1", alloc=7), _node("n2", isolation=rec)], ["n1", "n2"])
+    assert f.gpus_out == 2 and f.isolated == {"n2": "isolated"}
+    f.read_nodes([_node("n1", cordoned=True), _node("n2")], ["n1", "n2"])
+    assert f.gpus_out == 8 and f.isolated == {}
+    f.read_nodes([_node("n2", blocked=True)], ["n1", "n2"])  # n1 deleted, n2 blocked
+    assert f.gpus_out == 16
+    said = [(e.event, e.node, e.detail.split(" (")[0]) for e in f.entries]
+    assert said == [
+        ("allocatable", "n1", "nvidia.com/gpu 8 -> 7 of 8"),
+        ("allocatable", "n2", "nvidia.com/gpu 7 -> 8 of 8"),
+        ("gpu", "n2", "gpu:7 isolated: ROW_REMAP_FAILURE needs a new GPU"),
+        ("cordon", "n1", "spec.unschedulable true"),
+        ("allocatable", "n1", "nvidia.com/gpu 7 -> 8 of 8"),
+        ("gpu", "n2", "gpu:7 released"),
+        ("node_removed", "n1", "the Node object was deleted"),
+        ("block", "n2", "taint gpuvigil.io/unhealthy added"),
+    ]
+    f.next_fault()
+    assert f.gpus_out == 0
+
+
+def test_the_device_plugin_marks_a_gpu_unhealthy_until_it_restarts(machine: Machine) -> None:
+    """As NVIDIA's plugin: a critical Xid on a GPU marks it Unhealthy for good, the
+    application errors and the DP_DISABLE_HEALTHCHECKS Xids do not, and a restart (the
+    machine's reboot) marks every GPU healthy and reads only later events."""
+    from gpuvigil.fakes.gpu import FakeXid
+    from gpuvigil.lab.device_plugin import DevicePlugin
+
+    plugin = DevicePlugin(machine, skip_xids=(48,))
+    faults.xid79(machine, 5)  # before the plugin starts: not its event
+    plugin.start()
+    uuids = [g.uuid for g in machine.fake_node().gpus]
+    node = machine.fake_node()
+    node.gpu(1).xids.append(FakeXid(13))  # an application error
+    machine.save(node)
+    faults.xid48(machine, 2)  # skipped, as DP_DISABLE_HEALTHCHECKS=48
+    assert not plugin.check() and plugin.healthy(uuids) == uuids
+    faults.row_remap_failure(machine, 7)
+    assert plugin.check() and plugin.unhealthy == {uuids[7]}
+    assert not plugin.check() and plugin.healthy(uuids) == uuids[:7]  # for good
+    plugin.restart()
+    assert plugin.healthy(uuids) == uuids and not plugin.check() and plugin.restarts == 1
 
 
 def test_faults_run_in_an_order_that_keeps_the_lab(tmp_path: Path) -> None:
