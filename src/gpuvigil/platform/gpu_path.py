@@ -160,8 +160,7 @@ def gpu_pass(
                                reason=f"gpuvigil: gpu:{op.index} isolated")  # fmt: skip
             if st.forced:
                 why = f"{st.forced} holder(s) of gpu:{op.index} at the deadline"
-                voice.event(node.name, Kind.REMEDIATION, now, action="EVICT", result="forced",
-                            reason=why)  # fmt: skip
+                _remediation(voice, node.name, now, action="EVICT", result="forced", reason=why)
                 # a disruption budget was overridden: people must hear of it
                 voice.cluster_event(node.name, "GpuIsolation", f"{why} (past the PDB)", True)
             if guard is not None:
@@ -207,8 +206,7 @@ def _enforce(
     log.warning("node %s: %s", node.name, reason)
     _release(cluster, node.name, rec)
     cluster.store_isolation(node.name, None)
-    voice.event(node.name, Kind.REMEDIATION, now, action="ISOLATE_GPU", result="whole-node",
-                reason=reason)  # fmt: skip
+    _remediation(voice, node.name, now, action="ISOLATE_GPU", result="whole-node", reason=reason)
     voice.cluster_event(node.name, "GpuIsolation", reason, True)
     return False
 
@@ -220,6 +218,17 @@ def _release(cluster: Cluster, name: str, rec: iso.Isolation) -> None:
         release(name, rec)
 
 
+def _remediation(
+    voice: Announcer, name: str, now: datetime, *, action: str, result: str, reason: str
+) -> None:
+    """A step of the GPU's ladder: its event, and its count in gpuvigil_remediations_total,
+    which the dashboard's remediation panel shows, as for the node's ladder (the lab found
+    the panel blind to the per-GPU path)."""
+    if voice.metrics is not None:
+        voice.metrics.remediations.labels(action, result).inc()
+    voice.event(name, Kind.REMEDIATION, now, action=action, result=result, reason=reason)
+
+
 def _announce(
     voice: Announcer, name: str, old: iso.Isolation | None, d: iso.GpuDecision, now: datetime
 ) -> None:
@@ -227,6 +236,6 @@ def _announce(
     step = rec.step if rec is not None else ("released" if not d.escalated else "whole-node")
     was = old.step if old is not None else "in-service"
     log.info("node %s: gpu %s -> %s: %s", name, was, step, d.reason)
-    voice.event(name, Kind.REMEDIATION, now, action="ISOLATE_GPU", result=step, reason=d.reason)
+    _remediation(voice, name, now, action="ISOLATE_GPU", result=step, reason=d.reason)
     warning = (rec is not None and rec.step == "isolated") or d.escalated
     voice.cluster_event(name, "GpuIsolation", d.reason, warning)

@@ -19,6 +19,8 @@ REMEDIATION_RESULTS = ("started", "succeeded", "failed")
 API_ERROR_KINDS = ("error", "conflict", "unavailable", "forbidden", "fenced")
 DECISION_KINDS = ("decided", "reused")
 GPU_STEPS = ("evicting", "resetting", "isolated")  # platform.isolation.Step
+# The per-GPU path's remediation results: the record's new step, or its end
+GPU_RESULTS = (*GPU_STEPS, "released", "whole-node")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ def build(registry: CollectorRegistry) -> ControllerMetrics:
     for action in ("DRAIN", *REMEDIATION_ACTIONS):
         for result in REMEDIATION_RESULTS:
             m.remediations.labels(action, result)
+    for result in GPU_RESULTS:
+        m.remediations.labels("ISOLATE_GPU", result)
+    m.remediations.labels("EVICT", "forced")
     for kind in API_ERROR_KINDS:
         m.api_errors.labels(kind)
     for kind in DECISION_KINDS:
@@ -111,7 +116,8 @@ def _declare(registry: CollectorRegistry) -> ControllerMetrics:
         remediations=Counter(
             "gpuvigil_remediations_total",
             "Remediation steps by action (DRAIN, RESET_GPU, REBOOT, REPLACE) and result "
-            "(started, succeeded, failed).",
+            "(started, succeeded, failed); the per-GPU path's as ISOLATE_GPU by its step, "
+            "and EVICT forced.",
             ["action", "result"],
             registry=registry,
         ),

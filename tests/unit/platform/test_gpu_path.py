@@ -3,8 +3,11 @@ on Kubernetes (tests/integration/controller/test_gpu_isolation.py), many passes 
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary
+from gpuvigil.platform import metrics as pmetrics
 from gpuvigil.platform.clusters.memory import MemoryCluster, Pod
 from gpuvigil.platform.controller import Controller, ControllerConfig
 from gpuvigil.platform.isolation import decode_isolation
@@ -19,13 +22,16 @@ def bad(gpu: int = 3, code: str = "XID_48", action: Action = Action.RESET_GPU) -
                           fatal=True, check="xid", uuid=f"GPU-{gpu}")  # fmt: skip
 
 
-def machine(*, fixed_by: Action | None = Action.RESET_GPU) -> tuple[MemoryCluster, Controller]:
+def machine(
+    *, fixed_by: Action | None = Action.RESET_GPU, registry: CollectorRegistry | None = None
+) -> tuple[MemoryCluster, Controller]:
     c = MemoryCluster()
     node = c.add_node("n1", gpus=8)
     node.pods = [Pod("holder", gpu="GPU-3"), Pod("other", gpu="GPU-5"), Pod("cpu")]
     c.set_findings("n1", [bad()], fixed_by=fixed_by)
     c.mark_gpu("n1", 3)
-    return c, Controller(c, config=CFG, clock=c.clock.now)
+    metrics = pmetrics.build(registry) if registry is not None else None
+    return c, Controller(c, config=CFG, clock=c.clock.now, metrics=metrics)
 
 
 def isolation(c: MemoryCluster):  # type: ignore[no-untyped-def]
@@ -33,7 +39,8 @@ def isolation(c: MemoryCluster):  # type: ignore[no-untyped-def]
 
 
 def test_cured_by_its_reset_without_the_node_leaving_service() -> None:
-    c, ctl = machine()
+    reg = CollectorRegistry()
+    c, ctl = machine(registry=reg)
     for _ in range(6):
         ctl.reconcile()
         assert not c.nodes["n1"].our_taints  # never blocked
@@ -45,6 +52,11 @@ def test_cured_by_its_reset_without_the_node_leaving_service() -> None:
     rec = ctl.cluster.get_node("n1").record
     assert rec is not None and rec.state is State.HEALTHY
     assert rec.episodes[-1].outcome == "cured:RESET_GPU" and rec.episodes[-1].gpu == "GPU-3"
+    # each step of the GPU's ladder counted, as the dashboard's remediation panel reads them
+    for step in ("evicting", "resetting", "released"):
+        n = reg.get_sample_value("gpuvigil_remediations_total",
+                                 {"action": "ISOLATE_GPU", "result": step})  # fmt: skip
+        assert n == 1, step
 
 
 def test_a_second_bad_gpu_turns_the_whole_node_ladder_on() -> None:
