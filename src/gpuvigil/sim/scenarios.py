@@ -154,8 +154,9 @@ class SimConfig(StrictModel):
     )
     warm_restart_cost_s: float = Field(
         240.0,
-        description="Layer 3's in-job restart on the same allocation with a hot spare: "
-        "no requeue, processes restart in place (assumption).",
+        description="torchrun's in-place restart of the group on the same nodes after a "
+        "crash or hang on nodes that are fine: no requeue (assumption). Not a move to a hot "
+        "spare: a node taken away requeues at restart_cost_s (docs/simulator.md).",
     )
     nccl_timeout_s: float = Field(
         600.0, description="PyTorch's default collective timeout (10 min) ends a hung job."

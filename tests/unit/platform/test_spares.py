@@ -154,3 +154,10 @@ def test_gpuvigil_nodes_shows_the_spares(capsys: pytest.CaptureFixture[str]) -> 
     render(rows, ["1m", "1m"], history=False)
     out = capsys.readouterr().out
     assert out.count("(spare)") == 1  # the state cell: "HEALTHY (spare)"
+
+
+def test_slurm_refuses_spares_until_its_adapter_keeps_them() -> None:
+    from gpuvigil.platform.clusters.slurm import SlurmCluster
+
+    with pytest.raises(ValueError, match="cannot keep spares"):
+        Controller(SlurmCluster(), config=cfg(default=1))
