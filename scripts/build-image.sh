@@ -57,9 +57,12 @@ PIP=(.venv/bin/python -m pip)
 "${PIP[@]}" freeze --exclude-editable --disable-pip-version-check 2>/dev/null \
   | grep -viE '^(torch|nvidia-|triton|gpuvigil)' > "$CONTEXT/constraints.txt" || true
 TORCH_ARGS=()
-[ -n "$TORCH" ] && TORCH_ARGS=("$TORCH")
+PACKAGE=.
+# with PyTorch, the training extra (numpy) that gpuvigil.training needs: the Containerfile
+# installs gpuvigil[training] then
+[ -n "$TORCH" ] && TORCH_ARGS=("$TORCH") && PACKAGE=".[training]"
 "${PIP[@]}" wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
-  --constraint "$CONTEXT/constraints.txt" . "${TORCH_ARGS[@]}" >&2
+  --constraint "$CONTEXT/constraints.txt" "$PACKAGE" "${TORCH_ARGS[@]}" >&2
 buildah "${STORE[@]}" build --quiet --isolation chroot --network host --layers \
   --build-arg "BASE=$BASE" --build-arg "TORCH=$TORCH" -t "$IMAGE" -f "$CONTEXT/Containerfile" "$CONTEXT" >/dev/null
 echo "build-image: built $IMAGE" >&2

@@ -17,12 +17,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gpuvigil
 from gpuvigil import __version__
+from gpuvigil.lab.inroot import container_security
 
 TAG = f"ghcr.io/gpuvigil/gpuvigil:{__version__}"  # what the manifests name
 IMAGE_PYTHON = "/opt/gpuvigil/bin/python"  # the Containerfile's venv
+IMAGE_USER = 65532  # the Containerfile's USER
 
 
 def _store() -> list[str]:
@@ -101,6 +104,13 @@ class Image:
         except (RuntimeError, subprocess.TimeoutExpired):
             pass  # a container left behind is buildah's to list, never the lab's failure
 
+    @staticmethod
+    def security(pod_sc: dict[str, Any], container_sc: dict[str, Any]) -> dict[str, Any]:
+        """`argv`'s uid, gid, read_only_root, capabilities, no_new_privs and
+        run_as_non_root for a container of this image with these securityContexts (the
+        pod's, the container's)."""
+        return container_security(pod_sc, container_sc, image_user=IMAGE_USER)
+
     def argv(
         self,
         argv: list[str],
@@ -110,9 +120,16 @@ class Image:
         binds: list[tuple[str, str, bool]],
         env: dict[str, str],
         read_only_root: bool,
+        capabilities: list[str] | None = None,
+        no_new_privs: bool = False,
+        run_as_non_root: bool = False,
     ) -> list[str]:
-        """The host command that runs `argv` in the image's root as a container would."""
+        """The host command that runs `argv` in the image's root as a container would
+        (uid, gid and the last four arguments: `security()` of its securityContext;
+        `capabilities` None: every one, as privileged)."""
         spec = {"root": str(self.root), "binds": binds, "uid": uid, "gid": gid,
-                "env": {**self.env, **env}, "read_only_root": read_only_root}  # fmt: skip
+                "env": {**self.env, **env}, "read_only_root": read_only_root,
+                "capabilities": capabilities, "no_new_privs": no_new_privs,
+                "run_as_non_root": run_as_non_root}  # fmt: skip
         return ["unshare", "--mount", "--propagation", "private", sys.executable, "-m",
                 "gpuvigil.lab.inroot", json.dumps(spec), "--", *argv]  # fmt: skip

@@ -69,6 +69,12 @@ class GangJob:
     args: list[str]  # the trainer's arguments (the lab's run of the example script)
     env: dict[str, str]
     port_for: Any  # () -> a free port for each attempt's rendezvous
+    # The pods' volumes from the built image: the example's, each of these names given
+    # this source instead (the lab has no storage provisioner: its folder stands for the
+    # checkpoint claim), and `mounts` added to the trainer. None: the pods run from this
+    # machine's Python, where the host's own paths stand in for the mounts.
+    volumes: dict[str, dict[str, Any]] | None = None
+    mounts: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
     counted: int = 0
     state: str = "Running"  # Running | Succeeded | Failed
@@ -102,12 +108,20 @@ class GangJob:
         ]
         keep = [e for e in trainer.get("env") or [] if e["name"] == "NODE_NAME"]
         trainer["env"] = keep + [{"name": k, "value": v} for k, v in self.env.items()]
-        trainer.pop("volumeMounts", None)  # the machine's folders stand in for the mounts
         for part in ("limits", "requests"):  # quantities as the API's typed client wants
             res = (trainer.get("resources") or {}).get(part) or {}
             for key in res:
                 res[key] = str(res[key])
-        spec.pop("volumes", None)
+        if self.volumes is None:
+            trainer.pop("volumeMounts", None)
+            spec.pop("volumes", None)
+        else:
+            spec["volumes"] = [{"name": v["name"], **self.volumes[v["name"]]}
+                               if v["name"] in self.volumes else v
+                               for v in spec.get("volumes") or []]  # fmt: skip
+            named = {v["name"] for v in spec["volumes"]}
+            spec["volumes"] += [{"name": k, **v} for k, v in self.volumes.items() if k not in named]
+            trainer["volumeMounts"] = [*(trainer.get("volumeMounts") or []), *self.mounts]
         # One rank per node, as GPU requests of a whole node make the scheduler do.
         spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {JOB_LABEL: self.name, ATTEMPT_LABEL: str(attempt)}},

@@ -27,8 +27,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,8 +42,8 @@ from gpuvigil.lab.machine import GPUS, Machine, python_env
 from gpuvigil.lab.procs import Proc, running
 
 GPU_RESOURCE = "nvidia.com/gpu"
+APP_LABEL = "app.kubernetes.io/name"
 PREFLIGHT_APP = "gpuvigil-preflight"  # the PodTemplate's app.kubernetes.io/name
-IMAGE_USER = 65532  # the Containerfile's USER
 
 SMP = "application/strategic-merge-patch+json"
 
@@ -84,7 +86,8 @@ class Kubelet:
         self.pods_dir = pods_dir
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.pod_resources = PodResourcesServer(machine.pod_resources_socket)
-        self.from_image = 0  # containers started from the built image (preflight's)
+        # containers started from the built image, by their pod's app.kubernetes.io/name
+        self.from_image: Counter[str] = Counter()
         self.plugin = DevicePlugin(machine, skip_xids=skip_xids)
 
     # ---- the Node ---------------------------------------------------------------------
@@ -233,10 +236,12 @@ class Kubelet:
         argv = [*(c.get("command") or []), *(c.get("args") or [])]
         if not argv:
             return None  # the pause image: nothing to run
-        if argv[0] == "gpuvigil":
-            argv = [sys.executable, "-m", "gpuvigil", *argv[1:]]
-        elif argv[0] in ("python", "python3"):
-            argv = [sys.executable, *argv[1:]]
+        from_image = self._from_image(c)
+        if not from_image:  # in the image, its PATH finds its own gpuvigil and python
+            if argv[0] == "gpuvigil":
+                argv = [sys.executable, "-m", "gpuvigil", *argv[1:]]
+            elif argv[0] in ("python", "python3"):
+                argv = [sys.executable, *argv[1:]]
         env = python_env(self.machine.host_env())
         if run.gpus and c["name"] in run.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus[c["name"]])
@@ -247,44 +252,84 @@ class Kubelet:
         # here sees the machine's /dev, so its path in the arguments becomes that file.
         message = c.get("terminationMessagePath") or "/dev/termination-log"
         argv = [str(folder / f"{c['name']}.termination-log") if a == message else a for a in argv]
-        if self._from_image(run, c):
+        if from_image:
             argv = self._in_image(run, c, argv, env, folder)
-            self.from_image += 1
+            self.from_image[run.labels.get(APP_LABEL, "")] += 1
         return Proc(argv, log=folder / f"{c['name']}.log", env=env)
 
-    def _from_image(self, run: PodRun, c: dict[str, Any]) -> bool:
-        """Preflight's pods run from the built image when the lab has it (the training
-        job's pods, of the same image, still run from this machine's Python)."""
+    def _from_image(self, c: dict[str, Any]) -> bool:
+        """A container of gpuvigil's image (preflight's, the training job's) runs from the
+        built image when the lab has it; any other image stands for itself on the host."""
         image = self.machine.image
-        return (image is not None and str(c.get("image", "")).split(":")[0] ==
-                image.tag.split(":")[0]
-                and run.labels.get("app.kubernetes.io/name") == PREFLIGHT_APP)  # fmt: skip
+        repository = str(c.get("image", "")).split(":")[0]
+        return image is not None and repository == image.tag.split(":")[0]
 
     def _in_image(self, run: PodRun, c: dict[str, Any], argv: list[str], env: dict[str, str],
                   folder: Path) -> list[str]:  # fmt: skip
         """The container as a runtime starts it: the image's root, the pod's and the
-        container's securityContext (user, read-only root), its emptyDir /tmp and its
-        termination-message file, and the machine (its devices: the fakes' files)."""
+        container's securityContext (user, read-only root, capabilities, no_new_privs), its
+        volumes (`_volumes`), its /etc/hosts and its termination-message file, and the
+        machine (its devices: the fakes' files, read-only)."""
         image = self.machine.image
         assert image is not None
-        pod_sc = run.spec.get("securityContext") or {}
-        sc = {**pod_sc, **(c.get("securityContext") or {})}
-        uid = int(sc.get("runAsUser", IMAGE_USER))
-        gid = int(sc.get("runAsGroup", uid))
-        tmp = folder / f"{c['name']}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
+        security = image.security(run.spec.get("securityContext") or {},
+                                  c.get("securityContext") or {})  # fmt: skip
         log = folder / f"{c['name']}.termination-log"
+        folder.mkdir(parents=True, exist_ok=True)
         log.touch()
-        for path in (tmp, log):
-            os.chown(path, uid, gid)
-        binds = [(str(self.machine.dir), str(self.machine.dir), True), (str(tmp), "/tmp", False),
-                 (str(log), str(log), False)]  # fmt: skip
+        os.chown(log, security["uid"], security["gid"])
+        # The kubelet's own /etc/hosts for the pod (an image has none: torchrun's
+        # rendezvous resolves localhost and this host's name, which is the pod's here,
+        # no UTS namespace giving it the pod's own).
+        hosts = folder / "etc-hosts"
+        hosts.write_text("# Kubernetes-managed hosts file (the lab's kubelet)\n"
+                         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                         f"127.0.0.1\t{run.name} {socket.gethostname()}\n")  # fmt: skip
+        binds = [(str(self.machine.dir), str(self.machine.dir), True),
+                 (str(hosts), "/etc/hosts", True),
+                 *self._volumes(run, c, folder, security), (str(log), str(log), False)]  # fmt: skip
         inner = {k: v for k, v in env.items() if k not in ("PYTHONPATH",)}
         inner["PATH"] = f"{self.machine.bin}{os.pathsep}{image.env.get('PATH', '/usr/bin')}"
-        if argv and argv[0] == sys.executable:  # `gpuvigil ...`: the image's entrypoint
-            argv = ["gpuvigil", *argv[3:]] if argv[1:3] == ["-m", "gpuvigil"] else argv
-        return image.argv(argv, uid=uid, gid=gid, binds=binds, env=inner,
-                          read_only_root=bool(sc.get("readOnlyRootFilesystem")))  # fmt: skip
+        return image.argv(argv, binds=binds, env=inner, **security)
+
+    def _volumes(self, run: PodRun, c: dict[str, Any], folder: Path,
+                 security: dict[str, Any]) -> list[tuple[str, str, bool]]:  # fmt: skip
+        """The container's volumeMounts as binds (host folder, mountPath, read-only): an
+        emptyDir is a folder of the pod's own, owned by its user (as fsGroup would make
+        it); a hostPath is the machine's folder standing for that path of the node
+        (`node_path`), or a folder of the lab's own as it is. Any other volume, or a
+        hostPath the machine has no stand-in for, fails the container's start, as a
+        mount that fails does."""
+        volumes = {v["name"]: v for v in run.spec.get("volumes") or []}
+        out = []
+        for mount in c.get("volumeMounts") or []:
+            volume = volumes[mount["name"]]
+            if "emptyDir" in volume:
+                host = folder / "volumes" / mount["name"]
+                host.mkdir(parents=True, exist_ok=True)
+                group = (run.spec.get("securityContext") or {}).get("fsGroup", security["gid"])
+                os.chown(host, security["uid"], int(group))
+            elif "hostPath" in volume:
+                host = self.node_path(volume["hostPath"]["path"])
+            else:
+                raise RuntimeError(f"pod {run.name}: volume {mount['name']}: the lab's kubelet "
+                                   f"mounts emptyDir and hostPath only")  # fmt: skip
+            out.append((str(host), mount["mountPath"], bool(mount.get("readOnly"))))
+        return out
+
+    def node_path(self, path: str) -> Path:
+        """The host folder standing for a node's `path` (a hostPath volume's): the
+        machine's `run` for /run/gpuvigil (the agent's report, where its DaemonSet's
+        hostPath puts it), its `state` for /var/lib/gpuvigil; a folder of the lab's own
+        work folder (the lab's stand-in for a shared volume) as it is."""
+        stand_in = {"/run/gpuvigil": self.machine.state_file.parent,
+                    "/var/lib/gpuvigil": self.machine.dir / "state"}  # fmt: skip
+        if path in stand_in:
+            return stand_in[path]
+        lab = self.pods_dir.parent
+        if Path(path).is_relative_to(lab) and Path(path).exists():
+            return Path(path)
+        raise RuntimeError(f"hostPath {path}: no such folder on the lab's machine {self.node}")
 
     def _message(self, run: PodRun, c: dict[str, Any], code: int) -> str:
         """What the kubelet puts in `terminated.message`: the termination-message file (at

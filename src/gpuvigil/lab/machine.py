@@ -233,9 +233,10 @@ class Machine:
         and its node's kubeconfig as volumes, the image's PATH after the machine's tools."""
         assert self.image is not None
         doc = yaml.safe_load((SRC.parent / "deploy/kubernetes/agent/daemonset.yaml").read_text())
-        (container,) = [c for c in doc["spec"]["template"]["spec"]["containers"]
-                        if c["name"] == "agent"]  # fmt: skip
-        sc = container.get("securityContext") or {}
+        spec = doc["spec"]["template"]["spec"]
+        (container,) = [c for c in spec["containers"] if c["name"] == "agent"]
+        security = self.image.security(spec.get("securityContext") or {},
+                                       container.get("securityContext") or {})  # fmt: skip
         binds = [(str(self.dir), str(self.dir), False),
                  (str(self.events_file.parent), str(self.events_file.parent), False),
                  (str(self.kubeconfig), str(self.kubeconfig), True)]  # fmt: skip
@@ -243,9 +244,7 @@ class Machine:
         if not sock.is_relative_to(self.dir):
             binds.append((str(sock), str(sock), False))
         inner = {**env, "PATH": f"{self.bin}{os.pathsep}{self.image.env.get('PATH', '/usr/bin')}"}
-        return self.image.argv(argv, uid=int(sc.get("runAsUser", 0)),
-                               gid=int(sc.get("runAsGroup", 0)), binds=binds, env=inner,
-                               read_only_root=bool(sc.get("readOnlyRootFilesystem")))  # fmt: skip
+        return self.image.argv(argv, binds=binds, env=inner, **security)
 
     def stop_agent(self, sig: int = signal.SIGTERM) -> None:
         if self.agent is not None:

@@ -4,6 +4,7 @@ training job built from the shipped Job example."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,13 @@ from typing import Any
 import yaml
 
 from gpuvigil.lab.config import LabConfig
+from gpuvigil.lab.image import Image
 from gpuvigil.lab.jobs import GangJob, load_example
 from gpuvigil.lab.kubelet import GPU_RESOURCE
 from gpuvigil.lab.procs import free_port
 
 JOB = "lab-train"
+CHECKPOINTS = "checkpoints"  # the example's checkpoint volume
 NAMESPACE = "default"
 HOST = "$(GPUVIGIL_LAB_MACHINE)"  # a pod's path to its machine's folder (kubelet.py)
 
@@ -80,9 +83,14 @@ def training_job(
     events: Path,
     checkpoints: Path,
     gpus: int | None = None,
+    image: bool,
 ) -> GangJob:
     """The shipped Job example's pods and podFailurePolicy, running the lab's workload;
-    `gpus`: each pod's `nvidia.com/gpu` instead of the example's (every GPU of a node)."""
+    `gpus`: each pod's `nvidia.com/gpu` instead of the example's (every GPU of a node).
+    `checkpoints`: the lab's folder standing for the example's checkpoint claim (each job
+    saves in its `name` below it). `image`: the pods run from the built image, with the
+    example's securityContext and volumes (`checkpoints` given to its pod's user and
+    fsGroup, as a provisioned volume is); else from this machine's Python, as root."""
     example = load_example(example_path)
     pod = example["spec"]["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = cfg.grace_s
@@ -92,6 +100,25 @@ def training_job(
     if not cfg.gpu_requests:
         for c in pod["containers"]:
             c.pop("resources", None)
+    trainer = pod["containers"][0]
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    env = {"GPUVIGIL__TRAINING__EVENTS_FILE": str(events / "training.jsonl"),
+           "GPUVIGIL__TRAINING__WATCHDOG__TIMEOUT_S": str(cfg.watchdog_timeout_s)}  # fmt: skip
+    volumes: dict[str, dict[str, Any]] | None = None
+    if image:
+        mounts = {m["name"]: m["mountPath"] for m in trainer.get("volumeMounts") or []}
+        saves = f"{mounts[CHECKPOINTS]}/{name}"
+        # the health gate reads the training config's default state file, which the
+        # example's hostPath mount of /run/gpuvigil holds (the agent's report)
+        pod_sc = pod.get("securityContext") or {}
+        security = Image.security(pod_sc, trainer.get("securityContext") or {})
+        os.chown(checkpoints, security["uid"], int(pod_sc.get("fsGroup", security["gid"])))
+        volumes = {CHECKPOINTS: {"hostPath": {"path": str(checkpoints)}},
+                   "lab-events": {"hostPath": {"path": str(events)}}}  # fmt: skip
+    else:
+        saves = str(checkpoints / name)
+        # the DaemonSet's hostPath /run/gpuvigil, where the agent's report is
+        env["GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE"] = f"{HOST}/run/report.json"
     return GangJob(
         name=name,
         namespace=NAMESPACE,
@@ -102,14 +129,12 @@ def training_job(
             "gpuvigil.lab.workload",
             f"--steps={cfg.steps}",
             f"--step-ms={cfg.step_ms}",
-            f"--checkpoint-dir={checkpoints}",
+            f"--checkpoint-dir={saves}",
             f"--checkpoint-every={cfg.checkpoint_every}",
         ],
-        env={
-            "GPUVIGIL__TRAINING__EVENTS_FILE": str(events / "training.jsonl"),
-            # the DaemonSet's hostPath /run/gpuvigil, where the agent's report is
-            "GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE": f"{HOST}/run/report.json",
-            "GPUVIGIL__TRAINING__WATCHDOG__TIMEOUT_S": str(cfg.watchdog_timeout_s),
-        },
+        env=env,
         port_for=free_port,
+        volumes=volumes,
+        # the lab's event folder, where every part writes its events (its log collector)
+        mounts=[{"name": "lab-events", "mountPath": str(events)}] if image else [],
     )

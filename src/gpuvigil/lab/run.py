@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from gpuvigil.lab.follow import Follower
 from gpuvigil.lab.image import Image
 from gpuvigil.lab.image import missing as image_missing
 from gpuvigil.lab.jobs import JOB_LABEL, GangJob
-from gpuvigil.lab.kubelet import Kubelet
+from gpuvigil.lab.kubelet import APP_LABEL, PREFLIGHT_APP, Kubelet
 from gpuvigil.lab.machine import GPUS, SRC, Machine, python_env
 from gpuvigil.lab.parts import (
     JOB,
@@ -111,7 +112,8 @@ class Lab:
         # image: the controller runs from the built image (lab/image.py), when it is built
         self.want_image = image
         self.image: Image | None = None
-        self.preflights_from_image = 0  # of machines gone back to the provider
+        # containers run from the image on machines gone back to the provider, by app
+        self.gone_from_image: Counter[str] = Counter()
         self.follow = Follower(self.events)
         self.job: GangJob | None = None
         self.api: Any = None
@@ -234,7 +236,7 @@ class Lab:
         """The controller pod's volumes on the host: its config folder (the ConfigMap, at
         /etc/gpuvigil, with its account's kubeconfig beside it) owned by the pod's user,
         and the lab's event folder open to it as /tmp is (every part appends there)."""
-        _, uid, _ = self._controller_container()
+        uid = self._controller_container()[1]["uid"]
         pod = self.dir / "controller-pod"
         pod.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(kubeconfig, pod / "kubeconfig")
@@ -245,26 +247,26 @@ class Lab:
         return pod
 
     @staticmethod
-    def _controller_container() -> tuple[dict[str, Any], int, int]:
-        """The shipped Deployment's controller container, and its pod's uid and gid."""
+    def _controller_container() -> tuple[dict[str, Any], dict[str, Any]]:
+        """The shipped Deployment's controller container, and what its pod's and its own
+        securityContext ask of the runtime (`Image.security`: uid, gid, ...)."""
         doc = yaml.safe_load((REPO / "deploy/kubernetes/controller/deployment.yaml").read_text())
         spec = doc["spec"]["template"]["spec"]
-        sc = spec.get("securityContext") or {}
-        uid = int(sc.get("runAsUser", 0))
-        return spec["containers"][0], uid, int(sc.get("runAsGroup", uid))
+        container = spec["containers"][0]
+        security = Image.security(spec.get("securityContext") or {},
+                                  container.get("securityContext") or {})  # fmt: skip
+        return container, security
 
     def _in_image(self, pod: Path) -> list[str]:
         """The controller as the Deployment starts it: the image's entrypoint with the
         container's args and env, as its securityContext's user, with its read-only root,
         its ConfigMap mounted where the args name it."""
         assert self.image is not None
-        container, uid, gid = self._controller_container()
+        container, security = self._controller_container()
         env = {"POD_NAME": CONTROLLER_POD}
         args = [a.replace("$(POD_NAME)", CONTROLLER_POD) for a in container["args"]]
-        read_only = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
         binds = [(str(pod), "/etc/gpuvigil", True), (str(self.events), str(self.events), False)]
-        return self.image.argv(["gpuvigil", *args], uid=uid, gid=gid, binds=binds, env=env,
-                               read_only_root=read_only)  # fmt: skip
+        return self.image.argv(["gpuvigil", *args], binds=binds, env=env, **security)
 
     def parts(self) -> list[dict[str, Any]]:
         """Each gpuvigil part: who it was to the API server, what it ran from, and every
@@ -281,12 +283,17 @@ class Lab:
             }
             for name, who in self.identities.items()
         ]
-        # preflight's pods: no API identity (no token mounted); `runs` counts the
-        # containers the kubelets started from the image so far
-        runs = self.preflights_from_image + sum(k.from_image for k in self.kubelets.values())
+        # preflight's pods and the training job's: no API identity (no token mounted);
+        # `runs` counts the containers the kubelets started from the image so far
+        runs = sum((k.from_image for k in self.kubelets.values()), self.gone_from_image)
         if self.image is not None:
             parts.append({"name": "preflight", "identity": None, **self._runs_from("preflight"),
-                          "refused": [], "runs": runs})  # fmt: skip
+                          "refused": [], "runs": runs[PREFLIGHT_APP]})  # fmt: skip
+        if self.job is not None:
+            app = self.job.example["spec"]["template"]["metadata"]["labels"][APP_LABEL]
+            parts.append({"name": "training job", "identity": None,
+                          **self._runs_from("training job"), "refused": [],
+                          "runs": runs[app]})  # fmt: skip
         return parts
 
     def _runs_from(self, part: str) -> dict[str, Any]:
@@ -309,7 +316,8 @@ class Lab:
             self.cfg,
             name=name,
             events=self.events,
-            checkpoints=self.dir / "checkpoints" / name,
+            checkpoints=self.dir / "checkpoints",
+            image=self.image is not None,
             gpus=gpus,
         )
         self.follow.add("job", None, self.job.start_attempt(self.api))
@@ -360,7 +368,7 @@ class Lab:
         for name in list(self.follow.gone):
             k = self.kubelets.pop(name, None)
             if k is not None:  # the machine went back to the provider
-                self.preflights_from_image += k.from_image
+                self.gone_from_image += k.from_image
                 k.stop()
                 k.machine.stop()
         self.follow.read_logs()

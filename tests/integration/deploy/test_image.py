@@ -55,7 +55,9 @@ def test_image_builds_and_runs_check():
 
 def example_in_image(tag: str) -> None:
     """The script the shipped training Job runs is in the image, and starts there (its
-    --help: PyTorch and gpuvigil.training import), as the image's user."""
+    --help: PyTorch and gpuvigil.training import), as the image's user, with what its
+    training loop loads (gpuvigil.training.Run: numpy, the `training` extra; the image
+    once lacked it and every rank died at its first checkpoint)."""
     import os
 
     job = yaml.safe_load((REPO / "deploy/kubernetes/examples/training-job.yaml").read_text())
@@ -70,10 +72,14 @@ def example_in_image(tag: str) -> None:
         p = subprocess.run(["buildah", *store, "run", "--isolation", "chroot", c, "--",
                             "python", script, "--help"], capture_output=True, text=True,
                            timeout=300)  # fmt: skip
+        loads = subprocess.run(["buildah", *store, "run", "--isolation", "chroot", c, "--",
+                                "python", "-c", "from gpuvigil.training import Run"],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
     finally:
         subprocess.run(["buildah", *store, "rm", c], capture_output=True, timeout=120)
     assert p.returncode == 0, (script, p.stdout[-2000:], p.stderr[-2000:])
     assert "--checkpoint-dir" in p.stdout, p.stdout[-2000:]
+    assert loads.returncode == 0, loads.stderr[-2000:]
 
 
 def preflight_in_image(tag: str) -> None:

@@ -121,6 +121,9 @@ def test_xid79_reboots_and_ends_in_service(results: dict[str, Any]) -> None:
     assert "REBOOT" in r["remediation_steps"], shown
     assert events(r, "booted", node), shown  # a new boot id on the Node
     assert r["final_state"][node] == "HEALTHY", shown
+    # the job's ranks ran from the image, as the example's pod: both attempts' (4 at least)
+    (train,) = [p for p in r["parts"] if p["name"] == "training job"]
+    assert train["runs_from"] == "image" and train["runs"] >= 4, train
     check_job_and_report(r)
 
 

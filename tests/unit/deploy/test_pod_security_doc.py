@@ -57,7 +57,7 @@ def how_it_runs(spec: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_doc_table_is_true_of_every_pod_manifest() -> None:
     rows = doc_rows()
-    assert set(rows) == {"agent", "controller", "preflight"}
+    assert set(rows) == {"agent", "controller", "preflight", "training"}
     for pod, row in rows.items():
         got = how_it_runs(pod_spec(row["manifest"]))
         said = {
@@ -82,7 +82,11 @@ def test_the_agent_has_what_kmsg_reset_and_reboot_need() -> None:
     assert argv[:3] == ["nsenter", "--target", "1"], argv
 
 
-def test_controller_and_preflight_stay_unprivileged() -> None:
-    for manifest in ("controller/deployment.yaml", "preflight/podtemplate.yaml"):
+def test_controller_preflight_and_training_stay_unprivileged() -> None:
+    for manifest in (
+        "controller/deployment.yaml",
+        "preflight/podtemplate.yaml",
+        "examples/training-job.yaml",
+    ):
         got = how_it_runs(pod_spec(manifest))
         assert got["user"] != 0 and not got["privileged"] and got["capabilities"] == "none"
