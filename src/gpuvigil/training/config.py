@@ -66,6 +66,30 @@ class CheckpointConfig(StrictModel):
     )
 
 
+class MemTierConfig(StrictModel):
+    """The in-memory checkpoint tier (`memtier`): the fast first tier before DCP's."""
+
+    enabled: bool = Field(False, description="Keep the in-memory tier (off by default).")
+    every_steps: int = Field(
+        2,
+        ge=1,
+        description="Copy each rank's state to host memory, locally and on its peer, every "
+        "K completed steps: losing one machine loses at most K steps.",
+    )
+    dir: str = Field(
+        "/dev/shm/gpuvigil/{job}",
+        description="The node's holder folder (tmpfs: host memory that outlives the training "
+        "process, not a reboot). `{job}`, `{node}` and `{rank}` are filled in; `{rank}` makes "
+        "each rank its own 'machine' (tests, one rank per node).",
+    )
+    keep_last: int = Field(
+        2,
+        ge=2,
+        description="Steps kept per copy; >= 2 so a save cut short on one rank still leaves "
+        "a step every rank has.",
+    )
+
+
 class StragglerConfig(StrictModel):
     enabled: bool = True
     every_steps: int = Field(
@@ -194,6 +218,7 @@ class MonitorConfig(StrictModel):
 
 class TrainingConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    memtier: MemTierConfig = Field(default_factory=MemTierConfig)
     straggler: StragglerConfig = Field(default_factory=StragglerConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     drain: DrainConfig = Field(default_factory=DrainConfig)

@@ -86,7 +86,15 @@ class Journal:
         self.event(Kind.CHECKPOINT, data)
 
     # --- the job's lifecycle (rank 0) -----------------------------------------------------
-    def started(self, *, nodes: list[str], resumed_step: int, saved_ts: float | None) -> None:
+    def started(
+        self,
+        *,
+        nodes: list[str],
+        resumed_step: int,
+        saved_ts: float | None,
+        tier: str | None = None,
+        tier_note: str | None = None,
+    ) -> None:
         """After the restore: job.start for a new job, job.restart for any later attempt."""
         if self.env.rank != 0:
             return
@@ -111,6 +119,7 @@ class Journal:
                 saved_ts=saved_ts,
                 now=time.time(),
             )
+            data.update(tier=tier, tier_note=tier_note)  # memory | persistent (memtier)
             log.warning("gpuvigil: this attempt follows one that ended: %s", data["reason"])
             # The culprit's node; none when no record names one (rank 0's own node is
             # the failed node's healthy peer as often as not).

@@ -33,10 +33,13 @@ from gpuvigil.training import (
     checkpoint,
     drain,
     heartbeat,
+    manifest,
+    memtier,
     metrics,
     process_group,
     resume,
     run_state,
+    tensor_tree,
     watchdog,
 )
 from gpuvigil.training.journal import Journal
@@ -83,6 +86,8 @@ class Run:
         self.metrics = metrics.build(self.registry)
         self.journal = Journal(env)
         self._ckpt: checkpoint.Checkpointer | None = None
+        self._mem: memtier.MemTier | None = None
+        self._tier: tuple[str, str] = ("", "")  # the tier restored from, and why not memory
         self._watchdog: watchdog.Watchdog | None = None
         self._hb: heartbeat.HeartbeatWriter | None = None
         self._drain = drain.Drain(
@@ -113,6 +118,15 @@ class Run:
                 on_outcome=self._saved,
             )
             self.journal.storage = self._ckpt.storage
+        if cfg.memtier.enabled:
+            self._mem = memtier.MemTier(
+                cfg.memtier,
+                rank=env.rank,
+                world_size=env.world_size,
+                group=env.groups["memtier"],
+                job=env.job or "job",
+                node=env.node,
+            )
         if cfg.watchdog.enabled:
             self._watchdog = watchdog.Watchdog(
                 cfg.watchdog,
@@ -218,6 +232,8 @@ class Run:
             self._stragglers.completed(step, dt)
         if self._drain.after_step(step, dt):
             self._drain_now(step)
+        if self._mem is not None and step % self.config.memtier.every_steps == 0:
+            self.save_memory()
         if self._ckpt is not None and step % self.config.checkpoint.every_steps == 0:
             self.save()
 
@@ -263,6 +279,19 @@ class Run:
         self.metrics.checkpoint_stall.observe(stall)
         self._last_saved = self.step
 
+    def save_memory(self) -> None:
+        """Keep the completed steps in the in-memory tier (here and on the peer rank)."""
+        assert self._mem is not None
+        times = self._watchdog.step_times if self._watchdog else []
+        state = {
+            "rank": self.env.rank,
+            "world_size": self.env.world_size,
+            "rank_state": run_state.rank_state(self),
+            "job": run_state.job_state(self, step_times=times),
+        }
+        with self.paused():
+            self._mem.save(self.step, run_state.tensors(self), state)
+
     def _saved(self, out: checkpoint.Outcome) -> None:
         m = self.metrics
         m.checkpoint_duration.labels(op="save", mode=self.config.checkpoint.mode).observe(
@@ -279,7 +308,10 @@ class Run:
         if env.restart_count > 0:
             self.metrics.restarts.inc()
         loaded = None
-        if self._ckpt is not None:
+        if self._mem is not None:
+            with self.paused():
+                loaded = self._memory_load()
+        if loaded is None and self._ckpt is not None:
             t0 = time.monotonic()
             with self.paused():
                 loaded = self._ckpt_load()
@@ -298,7 +330,61 @@ class Run:
             nodes=nodes,
             resumed_step=self.start_step,
             saved_ts=job.get("saved_ts") if loaded is not None else None,
+            tier=self._tier[0] or None,
+            tier_note=self._tier[1] or None,
         )
+
+    def _memory_load(self) -> resume.Loaded | None:
+        """The in-memory tier when it holds a verified step for every rank that is not older
+        than the newest committed DCP checkpoint; else None (and why, logged and journaled)."""
+        assert self._mem is not None
+        env = self.env
+        live = run_state.tensors(self)
+        flat_live, _ = tensor_tree.split(live)
+        got, why = self._mem.restore(set(flat_live))
+        newest = self._newest_persistent()
+        if got is not None and newest is not None and newest > got.step:
+            why, got = f"its step {got.step} is older than the persistent step {newest}", None
+        if got is None:
+            self._tier = ("persistent", f"in-memory tier not used: {why}")
+            if env.restart_count > 0 or why.startswith("step"):
+                log.warning("gpuvigil memtier: %s; falling back to the persistent tier", why)
+            return None
+        flat = {k: got.flat[k].to(v.device) for k, v in flat_live.items()}
+        h = got.header
+        own = {"world_size": h["world_size"], **h["rank_state"]}
+        loaded = resume.Loaded(
+            got.step,
+            f"memory:{self._mem.holder}",
+            tensor_tree.join(h["skeleton"], flat),
+            own,
+            own,
+            h["job"],
+        )
+        run_state.restore(self, loaded)
+        if self._watchdog is not None:
+            self._watchdog.seed(loaded.job.get("step_times") or [])
+        self.start_step = self.step = loaded.step
+        self._tier = ("memory", "fetched from the peer" if got.fetched else "")
+        log.info("gpuvigil memtier: resumed at step %d from the in-memory tier", got.step)
+        return loaded
+
+    def _newest_persistent(self) -> int | None:
+        """The newest committed DCP step (rank 0 reads, every rank gets the same answer)."""
+        if self._ckpt is None:
+            return None
+        newest = None
+        if self.env.rank == 0:
+            storage = self._ckpt.storage
+            newest = next(
+                (s for s, f in manifest.candidates(storage) if manifest.read(storage, f)[0]),
+                None,
+            )
+        if self.env.world_size == 1:
+            return newest
+        box = [newest]
+        dist.broadcast_object_list(box, src=0, group=self.env.groups["memtier"])
+        return box[0]
 
     def _ckpt_load(self) -> resume.Loaded | None:
         loaded = run_state.load(self)

@@ -13,6 +13,9 @@ stays a script a user can copy. GV_FAULTS is a comma-separated list of
                      gradient all-reduce: its stack is in torch, it never enters the collective
     killsave@0:4     rank 0 SIGKILLs itself while committing the checkpoint of step 4
     failsave@*:8     every save from step 8 on fails on that rank (the disk is full)
+    killmachine@1:11 rank 1's "machine" dies at the start of step 11: its in-memory tier
+                     holder folder (its node's /dev/shm) is wiped, then it SIGKILLs itself
+    damagemem@0:11   rank 0 flips a byte in every copy its memtier holder folder keeps
     raise@0:5        rank 0 raises an exception in step 5 (a bug in the training script)
     term@1:0         rank 1 alone SIGTERMs itself at the start of step 0 (as a node's agent
                      signals only its own workers), at a chosen point instead of a racing one
@@ -27,12 +30,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass
 from typing import Any
 
 _faults: list[Fault] = []
+_run: list[Any] = []  # the Run, for faults that act on its in-memory tier
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ def _install(run: Any) -> None:
         path = os.path.join(os.environ["GV_PID_DIR"], f"rank{env.rank}-attempt{attempt}.pid")
         with open(path, "w") as fh:
             fh.write(str(os.getpid()))
+    _run[:] = [run]
     _faults[:] = [f for f in parse(os.environ.get("GV_FAULTS", "")) if f.here(env.rank, attempt)]
     for f in _faults:
         if f.kind in ("slowbwd", "hangbwd"):
@@ -91,6 +97,15 @@ def at_step(step: int) -> None:
         elif f.step == step and f.kind == "kill":
             logging.info("faults: SIGKILL of this worker at step %d", step)
             os.kill(os.getpid(), signal.SIGKILL)
+        elif f.step == step and f.kind == "killmachine":
+            logging.info("faults: this rank's machine (process and memtier copies) dies")
+            shutil.rmtree(_run[0]._mem.holder)
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif f.step == step and f.kind == "damagemem":
+            for p in sorted(_run[0]._mem.holder.glob("*.bin")):
+                raw = bytearray(p.read_bytes())
+                raw[len(raw) // 2] ^= 0xFF
+                p.write_bytes(raw)
         elif f.step == step and f.kind == "hang":
             while True:
                 time.sleep(3600)
