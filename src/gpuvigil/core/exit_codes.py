@@ -19,19 +19,24 @@ from typing import Any
 
 class Charged(StrEnum):
     """Who a failure is charged to: the one cause vocabulary of every layer. An exit code's
-    charge, the `cause` of an exit record and of a `job.restart` (`training.lifecycle`, which
-    keeps what was seen, `frozen`, `victim`, `drained`..., as its `kind` under the cause), and
-    the cause attribution names (`observe.attribution`)."""
+    charge, the `cause` of an exit record, a `job.restart` and a failed `job.end`
+    (`training.lifecycle`, which keeps what was seen, `frozen`, `victim`, `drained`..., as
+    its `kind`, a detail under the cause, never a cause of its own), and the cause
+    attribution names (`observe.attribution`). Listed in the order reports show them."""
 
     NONE = "none"  # success
-    USER = "user_code"  # the job's own program
     NODE = "hardware"  # the machine it ran on: its agent reports it unhealthy, or cannot tell
     NETWORK = "network"  # the fabric between the machines (attribution's evidence says so)
-    TOOLING = "tooling"  # our own tools broke (a hung nvidia-smi) while the GPUs answered
+    STORAGE = "storage"  # checkpoints could not be written, or none could be verified
     HANG = "hang"  # no step completed in time: a peer, the network or the program
+    USER = "user_code"  # the job's own program
+    TOOLING = "tooling"  # our own tools broke (a hung nvidia-smi) while the GPUs answered
     DRAIN = "drain"  # the platform took the node away and the job left cleanly
-    STORAGE = "storage"  # checkpoints could not be written
-    UNKNOWN = "unknown"  # killed by a signal: only other evidence can say by whom
+    UNKNOWN = "unknown"  # killed by a signal, or no cause recorded: only evidence can say
+
+
+# The causes a failure can be charged to (every one but success), in report order.
+FAILURES: tuple[Charged, ...] = tuple(c for c in Charged if c is not Charged.NONE)
 
 
 class Retry(StrEnum):

@@ -5,10 +5,11 @@ Called by `gpuvigil report` (through `observe.summary`) and the simulator's repo
 `job.end` it gathers the evidence on the job's nodes and the job itself from `lookback_s`
 before to `grace_s` after the failure (detection lags the crash: an Xid is logged, then the
 agent reports it on its next pass), then `classify` — a pure function — picks the cause
-with the first matching rule of `RULES`, then by the failure's structured `cause` (what the
-training layer recorded, `core.exit_codes.Charged`: the one cause vocabulary), then by the
-job's exit code as the one exit-code table (`core.exit_codes`) charges it. The free-text
-`reason` is shown, never searched for words. Which Xids are the application's doing comes from the
+with the first matching rule of `RULES`, else the failure's structured `cause` (what the
+training layer recorded, `core.exit_codes.Charged`: the one cause vocabulary; `kind`, what
+was seen, is a detail under it). The free-text `reason` and the exit code are shown, never
+read for a cause: an event without one (an old log's) is `unknown`, and counted
+(`without_cause`). Which Xids are the application's doing comes from the
 Xid catalog (`node.catalog.xid`: the codes whose action is RESTART_APP). Memory: a short
 evidence ring per node and per running job, and the failures still inside their grace
 period.
@@ -27,22 +28,11 @@ from gpuvigil.core.exit_codes import Charged, Retry
 from gpuvigil.core.findings import Action
 from gpuvigil.core.states import State
 from gpuvigil.node.catalog.xid import XidCatalog, load_catalog
+from gpuvigil.observe.slo import interrupted
 
-# The causes are core.exit_codes.Charged's, in the order reports list them.
-HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, DRAIN, UNKNOWN = (
-    c.value
-    for c in (
-        Charged.NODE,
-        Charged.NETWORK,
-        Charged.STORAGE,
-        Charged.HANG,
-        Charged.USER,
-        Charged.TOOLING,
-        Charged.DRAIN,
-        Charged.UNKNOWN,
-    )
-)
-CAUSES = (HARDWARE, NETWORK, STORAGE, HANG, USER, TOOLING, DRAIN, UNKNOWN)
+# The causes are core.exit_codes.Charged's (reports list `exit_codes.FAILURES` in order);
+# these short names are its members, also the evidence kinds that point at them.
+HARDWARE, NETWORK, STORAGE, HANG = Charged.NODE, Charged.NETWORK, Charged.STORAGE, Charged.HANG
 # A check that timed out on a GPU (`gpu:N`: the driver call on that GPU never returned) is
 # a hung GPU, which is hardware; one that timed out elsewhere is a hung tool.
 HUNG = "CHECK_TIMEOUT"
@@ -83,7 +73,7 @@ class Failure:
     node: str | None = None  # the node the training layer blamed, if any
     exit_code: int | None = None
     reason: str = ""
-    cause: Charged | None = None  # the structured cause the event carries, if any
+    cause: Charged | None = None  # the structured cause the event carries (None: none known)
     kind: str = ""  # what was seen, under that cause (frozen, victim, drained...)
 
 
@@ -259,7 +249,7 @@ RULES = (
     (HANG, _hang_rule),
     (HARDWARE, _drain("drain", 0.5)),
     # Evicted by a drain that tool breakage caused: not the job's fault, not hardware.
-    (TOOLING, _drain("tool_drain", 0.5)),
+    (Charged.TOOLING, _drain("tool_drain", 0.5)),
 )
 
 
@@ -274,39 +264,42 @@ def classify(f: Failure, evidence: Iterable[Evidence]) -> Attribution:
             conf, e = hit
             return Attribution(
                 **base,
-                cause=cause,
+                cause=cause.value,
                 confidence=round(conf, 2),
                 summary=e.text,
                 node=e.node,
                 component=e.component,
                 code=e.code,
             )
-    code = f.exit_code
-    by_code = exit_codes.charged(code) if code is not None else None
-    charge = f.cause if f.cause not in (None, Charged.NONE, Charged.UNKNOWN) else by_code
+    # No evidence: the charge is the event's own structured cause, and only that (an exit
+    # code or the words of `reason` are shown, never read for one). An event with none, as
+    # old logs have, is unknown, and counted as such (`Attributor.without_cause`).
+    charge, code = f.cause, f.exit_code
+    said = f"exit code {code}" if code is not None else ""
     if charge in CHARGED:
         assert charge is not None
-        if charge is f.cause:
-            summary = f.reason or f.kind or charge.value
-        else:
-            summary = f"exit code {code} ({exit_codes.lookup(code or 0).meaning})"
         return Attribution(
             **base,
             cause=charge.value,
             confidence=0.3 if charge is Charged.DRAIN else 0.7,
-            summary=summary,
+            summary=f.reason
+            or (
+                f"{said} ({exit_codes.lookup(code).meaning})"
+                if code is not None
+                else f.kind or charge.value
+            ),
             node=f.node,
         )
     if charge is Charged.USER:
         app = _pick(ev, "app_xid")
         conf = 0.8 if app else 0.7
-        said = f"exit code {code}" if code is not None else (f.reason or USER)
-        text = f"{said}, no hardware evidence"
+        text = f"{said or f.reason or charge.value}, no hardware evidence"
         if app:
             text += f"; {app[0].text}"
-        return Attribution(**base, cause=USER, confidence=conf, summary=text, node=f.node)
-    why = "no evidence" if f.exit_code is None else f"exit code {f.exit_code}, no evidence"
-    return Attribution(**base, cause=UNKNOWN, confidence=0.0, summary=why, node=f.node)
+        return Attribution(**base, cause=charge.value, confidence=conf, summary=text, node=f.node)
+    why = ", ".join(w for w in ("" if charge else "no cause recorded", said, "no evidence") if w)
+    return Attribution(**base, cause=Charged.UNKNOWN.value, confidence=0.0, summary=why,
+                       node=f.node)  # fmt: skip
 
 
 @dataclass
@@ -330,6 +323,7 @@ class Attributor:
     by_node: Counter[str] = field(default_factory=Counter)
     by_component: Counter[tuple[str, str]] = field(default_factory=Counter)
     total: int = 0
+    without_cause: int = 0  # failures whose event carried no cause Charged knows (old logs)
     _node_ev: dict[str, deque[Evidence]] = field(default_factory=dict)
     _job_ev: dict[str, deque[Evidence]] = field(default_factory=dict)
     _job_nodes: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -378,7 +372,9 @@ class Attributor:
             take = self._job_nodes.get if retried else self._job_nodes.pop
             nodes = take(job, frozenset())
             job_ev = (self._job_ev.get if retried else self._job_ev.pop)(job, deque())
-            if ok in ("succeeded", "cancelled"):
+            # A drained attempt's end is no verdict (`slo.interrupted`): the restart that
+            # follows carries the drain, so one interruption is attributed once.
+            if ok in ("succeeded", "cancelled") or interrupted(str(ok), exit_code):
                 return
         else:
             nodes = self._job_nodes.get(job, frozenset())
@@ -395,6 +391,7 @@ class Attributor:
         for n in nodes:
             evidence.extend(e for e in self._node_ev.get(n, ()) if e.ts >= since)
         cause = d.get("cause")
+        known = cause in set(exit_codes.FAILURES)
         f = Failure(
             ev.ts,
             job,
@@ -402,7 +399,7 @@ class Attributor:
             blamed,
             exit_code,
             str(d.get("reason", d.get("result", ""))),
-            Charged(cause) if cause in set(Charged) else None,
+            Charged(cause) if known else None,
             str(d.get("kind") or ""),
         )
         self._pending.append(_Pending(f, nodes, evidence))
@@ -414,9 +411,11 @@ class Attributor:
     def _record(self, p: _Pending) -> None:
         a = classify(p.failure, p.evidence)
         self.total += 1
+        if p.failure.cause is None:
+            self.without_cause += 1
         self.attributions.append(a)
         self.by_cause[a.cause] += 1
-        if a.cause == HARDWARE and a.node:
+        if a.cause == Charged.NODE and a.node:
             self.by_node[a.node] += 1
             if a.component and a.component != "node":
                 self.by_component[(a.node, a.component)] += 1
@@ -429,7 +428,8 @@ class Attributor:
     def to_json(self) -> dict[str, Any]:
         return {
             "total": self.total,
-            "by_cause": {c: self.by_cause.get(c, 0) for c in CAUSES},
+            "by_cause": {c.value: self.by_cause.get(c, 0) for c in exit_codes.FAILURES},
+            "without_cause": self.without_cause,
             "failures": [a.to_json() for a in self.attributions],
             "failures_listed": len(self.attributions),
         }

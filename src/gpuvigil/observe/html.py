@@ -18,12 +18,12 @@ import re
 from collections.abc import Mapping, Sequence
 from html import escape
 
+from gpuvigil.core.exit_codes import FAILURES
 from gpuvigil.observe import svg
-from gpuvigil.observe.attribution import CAUSES
 from gpuvigil.observe.figures import LOGGED, MEASURES, TABLES, TRUTH, Figure, duration
 from gpuvigil.observe.stats import Distribution
 from gpuvigil.observe.summary import Summary
-from gpuvigil.observe.tables import burn_text, pct, when
+from gpuvigil.observe.tables import burn_text, cause_title, pct, when
 
 ATTRIBUTIONS_SHOWN = 50
 
@@ -168,13 +168,13 @@ def render_html(
     ground truth beside layer 4's attribution."""
     points = s.slo.timeline.series() if s.slo.timeline is not None else []
     series = [(p["t"], p["availability"]) for p in points if p["availability"] is not None]
-    causes = [(c, float(s.attribution.by_cause.get(c, 0))) for c in CAUSES]
+    causes = [(c.value, float(s.attribution.by_cause.get(c, 0))) for c in FAILURES]
     nodes = s.top_nodes()
     gpus = s.top_gpus()
     charts = [
         _panel("Availability over time", svg.line_chart(
             series, label="availability over time", target=s.slo.targets.availability)),
-        _panel("Failures and restarts by cause", svg.bar_chart(causes, label="failures by cause")),
+        _panel(cause_title(s), svg.bar_chart(causes, label="failures by cause")),
         _panel("Time to detect (MTTD)", svg.histogram(s.slo.mttd.samples, label="MTTD")),
         _panel("Time to repair (MTTR)", svg.histogram(s.slo.mttr.samples, label="MTTR")),
         _panel("Top offending nodes (downtime, hours)", svg.bar_chart(

@@ -15,6 +15,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuvigil.core import exit_codes
+from gpuvigil.core.exit_codes import Charged
+
 T0 = 1_764_460_800.0  # 2025-11-30 00:00:00 UTC
 TICK_S = 60.0
 
@@ -30,7 +33,7 @@ FAULTS = (
 )
 
 
-def _line(ts: float, kind: str, source: str, *, node: str | None = None,
+def _line(ts: float, kind: str, source: str, /, *, node: str | None = None,
           job: str | None = None, **data: object) -> str:  # fmt: skip
     obj: dict[str, object] = {"v": 1, "ts": round(ts, 3), "kind": kind, "source": source}
     if node is not None:
@@ -75,7 +78,9 @@ class _Fleet:
         for job, nodes in self.jobs.items():
             if node in nodes:
                 lost = r.uniform(60, 900)
+                # As training records a worker the fault killed: no code of its own.
                 restart = _line(now + 1, "job.restart", "training", job=job, node=node,
+                                cause=Charged.UNKNOWN.value, kind="dead",
                                 reason="worker lost", lost_s=lost)  # fmt: skip
                 self.at(now + 1, restart)
         t = detect + 5
@@ -141,7 +146,9 @@ class _Fleet:
         else:
             res, code = "succeeded", 0
         alloc = gpus * dur
+        charged = {"cause": exit_codes.charged(code).value} if res == "failed" else {}
         self.at(end, _line(end, "job.end", "training", job=job, result=res, exit_code=code,
+                           **charged,
                            allocated_gpu_s=round(alloc, 1),
                            productive_gpu_s=round(alloc * r.uniform(0.85, 0.98), 1)))  # fmt: skip
         self.at(end + 0.5, _line(end + 0.5, "_jobdone", "gen", job=job))

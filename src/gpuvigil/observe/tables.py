@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
+from gpuvigil.core.exit_codes import FAILURES
 from gpuvigil.observe import terminal
-from gpuvigil.observe.attribution import CAUSES
 from gpuvigil.observe.figures import duration, percent
 from gpuvigil.observe.summary import TOP, Summary
 from gpuvigil.observe.terminal import Column, plain
@@ -102,10 +102,19 @@ def slo_rows(s: Summary) -> list[list[terminal.Cell]]:
 def cause_rows(s: Summary) -> list[list[terminal.Cell]]:
     total = s.attribution.total
     return [
-        [c, f"{s.attribution.by_cause.get(c, 0):,}",
+        [c.value, f"{s.attribution.by_cause.get(c, 0):,}",
          pct(s.attribution.by_cause.get(c, 0) / total if total else None, 1)]
-        for c in CAUSES
+        for c in FAILURES
     ]  # fmt: skip
+
+
+def cause_title(s: Summary) -> str:
+    """The cause table's title; it says how many events carried no cause (old logs), which
+    are counted as unknown rather than guessed from their words."""
+    n = s.attribution.without_cause
+    return "Failures and restarts by cause" + (
+        f" ({n:,} recorded no cause: counted as unknown)" if n else ""
+    )
 
 
 def attribution_rows(s: Summary, *, limit: int) -> list[list[terminal.Cell]]:
@@ -128,7 +137,7 @@ def render(s: Summary, console: Console, *, limit: int = ATTRIBUTIONS_SHOWN) -> 
     cause_cols = (Column("cause", key=True), Column("count", justify="right"),
                   Column("share", justify="right"))  # fmt: skip
     console.print(terminal.render(cause_cols, cause_rows(s), width=w,
-                                  title="Failures and restarts by cause"))  # fmt: skip
+                                  title=cause_title(s)))  # fmt: skip
     attr_cols = (Column("time (UTC)", key=True), Column("job", key=True), Column("event"),
                  Column("cause"), Column("conf", justify="right"), Column("most likely"),
                  Column("evidence"))  # fmt: skip

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.observe.figures import LOGGED, MEASURES
+from gpuvigil.training import lifecycle
 
 if TYPE_CHECKING:
     from gpuvigil.core.findings import Finding
@@ -81,7 +82,7 @@ class EventRecorder(Recorder):
         if self._writer is not None:
             self._writer.write(event)
 
-    def _emit(self, t: float, kind: Kind, *, node: str | None = None, job: str | None = None,
+    def _emit(self, t: float, kind: Kind, /, *, node: str | None = None, job: str | None = None,
               source: str = "sim", **data: Any) -> None:  # fmt: skip
         self.write(Event(ts=T0 + t, kind=kind.value, source=source, node=node, job=job,
                          data=data))  # fmt: skip
@@ -119,8 +120,12 @@ class EventRecorder(Recorder):
 
     def job_restart(self, t: float, job: Job, *, reason: str, lost_s: float,
                     node: str | None = None, exit_code: int | None = None) -> None:  # fmt: skip
-        extra = ({"node": node} if node else {}) | (
+        extra: dict[str, Any] = ({"node": node} if node else {}) | (
             {"exit_code": exit_code} if exit_code is not None else {})  # fmt: skip
+        # As training's job.restart says it (`training.lifecycle`): a worker killed with no
+        # code of its own is one the monitor found dead.
+        kind = "dead" if exit_code is None else lifecycle.kind_of_exit(exit_code)
+        extra |= {"cause": lifecycle.cause_of(kind).value, "kind": kind}
         self._emit(t, Kind.JOB_RESTART, job=f"job-{job.id}", source="training", reason=reason,
                    lost_s=lost_s, **extra)  # fmt: skip
 
@@ -133,7 +138,9 @@ class EventRecorder(Recorder):
     def job_end(self, t: float, job: Job, *, ok: bool, productive_s: float,
                 exit_code: int | None = 0) -> None:  # fmt: skip
         allocated = (job.allocated_s / max(job.size, 1)) * job.gpus
-        code = {"exit_code": exit_code} if exit_code is not None else {}
+        code: dict[str, Any] = {"exit_code": exit_code} if exit_code is not None else {}
+        if not ok and exit_code is not None:  # the launcher's failed job.end says who
+            code["cause"] = lifecycle.cause_of(lifecycle.kind_of_exit(exit_code)).value
         self._emit(t, Kind.JOB_END, job=f"job-{job.id}", source="training",
                    result="succeeded" if ok else "failed", **code,
                    productive_gpu_s=productive_s * job.gpus, allocated_gpu_s=allocated)  # fmt: skip

@@ -124,6 +124,9 @@ def _end_event(monitor: Monitor, config: TrainingConfig, *, code: int, reason: s
         else "failed",
         "exit_code": code,
         "reason": reason,
+        # No exit record names a culprit: the code says what was seen (the one table).
+        "cause": lifecycle.cause_of(lifecycle.kind_of_exit(code)).value,
+        "kind": lifecycle.kind_of_exit(code),
     }
     nodes = {str(i.get("node")) for i in infos if i.get("node")}
     node = next(iter(nodes)) if len(nodes) == 1 else None

@@ -1,8 +1,8 @@
 """One vocabulary: every node state, failure cause and metric name that observe/, deploy/ or
 docs/ names is one the code really has.
 
-The real ones come from the code: the controller's states (`core.states`), attribution's
-causes (`observe.attribution.CAUSES`), the metric families each layer registers (its
+The real ones come from the code: the controller's states (`core.states`), the causes
+(`core.exit_codes.FAILURES`), the metric families each layer registers (its
 `metrics.build`) and the recording rules in deploy/prometheus/rules.yaml. A name found
 where one of those is meant (a PromQL `state`/`cause` matcher, a state word in a sentence
 about states, a cause column, a `gpuvigil_*` metric) that is not one of them fails here.
@@ -22,8 +22,8 @@ from gpuvigil.core import codes, exit_codes
 from gpuvigil.core.events import Kind
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.states import NAMES as STATES
-from gpuvigil.observe.attribution import CAUSES
 
+CAUSES = frozenset(c.value for c in exit_codes.FAILURES)
 ROOT = Path(__file__).resolve().parents[3]
 METRIC_MODULES = ("gpuvigil.node.metrics", "gpuvigil.platform.metrics", "gpuvigil.training.metrics")
 # Upper-case words that are neither states nor codes: report headings, InfiniBand port

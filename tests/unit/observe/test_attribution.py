@@ -10,8 +10,9 @@ from gpuvigil.observe import attribution as at
 from .conftest import make_event as E
 
 START = E(0, "job.start", job="j", nodes=["node-17", "node-18"], gpus=16)
-FAILED = E(1000, "job.end", job="j", result="failed", exit_code=1)
-KILLED = E(1000, "job.end", job="j", result="failed", exit_code=137)
+# As the launcher writes them: the code's cause (`training.lifecycle`) beside the code.
+FAILED = E(1000, "job.end", job="j", result="failed", exit_code=1, cause="user_code")
+KILLED = E(1000, "job.end", job="j", result="failed", exit_code=137, cause="unknown")
 
 
 def R(ts: float, **data: object) -> object:
@@ -76,7 +77,13 @@ CASES = [
     # The free text is never searched for words: only the structured cause counts.
     ("reason-is-never-searched", [], E(1000, "job.end", job="j", result="failed",
                                        reason="NCCL timeout on the node's gpu"),
-     "unknown", 0.0, "no evidence"),
+     "unknown", 0.0, "no cause recorded, no evidence"),
+    # An old log's event without a cause: unknown (and counted), the exit code only shown.
+    ("old-event-without-a-cause", [], E(1000, "job.restart", job="j", exit_code=88),
+     "unknown", 0.0, "no cause recorded, exit code 88, no evidence"),
+    # A detail is no cause: `frozen` is a kind under `hang`.
+    ("a-kind-is-not-a-cause", [], R(1000, cause="frozen", reason="frozen: rank 1"),
+     "unknown", 0.0, "no cause recorded, no evidence"),
     ("structured-cause-frozen", [], R(1000, cause="hang", kind="frozen",
                                       reason="frozen: rank 1 on vm: no step", exit_code=-9),
      "hang", 0.7, "frozen: rank 1 on vm: no step"),
@@ -87,24 +94,26 @@ CASES = [
     ("structured-user-code", [], R(1000, cause="user_code",
                                    kind="user_code", reason="user_code: rank 0: RuntimeError"),
      "user_code", 0.7, "user_code: rank 0: RuntimeError, no hardware evidence"),
-    ("unknown-cause-falls-to-the-exit-code", [],
+    ("an-unknown-cause-is-not-read-from-the-exit-code", [],
      R(1000, cause="unknown", kind="dead", exit_code=88),
-     "hardware", 0.7, "exit code 88 (health gate: this node's gpuvigil state is missing, "
-     "stale or unreadable)"),
+     "unknown", 0.0, "exit code 88, no evidence"),
     ("a-victim-is-not-charged", [], R(1000, cause="unknown",
                                       kind="victim", reason="victim: rank 0", exit_code=-15),
      "unknown", 0.0, "exit code -15, no evidence"),
     ("app-xid-warning-from-the-catalog", [_xid(990, code="XID_31", status="WARNING")], FAILED,
      "user_code", 0.8, "exit code 1, no hardware evidence; Xid 31 on gpu:3 of node-17"),
-    ("health-gate-refused", [], E(1000, "job.end", job="j", result="failed", exit_code=87),
+    ("health-gate-refused", [], E(1000, "job.restart", job="j", exit_code=87, cause="hardware"),
      "hardware", 0.7, "exit code 87 (health gate: this node is marked unhealthy by the "
      "gpuvigil agent)"),
-    ("node-state-unknown", [], E(1000, "job.restart", job="j", exit_code=88), "hardware", 0.7,
+    ("node-state-unknown", [], E(1000, "job.restart", job="j", exit_code=88, cause="hardware"),
+     "hardware", 0.7,
      "exit code 88 (health gate: this node's gpuvigil state is missing, stale or unreadable)"),
-    ("watchdog-exit", [], E(1000, "job.restart", job="j", exit_code=86), "hang", 0.7,
+    ("watchdog-exit", [], E(1000, "job.restart", job="j", exit_code=86, cause="hang"), "hang",
+     0.7,
      "exit code 86 (hang watchdog: no step completed within the timeout)"),
-    ("drained-without-evidence", [], E(1000, "job.restart", job="j", exit_code=89), "drain",
-     0.3, "exit code 89 (drained: stopped on SIGTERM after saving a checkpoint)"),
+    ("drained-without-evidence", [], E(1000, "job.restart", job="j", exit_code=89,
+                                       cause="drain"), "drain", 0.3,
+     "exit code 89 (drained: stopped on SIGTERM after saving a checkpoint)"),
     ("drained-for-a-finding", [_xid(990, code="XID_48", action="RESET_GPU", fatal=True),
                                E(991, "node.state", node="node-17", to="DRAINING")],
      E(1000, "job.restart", job="j", node="node-17", exit_code=89), "hardware", 0.95,
@@ -143,10 +152,11 @@ def test_counts_by_cause_node_and_gpu() -> None:
         START,
         _xid(10, fatal=True),
         E(20, "job.restart", job="j", node="node-17"),
-        E(30, "job.end", job="j", result="failed", exit_code=2),
+        E(30, "job.end", job="j", result="failed", exit_code=2, cause="user_code"),
     ]
     a = at.attribute(evs, lookback_s=15, grace_s=0)
     assert a.by_cause == {"hardware": 1, "user_code": 1}
+    assert a.without_cause == 1  # the restart recorded none: its Xid names it, still counted
     assert a.by_node == {"node-17": 1}
     assert a.by_component == {("node-17", "gpu:3"): 1}
     assert a.to_json()["by_cause"]["hardware"] == 1
@@ -160,13 +170,22 @@ def test_failures_outside_the_window_are_not_reported() -> None:
 
 @pytest.mark.parametrize("code", sorted(c for c in exit_codes.TABLE if c != 0))
 def test_the_table_decides_who_is_charged(code: int) -> None:
-    """No code the table charges to someone else is ever blamed on the user's program."""
-    evs = [START, E(1000, "job.end", job="j", result="failed", exit_code=code)]
-    got = at.attribute(evs).attributions[0]
-    charged = exit_codes.charged(code)
-    assert (got.cause == "user_code") is (charged is exit_codes.Charged.USER)
-    if charged is not exit_codes.Charged.DRAIN:
-        assert got.cause == charged.value
+    """Each code, as training records it (`lifecycle`: the kind it saw, under a cause), is
+    attributed to the cause the table charges: none the table charges to someone else is
+    blamed on the user's program. A code a retry spares is recorded by the restart that
+    follows (the attempt's end is no verdict)."""
+    from gpuvigil.core.events import Event
+    from gpuvigil.training import lifecycle
+
+    kind = lifecycle.kind_of_exit(code)
+    data = {"exit_code": code, "cause": lifecycle.cause_of(kind).value, "kind": kind}
+    spared = exit_codes.lookup(code).retry is exit_codes.Retry.IGNORE
+    end = Event(ts=1000, kind="job.end", source="test", job="j", data={"result": "failed", **data})
+    evs = [START, end, *([R(1010, **data)] if spared else [])]
+    a = at.attribute(evs)
+    assert [x.event for x in a.attributions] == (["job.restart"] if spared else ["job.end"])
+    assert a.attributions[0].cause == exit_codes.charged(code).value
+    assert a.without_cause == 0
 
 
 def test_application_xids_come_from_the_catalog() -> None:
@@ -196,8 +215,9 @@ def test_a_drained_attempts_end_keeps_the_jobs_nodes_for_its_restart() -> None:
         E(1040, "job.restart", job="j", node="node-17", exit_code=89, cause="drain"),
     ]
     a = at.attribute(evs, lookback_s=600, grace_s=120)
-    assert [x.cause for x in a.attributions] == ["hardware", "hardware"]
-    assert a.attributions[1].node == "node-18"
+    # The drained attempt's end is no verdict: the one interruption is its restart.
+    assert [(x.event, x.cause) for x in a.attributions] == [("job.restart", "hardware")]
+    assert a.attributions[0].node == "node-18"
 
 
 def _hang_of(ts: float, node: str, rank: int, culprit_rank: int | None) -> object:

@@ -8,8 +8,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuvigil.core import exit_codes
 from gpuvigil.core.events import Event
-from gpuvigil.observe import attribution, summary
+from gpuvigil.observe import summary
 
 KINDS = ["node.state", "node.maintenance", "finding.set", "finding.cleared", "remediation",
          "breaker", "job.start", "job.restart", "job.end", "checkpoint", "straggler", "hang",
@@ -47,11 +48,12 @@ def streams(draw: st.DrawFn) -> list[Event]:
 def test_summary_never_raises_and_stays_in_range(evs: list[Event], start: float | None) -> None:
     s = summary.summarize(evs, start=start)
     r = s.slo
-    for ratio in (r.availability, r.job_success_rate, r.goodput):
+    for ratio in (r.availability, r.job_success_rate, r.goodput, r.ettr):
         assert ratio is None or 0.0 <= ratio <= 1.0
     assert all(x >= 0 for x in r.mttd.samples + r.mttr.samples)
     assert r.false_positive_drains <= r.drains
     assert s.attribution.total == sum(s.attribution.by_cause.values())
     for a in s.attribution.attributions:
-        assert a.cause in attribution.CAUSES and 0.0 <= a.confidence <= 1.0
+        assert a.cause in {c.value for c in exit_codes.FAILURES} and 0.0 <= a.confidence <= 1.0
+    assert 0 <= s.attribution.without_cause <= s.attribution.total
     json.dumps(s.to_json(), allow_nan=False)  # the --json output is strict JSON
