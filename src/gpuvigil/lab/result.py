@@ -164,6 +164,14 @@ def report(events: Path) -> dict[str, Any]:
         return {"error": f"gpuvigil report exited {res.returncode}: {res.stderr[-500:]}"}
 
 
+def ettr_of(report: dict[str, Any]) -> float | None:
+    """The job's ETTR as `gpuvigil report` computed it from the fault's own events
+    (`slo.ettr`: productive step time over wall time since the job started); None when the
+    report has none (no job, or the report failed)."""
+    ratio = ((report.get("slo") or {}).get("ettr") or {}).get("ratio")
+    return float(ratio) if isinstance(ratio, int | float) else None
+
+
 def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
     """The `job` field: the gang's outcome, and the steps lost as training reported them."""
     return {

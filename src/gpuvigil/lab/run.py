@@ -43,6 +43,7 @@ from gpuvigil.lab.parts import (
 from gpuvigil.lab.procs import Proc, free_port
 from gpuvigil.lab.result import (
     LabResult,
+    ettr_of,
     figures,
     job_record,
     log_offsets,
@@ -532,14 +533,15 @@ class Lab:
         job, f = self.job, self.follow
         assert job is not None and self.target is not None
         logs = slice_logs(self.events, offsets, self.dir / "faults" / f"{index + 1}-{fault}")
+        reported = report(logs)
         return LabResult(
             fault=fault,
             node=self.target,
             timeline=f.timeline(),
             remediation_steps=[s for n, s in f.steps if n == self.target],
             final_state=final,
-            job=job_record(job, f.lost_steps),
-            report=report(logs),
+            job=job_record(job, f.lost_steps) | {"ettr": ettr_of(reported)},
+            report=reported,
             figures=figures(f.timeline(), self.target, gpus_out=f.gpus_out),
             settled=settled,
             duration_s=time.monotonic() - started,
