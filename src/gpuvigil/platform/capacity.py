@@ -95,6 +95,9 @@ class ScaleMark:
     original: int
     at: datetime
     original_min: int | None = None  # the HPA's minReplicas before we raised it
+    # the HPA's desiredReplicas before we raised its floor: a real HPA's desiredReplicas
+    # is clamped to minReplicas, so under our floor it reads the floor, not the demand
+    hpa_desired: int | None = None
 
 
 @dataclass(frozen=True)

@@ -263,7 +263,7 @@ class Controller:
         )
         self._apply_all(disruptions, now, result)
         self._keep_spares(nodes, now, result)
-        self._restore(nodes, now)
+        self._restore(nodes, now, {n: d.state for n, d in result.decisions.items()})
         self._publish(nodes, now, result)
         self.voice.export(
             nodes, result, gate=gate, breaker=self.breaker, held=held, started=started,
@@ -328,12 +328,12 @@ class Controller:
             log.info("node %s: hot spare: %s (%s); next pass retries", name, e, e.kind)
         return None
 
-    def _restore(self, nodes: list[NodeView], now: datetime) -> None:
+    def _restore(self, nodes: list[NodeView], now: datetime, after: dict[str, State]) -> None:
         """Serving replicas a make-before-break added go back once its node is repaired."""
         if self._fenced.is_set():
             return
         try:
-            self.guard.restore(nodes, now=now)
+            self.guard.restore(nodes, now=now, after=after)
         except Fenced as e:
             self._fenced.set()
             self.voice.api_error(e)

@@ -36,6 +36,7 @@ from gpuvigil.platform.clusters.base import ClusterError, DrainStatus, Fenced, N
 from gpuvigil.platform.metrics import ControllerMetrics
 from gpuvigil.platform.policy import Op, OpKind
 from gpuvigil.platform.serving_pool import ServingConfig
+from gpuvigil.platform.state import State
 
 log = logging.getLogger("gpuvigil.controller")
 WAITING = "WaitingForReplicas"  # the condition's reason during make-before-break
@@ -211,11 +212,17 @@ class ServingGuard:
         except ClusterError as e:
             self.voice.api_error(e)
 
-    def restore(self, nodes: list[NodeView], *, now: datetime) -> None:
-        """Put back what a make-before-break added, once its node's disruption is over."""
+    def restore(
+        self, nodes: list[NodeView], *, now: datetime, after: dict[str, State] | None = None
+    ) -> None:
+        """Put back what a make-before-break added, once its node's disruption is over.
+        `after`: the states this pass decided, which `nodes` (read before it) do not know:
+        a node whose drain this pass began is disrupted, though its view says SUSPECT
+        (the lab saw a scale-up restored in the pass that made it, and made again)."""
         if not self.active or self.dry_run:
             return
-        active = {n.name for n in nodes if n.record is not None and n.record.state.disruptive}
+        states = {n.name: n.record.state for n in nodes if n.record is not None} | (after or {})
+        active = {name for name, state in states.items() if state.disruptive}
         serving = self.cluster.serving
         for pool in self.config.pools:
             if pool.workload is None:

@@ -32,6 +32,7 @@ from gpuvigil.platform.metrics import build
 from gpuvigil.platform.policy import Op, OpKind
 from gpuvigil.platform.serving_hook import ServingGuard
 from gpuvigil.platform.serving_pool import ServingConfig
+from gpuvigil.platform.state import State
 
 pytestmark = pytest.mark.realparts
 HPA = ("autoscaling", "v2beta2")
@@ -225,6 +226,11 @@ def test_make_before_break_scales_up_waits_proceeds_past_the_pdb_and_restores(
     assert condition(kube, node).reason == "WaitingForReplicas"
     assert guard.allow(view(c, node, "XID_79"), DRAIN, now=now) is False  # not Ready yet
     pool.ready_all(4 + lost)
+    # the pass that begins the drain: its views, read before, still say the node is not
+    # disrupted; the state it decided does, so the added replicas stay (the lab saw them
+    # restored in the pass that made them, then made again)
+    guard.restore([c.get_node(node)], now=datetime.now(UTC), after={node: State.DRAINING})
+    assert pool.desired() == 4 + lost
     assert guard.allow(view(c, node, "XID_79"), DRAIN, now=datetime.now(UTC)) is True
     # the drain goes through the Eviction API: the 100% PDB refuses every eviction
     st = c.drain(node, deadline=datetime.now(UTC) + timedelta(minutes=5), reason="XID_79")

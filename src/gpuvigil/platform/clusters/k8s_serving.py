@@ -68,13 +68,14 @@ def decode_mark(text: str | None) -> ScaleMark | None:
         at = when(str(d["at"]))
         if at is None:
             return None
-        om = d.get("original_min")
+        om, hd = d.get("original_min"), d.get("hpa_desired")
         return ScaleMark(
             str(d["node"]),
             int(d["added"]),
             int(d["original"]),
             at,
             int(om) if om is not None else None,
+            int(hd) if hd is not None else None,
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -88,6 +89,7 @@ def encode_mark(m: ScaleMark) -> str:
             "original": m.original,
             "at": m.at.isoformat(),
             "original_min": m.original_min,
+            "hpa_desired": m.hpa_desired,
         },
         separators=(",", ":"),
     )
@@ -319,13 +321,19 @@ class ServingPools:
         if not isinstance(desired, int):
             desired = len(reps)
         ann = ((wl or {}).get("metadata") or {}).get("annotations") or {}
+        mark = decode_mark(ann.get(MARK_ANNOTATION))
+        demand = self.demand(pool, now=now, scale=scale, hpas=hpas)
+        floored = [s.name for s in pool.demand if s.kind == "hpa"][:1]  # the one scale_up raises
+        if floored and mark is not None:
+            label, hpa = f"hpa/{floored[0]}", hpas.get(floored[0])
+            demand = tuple(under_floor(d, hpa, mark) if d.source == label else d for d in demand)
         return PoolState(
             replicas=tuple(reps),
-            demand=self.demand(pool, now=now, scale=scale, hpas=hpas),
+            demand=demand,
             desired=desired,
             max_replicas=min(caps) if caps else None,
             spare_gpus=self.spare_gpus(nodes, exclude=step.node),
-            mark=decode_mark(ann.get(MARK_ANNOTATION)),
+            mark=mark,
         )
 
     # ---- make before break ------------------------------------------------------------
@@ -351,7 +359,9 @@ class ServingPools:
         hpa_names = [s.name for s in pool.demand if s.kind == "hpa"]
         hpa = self.hpa(ns, hpa_names[0]) if hpa_names else None
         old_min = ((hpa[0].get("spec") or {}).get("minReplicas") or 1) if hpa else None
-        mark = ScaleMark(node, added, state.desired, now, old_min)
+        seen = ((hpa[0].get("status") or {}).get("desiredReplicas")) if hpa else None
+        mark = ScaleMark(node, added, state.desired, now, old_min,
+                         seen if isinstance(seen, int) else None)  # fmt: skip
         body = {"metadata": {"annotations": {MARK_ANNOTATION: encode_mark(mark)}}}
         self._patch("serving_mark", _workload_ref(pool), body)
         if hpa is not None and old_min is not None and old_min < to:
@@ -411,6 +421,22 @@ def hpa_demand(hpa: dict[str, Any] | None, *, label: str, now: datetime) -> Dema
     if not isinstance(n, int):
         return Demand(label, None, None, "no status.desiredReplicas")
     return Demand(label, n, now)
+
+
+def under_floor(reading: Demand, hpa: dict[str, Any] | None, mark: ScaleMark) -> Demand:
+    """The HPA's demand while make-before-break holds its `minReplicas` up. The HPA
+    clamps `desiredReplicas` to `minReplicas`, so at our floor it reads the floor: demand
+    we made, which would keep the step waiting for itself and the restore from ever
+    coming. There the HPA's own demand is hidden (at most the floor): the reading is the
+    one it gave before we raised the floor. Above the floor it is the HPA's again."""
+    if reading.replicas is None or hpa is None or mark.original_min is None:
+        return reading
+    floor = (hpa.get("spec") or {}).get("minReplicas")
+    if not isinstance(floor, int) or floor <= mark.original_min or reading.replicas > floor:
+        return reading
+    if mark.hpa_desired is None:  # a mark written before this was recorded
+        return Demand(reading.source, None, None, "desiredReplicas held at our minReplicas")
+    return Demand(reading.source, max(mark.hpa_desired, mark.original_min), reading.at)
 
 
 def _holders_of(node: dict[str, Any], now: datetime) -> dict[str, frozenset[str]]:
