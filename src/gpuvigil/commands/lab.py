@@ -39,6 +39,10 @@ the message names the fix).
 and prometheus-alertmanager), and lists each fault's alerts: when each fired, was delivered
 and was resolved, in seconds from the fault.
 
+--workload serving also runs an inference Deployment (an HPA, a PDB of minAvailable 100%,
+replicas of one GPU on the GPU nodes) that the controller's capacity gate protects; the
+result's `serving` says the demand and the fewest replicas Ready (docs/serving.md).
+
 Try it: gpuvigil lab --fault xid48
 """
 HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
@@ -46,6 +50,8 @@ HELP = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
 
 def render(result: dict[str, Any]) -> str:
     """The timeline and the outcome as text a person reads top to bottom."""
+    from gpuvigil.lab.serving import describe
+
     lines = [f"gpuvigil lab: fault {result['fault']} on {result['node']}", ""]
     quiet = 0  # routine checkpoints after the first one since the last other event
     for i, e in enumerate(result["timeline"]):
@@ -73,6 +79,7 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"remediation steps: {', '.join(result['remediation_steps']) or 'none'}",
         "final state: " + ", ".join(f"{n} {s}" for n, s in result["final_state"].items()),
+        *([describe(result["serving"])] if result.get("serving") else []),
         f"job: {'finished' if job['finished'] else job['state']}, {job['restarts']} "
         f"restart(s), lost steps {job['lost_steps']}, exit codes {job['exit_codes']}",
     ]
@@ -151,12 +158,23 @@ def register(app: typer.Typer) -> None:
                 "machine's Python.",
             ),
         ] = True,
+        workload: Annotated[
+            str,
+            typer.Option(
+                "--workload",
+                help="training (the job alone) or serving (also an inference Deployment "
+                "behind an HPA and a PDB, which a repair must keep at its demand).",
+            ),
+        ] = "training",
     ) -> None:
         from gpuvigil.core import config as core_config
         from gpuvigil.lab import control_plane
         from gpuvigil.lab.config import LabConfig
         from gpuvigil.lab.run import Lab, LabError, check_faults, cleanup
 
+        if workload not in ("training", "serving"):
+            typer.echo(f"gpuvigil lab: --workload {workload!r}: training or serving", err=True)
+            raise typer.Exit(CliExit.CANNOT_TELL)
         try:
             check_faults(fault)
         except LabError as e:
@@ -180,7 +198,7 @@ def register(app: typer.Typer) -> None:
         try:
             say = None if quiet else (lambda msg: typer.echo(msg, err=True))
             lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say, alerts=alerts,
-                          image=image)  # fmt: skip
+                          image=image, workload=workload)  # fmt: skip
             results = [r.to_json() for r in lab_run.run()]
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)

@@ -40,7 +40,9 @@ def pick_target(lab: Lab) -> str:
             ranks = {environ(pid).get("RANK") for pid in ranks_on(lab.kubelets[node])}
             if ranks and "0" not in ranks:
                 return node
-    return max(nodes, key=lambda n: (-lab.hits.count(n), n))
+    serving = lab.serving.on if lab.serving is not None else (lambda n: 0)
+    # with a serving workload, the job's node holding most replicas: make-before-break's case
+    return max(nodes, key=lambda n: (serving(n), -lab.hits.count(n), n))
 
 
 def holder_pod(name: str, node: str) -> dict[str, object]:
@@ -117,6 +119,8 @@ def settled(lab: Lab) -> bool:
     if faults.KINDS[lab.fault].per_gpu and f.isolated.get(node) == "isolated":
         return all(key in f.pods_gone for key in f.watched)  # its holder evicted
     in_service = f.states.get(node, "HEALTHY") == "HEALTHY" and not f.blocked(node)
+    if lab.serving is not None and not lab.serving.restored():
+        return False  # the replicas added for the repair are not back yet
     if lab.fault == "rank-hang":
         return in_service
     return in_service and node in f.left_service

@@ -36,6 +36,8 @@ class LabResult:
     alerts_watched_before_fault_s: float | None = None  # how long the lab watched first
     # --alerts: the dashboard's Xid and remediation panels and the lab's own counts
     dashboard: dict[str, Any] | None = None
+    # --workload serving: demand, the fewest Ready replicas, the scale-up (lab/serving.py)
+    serving: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         alerting = {} if self.alerts is None else {
@@ -57,6 +59,7 @@ class LabResult:
             "workdir": self.workdir,
             "parts": self.parts,
             **alerting,
+            **({} if self.serving is None else {"serving": self.serving}),
         }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from gpuvigil.core.config import deep_merge
-from gpuvigil.lab import episode, faults
+from gpuvigil.lab import episode, faults, serving
 from gpuvigil.lab.alerting import HEALTHY_WATCH_S, RULES_DEFAULT, AlertPath
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.control_plane import ControlPlane, refused, sa_user
@@ -86,8 +86,14 @@ class Lab:
         progress: Any = None,
         alerts: bool = False,
         image: bool = True,
+        workload: str = "training",
     ) -> None:
         check_faults(faults)
+        # --workload serving: an inference Deployment beside the job (lab/serving.py)
+        self.serving: serving.Serving | None = None
+        self.workload = workload
+        if workload == "serving":
+            config = serving.configure(config)
         self.cfg, self.faults, self.on = config, faults, on
         self.fault, self.target = faults[0], on
         self.dir = workdir
@@ -106,6 +112,7 @@ class Lab:
             nodes=tuple(self.names),
             service_accounts=(CONTROLLER_SA,),
             audit_policy=audit_policy(sorted(set(self.identities.values()))),
+            controllers=serving.controllers(workload),
         )
         self.machines: dict[str, Machine] = {}
         self.kubelets: dict[str, Kubelet] = {}
@@ -205,6 +212,10 @@ class Lab:
             self.watched_from = time.time()
         self._until(self._agents_published, 90, "every agent's first health summary")
         self.say("every agent has published; the controller runs")
+        if self.workload == "serving":  # once every node is there: the scheduler spreads it
+            self.say("creating the serving Deployment, its PDB and its HPA")
+            self.serving = serving.Serving(self.api.api_client)
+            self.serving.start()
 
     def _start_controller(self) -> None:
         kubeconfig = self.cp.kubeconfig_for_service_account(CONTROLLER_SA)
@@ -355,6 +366,9 @@ class Lab:
                 self.follow.add("agent_restart", name, "the agent was started again")
         self.follow.read_preflight(pods.get("items") or [])
         self.follow.read_pods(pods.get("items") or [])
+        if self.serving is not None:
+            for event, detail in self.serving.sync(pods.get("items") or []):
+                self.follow.add(event, None, detail)
         if self.job is not None:
             name = self.job.name
             mine = [p for p in pods.get("items") or []
@@ -520,6 +534,9 @@ class Lab:
         self.start_job(JOB if index == 0 else f"{JOB}-{index + 1}",
                        gpus=GPUS - 1 if per_gpu else None)  # fmt: skip
         self.wait_for_progress()
+        if self.serving is not None:
+            self._until(self.serving.all_ready, 120, "every serving replica Ready")
+            self.serving.measure()
         try:
             gpu = episode.place_holder(self, f"gpu-holder-{index + 1}") if per_gpu else 3
             episode.inject(self, gpu=gpu)
@@ -547,6 +564,7 @@ class Lab:
             duration_s=time.monotonic() - started,
             workdir=str(self.dir),
             parts=self.parts(),
+            serving=None if self.serving is None else self.serving.record(),
             alerts=None if self.alerting is None else self.alerting.take(f.fault_ts or 0.0),
             dashboard=dashboard,
             alerts_watched_before_fault_s=(
