@@ -1,6 +1,6 @@
 """What real Slurm 22.05 does to a gang job whose node fails, with a spare node kept in a
-reservation (docs/slurm.md, "Hot spares"; measured, the adapter does not keep Slurm spares
-yet). Four nodes: a 2-node gang job (`--requeue`), an ordinary job, an ordinary job
+reservation (docs/slurm.md, "Hot spares"), and the controller keeping that
+reservation. Four nodes: a 2-node gang job (`--requeue`), an ordinary job, an ordinary job
 waiting, and gpu4 in the reservation `spares` (Flags=FLEX, Users=root).
 
 - Plain requeue gives the slot away: the requeued gang job is held (Reason BeginTime) and
@@ -82,3 +82,51 @@ def test_a_requeued_gang_job_loses_its_survivor_unless_sent_to_the_spare(spares:
           f"({time.monotonic() - t0:.1f} s after the drain)")  # fmt: skip
     assert "gpu4" in slurm.run("scontrol", "show", "hostnames", nodes).stdout
     assert job(slurm, gang)["Restarts"] == "1"
+
+
+def test_the_controller_keeps_a_spare_in_its_reservation(slurm: Any) -> None:
+    from ctl_helpers import health
+
+    from gpuvigil.platform.clusters.settings import SlurmSettings
+    from gpuvigil.platform.clusters.slurm import SlurmCluster
+    from gpuvigil.platform.controller import Controller, ControllerConfig
+    from gpuvigil.platform.policy import PolicyConfig
+    from gpuvigil.platform.spares import SpareConfig
+
+    for n in slurm.names:  # every agent reports fit
+        slurm.run("scontrol", "update", f"NodeName={n}", f"Extra={health()}")
+    busy = sbatch(slurm, "-N1", "-w", "gpu1")
+    until(lambda: job(slurm, busy)["JobState"] == "RUNNING", 30)
+    adapter = SlurmCluster(SlurmSettings(conf=str(slurm.conf), spare_users=["root"]))
+    config = ControllerConfig(cluster="slurm", leader_election=False,
+                              policy=PolicyConfig(fatal_grace_s=0),
+                              spares=SpareConfig(default=1))  # fmt: skip
+    try:
+        r = Controller(adapter, config=config).reconcile()
+        assert r.spares is not None and r.spares.spares == {"gpu": 1}, r.spares
+        got = adapter.spares.nodes()
+        assert got is not None and len(got) == 1 and got != ["gpu1"]  # gpu1 holds work
+        spare = got[0]
+        # ordinary work never starts on it: with the two others taken, a job waits
+        jobs = [sbatch(slurm, "-N1") for _ in range(3)]
+        time.sleep(3)
+        where = {job(slurm, j)["NodeList"] for j in jobs}
+        assert spare not in where and job(slurm, jobs[2])["JobState"] == "PENDING", where
+        # a gang job that may use the spares lands there; the used spare is given back
+        gang = sbatch(slurm, "-N1", "--reservation=gpuvigil-spares")
+        until(lambda: job(slurm, gang)["JobState"] == "RUNNING", 60)
+        assert job(slurm, gang)["NodeList"] == spare
+        r = Controller(adapter, config=config).reconcile()
+        assert r.spares is not None and r.spares.spares == {"gpu": 0}, r.errors
+        # the last node left: it ends (Slurm marks it INACTIVE within a few seconds)
+        until(lambda: adapter.spares.nodes() is None, 10)
+        assert job(slurm, gang)["JobState"] == "RUNNING"  # leaving it moved nothing
+        # a node frees: it is the new spare (the ended reservation renewed)
+        slurm.run("scancel", busy, *jobs)  # (a waiting one would take gpu1 at once)
+        until(lambda: not adapter._jobs("gpu1"), 30)
+        r = Controller(adapter, config=config).reconcile()
+        assert r.spares is not None and r.spares.spares == {"gpu": 1}, r.errors
+        assert adapter.spares.nodes() == ["gpu1"]
+    finally:
+        slurm.run("scancel", "--full", "--quiet", "--user=root", check=False)
+        slurm.run("scontrol", "delete", "ReservationName=gpuvigil-spares", check=False)

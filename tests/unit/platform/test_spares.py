@@ -156,8 +156,14 @@ def test_gpuvigil_nodes_shows_the_spares(capsys: pytest.CaptureFixture[str]) -> 
     assert out.count("(spare)") == 1  # the state cell: "HEALTHY (spare)"
 
 
-def test_slurm_refuses_spares_until_its_adapter_keeps_them() -> None:
-    from gpuvigil.platform.clusters.slurm import SlurmCluster
+def test_slurm_reservation_nodes_parse() -> None:
+    from gpuvigil.platform.clusters.slurm_spares import reservation_nodes
 
-    with pytest.raises(ValueError, match="cannot keep spares"):
-        Controller(SlurmCluster(), config=cfg(default=1))
+    text = (
+        "ReservationName=maint StartTime=now Nodes=gpu9 NodeCnt=1\n\n"
+        "ReservationName=gpuvigil-spares StartTime=2026-12-03T11:36:50 EndTime=...\n"
+        "   Nodes=gpu[2,4-5] NodeCnt=3 CoreCnt=6 Flags=FLEX,SPEC_NODES\n"
+    )
+    assert reservation_nodes(text, "gpuvigil-spares") == ["gpu2", "gpu4", "gpu5"]
+    assert reservation_nodes("No reservations in the system\n", "gpuvigil-spares") is None
+    assert reservation_nodes("garbage ReservationName=", "gpuvigil-spares") is None

@@ -102,3 +102,8 @@ class SlurmSettings(StrictModel):
     # `gpuvigil-lease` in slurmctld's StateSaveLocation, which HA setups share already).
     lease_dir: str | None = None
     degrade: SlurmDegradeSettings = Field(default_factory=SlurmDegradeSettings)
+    # Hot spares (`controller.spares`, clusters.slurm_spares): the reservation (Flags=FLEX)
+    # that holds them, and the users whose gang jobs may use it (`--reservation=<it>`);
+    # Slurm refuses a reservation for nobody, so spares need at least one.
+    spare_reservation: str = "gpuvigil-spares"
+    spare_users: list[str] = Field(default_factory=list)

@@ -30,6 +30,7 @@ Called by the controller (`gpuvigil controller --cluster slurm`), `gpuvigil node
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -59,6 +60,7 @@ from gpuvigil.platform.clusters.slurm_degrade import PREFIX as GPU_REASON
 from gpuvigil.platform.clusters.slurm_degrade import Degrader, Progress
 from gpuvigil.platform.clusters.slurm_isolation import SlurmIsolation
 from gpuvigil.platform.clusters.slurm_lease import FileLease
+from gpuvigil.platform.clusters.slurm_spares import SlurmSpares
 from gpuvigil.platform.state import (
     DEFAULT_POOL,
     POOL_LABEL,
@@ -78,6 +80,8 @@ WRITES = {
     "reboot",
     "requeue",
     "reconfigure",
+    "create",
+    "delete",
 }  # scontrol subcommands that change something
 
 
@@ -205,6 +209,7 @@ class SlurmCluster:
         self.calls = self.client.calls
         self._lease: FileLease | None = None
         self.isolation = SlurmIsolation(self)
+        self.spares = SlurmSpares(self)
 
     def _run(self, tool: str, *args: str) -> str:
         timeout = None
@@ -240,19 +245,29 @@ class SlurmCluster:
         running: Counter[str] = Counter()
         for job in self._jobs():
             running.update(expand_hostlist(str(job.get("nodes") or "")))
-        return [self._view(n, running[n.get("name")]) for n in self._raw_nodes()]
+        spare = set(self.spares.nodes() or ())
+        return [self._view(n, running[n.get("name")], spare=n.get("name") in spare)
+                for n in self._raw_nodes()]  # fmt: skip
+
+    def make_spare(self, name: str) -> bool:
+        return self.spares.make(name)
+
+    def unmake_spare(self, name: str) -> None:
+        self.spares.unmake(name)
 
     def get_node(self, name: str) -> NodeView:
         for raw in self._raw_nodes(name):
             if raw.get("name") == name:
-                return self._view(raw, len(self._jobs(name)))
+                return self._view(raw, len(self._jobs(name)),
+                                  spare=name in (self.spares.nodes() or ()))  # fmt: skip
         raise Forbidden(f"no Slurm node {name}")
 
-    def _view(self, raw: dict[str, Any], running: int) -> NodeView:
+    def _view(self, raw: dict[str, Any], running: int, *, spare: bool = False) -> NodeView:
         hook = bool(self.settings.replace_hook)
         iso = self.isolation.text(str(raw.get("name"))) if self.settings.degrade.enabled else None
-        return view(raw, running, replace_supported=hook, pool_label=self.pool_label,
-                    isolation_text=iso)  # fmt: skip
+        v = view(raw, running, replace_supported=hook, pool_label=self.pool_label,
+                 isolation_text=iso)  # fmt: skip
+        return dataclasses.replace(v, spare=True) if spare else v
 
     def _update(self, name: str, *fields: str) -> None:
         self._run("scontrol", "update", f"NodeName={name}", *fields)
