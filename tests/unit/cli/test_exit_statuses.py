@@ -19,9 +19,9 @@ def literal_exits(path: Path) -> list[int]:
             continue
         name = ast.unparse(node.func)
         arg = node.args[0]
-        if name in ("typer.Exit", "SystemExit") and isinstance(arg, ast.Constant):
-            if isinstance(arg.value, int) and arg.value != 0:
-                found.append(node.lineno)
+        numbered = isinstance(arg, ast.Constant) and isinstance(arg.value, int)
+        if name in ("typer.Exit", "SystemExit") and numbered and arg.value != 0:
+            found.append(node.lineno)
     return found
 
 
