@@ -33,7 +33,10 @@ def doc_rows() -> dict[str, dict[str, str]]:
 
 
 def pod_spec(manifest: str) -> dict[str, Any]:
-    doc = yaml.safe_load((DEPLOY / manifest.strip("`")).read_text())
+    # a row names its manifest under deploy/kubernetes, or from the repository's root
+    # where a bare path would read as a root folder's (examples/ is both)
+    path = manifest.strip("`").removeprefix("deploy/kubernetes/")
+    doc = yaml.safe_load((DEPLOY / path).read_text())
     if doc["kind"] == "PodTemplate":
         return doc["template"]["spec"]  # type: ignore[no-any-return]
     return doc["spec"]["template"]["spec"]  # type: ignore[no-any-return]
