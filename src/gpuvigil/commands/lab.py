@@ -170,7 +170,7 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.core import config as core_config
         from gpuvigil.lab import control_plane
         from gpuvigil.lab.config import LabConfig
-        from gpuvigil.lab.run import Lab, LabError, check_faults, cleanup
+        from gpuvigil.lab.run import Lab, LabError, check_faults, cleanup, interrupt_on_terminate
 
         if workload not in ("training", "serving"):
             typer.echo(f"gpuvigil lab: --workload {workload!r}: training or serving", err=True)
@@ -199,6 +199,7 @@ def register(app: typer.Typer) -> None:
             say = None if quiet else (lambda msg: typer.echo(msg, err=True))
             lab_run = Lab(cfg, faults=fault, on=on, workdir=folder, progress=say, alerts=alerts,
                           image=image, workload=workload)  # fmt: skip
+            interrupt_on_terminate()
             results = [r.to_json() for r in lab_run.run()]
         except LabError as e:
             typer.echo(f"gpuvigil lab: {e} (files in {folder})", err=True)

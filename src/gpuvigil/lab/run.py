@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -571,6 +572,18 @@ class Lab:
                 None if self.alerting is None else round((f.fault_ts or 0.0) - self.watched_from, 1)
             ),
         )
+
+
+def interrupt_on_terminate() -> None:
+    """Make SIGTERM and SIGHUP end the lab as Ctrl-C does. Their default action kills the
+    process before `Lab.run`'s `finally`, which leaves the lab's API server, etcd, agents
+    and pods running; a KeyboardInterrupt unwinds through it and stops them."""
+
+    def interrupt(sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(sig).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 def check_faults(kinds: list[str]) -> None:
