@@ -16,7 +16,6 @@ from gpuvigil.node.probes import kernel_log
 from gpuvigil.node.readings import GpuInventory, GpuReading
 
 NOW = datetime.now(UTC)
-BTIME = int(NOW.timestamp()) - 1000  # booted ~17 min ago
 CAT, SLEEP = shutil.which("cat"), shutil.which("sleep")  # the fake PATH has only fakes
 BOOT = "0f0e0d0c-0000-4000-8000-000000000001"
 ISO = NOW.strftime("%Y-%m-%dT%H:%M:%S")
@@ -61,11 +60,18 @@ def cat_script(text: str, tmp_path: Path, name: str) -> str:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
+def btime() -> int:
+    # booted ~17 min before the test runs, not before collection: KMSG_OK's Xid 13 stays
+    # visible for its 1 h window, and a suite past 45 min aged a collection-time boot out of it
+    return int(datetime.now(UTC).timestamp()) - 1000
+
+
+@pytest.fixture
+def root(tmp_path: Path, btime: int) -> Path:
     r = tmp_path / "root"
     (r / "proc/sys/kernel/random").mkdir(parents=True)
     (r / "proc/sys/kernel/random/boot_id").write_text(BOOT + "\n")
-    (r / "proc/stat").write_text(f"cpu  1 2 3\nbtime {BTIME}\nprocesses 9\n")
+    (r / "proc/stat").write_text(f"cpu  1 2 3\nbtime {btime}\nprocesses 9\n")
     (r / "dev").mkdir()
     return r
 
@@ -90,14 +96,14 @@ def test_registered_as_fast():
     assert spec.group == "fast" and spec.timeout_s >= 30
 
 
-def test_kmsg_first(root, fake_bin):
+def test_kmsg_first(root, fake_bin, btime):
     (root / "dev/kmsg").write_text(KMSG_OK)
     findings, _ = run(ctx_for(root, fake_bin))
     assert codes(findings) == [("XID_13", "pci:0000:3b:00.0", "WARNING")]
     (f,) = findings
     assert f.evidence["sources"] == ["kmsg"]
     # wall time = boot time + usec from the record
-    assert f.evidence["first_seen_at"] == datetime.fromtimestamp(BTIME + 130, UTC).isoformat()
+    assert f.evidence["first_seen_at"] == datetime.fromtimestamp(btime + 130, UTC).isoformat()
 
 
 def test_kmsg_driver_load_clears_reset_class_events(root, fake_bin):
