@@ -28,6 +28,22 @@ def test_a_rule_declares_codes_and_no_family() -> None:
         assert all(codes.is_known(c) for c in spec.codes), spec.name
 
 
+# The rules whose codes span families, measured on the code when families became derived:
+# each reads one source that reports several kinds of fault (the kernel log, the topology
+# matrix). Every other rule feeds one family (the GPU rules were split so). A rule that
+# comes to span families by accident fails here; one that does on purpose says so here.
+SPANS_FAMILIES = {
+    "driver_faults": (codes.GPU_INTERCONNECT, codes.HEALTH_CHECK),
+    "topology": (codes.GPU_INTERCONNECT, codes.NETWORK_FABRIC, codes.HEALTH_CHECK),
+    "xid": (codes.GPU_XID, codes.GPU_INTERCONNECT),
+}
+
+
+def test_a_rule_feeds_one_family_unless_it_says_otherwise() -> None:
+    spanning = {n: s.families for n, s in load_rules().items() if len(s.families) > 1}
+    assert spanning == SPANS_FAMILIES
+
+
 def test_an_unknown_code_is_refused_at_registration() -> None:
     with pytest.raises(ValueError, match="NOT_A_CODE"):
         registry.rule("test_typo", reads=int, codes=("NOT_A_CODE",))
