@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from gpuvigil.lab.procs import Proc, free_port
+from gpuvigil.io.ports import free_port
+from gpuvigil.lab.procs import Proc
 
 SCRAPE_S = 2  # scrape and rule evaluation interval in the lab
 # How long Prometheus watches the healthy lab before the first fault, at the least: enough

@@ -18,7 +18,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from gpuvigil.lab.procs import Proc, free_port, wait_until
+from gpuvigil.io.ports import free_port
+from gpuvigil.lab.procs import Proc, wait_until
 
 KUBE_BIN = Path(
     os.environ.get("GPUVIGIL_KUBE_BIN", str(Path.home() / ".cache/gpuvigil/k8s-1.20.2"))

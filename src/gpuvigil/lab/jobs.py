@@ -47,6 +47,18 @@ def exit_codes_of(pod: dict[str, Any]) -> list[int]:
     return out
 
 
+def failure_message(pod: dict[str, Any], limit: int = 200) -> str:
+    """The last non-blank line of the trainer's termination message (the log's tail, for
+    `FallbackToLogsOnError`): why a pod failed, in the timeline, so that a failure nobody
+    injected (a rendezvous that lost its port, an import error) explains itself."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        message = ((cs.get("state") or {}).get("terminated") or {}).get("message") or ""
+        lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+        if lines:
+            return lines[-1][-limit:]
+    return ""
+
+
 @dataclass
 class Attempt:
     number: int
@@ -160,8 +172,10 @@ class GangJob:
                 if phase == "Failed" and not cur.stopping:
                     action = policy_action(self.policy, pod.get("status") or {})
                     cur.failed[name] = action
+                    why = failure_message(pod)
                     out.append(("job.pod_failed", f"{name} on {node}: exit "
-                                f"{cur.exit_codes[name]}, podFailurePolicy {action}"))  # fmt: skip
+                                f"{cur.exit_codes[name]}, podFailurePolicy {action}"
+                                + (f": {why}" if why else "")))  # fmt: skip
             if phase in ("Succeeded", "Failed") and FINALIZER in (
                 pod["metadata"].get("finalizers") or []
             ):

@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
+from gpuvigil.io.ports import free_port
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.image import Image
 from gpuvigil.lab.jobs import GangJob, load_example
 from gpuvigil.lab.kubelet import GPU_RESOURCE
-from gpuvigil.lab.procs import free_port
 
 JOB = "lab-train"
 CHECKPOINTS = "checkpoints"  # the example's checkpoint volume

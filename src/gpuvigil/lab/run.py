@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from gpuvigil.core.config import deep_merge
+from gpuvigil.io.ports import free_port
 from gpuvigil.lab import episode, faults, serving
 from gpuvigil.lab.alerting import HEALTHY_WATCH_S, RULES_DEFAULT, AlertPath
 from gpuvigil.lab.config import LabConfig
@@ -41,7 +42,7 @@ from gpuvigil.lab.parts import (
     training_job,
     trust_key,
 )
-from gpuvigil.lab.procs import Proc, free_port
+from gpuvigil.lab.procs import Proc
 from gpuvigil.lab.result import (
     LabResult,
     ettr_of,

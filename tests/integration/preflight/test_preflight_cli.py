@@ -75,7 +75,7 @@ def test_all_reduce_across_two_nodes(run_cli):
     """Two preflight processes on loopback as two nodes of two CPU devices each (gloo)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpuvigil.node.active.allreduce import free_port
+    from gpuvigil.io.ports import free_port
 
     port = free_port()
     env = {"GPUVIGIL__PREFLIGHT__ACTIVE__EXPECTED__INTERNODE_BUSBW_GBS": "0.00001"}

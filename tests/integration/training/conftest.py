@@ -182,12 +182,6 @@ def report(*paths: Path) -> dict[str, Any]:
     return dict(json.loads(p.stdout))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

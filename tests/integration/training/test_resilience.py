@@ -16,9 +16,10 @@ import pytest
 
 from gpuvigil.core import exit_codes
 from gpuvigil.core.findings import Action, Finding, NodeReport, Status
+from gpuvigil.io.ports import free_port
 from gpuvigil.training import manifest
 
-from .conftest import STEPS, Job, free_port, kill_worker, listening, params_equal, wait_for
+from .conftest import STEPS, Job, kill_worker, listening, params_equal, wait_for
 
 pytestmark = [pytest.mark.realparts, pytest.mark.timeout(240)]
 

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import queue as queue_mod
-import socket
 import time
 import traceback
 from datetime import timedelta
 from typing import Any
 
+from gpuvigil.io.ports import free_port
 from gpuvigil.node.active.config import ActiveConfig, Sizes
 from gpuvigil.node.active.results import Measurement
 from gpuvigil.node.rules import active as rules
 
 WARMUP, ITERS = 3, 10
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(local_rank: int, spec: dict[str, Any], results: Any) -> None:

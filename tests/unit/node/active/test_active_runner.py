@@ -123,7 +123,7 @@ def test_slow_fabric_across_nodes_is_fabric_slow():
     """Two workers as two nodes (two CPU devices each); every all-reduce is slowed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpuvigil.node.active.allreduce import free_port
+    from gpuvigil.io.ports import free_port
 
     port = free_port()
 
