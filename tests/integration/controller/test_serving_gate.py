@@ -182,7 +182,10 @@ def setup(kube: Any, kube_cluster: Any, tmp_path: Path) -> Iterator[Any]:
     yield make
 
 
-DRAIN = Op(OpKind.DRAIN, deadline=datetime.now(UTC) + timedelta(hours=1))
+def drain_op() -> Op:
+    """A drain due in an hour from now, made at test time: a deadline stamped at import
+    ages while a long suite runs."""
+    return Op(OpKind.DRAIN, deadline=datetime.now(UTC) + timedelta(hours=1))
 
 
 def lines(log: Path) -> list[dict[str, Any]]:
@@ -195,7 +198,7 @@ def test_a_drain_is_held_without_room_and_says_so(kube: Any, setup: Any) -> None
     guard, c, reg, _ = setup(pool)
     node = pool.busiest()
     guard.begin()
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=datetime.now(UTC)) is False
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=datetime.now(UTC)) is False
     guard.export()
     cond = condition(kube, node)
     assert cond.status == "True" and cond.reason == "NoRoom", cond
@@ -204,7 +207,7 @@ def test_a_drain_is_held_without_room_and_says_so(kube: Any, setup: Any) -> None
     assert reg.get_sample_value("gpuvigil_capacity_held_nodes", held) == 1
     assert pool.desired() == 4 and pool.on(node) >= 1  # nothing scaled, nothing evicted
     pool.demand(1)  # demand falls: H - L >= R, the same step goes, the condition clears
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=datetime.now(UTC)) is True
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=datetime.now(UTC)) is True
     assert condition(kube, node).status == "False"
 
 
@@ -218,20 +221,20 @@ def test_make_before_break_scales_up_waits_proceeds_past_the_pdb_and_restores(
     lost = pool.on(node)
     c.block(node, reason="XID_79")  # as the controller does before it drains
     now = datetime.now(UTC)
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=now) is False  # scaled up
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=now) is False  # scaled up
     assert pool.desired() == 4 + lost
     assert pool.hpa()["spec"]["minReplicas"] == 4 + lost  # the HPA would not undo it
     ann = pool.apps.read_namespaced_deployment("llm", pool.ns).metadata.annotations
     assert json.loads(ann[MARK_ANNOTATION])["added"] == lost
     assert condition(kube, node).reason == "WaitingForReplicas"
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=now) is False  # not Ready yet
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=now) is False  # not Ready yet
     pool.ready_all(4 + lost)
     # the pass that begins the drain: its views, read before, still say the node is not
     # disrupted; the state it decided does, so the added replicas stay (the lab saw them
     # restored in the pass that made them, then made again)
     guard.restore([c.get_node(node)], now=datetime.now(UTC), after={node: State.DRAINING})
     assert pool.desired() == 4 + lost
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=datetime.now(UTC)) is True
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=datetime.now(UTC)) is True
     # the drain goes through the Eviction API: the 100% PDB refuses every eviction
     st = c.drain(node, deadline=datetime.now(UTC) + timedelta(minutes=5), reason="XID_79")
     guard.drained(c.get_node(node), st, now=datetime.now(UTC))
@@ -265,14 +268,15 @@ def test_a_missing_signal_holds_then_escalates(kube: Any, setup: Any) -> None:
     node = pool.busiest()
     t0 = datetime.now(UTC)
     guard.begin()
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=t0) is False
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=t0) is False
     guard.export()
     assert condition(kube, node).reason == "DemandSignalMissing"
     assert reg.get_sample_value("gpuvigil_capacity_escalated_nodes", {"pool": "llm"}) == 0
     assert pool.desired() == 3  # nothing scaled on a missing signal
     pool.demand(3, active="False")  # the HPA runs but cannot read its metrics: still missing
     guard.begin()  # ten minutes later, still no signal: escalated
-    assert guard.allow(view(c, node, "XID_79"), DRAIN, now=t0 + timedelta(seconds=601)) is False
+    later = t0 + timedelta(seconds=601)
+    assert guard.allow(view(c, node, "XID_79"), drain_op(), now=later) is False
     guard.export()
     assert reg.get_sample_value("gpuvigil_capacity_escalated_nodes", {"pool": "llm"}) == 1
     assert "CapacityHoldEscalated" in node_events(kube, node, c)
@@ -283,7 +287,7 @@ def test_suspected_corruption_bypasses_the_gate_with_an_audit_event(kube: Any, s
     pool.demand(2)  # no room at all
     guard, c, reg, log = setup(pool)
     node = pool.busiest()
-    assert guard.allow(view(c, node, "GPU_SDC"), DRAIN, now=datetime.now(UTC)) is True
+    assert guard.allow(view(c, node, "GPU_SDC"), drain_op(), now=datetime.now(UTC)) is True
     audit = [e for e in lines(log) if e["data"].get("result") == "bypassed"]
     assert audit and audit[0]["data"]["audit"] is True and "GPU_SDC" in audit[0]["data"]["reason"]
     assert "GPU_SDC" in node_events(kube, node, c)["CapacityGateBypassed"]
