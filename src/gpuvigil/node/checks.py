@@ -23,8 +23,10 @@ from typing import Any
 
 from gpuvigil.core.findings import Action, CheckRun, Finding, Status, utcnow
 from gpuvigil.io.exec import resolve
+from gpuvigil.node.capture import error_text
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.judge import judge
+from gpuvigil.node.readings import GpuSource
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,23 @@ def _judged(spec: CheckSpec, ctx: CheckContext, readout: Readout) -> list[Findin
     judged = judge(
         readout.readings, config=ctx.config, now=utcnow(), check=spec.name, facts=ctx.facts
     )
-    return [*judged, *readout.findings]
+    return [*judged, *_unexplained_text(spec, readout, judged), *readout.findings]
+
+
+def _unexplained_text(spec: CheckSpec, readout: Readout, judged: list[Finding]) -> list[Finding]:
+    """Error phrases in a fallback tool's output that no rule explained: ERROR_TEXT, the
+    same reader and verdict `analyze` gives that text (`capture.error_text`)."""
+    out: list[Finding] = []
+    for reading in readout.readings:
+        if isinstance(reading, GpuSource) and reading.said:
+            out += error_text.unexplained(
+                reading.said,
+                kind=GpuSource.SAID_KIND,
+                findings=judged,
+                check=spec.name,
+                input_name="nvidia-smi",
+            )
+    return out
 
 
 def _failed(spec: CheckSpec, code: str, message: str, **evidence: Any) -> Finding:

@@ -156,13 +156,19 @@ class GpuSource:
 
     `primary_error` is NVML's start-up failure (init, binding import); then `used` names
     the fallback whose GpuInventory is the node's reading ("nvidia-smi"), or "none" with
-    `fallback_error` saying why that failed too.
+    `fallback_error` saying why that failed too. `said`: the catalog's error phrases in the
+    fallback's own output (`catalog.phrases.Hit`), which the check judges as `analyze`
+    judges the same text (`capture.error_text`: never healthy on an error).
     """
 
     primary_error: ReadError | None = None
     used: Literal["nvml", "nvidia-smi", "none"] = "nvml"
     fallback_error: str | None = None
     module: str = "pynvml"
+    said: tuple[Any, ...] = ()
+
+    # What `analyze` calls this text: the kind its phrases' `explained_by` lists.
+    SAID_KIND = "nvidia-smi-xml"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from datetime import datetime
 from gpuvigil.core.findings import Finding, utcnow
 from gpuvigil.io import exec as ex
 from gpuvigil.node.catalog import gpus as gpu_catalog
+from gpuvigil.node.catalog import phrases
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.probes import nvidia_smi_errors, nvidia_smi_text
 from gpuvigil.node.readings import (
@@ -292,9 +293,16 @@ def parse_xml(text: str | bytes, *, observed_at: datetime | None = None) -> GpuI
 # --- Running it ----------------------------------------------------------------------------
 def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None, Finding | None]:
     """Run `nvidia-smi -q -x` fail-closed: (inventory, None) or (None, failure finding)."""
+    inv, failure, _ = _run(ctx, timeout_s=timeout_s)
+    return inv, failure
+
+
+def _run(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None, Finding | None, str]:
+    """`collect`, and the text nvidia-smi printed (stdout and stderr, decoded)."""
     result = ex.run(ARGV, timeout_s=timeout_s, env=ctx.env)
     failure = ex.failure_finding(result, check="gpu", what="nvidia-smi")
     both = result.stdout + b"\n" + result.stderr  # nvidia-smi prints its errors on stdout
+    text = both.decode("utf-8", errors="replace")
     if failure is not None:
         # nvidia-smi exits non-zero when one GPU is lost but still prints the others, and
         # when it has something definite to say (lost GPU, no driver, no devices); a run
@@ -302,22 +310,28 @@ def collect(ctx: CheckContext, *, timeout_s: float) -> tuple[GpuInventory | None
         # Read then by the reader `analyze` uses for the same text (`parse_xml`, which
         # knows nvidia-smi's error answers): a version mismatch or "No devices were found"
         # is what it says (DRIVER_UNAVAILABLE, GPU_COUNT_LOW), not a tool that broke.
-        said = nvidia_smi_errors.scan(both.decode("utf-8", errors="replace"))
+        said = nvidia_smi_errors.scan(text)
         definite = said.lost or said.driver is not None or said.no_devices
         if result.exited and (b"<nvidia_smi_log" in result.stdout or definite):
-            return parse_xml(both), None
-        return None, failure
+            return parse_xml(both), None, text
+        return None, failure, text
     inv = parse_xml(both)
     if not inv.gpus and inv.errors:
-        return None, ex.unparsable_finding(result, check="gpu", problem=inv.errors[0].message)
-    return inv, None
+        problem = inv.errors[0].message
+        return None, ex.unparsable_finding(result, check="gpu", problem=problem), text
+    return inv, None, text
 
 
-def fallback_inventory(ctx: CheckContext) -> tuple[GpuInventory | None, str]:
-    """NVML is unusable: the GPUs as nvidia-smi sees them, or None and why it failed too.
-    The `gpu` check records which source stood in (`GpuSource`); the rules judge it."""
-    inv, failure = collect(ctx, timeout_s=ctx.config.gpu.nvidia_smi_timeout_s)
+def fallback_inventory(
+    ctx: CheckContext,
+) -> tuple[GpuInventory | None, str, tuple[phrases.Hit, ...]]:
+    """NVML is unusable: the GPUs as nvidia-smi sees them, or None and why it failed too,
+    and the catalog's error phrases in what nvidia-smi printed. The `gpu` check records
+    which source stood in (`GpuSource`, with those phrases); the rules judge the GPUs, and
+    a phrase no rule explained is ERROR_TEXT, as `analyze` makes of the same text."""
+    inv, failure, text = _run(ctx, timeout_s=ctx.config.gpu.nvidia_smi_timeout_s)
+    said = tuple(phrases.hits_in_text(text))
     if inv is None:
         assert failure is not None
-        return None, f"nvidia-smi fallback failed too ({failure.code}: {failure.message})"
-    return inv, "judged from nvidia-smi instead"
+        return None, f"nvidia-smi fallback failed too ({failure.code}: {failure.message})", said
+    return inv, "judged from nvidia-smi instead", said

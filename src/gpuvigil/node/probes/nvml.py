@@ -173,7 +173,7 @@ def _without_nvml(ctx: CheckContext, error: ReadError, *, expected: ExpectedGpus
     if not ctx.config.gpu.nvidia_smi_fallback:
         source = GpuSource(error, "none", "nvidia-smi fallback disabled", module)
         return Readout((empty, expected, source))
-    inv, why = nvidia_smi.fallback_inventory(ctx)
+    inv, why, said = nvidia_smi.fallback_inventory(ctx)
     if inv is None:
-        return Readout((empty, expected, GpuSource(error, "none", why, module)))
-    return Readout((inv, expected, GpuSource(error, "nvidia-smi", None, module)))
+        return Readout((empty, expected, GpuSource(error, "none", why, module, said)))
+    return Readout((inv, expected, GpuSource(error, "nvidia-smi", None, module, said)))

@@ -342,3 +342,42 @@ def test_an_event_naming_only_its_gpu_keeps_the_index():
     answer = Answer(lines=[{"events": [{"gpu": 3, "pci": {"error": "GPU_IS_LOST"}, "xid": 79}]}])
     (ev,) = nvml.xid_events_from_answer(answer, at=datetime(2026, 12, 3, tzinfo=UTC))
     assert (ev.code, ev.gpu_index, ev.bus_id, ev.pci_bus_id) == (79, 3, None, "")
+
+
+def _fallback_prints(fake_bin, tmp_path, node, stderr: str) -> None:
+    from gpuvigil.fakes import nvidia_smi as fake_smi
+
+    xml, err = tmp_path / "q.xml", tmp_path / "err"
+    xml.write_text(fake_smi.render_xml(node))
+    err.write_text(stderr)
+    fake_bin("nvidia-smi", f"#!/bin/sh\ncat {err} >&2\ncat {xml}\n")
+
+
+def test_the_fallback_reads_error_text_as_analyze_does(make_ctx, fake_bin, tmp_path) -> None:
+    """Issue #25: an error nvidia-smi printed beside a healthy-looking XML that no GPU rule
+    explains is ERROR_TEXT ("could not tell"), as `analyze` judges the same output; an
+    error a rule explains (a lost GPU: GPU_LOST) adds nothing."""
+    from gpuvigil.fakes import gpu as fake_gpu
+    from gpuvigil.fakes import nvidia_smi as fake_smi
+
+    ctx_args = {"path_env": f"{fake_bin.dir}:/usr/bin:/bin", "nvml_module": "gpuvigil_no_such"}
+    _fallback_prints(
+        fake_bin,
+        tmp_path,
+        fake_gpu.make_node(8),
+        "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n",
+    )
+    findings, _ = run_gpu(make_ctx(**ctx_args))
+    (said,) = [f for f in findings if f.code == "ERROR_TEXT"]
+    assert said.status.name == "FAILED" and "fallen off the bus" in said.message
+    assert said.component == "input:nvidia-smi"
+
+    lost = faults.apply(fake_gpu.make_node(8), Fault.GPU_OFF_BUS, gpu=3)
+    _fallback_prints(fake_bin, tmp_path, lost, fake_smi.lost_lines(lost))
+    findings, _ = run_gpu(make_ctx(**ctx_args))
+    assert "GPU_LOST" in {f.code for f in findings}
+    assert "ERROR_TEXT" not in {f.code for f in findings}, findings
+
+    _fallback_prints(fake_bin, tmp_path, fake_gpu.make_node(8), "")
+    findings, _ = run_gpu(make_ctx(**ctx_args))
+    assert codes(findings) == [("SOURCE_FALLBACK", "node")]
