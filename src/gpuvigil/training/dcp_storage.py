@@ -18,6 +18,7 @@ False)`, so whoever can write the checkpoint store runs code on every rank. Here
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 from collections.abc import Callable
@@ -204,6 +205,24 @@ class Writer(StorageWriter):
         return None
 
 
+def _whole_into(target: torch.Tensor, req: Any, dtype: torch.dtype, sizes: torch.Size) -> bool:
+    """The saved piece is exactly `target`: a contiguous CPU tensor of its dtype and shape,
+    the piece not narrowed (same sharding as at save), so its bytes can be read in place."""
+    return (
+        target.device.type == "cpu"
+        and target.is_contiguous()
+        and target.dtype == dtype
+        and target.size() == sizes
+        and tuple(req.lengths) == tuple(sizes)
+        and not any(req.storage_offsets)
+    )
+
+
+def _writable(target: torch.Tensor, nbytes: int) -> Any:
+    """A writable buffer over a contiguous CPU tensor's storage (what `readinto` fills)."""
+    return (ctypes.c_char * nbytes).from_address(target.data_ptr())
+
+
 class Reader(StorageReader):
     """Loads what `Writer` saved; refuses anything else."""
 
@@ -252,9 +271,18 @@ class Reader(StorageReader):
                         (req.storage_index.fqn, tuple(req.storage_index.offset))
                     ]
                     fh.seek(piece.offset)
-                    raw = bytearray(fh.read(piece.length))
                     need = sizes.numel() * torch.empty((), dtype=dtype).element_size()
-                    if len(raw) != piece.length or piece.length != need:
+                    target = planner.resolve_tensor(req).detach()
+                    if piece.length == need and _whole_into(target, req, dtype, sizes):
+                        # read straight into the model's tensor: no buffer, no second copy
+                        got = fh.readinto(_writable(target, need))
+                        if got != need:
+                            raise ValueError(f"{name}: {req.storage_index.fqn} is truncated")
+                        planner.commit_tensor(req, target)
+                        continue
+                    raw = bytearray(piece.length)
+                    got = fh.readinto(raw)
+                    if got != piece.length or piece.length != need:
                         raise ValueError(f"{name}: {req.storage_index.fqn} is truncated")
                     src = (
                         torch.frombuffer(raw, dtype=torch.uint8)
@@ -263,7 +291,6 @@ class Reader(StorageReader):
                     )
                     tensor = src.view(dtype).reshape(sizes)
                     tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                    target = planner.resolve_tensor(req).detach()
                     if target.size() != tensor.size():
                         raise ValueError(
                             f"{req.storage_index.fqn}: shape {tuple(tensor.size())} in the "

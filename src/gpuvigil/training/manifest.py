@@ -36,7 +36,9 @@ def step_of(name: str) -> int | None:
 class Manifest:
     step: int
     world_size: int
-    files: dict[str, dict[str, Any]]  # relative name -> {"size": int, "sha256": str | None}
+    # relative name -> {"size": int, "sha256": str | None}, or, for a file of more than one
+    # span, {"size", "sha256_spans": [str, ...], "span_bytes": int} (`storage.Digest`)
+    files: dict[str, dict[str, Any]]
     created_ts: float
     extra: dict[str, Any]
 
@@ -124,14 +126,29 @@ def check_file(
         return f"file {name} is missing"
     if size != entry["size"]:
         return f"file {name} has {size} bytes, manifest says {entry['size']}"
+    if not checksums:
+        return ""
     want = entry.get("sha256")
-    if checksums and want:
-        try:
+    spans, span = entry.get("sha256_spans"), entry.get("span_bytes")
+    try:
+        if spans is not None:
+            if not (isinstance(spans, list) and isinstance(span, int) and span > 0):
+                return f"file {name}: the manifest's span checksums are malformed"
+            got_spans = storage.sha256_spans(rel, span)
+            for i, (got, exp) in enumerate(zip(got_spans, spans, strict=False)):
+                if got != exp:
+                    return (
+                        f"file {name} fails its SHA-256 check at bytes {i * span}-"
+                        f"{min(size, (i + 1) * span)} ({got[:12]} != {str(exp)[:12]})"
+                    )
+            if len(got_spans) != len(spans):
+                return f"file {name} has {len(got_spans)} spans, manifest says {len(spans)}"
+        elif want:
             got = storage.sha256(rel)
-        except OSError as e:
-            return f"file {name} cannot be read: {e}"
-        if got != want:
-            return f"file {name} fails its SHA-256 check ({got[:12]} != {str(want)[:12]})"
+            if got != want:
+                return f"file {name} fails its SHA-256 check ({got[:12]} != {str(want)[:12]})"
+    except OSError as e:
+        return f"file {name} cannot be read: {e}"
     return ""
 
 

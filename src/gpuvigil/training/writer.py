@@ -16,7 +16,6 @@ a new parent process).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -30,9 +29,9 @@ from collections.abc import Iterable
 from typing import Any
 
 if __package__:
-    from gpuvigil.training.storage import Storage, open_storage
+    from gpuvigil.training.storage import Digest, Storage, open_storage
 else:  # the writer process runs this file by path: its sibling, without the package's imports
-    from storage import Storage, open_storage  # type: ignore[no-redef]
+    from storage import Digest, Storage, open_storage  # type: ignore[no-redef]
 
 CHUNK = 8 << 20
 _LEN = struct.Struct("!I")
@@ -41,19 +40,18 @@ _LEN = struct.Struct("!I")
 def write_file(
     storage: Storage, rel: str, pieces: Iterable[memoryview], *, alive: Any = None
 ) -> dict[str, Any]:
-    """Write `pieces` one after the other to `rel` (fsynced); returns {"size", "sha256"}."""
-    h = hashlib.sha256()
-    size = 0
+    """Write `pieces` one after the other to `rel` (fsynced); returns its manifest entry,
+    `storage.Digest`'s: {"size", "sha256"}, or {"size", "sha256_spans", "span_bytes"}."""
+    d = Digest()
     with storage.open_write(rel) as fh:
         for piece in pieces:
             for at in range(0, len(piece), CHUNK):
                 chunk = piece[at : at + CHUNK]
-                h.update(chunk)
+                d.update(chunk)
                 fh.write(chunk)
-                size += len(chunk)
                 if alive is not None and not alive():
                     raise RuntimeError("the training process is gone; abandoning the write")
-    return {"size": size, "sha256": h.hexdigest()}
+    return d.entry()
 
 
 # --- the wire: length-prefixed JSON, file descriptors beside it -----------------------------
@@ -125,7 +123,7 @@ class WriterProcess:
             reply, _ = _recv(self._sock)
         if not reply.get("ok"):
             raise OSError(f"checkpoint writer process: {reply.get('error')}")
-        return {"size": int(reply["size"]), "sha256": str(reply["sha256"])}
+        return {k: reply[k] for k in ("size", "sha256", "sha256_spans", "span_bytes") if k in reply}
 
     def close(self) -> None:
         try:
