@@ -27,7 +27,7 @@ class Kind(StrEnum):
 
     FINDING_SET = "finding.set"  # data: code, component, status, action, fatal, check, message
     FINDING_CLEARED = "finding.cleared"  # same data as finding.set
-    NODE_STATE = "node.state"  # controller transition; data: from, to, reason
+    NODE_STATE = "node.state"  # controller transition; data: from, to, reason, codes, components
     MAINTENANCE = "node.maintenance"  # planned maintenance; data: phase (start|end), reason
     REMEDIATION = "remediation"  # data: action, result (started|succeeded|failed|skipped), reason
     BREAKER = "breaker"  # data: state (open|closed), reason

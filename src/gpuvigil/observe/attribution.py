@@ -9,10 +9,11 @@ with the first matching rule of `RULES`, else the failure's structured `cause` (
 training layer recorded, `core.exit_codes.Charged`: the one cause vocabulary; `kind`, what
 was seen, is a detail under it). The free-text `reason` and the exit code are shown, never
 read for a cause: an event without one (an old log's) is `unknown`, and counted
-(`without_cause`). Which Xids are the application's doing comes from the
-Xid catalog (`node.catalog.xid`: the codes whose action is RESTART_APP). Memory: a short
-evidence ring per node and per running job, and the failures still inside their grace
-period.
+(`without_cause`). A node moved out of service is evidence by its structured `codes` and
+`components` (`drain_kind`), never by its `reason`. Which Xids are the application's doing
+comes from the Xid catalog (`node.catalog.xid`: the codes whose action is RESTART_APP).
+Memory: a short evidence ring per node and per running job, and the failures still inside
+their grace period.
 """
 
 from __future__ import annotations
@@ -162,15 +163,33 @@ def to_evidence(ev: Event) -> Evidence | None:
         and to in TROUBLED
         and not d.get("dry_run")
     ):
-        why = str(d.get("reason") or "no reason")
-        # A drain for a check that could not run is tool breakage, not hardware evidence;
-        # unless what did not answer was a GPU (`CHECK_TIMEOUT gpu:3`, the policy's words).
-        tool = any(c in why for c in codes.COULD_NOT_RUN) and f"{HUNG} gpu:" not in why
-        kind = "tool_drain" if tool else "drain"
-        return Evidence(ev.ts, kind, f"{node} -> {d.get('to')} ({why})", node)
+        why = str(d.get("reason") or "no reason")  # shown, never read
+        kind, code, comp = drain_kind(d)
+        return Evidence(ev.ts, kind, f"{node} -> {d.get('to')} ({why})", node, comp, code)
     if ev.kind == Kind.STRAGGLER:
         return Evidence(ev.ts, "info", f"straggler rank {d.get('rank')} on {node}", node)
     return None
+
+
+def drain_kind(d: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """What a move out of service says, from the event's structured fields only (`codes`
+    and the index-aligned `components`, as `platform.announce` writes them; `reason` is for
+    people and never read): (kind, code, component). A drain for a problem found, or for a
+    GPU that did not answer (`CHECK_TIMEOUT` on `gpu:N`), is `drain` (hardware); one whose
+    every finding is a check that could not run elsewhere is `tool_drain` (tooling). An
+    event without codes (an old log's, or a move no finding explains) charges nothing: it is
+    listed (`info`), and the failure falls to its own structured cause."""
+    found = d.get("codes")
+    comps = d.get("components")
+    if not isinstance(found, list) or not found:
+        return "info", None, None
+    comps = comps if isinstance(comps, list) else []
+    pairs = [(str(c), str(comps[i]) if i < len(comps) else "") for i, c in enumerate(found)]
+    for code, comp in pairs:
+        if code not in codes.COULD_NOT_RUN or (code == HUNG and comp.startswith("gpu:")):
+            return "drain", code, comp or None
+    code, comp = pairs[0]
+    return "tool_drain", code, comp or None
 
 
 def _hang(ev: Event) -> Evidence:

@@ -84,19 +84,22 @@ class _Fleet:
                                 reason="worker lost", lost_s=lost)  # fmt: skip
                 self.at(now + 1, restart)
         t = detect + 5
-        self.at(t, _line(t, "node.state", "controller", node=node, to="DRAINING", reason=code,
+        # As the controller writes a move: the finding's code and component, beside the words.
+        why = {"reason": code, "codes": [code], "components": [comp]}
+        self.at(t, _line(t, "node.state", "controller", node=node, to="DRAINING", **why,
                          **{"from": "HEALTHY"}))  # fmt: skip
         found = code != "CHECK_TIMEOUT"
         fix = t + r.uniform(600, 4 * 3600 if action != "REPLACE" else 48 * 3600)
         self.at(t + 60, _line(t + 60, "node.state", "controller", node=node, to="REMEDIATING",
-                              reason=code, **{"from": "DRAINING"}))  # fmt: skip
+                              **why, **{"from": "DRAINING"}))  # fmt: skip
         self.at(t + 60, _line(t + 60, "remediation", "controller", node=node, action=action,
                               result="started", reason=code))  # fmt: skip
         self.at(fix - 1, _line(fix - 1, "remediation", "agent", node=node, action=action,
                                result="succeeded", reason=code, found=found))  # fmt: skip
         self.at(fix, _line(fix, "finding.cleared", "agent", node=node, **fs))
         self.at(fix + 1, _line(fix + 1, "node.state", "controller", node=node, to="HEALTHY",
-                               reason="remediated", **{"from": "REMEDIATING"}))  # fmt: skip
+                               reason="remediated", codes=[], components=[],
+                               **{"from": "REMEDIATING"}))  # fmt: skip
         self.at(fix + 1.5, _line(fix + 1.5, "_free", "gen", node=node))
 
     def maintenance(self, now: float) -> None:

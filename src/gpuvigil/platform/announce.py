@@ -64,6 +64,7 @@ class Announcer:
                     "from": old.state.value,
                     "to": new.state.value,
                     "reason": d.reason,
+                    **cause_fields(d),
                     "dry_run": self.dry_run,
                 },
             )
@@ -275,6 +276,18 @@ class Announcer:
             m.watch_age.set(watch_age())
         m.reconcile_duration.observe(time.perf_counter() - started)
         m.last_reconcile.set(time.time())
+
+
+MAX_CODES = 32  # findings published per transition: enough for 8 GPUs' worth, still bounded
+
+
+def cause_fields(d: Decision) -> dict[str, list[str]]:
+    """The structured why of a transition: `codes` (the finding codes the policy saw, worst
+    first) and `components` (index-aligned: `gpu:3`, `node`, `nic:...`). `reason` says the
+    same for people; layer 4 reads only these (a drain for `CHECK_TIMEOUT` on `gpu:3` is a
+    hung GPU, on `node` a hung tool). Empty lists: no finding explains the move."""
+    pairs = list(dict.fromkeys((f.code, f.component) for f in d.findings))[:MAX_CODES]
+    return {"codes": [c for c, _ in pairs], "components": [c for _, c in pairs]}
 
 
 def remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from gpuvigil.core.findings import Action
+from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.platform.state import LADDER, pool_of_labels
 from gpuvigil.sim import restart
 from gpuvigil.sim.detect import cure_probability
@@ -53,7 +53,12 @@ class Lifecycle:
         node.state = NodeState.CORDONED
         self.fleet.remove_free(node.id)
         self.fleet.mark(node, t)
-        self.rec.state(t, node.name, "SUSPECT", reason)
+        self.rec.state(t, node.name, "SUSPECT", reason, self._blocking(node))
+
+    def _blocking(self: Engine, node: Node) -> list[Finding]:
+        """What the agent reported on the node that blocks it (a fault a person or a cloud
+        check found has none: the event names no code, as the controller's would not)."""
+        return [f for f in self.visible_findings(node) if f.status is Status.FAILED]
 
     def take_out(self: Engine, node: Node, t: float, *, reason: str,
                  graceful: bool = False) -> None:  # fmt: skip
@@ -62,7 +67,7 @@ class Lifecycle:
         node.repair_epoch += 1
         self.fleet.remove_free(node.id)
         self.fleet.mark(node, t)
-        self.rec.state(t, node.name, "REMEDIATING", reason)
+        self.rec.state(t, node.name, "REMEDIATING", reason, self._blocking(node))
         if node.job is not None:
             fi = node.faults[0] if node.faults else None
             self.interrupt(self.jobs[node.job], t, fi, reason=f"drain: {reason}",

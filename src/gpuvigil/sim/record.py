@@ -33,7 +33,9 @@ class Recorder:
     def findings(
         self, t: float, node: str, findings: Iterable[Finding], *, cleared: bool = False
     ) -> None: ...
-    def state(self, t: float, node: str, to: str, reason: str) -> None: ...
+    def state(
+        self, t: float, node: str, to: str, reason: str, found: Iterable[Finding] = ()
+    ) -> None: ...
     def held(self, t: float, node: str, why: str) -> None: ...
     def remediation(
         self, t: float, node: str, action: str, *, result: str = "started", reason: str = ""
@@ -104,9 +106,15 @@ class EventRecorder(Recorder):
                        component=f.component, status=f.status.value, action=f.action.value,
                        fatal=f.fatal, check=f.check, message=f.message)  # fmt: skip
 
-    def state(self, t: float, node: str, to: str, reason: str) -> None:
+    def state(
+        self, t: float, node: str, to: str, reason: str, found: Iterable[Finding] = ()
+    ) -> None:
+        """`found`: the findings behind the move, published as the controller does
+        (`codes`, `components`: what layer 4 reads; `reason` is for people)."""
         if self.sim_states:
-            self._emit(t, Kind.NODE_STATE, node=node, to=to, reason=reason)
+            pairs = list(dict.fromkeys((f.code, f.component) for f in found))
+            self._emit(t, Kind.NODE_STATE, node=node, to=to, reason=reason,
+                       codes=[c for c, _ in pairs], components=[c for _, c in pairs])  # fmt: skip
 
     def remediation(self, t: float, node: str, action: str, *, result: str = "started",
                     reason: str = "") -> None:  # fmt: skip

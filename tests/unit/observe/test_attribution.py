@@ -62,17 +62,46 @@ CASES = [
     ("hung-gpu-is-hardware", [_xid(990, code="CHECK_TIMEOUT")], FAILED, "hardware", 0.7,
      "gpu:3 of node-17 hung (no answer in time)"),
     ("drain-for-a-hung-gpu", [E(985, "node.state", node="node-17", to="DRAINING",
-                                reason="persisted: CHECK_TIMEOUT gpu:3")],
+                                reason="persisted: CHECK_TIMEOUT gpu:3",
+                                codes=["CHECK_TIMEOUT"], components=["gpu:3"])],
      E(1000, "job.restart", job="j", node="node-17", exit_code=89), "hardware", 0.5,
      "node-17 -> DRAINING (persisted: CHECK_TIMEOUT gpu:3)"),
     ("app-xid-is-user-code", [_xid(990, code="XID_13")], FAILED, "user_code", 0.8,
      "exit code 1, no hardware evidence; Xid 13 on gpu:3 of node-17"),
-    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINING", reason="preflight")],
+    ("drain-only", [E(990, "node.state", node="node-18", to="DRAINING", reason="preflight",
+                      codes=["DCGM_DIAG_FAIL"], components=["gpu:1"])],
      KILLED, "hardware", 0.5, "node-18 -> DRAINING (preflight)"),
     ("drain-for-tool-breakage", [_xid(980, code="CHECK_TIMEOUT", component="node"),
                                  E(985, "node.state", node="node-17", to="DRAINING",
-                                   reason="CHECK_TIMEOUT on node")],
+                                   reason="CHECK_TIMEOUT on node", codes=["CHECK_TIMEOUT"],
+                                   components=["node"])],
      KILLED, "tooling", 0.5, "node-17 -> DRAINING (CHECK_TIMEOUT on node)"),
+    # A move out of service is read by its codes, never by the words of its reason.
+    ("drain-codes-not-words", [E(990, "node.state", node="node-18", to="DRAINING",
+                                 reason="persisted: CHECK_TIMEOUT on node",
+                                 codes=["XID_79"], components=["gpu:2"])],
+     KILLED, "hardware", 0.5, "node-18 -> DRAINING (persisted: CHECK_TIMEOUT on node)"),
+    ("tool-drain-codes-not-words", [E(990, "node.state", node="node-18", to="DRAINING",
+                                      reason="persisted: XID_79 gpu:2",
+                                      codes=["CHECK_ERROR", "CHECK_TIMEOUT"],
+                                      components=["nvml", "node"])],
+     KILLED, "tooling", 0.5, "node-18 -> DRAINING (persisted: XID_79 gpu:2)"),
+    ("a-real-finding-beside-a-hung-tool-is-hardware",
+     [E(990, "node.state", node="node-18", to="DRAINING", reason="fatal: CHECK_TIMEOUT node",
+        codes=["CHECK_TIMEOUT", "GPU_LOST"], components=["node", "gpu:5"])],
+     KILLED, "hardware", 0.5, "node-18 -> DRAINING (fatal: CHECK_TIMEOUT node)"),
+    # An old log's move (no codes): listed, never charged from its words.
+    ("old-drain-words-are-not-read", [E(990, "node.state", node="node-18", to="DRAINING",
+                                        reason="persisted: CHECK_TIMEOUT gpu:3 XID_79")],
+     KILLED, "unknown", 0.0, "exit code 137, no evidence"),
+    ("old-tool-drain-words-are-not-read", [E(990, "node.state", node="node-18", to="DRAINING",
+                                             reason="CHECK_TIMEOUT on node")],
+     FAILED, "user_code", 0.7, "exit code 1, no hardware evidence"),
+    ("a-move-no-finding-explains", [E(990, "node.state", node="node-18", to="SUSPECT",
+                                      reason="unknown: health summary stale", codes=[],
+                                      components=[])],
+     R(1000, cause="drain", kind="drained", exit_code=89), "drain", 0.3,
+     "exit code 89 (drained: stopped on SIGTERM after saving a checkpoint)"),
     ("signal-without-evidence", [], KILLED, "unknown", 0.0, "exit code 137, no evidence"),
     # The free text is never searched for words: only the structured cause counts.
     ("reason-is-never-searched", [], E(1000, "job.end", job="j", result="failed",
@@ -248,3 +277,41 @@ def test_a_hang_that_blames_no_rank_names_no_node() -> None:
     got = at.attribute(evs, lookback_s=600, grace_s=120).attributions[0]
     assert (got.cause, got.node) == ("hang", None)
     assert "no rank is blamed (all ranks in collective #13)" in got.summary
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["", "CHECK_TIMEOUT on node", "persisted: CHECK_TIMEOUT gpu:3", "fatal: XID_79 gpu:3"],
+)
+@pytest.mark.parametrize(
+    ("codes", "components", "kind"),
+    [
+        (["XID_79"], ["gpu:3"], "drain"),
+        (["CHECK_TIMEOUT"], ["gpu:3"], "drain"),
+        (["CHECK_TIMEOUT"], ["node"], "tool_drain"),
+        (["DEPENDENCY_MISSING", "CHECK_ERROR"], ["nvidia-smi", "nvml"], "tool_drain"),
+        (None, None, "info"),
+        ([], [], "info"),
+    ],
+)
+def test_a_moves_kind_comes_from_its_codes_never_its_reason(reason, codes, components, kind):
+    data = {"to": "DRAINING", "reason": reason}
+    if codes is not None:
+        data |= {"codes": codes, "components": components}
+    e = at.to_evidence(E(990, "node.state", node="node-17", **data))
+    assert e is not None and e.kind == kind
+    assert e.text == f"node-17 -> DRAINING ({reason or 'no reason'})"  # the words: shown
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"codes": "XID_79", "components": "gpu:3"},  # not lists: nothing
+        {"codes": [79, None], "components": None},
+        {"codes": ["CHECK_TIMEOUT", "XID_79"], "components": ["gpu:1"]},  # shorter
+        {"codes": [{"x": 1}], "components": [[]]},
+    ],
+)
+def test_garbage_cause_fields_never_raise(data) -> None:
+    e = at.to_evidence(E(990, "node.state", node="node-17", to="DRAINING", **data))
+    assert e is not None and e.kind in ("drain", "tool_drain", "info")

@@ -70,3 +70,32 @@ def test_an_unfixable_fault_escalates_to_replace_and_counts_as_repaired(tmp_path
     assert r.mttr.samples == [back[-1] - lines[0]["ts"]]  # until the replacement validated
     # Every node is on record from the start: three stayed in service, n1 did not for a while.
     assert 0.75 < s.slo.to_json()["availability"]["achieved"] < 1.0
+
+
+def test_a_drain_carries_its_findings_and_attribution_reads_only_them(tmp_path: Path) -> None:
+    """The controller's moves name the findings behind them (`codes`, `components`, beside
+    the words of `reason`); attribution charges a drain by those fields alone: rewriting the
+    words changes nothing, and a move without the fields (an old log's) charges nothing."""
+    from gpuvigil.core.events import Event
+    from gpuvigil.observe import attribution
+
+    _, lines = _run(tmp_path, fixed_by=Action.RESET_GPU)
+    drain = next(x for x in lines if x["kind"] == "node.state" and x["data"]["to"] == "DRAINING")
+    assert (drain["data"]["codes"], drain["data"]["components"]) == (["XID_79"], ["gpu:3"])
+    healthy = [x for x in lines if x["kind"] == "node.state" and x["data"]["to"] == "HEALTHY"]
+    assert healthy[-1]["data"]["codes"] == []  # nothing wrong: no finding explains it
+    t = drain["ts"]
+    start = Event(ts=t - 60, kind="job.start", source="t", job="j", data={"nodes": ["n1"]})
+    restart = Event(ts=t + 5, kind="job.restart", source="t", job="j",
+                    data={"node": "n1", "exit_code": 137, "cause": "unknown"})  # fmt: skip
+
+    def attribute(data: dict) -> attribution.Attribution:
+        moved = Event(ts=t, kind="node.state", source="controller", node="n1", data=data)
+        return attribution.attribute([start, moved, restart]).attributions[0]
+
+    got = attribute(drain["data"])
+    assert (got.cause, got.code, got.component) == ("hardware", "XID_79", "gpu:3")
+    lying = {**drain["data"], "reason": "persisted: CHECK_TIMEOUT on node"}
+    assert attribute(lying).cause == "hardware"
+    old = {k: v for k, v in drain["data"].items() if k not in ("codes", "components")}
+    assert attribute(old).cause == "unknown"

@@ -351,7 +351,7 @@ def decide(
 ) -> Decision:
     """The next record and operations for `node`; see the module docstring."""
     c = _Ctx(node, fleet or Fleet(), now, config or PolicyConfig())
-    d = _HANDLERS[c.rec.state](c)
+    d = replace(_HANDLERS[c.rec.state](c), findings=c.a.problems)
     if d.record.hold != c.fleet.hold_mark:  # remembered on the node, so a restart holds it
         rec = d.record.model_copy(update={"hold": c.fleet.hold_mark})
         d = replace(d, record=rec, store=True)

@@ -111,6 +111,10 @@ class Decision:
     store: bool = False  # the record changed and must be written first
     disruptive: bool = False  # starts a disruption (consumes budget and a rate token)
     held: str = ""  # a disruption the node needs but safety held back
+    # The problems the health summary showed when this was decided (`Assessment.problems`,
+    # worst first): the `node.state` event publishes their codes and components, so layer 4
+    # reads why a node left service from fields, never from the words of `reason`.
+    findings: tuple[FindingSummary, ...] = ()
 
     @property
     def state(self) -> State:
