@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.capture.inputs import InputError, open_input
 from gpuvigil.node.probes.kernel_log_parser import EventFields, iter_stream_fields
 from gpuvigil.node.probes.kernel_log_shape import unreadable
@@ -230,20 +231,21 @@ def register(app: typer.Typer) -> None:
 
 def run(
     path: str, *, as_json: bool, year: int | None, tz: str, read_timeout: float, max_bytes: int
-) -> int:
-    """The command itself, without typer: its exit status. `fast_path` calls it straight
-    from the argv it understands (typer and the pydantic it needs cost 0.2 s of start-up,
-    more than the scan of an ordinary 200 MB log); the typer command calls it too."""
+) -> CliExit:
+    """The command itself, without typer: its exit status, from the one table (`CliExit`).
+    `fast_path` calls it straight from the argv it understands (typer and the pydantic it
+    needs cost 0.2 s of start-up, more than the scan of an ordinary 200 MB log); the typer
+    command calls it too."""
     try:
         zone = ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         _err(f"gpuvigil logscan: unknown time zone {tz!r}")
-        return 2
+        return CliExit.CANNOT_TELL
     try:
         stream = open_input(path, timeout_s=read_timeout)
     except InputError as e:
         _err(f"gpuvigil logscan: {e}")
-        return 2
+        return CliExit.CANNOT_TELL
     stats = LineStats(count_lines=False)  # not reported: spare the scan
     verdicts = Verdicts()
     try:
@@ -257,10 +259,10 @@ def run(
                 _print_table(((XidEvent(*f), v) for f, v in events), source=path)
     except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return CliExit.OK
     except InputError as e:
         _err(f"gpuvigil logscan: {e}")
-        return 2
+        return CliExit.CANNOT_TELL
     # The one exit rule (`analyze`'s too, NodeReport.exit_code): a definite failure wins
     # over "could not tell" (a FAILED event before the size cap is already enough).
     told = True
@@ -271,7 +273,9 @@ def run(
     if why is not None:
         _err(f"gpuvigil logscan: could not tell: {why}")
         told = False
-    return 1 if events.failed else 0 if told else 2
+    if events.failed:
+        return CliExit.FAILED
+    return CliExit.OK if told else CliExit.CANNOT_TELL
 
 
 def _err(message: str) -> None:

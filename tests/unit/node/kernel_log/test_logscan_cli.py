@@ -206,6 +206,28 @@ def test_a_failed_event_wins_over_the_size_cap(run_cli, tmp_path):
     assert run_cli("logscan", str(quiet), "--max-bytes", "4096").returncode == 2
 
 
+def test_run_returns_the_one_exit_table(tmp_path, capsys):
+    # In process (no subprocess: fast): `run` answers in CliExit, and a FAILED Xid line
+    # in an input over the size cap is still FAILED (1), not "could not tell" (2).
+    from gpuvigil.commands import logscan
+    from gpuvigil.core.cli_exit import CliExit
+
+    fatal = (
+        "[  10.000001] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    )
+    noise = "[  11.000000] usb 1-1: new device\n" * 2000
+    big, quiet = tmp_path / "big.log", tmp_path / "quiet.log"
+    big.write_text(fatal + noise)
+    quiet.write_text(noise)
+    opts = {"as_json": True, "year": None, "tz": "UTC", "read_timeout": 10.0, "max_bytes": 4096}
+    status = logscan.run(str(big), **opts)
+    assert status is CliExit.FAILED, capsys.readouterr()
+    assert "over --max-bytes" in capsys.readouterr().err
+    assert logscan.run(str(quiet), **opts) is CliExit.CANNOT_TELL
+    assert logscan.run(str(quiet), **{**opts, "max_bytes": 1 << 30}) is CliExit.OK
+    assert logscan.run(str(big), **{**opts, "tz": "Nowhere/Else"}) is CliExit.CANNOT_TELL
+
+
 def test_an_out_of_range_code_is_an_event_not_a_dropped_line(run_cli, tmp_path):
     f = tmp_path / "odd.log"
     f.write_text(
