@@ -163,7 +163,9 @@ COULD_NOT_RUN = frozenset(
 ANY_XID = "XID_<n>"
 ANY_SXID = "SXID_<n>"
 
-_XID = re.compile(r"^(S?XID)_(\d+|<n>)$")
+# A negative number too: the kernel-log parser keeps a line that printed one (and gives a
+# code that is not a number -1), so its finding is an Xid's, not an unknown check's.
+_XID = re.compile(r"^(S?XID)_(-?\d+|<n>)$")
 
 
 def family_of(code: str) -> str:

@@ -47,10 +47,16 @@ if TYPE_CHECKING:
 # same pass (one regex per event line: the event path is what logscan's speed is made of).
 # The code is not range-checked here: a code no catalog knows (or one too long to be real,
 # cut to 20 digits; the line is kept) is an event judged as unknown, never a dropped line.
+# So is a negative code (kept as printed) and one that is not a number at all (`abc`,
+# `0x4f`): that one is UNREADABLE_CODE, with the printed text at the front of its message.
 _EVENT = re.compile(
     r"(?<![A-Za-z0-9_])(?:(nvidia-nvswitch\d+): )?(S?)Xid \((?:PCI:)?([^()\s]{1,40})\): "
-    r"(\d{1,20})\d*\b,? ?(?:pid=('?<unknown>'?|\d+|'?\d+'?),\s*(?:name=(.*?),\s*)?)?(.*)"
+    r"(?:(-?\d{1,20})\d*\b|([^\s,]{1,20})[^\s,]*),? ?"
+    r"(?:pid=('?<unknown>'?|\d+|'?\d+'?),\s*(?:name=(.*?),\s*)?)?(.*)"
 )
+# The code of an event whose printed code is not a number: no catalog has it, so it is
+# judged as an unknown code (FAILED, INVESTIGATE), never dropped as a line we do not read.
+UNREADABLE_CODE = -1
 _DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX")
 
 # Prefixes, tried at the start of the line (after any `<pri>` and kmsg header).
@@ -159,7 +165,7 @@ def _fields(
     m = _EVENT.search(line, start)
     if m is None:
         return None
-    device, s, printed_bus, code_text, pid_text, name, message = m.groups()
+    device, s, printed_bus, code_text, odd_code, pid_text, name, message = m.groups()
     kind = "sxid" if s else "xid"
     if kind == "xid" and device:
         return None  # a switch never prints a plain Xid: not a line we understand
@@ -187,7 +193,16 @@ def _fields(
         name = name.strip() if name is not None else None
         if name is not None and name not in _UNKNOWN:
             process = name
-    return (kind, int(code_text), printed_bus, normalize_bus_id(printed_bus), message.strip(),
+    message = message.strip()
+    bus_id = normalize_bus_id(printed_bus)
+    if code_text is None:  # not a number: kept, and what was printed is said
+        if bus_id is None:
+            return None  # no bus id and no code: binary noise that spells `Xid (`, no event
+        code = UNREADABLE_CODE
+        message = f"[unreadable code {odd_code!r}] {message}".rstrip()
+    else:
+        code = int(code_text)
+    return (kind, code, printed_bus, bus_id, message,
             line, text, when, uptime, source, seq, pid, process, device)  # fmt: skip
 
 

@@ -181,12 +181,30 @@ def test_variants(line, want):
         "[  2.0] NVRM: GPU4 Reset required, caused by previous Xid 149 on link 3",
         "[  2.0] NVRM: Xid is a driver error report",
         "[  2.0] fooXid (PCI:0000:3b:00): 79, nope",
-        "[  2.0] NVRM: Xid (PCI:0000:3b:00): not-a-number",
         "[  2.0] NVRM: Xid (PCI:0000:3b:00)",
     ],
 )
 def test_non_events(line):
     assert parse_line(line) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "message"),
+    [
+        (
+            "[  2.0] NVRM: Xid (PCI:0000:3b:00): not-a-number",
+            -1,
+            "[unreadable code 'not-a-number']",
+        ),
+        ("[  2.0] NVRM: Xid (PCI:0000:3b:00): 0x4f, Ch 1", -1, "[unreadable code '0x4f'] Ch 1"),
+        ("[  2.0] NVRM: Xid (PCI:0000:3b:00): -79, Ch 1", -79, "Ch 1"),
+    ],
+)
+def test_an_odd_code_is_an_event_never_a_dropped_line(line, code, message):
+    # A line in the event's own shape whose code is not a plain number is kept: an
+    # unknown code (-1 when it is no number) that the rules judge, never silence.
+    ev = parse_line(line)
+    assert ev is not None and (ev.code, ev.message) == (code, message)
 
 
 def test_kmsg_record_with_continuation_lines():

@@ -241,6 +241,29 @@ def test_an_out_of_range_code_is_an_event_not_a_dropped_line(run_cli, tmp_path):
     assert all(e["status"] == "FAILED" for e in events)
 
 
+def test_a_negative_or_unreadable_code_is_an_event_in_logscan_and_analyze(run_cli, tmp_path):
+    # Neither a negative nor a non-numeric code drops the line: each is an unknown Xid,
+    # FAILED (INVESTIGATE), in logscan and in analyze, the printed code in the message.
+    f = tmp_path / "odd.log"
+    f.write_text(
+        "[  10.000002] NVRM: Xid (PCI:0000:ab:00): -5, pid=1, name=x, neg\n"
+        "[  10.000003] NVRM: Xid (PCI:0000:ab:00): abc, pid=1, name=x, nonnum\n"
+    )
+    p = run_cli("logscan", str(f), "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    events = json.loads(p.stdout)
+    assert [(e["code"], e["status"], e["in_catalog"]) for e in events] == [
+        (-5, "FAILED", False),
+        (-1, "FAILED", False),
+    ]
+    assert events[1]["message"] == "[unreadable code 'abc'] nonnum"
+    p = run_cli("analyze", str(f), "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    found = {x["code"]: x for x in json.loads(p.stdout)["findings"]}
+    assert {"XID_-5", "XID_-1"} <= found.keys(), found
+    assert all(found[c]["family"] == "GPUXidError" for c in ("XID_-5", "XID_-1"))
+
+
 def test_event_text_is_what_the_encoder_writes():
     """`--json` writes each event from its fields (`event_text`), not through a dict: the
     text must stay the standard encoder's, byte for byte, for every kind of field."""
