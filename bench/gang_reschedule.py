@@ -3,9 +3,9 @@ gang's pods and to create and bind its next attempt, on a real kube-apiserver, e
 kube-scheduler and kube-controller-manager (its Job controller) at their default client
 rate limits, for gangs of N one-pod-per-node ranks on N fake 8-GPU Nodes.
 
-This is the size term of the simulator's cold-restart model (`sim.restart`,
-`SimConfig.gang_pods_per_s`): the lab's 2-rank restart measures the fixed phases, this
-measures how the stop and reschedule phases grow with pods. The baseline is the smallest
+This is the size term of the simulator's cold-restart model (`sim/restart_phases.yaml`,
+the stop and reschedule phases' `per_pod_s`): the lab's 2-rank restart measures the
+phases, this measures how stop and reschedule grow with pods. The baseline is the smallest
 gang of the same run; each larger gang is printed as its seconds per pod over the
 baseline's, so a ratio near 1 says the cost is linear in pods (a rate limit), above 1 that
 something grows faster.

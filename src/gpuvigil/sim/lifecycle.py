@@ -216,7 +216,9 @@ class Lifecycle:
             self.fleet.nodes[nid].job = job.id
         job.state = JobState.RUNNING
         job.alloc_since = t
-        cost = restart.restart_cost_s(self.cfg, warm=job.restarts > 0 and job.in_place)
+        cost = restart.restart_cost_s(
+            self.cfg, nodes=job.size, ranks=job.gpus, warm=job.restarts > 0 and job.in_place
+        )
         job.restarts += 1
         job.run_start = job.seg_start = t + cost
         job.start_secured = job.seg_done

@@ -7,9 +7,10 @@ the shipped Job's podFailurePolicy says (`counts_against_job`: the policy is
 `core.exit_codes.pod_failure_policy`, judged by `core.exit_codes.policy_action`, Kubernetes'
 own algorithm). With layer 3 (`full`): a hang ends at the training watchdog's timeout
 (`training.watchdog.derive_timeout`) with its exit code, and torchrun restarts the group in
-place (`restart_cost_s(warm=True)`) when no node was taken away. What the simulator models
-instead of running code (a crash's exit code, PyTorch's collective timeout, restart costs)
-is listed in docs/simulator.md ("What the simulator assumes"); a test keeps that honest.
+place (`restart_cost_s(warm=True)`) when no node was taken away. A restart's cost is the
+lab's measured phases scaled to the job's size (`sim.restart_model`). What the simulator
+models instead of running code (a crash's exit code, PyTorch's collective timeout) is
+listed in docs/simulator.md ("What the simulator assumes"); a test keeps that honest.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 from enum import StrEnum
 
 from gpuvigil.core import exit_codes
+from gpuvigil.sim import restart_model
 from gpuvigil.sim.scenarios import SimConfig
 from gpuvigil.training.config import DrainConfig, WatchdogConfig
 from gpuvigil.training.watchdog import derive_timeout
@@ -32,8 +34,13 @@ class Stop(StrEnum):
     TAKEN = "taken"  # a person or the cloud took the node (SIGTERM, no DisruptionTarget)
 
 
-def restart_cost_s(config: SimConfig, *, warm: bool) -> float:
-    return config.warm_restart_cost_s if warm else config.restart_cost_s
+def restart_cost_s(config: SimConfig, *, nodes: int, ranks: int, warm: bool) -> float:
+    """Seconds from a (re)start to the job's first productive step, for a gang of `nodes`
+    one-pod-per-node nodes and `ranks` ranks: every measured phase for a cold start, only
+    the in-place phases when torchrun restarts the group on its own nodes."""
+    return restart_model.load().cost_s(
+        pods=nodes, ranks=ranks, ckpt_bytes=config.checkpoint_bytes_per_rank, in_place=warm
+    )
 
 
 def hang_timeout_s(

@@ -147,16 +147,13 @@ class SimConfig(StrictModel):
         description="Hands-on repair once a human owns a node (ticket, swap, re-image): "
         "a shift (assumption).",
     )
-    restart_cost_s: float = Field(
-        900.0,
-        description="Requeue, reschedule, start processes and load the checkpoint: "
-        "~15 min for a large job (assumption; Llama 3 reports reducing job startup time).",
-    )
-    warm_restart_cost_s: float = Field(
-        240.0,
-        description="torchrun's in-place restart of the group on the same nodes after a "
-        "crash or hang on nodes that are fine: no requeue (assumption). Not a move to a hot "
-        "spare: a node taken away requeues at restart_cost_s (docs/simulator.md).",
+    checkpoint_bytes_per_rank: float = Field(
+        346e6,
+        ge=0,
+        description="Checkpoint bytes each rank reads on a restart, the size term of the "
+        "restore phase (sim/restart_phases.yaml): a 405B-parameter model's bf16 weights, "
+        "fp32 master weights and two fp32 Adam moments (14 B a parameter) over 16,384 "
+        "ranks (assumption: Meta does not publish its checkpoint's size).",
     )
     nccl_timeout_s: float = Field(
         600.0, description="PyTorch's default collective timeout (10 min) ends a hung job."

@@ -1,0 +1,87 @@
+"""What a restart costs, from the phases the lab measured (`restart_phases.yaml`) scaled to
+the job's size (called by `sim.restart`).
+
+The lab restarts a 2-rank gang on one machine; a 2,048-node job differs in three ways, each
+a term with its own measurement: the control plane stops and schedules pods one by one
+(`pods`), every rank does a round on the rendezvous store (`world`), and each rank reads a
+larger shard of the checkpoint (`bytes`). What is neither (starting the processes, the
+first step) runs on every node at once and keeps the lab's seconds. A phase grows from its
+anchor: `seconds + rate x (size - the anchor's size)`, never below the lab's own figure.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from gpuvigil.core.config import StrictModel
+
+PHASES = ("stop", "reschedule", "process_start", "rendezvous", "restore", "first_step")
+
+
+class Anchor(StrictModel):
+    """The lab run whose phases the file holds: the sizes every phase grows from."""
+
+    pods: int = Field(ge=1)
+    ranks: int = Field(ge=1)
+    checkpoint_bytes_per_rank: float = Field(ge=0)
+    source: str = Field(min_length=1)
+
+
+class Phase(StrictModel):
+    seconds: float = Field(ge=0, description="measured in the anchor's lab run")
+    scales_with: Literal["fixed", "pods", "world", "bytes"]
+    per_pod_s: float = Field(0.0, ge=0)
+    per_member_s: float = Field(0.0, ge=0)
+    read_bytes_per_s: float = Field(0.0, ge=0)
+    source: str = Field(min_length=1, description="the lab run or bench, and its date")
+
+    @model_validator(mode="after")
+    def _rate_for_its_law(self) -> Phase:
+        # a phase said to grow with size but given no rate would quietly stay at 2 ranks' cost
+        need = {"pods": self.per_pod_s, "world": self.per_member_s,
+                "bytes": self.read_bytes_per_s}.get(self.scales_with)  # fmt: skip
+        if need is not None and need <= 0:
+            raise ValueError(f"scales_with {self.scales_with} needs its rate")
+        return self
+
+
+class RestartPhases(StrictModel):
+    anchor: Anchor
+    phases: dict[str, Phase]
+    in_place: tuple[str, ...]
+
+    @model_validator(mode="after")
+    def _every_phase(self) -> RestartPhases:
+        if tuple(self.phases) != PHASES:
+            raise ValueError(f"phases must be {PHASES}, in order")
+        if not set(self.in_place) <= set(PHASES):
+            raise ValueError(f"in_place names unknown phases: {self.in_place}")
+        return self
+
+    def phase_s(self, name: str, *, pods: int, ranks: int, ckpt_bytes: float) -> float:
+        """One phase's seconds for a gang of `pods` pods and `ranks` ranks, each reading
+        `ckpt_bytes` of checkpoint."""
+        p, a = self.phases[name], self.anchor
+        grow = {
+            "fixed": 0.0,
+            "pods": p.per_pod_s * (pods - a.pods),
+            "world": p.per_member_s * (ranks - a.ranks),
+            "bytes": (ckpt_bytes - a.checkpoint_bytes_per_rank) / (p.read_bytes_per_s or 1.0),
+        }[p.scales_with]
+        return p.seconds + max(0.0, grow)
+
+    def cost_s(self, *, pods: int, ranks: int, ckpt_bytes: float, in_place: bool) -> float:
+        """A cold restart (every phase) or torchrun's in place (`in_place` phases only)."""
+        names = self.in_place if in_place else PHASES
+        return sum(self.phase_s(n, pods=pods, ranks=ranks, ckpt_bytes=ckpt_bytes) for n in names)
+
+
+@cache
+def load() -> RestartPhases:
+    text = resources.files(__package__).joinpath("restart_phases.yaml").read_text("utf-8")
+    return RestartPhases.model_validate(yaml.safe_load(text))
