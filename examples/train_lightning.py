@@ -3,11 +3,14 @@
     python -m gpuvigil.training.launch --standalone --nproc-per-node 2 --max-restarts 3 \
         examples/train_lightning.py --steps 200 --checkpoint-dir /tmp/ckpt-pl
 
-The lines that differ from a plain Lightning script are marked (1)-(3):
+The lines that differ from a plain Lightning script are marked (1)-(4):
 (1) `Resilience()` in the callbacks: health gate, hang watchdog and the launcher's monitor,
     stragglers, the job's events, and a drain (SIGTERM: save `last.ckpt`, exit 89);
 (2) a ModelCheckpoint with `save_last=True` where the drain's checkpoint goes too;
-(3) `ckpt_path="last"`: every (re)start resumes from the newest of them.
+(3) `ckpt_path="last"`: every (re)start resumes from the newest of them;
+(4) a `ResumableLoader`: its position goes in the checkpoint, so a resume in the middle of
+    an epoch ends with the same weights as an uninterrupted run (`Resilience` refuses a
+    plain DataLoader); each rank reads its share, so Lightning's DistributedSampler is off.
 Launch it with gpuvigil's launcher (or torchrun): Lightning uses the ranks torchrun made.
 """
 
@@ -16,14 +19,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 import torch
 from pytorch_lightning import LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
+from gpuvigil.training import ResumableSampler
 from gpuvigil.training.lightning import Resilience
+from gpuvigil.training.loader import ResumableLoader
 
 
 class Regression(LightningModule):
@@ -39,24 +45,33 @@ class Regression(LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
+def loader(samples: int = 4096, batch_size: int = 16, **kwargs: Any) -> ResumableLoader:  # (4)
+    torch.manual_seed(0)
+    x = torch.randn(samples, 32)
+    data = TensorDataset(x, x @ torch.randn(32, 1))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    sampler = ResumableSampler(len(data), rank=rank, world_size=world, batch_size=batch_size)
+    return ResumableLoader(data, sampler, **kwargs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--checkpoint-dir", required=True)
     p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--save-final", help="rank 0 writes the final parameters here")
     args = p.parse_args()
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s"
     )
-    torch.manual_seed(0)
-    x = torch.randn(4096, 32)
-    data = TensorDataset(x, x @ torch.randn(32, 1))
+    data = loader()
     trainer = Trainer(
         max_steps=args.steps,
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", "1")),
         strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
+        use_distributed_sampler=False,  # (4)
         callbacks=[
             Resilience(),  # (1)
             ModelCheckpoint(  # (2)
@@ -70,11 +85,10 @@ def main() -> None:
         enable_model_summary=False,
     )
     last = os.path.join(args.checkpoint_dir, "last.ckpt")
-    trainer.fit(
-        Regression(),
-        DataLoader(data, batch_size=16, shuffle=True),
-        ckpt_path="last" if os.path.exists(last) else None,  # (3)
-    )
+    model = Regression()
+    trainer.fit(model, data, ckpt_path="last" if os.path.exists(last) else None)  # (3)
+    if trainer.global_rank == 0 and args.save_final:
+        torch.save(model.state_dict(), args.save_final)
 
 
 if __name__ == "__main__":

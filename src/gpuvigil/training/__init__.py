@@ -6,7 +6,8 @@ Read these in order: `run` (the loop API) and `run_state` (what it saves), `proc
 `resume` (parallel verification, load), `drain` (SIGTERM), `watchdog` and `heartbeat`
 (hangs), `launch` and `monitor` (the launcher and its monitor outside the ranks),
 `lifecycle` and `journal` (exit records and the job's events), `straggler` and
-`straggler_watch` with `step_timing` (busy time), `lightning` (the Lightning callback).
+`straggler_watch` with `step_timing` (busy time), `lightning` (the Lightning callback) with
+`loader` (its resumable DataLoader).
 Only this package imports torch, and only the modules that need it: `config`, `manifest`,
 `straggler`, `watchdog`, `heartbeat`, `lifecycle`, `health_gate`, `storage`, `identity`
 and `sampler` are torch-free (the simulator and unit tests import them without torch).

@@ -13,7 +13,11 @@ what Lightning lacks, from the same parts `training.Run` uses:
 - a drain: on SIGTERM every rank stops after the same optimizer step, writes `last.ckpt`
   with `trainer.save_checkpoint` and ends with exit code 89 (`drain.Drain`, as in
   `training.Run`; Lightning's own SIGTERM handling is replaced, see `_take_sigterm`);
-- the job's events (job.start/restart/end, hang, straggler) and exit records.
+- the job's events (job.start/restart/end, hang, straggler) and exit records;
+- exact resume: training refuses to start on a train loader whose position Lightning cannot
+  restore (`not_resumable`), where a resume in the middle of an epoch would read that epoch
+  again and end with other weights; `loader.ResumableLoader` is one it can, and the callback
+  moves its position at each batch end (`allow_inexact_resume=True` accepts the difference).
 Lightning's checkpoints are Lightning's (a pickle it loads itself); `training.Run`'s own
 checkpoints are the ones that never unpickle.
 """
@@ -24,6 +28,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ from gpuvigil.training import (
 )
 from gpuvigil.training.config import TrainingConfig
 from gpuvigil.training.journal import Journal
+from gpuvigil.training.loader import ResumableLoader
 from gpuvigil.training.process_group import Env
 from gpuvigil.training.storage import open_storage
 from gpuvigil.training.straggler_watch import StragglerWatch
@@ -59,9 +65,57 @@ except ImportError:
 log = logging.getLogger("gpuvigil.training")
 
 
+class NotResumable(RuntimeError):
+    """A train loader whose mid-epoch position a resume would not restore."""
+
+
+def not_resumable(
+    loaders: Sequence[object], *, rank: int, world_size: int, batches_done: int = 0
+) -> list[str]:
+    """Why a resume in the middle of an epoch would not continue where training stopped: one
+    reason per train loader that Lightning cannot restore, or restores inconsistently (empty:
+    it resumes exactly). `batches_done`: Lightning's count of the batches of the epoch it
+    restored, which a ResumableLoader's restored position must match."""
+    reasons = []
+    for i, dl in enumerate(loaders):
+        name = f"train dataloader {i} ({type(dl).__name__})"
+        if isinstance(dl, ResumableLoader):
+            s = dl.resumable
+            if (s.rank, s.world_size) != (rank, world_size):
+                reasons.append(
+                    f"{name}: its ResumableSampler is rank {s.rank} of {s.world_size}, but this"
+                    f" is rank {rank} of {world_size}"
+                )
+            elif dl.position != batches_done:
+                reasons.append(
+                    f"{name}: the checkpoint puts it {dl.position} batches into its epoch but"
+                    f" Lightning {batches_done} (a checkpoint from another loader or world size)"
+                )
+        elif not (
+            callable(getattr(dl, "state_dict", None))
+            and callable(getattr(dl, "load_state_dict", None))
+        ):
+            sampler = getattr(dl, "sampler", None)
+            why = (
+                f"; its {type(sampler).__name__}'s state is not one Lightning saves"
+                if callable(getattr(sampler, "state_dict", None))
+                else ""
+            )
+            reasons.append(
+                f"{name} has no state_dict/load_state_dict: Lightning cannot restore its"
+                f" position, so a resume in the middle of an epoch reads the epoch again{why}"
+            )
+    return reasons
+
+
 class Resilience(Callback):  # type: ignore[misc]
-    def __init__(self, config: TrainingConfig | None = None) -> None:
+    def __init__(
+        self, config: TrainingConfig | None = None, *, allow_inexact_resume: bool = False
+    ) -> None:
+        """`allow_inexact_resume`: train on a loader that `not_resumable` refuses (a resume in
+        the middle of an epoch then ends with other weights than an uninterrupted run)."""
         self.config = config or TrainingConfig.load()
+        self.allow_inexact_resume = allow_inexact_resume
         self.env: Env | None = None
         self.journal: Journal | None = None
         self.metrics = metrics.build(CollectorRegistry())
@@ -143,6 +197,7 @@ class Resilience(Callback):  # type: ignore[misc]
         env, cfg = self.env, self.config
         assert env is not None and self.journal is not None and self._drain is not None
         self._keep_sigterm(trainer)
+        self._check_resumable(trainer)
         self._step = trainer.global_step
         self._models = [trainer.strategy.model]  # wrapped (DDP) by now
         log.info("gpuvigil: training starts at step %d", trainer.global_step)
@@ -177,6 +232,9 @@ class Resilience(Callback):  # type: ignore[misc]
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         dt = time.perf_counter() - self._t0
         self._batches += 1
+        for dl in _train_loaders(trainer):  # before any checkpoint of this batch is written
+            if isinstance(dl, ResumableLoader):
+                dl.advance()
         if self._watchdog is not None:
             self._watchdog.kick(trainer.global_step, dt)
         if self._stragglers is not None:  # windows count batches: the same on every rank
@@ -248,6 +306,33 @@ class Resilience(Callback):  # type: ignore[misc]
             self.journal.close()
 
     # --- helpers --------------------------------------------------------------------------
+    def _check_resumable(self, trainer: Any) -> None:
+        """Refuse before the first step (fail closed): a drain or a kill can come in any
+        batch, and the resume from it must continue the same epoch at the same sample."""
+        loaders = _train_loaders(trainer)
+        total = trainer.num_training_batches
+        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        done = ready % total if isinstance(total, int) and total > 0 else ready
+        reasons = (
+            not_resumable(
+                loaders, rank=trainer.global_rank, world_size=trainer.world_size, batches_done=done
+            )
+            if loaders
+            else ["no train dataloader found in the trainer (this Lightning's fit loop differs)"]
+        )
+        if not reasons:
+            return
+        text = "; ".join(reasons)
+        if self.allow_inexact_resume:
+            log.warning("gpuvigil: resume may be inexact (allow_inexact_resume=True): %s", text)
+            return
+        raise NotResumable(
+            f"gpuvigil: refusing to train: {text}. Use gpuvigil.training.loader.ResumableLoader"
+            " (dataset, ResumableSampler(...)) as examples/train_lightning.py does, or"
+            " Resilience(allow_inexact_resume=True) to accept a resume that differs from an"
+            " uninterrupted run"
+        )
+
     def _stop(self) -> None:
         if self._watchdog is not None:
             self._watchdog.stop()
@@ -263,3 +348,9 @@ class Resilience(Callback):  # type: ignore[misc]
         self.metrics.hangs.inc()
         assert self.journal is not None
         self.journal.hung(record)
+
+
+def _train_loaders(trainer: Any) -> list[object]:
+    """The train loaders as Lightning iterates them (after its own wrapping)."""
+    combined = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
+    return list(getattr(combined, "flattened", None) or [])

@@ -23,7 +23,6 @@ def _fit(tmp_path: Path, *, on_batch: Any, steps: int = 5) -> Any:
         "pytorch-lightning (gpuvigil[integrations])",
     )
     from pytorch_lightning import Callback, Trainer
-    from torch.utils.data import DataLoader, TensorDataset
 
     from gpuvigil.training.config import TrainingConfig
     from gpuvigil.training.lightning import Resilience
@@ -37,9 +36,6 @@ def _fit(tmp_path: Path, *, on_batch: Any, steps: int = 5) -> Any:
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
             on_batch(trainer)
 
-    import torch
-
-    x = torch.randn(64, 32)
     cfg = TrainingConfig.load(
         environ={},
         overrides={"health_gate": {"on_missing": "allow", "state_file": str(tmp_path / "no")}},
@@ -55,7 +51,7 @@ def _fit(tmp_path: Path, *, on_batch: Any, steps: int = 5) -> Any:
         enable_checkpointing=False,
         default_root_dir=str(tmp_path),
     )
-    trainer.fit(example.Regression(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=8))
+    trainer.fit(example.Regression(), example.loader(samples=64, batch_size=8))
     return trainer
 
 
