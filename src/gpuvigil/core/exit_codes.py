@@ -63,6 +63,7 @@ NODE_STATE_UNKNOWN = 88
 DRAINED = 89
 CHECKPOINT_FAILED = 90
 NO_VERIFIED_CHECKPOINT = 91
+NOT_RESUMABLE = 92
 
 TABLE: dict[int, ExitCode] = {
     e.code: e
@@ -112,6 +113,15 @@ TABLE: dict[int, ExitCode] = {
             Charged.STORAGE,
             # Retrying reads the same damaged folders: a person repairs them or allows a
             # fresh start.
+            Retry.FAIL,
+        ),
+        ExitCode(
+            NOT_RESUMABLE,
+            "NOT_RESUMABLE",
+            "the training refuses to start: its data loader cannot resume mid-epoch exactly "
+            "(Lightning: Resilience(allow_inexact_resume=True) overrides)",
+            Charged.USER,
+            # The same script builds the same loader on every retry: a person changes it.
             Retry.FAIL,
         ),
     )

@@ -10,8 +10,9 @@ Takes exactly torchrun's arguments and runs torchrun's own agent in this process
 - **drains that exit 89**: torchrun waits `monitor.shutdown_timeout_s` (not its default
   30 s) for ranks finishing a step and a save after SIGTERM, and this process then exits
   with `exit_codes.DRAINED` when every local rank drained (plain torchrun exits 1);
-- **no restart that cannot help**: a rank that exits with a code whose retry is FAIL (91,
-  every checkpoint damaged) ends the job at once, without spending torchrun's restarts;
+- **no restart that cannot help**: a rank that exits with a code whose retry is FAIL (91
+  every checkpoint damaged, 92 a loader that cannot resume exactly) ends the job at once,
+  without spending torchrun's restarts;
 - **`--allow-fresh-start`** (before the script, among torchrun's options): sets
   `checkpoint.allow_fresh_start` for the ranks, which then start again at step 0 when no
   checkpoint verifies instead of exiting 91;

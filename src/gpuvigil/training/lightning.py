@@ -65,8 +65,18 @@ except ImportError:
 log = logging.getLogger("gpuvigil.training")
 
 
-class NotResumable(RuntimeError):
-    """A train loader whose mid-epoch position a resume would not restore."""
+class NotResumable(SystemExit):
+    """A train loader whose mid-epoch position a resume would not restore: the rank exits
+    with NOT_RESUMABLE (92), which the launcher and a Job's podFailurePolicy end the job on
+    at once (a retry builds the same loader), never a restart charged as a crash."""
+
+    def __init__(self, message: str) -> None:
+        log.error("%s", message)
+        super().__init__(exit_codes.NOT_RESUMABLE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def not_resumable(

@@ -41,8 +41,11 @@ def test_spared_codes_are_the_nodes_and_the_drains() -> None:
     assert ec.spared() == (ec.NODE_UNHEALTHY, ec.NODE_STATE_UNKNOWN, ec.DRAINED)
 
 
-def test_a_job_whose_checkpoints_are_all_damaged_is_never_retried() -> None:
-    assert ec.spared(ec.Retry.FAIL) == (ec.NO_VERIFIED_CHECKPOINT,)
+def test_what_a_retry_cannot_change_is_never_retried() -> None:
+    # all checkpoints damaged (the same folders again), a loader that cannot resume exactly
+    # (the same script builds it again)
+    assert ec.spared(ec.Retry.FAIL) == (ec.NO_VERIFIED_CHECKPOINT, ec.NOT_RESUMABLE)
+    assert ec.TABLE[ec.NOT_RESUMABLE].charged is ec.Charged.USER
 
 
 def test_codes_stay_out_of_reserved_ranges() -> None:

@@ -99,6 +99,7 @@ def test_a_plain_dataloader_is_refused_and_named(tmp_path: Path) -> None:
     with pytest.raises(NotResumable) as refused:
         _fit(tmp_path, tmp_path / "c", loader=plain)
     text = str(refused.value)
+    assert refused.value.code == 92  # NOT_RESUMABLE: the Job fails at once, never retried
     assert "train dataloader 0 (DataLoader) has no state_dict/load_state_dict" in text
     assert "ResumableLoader" in text and "allow_inexact_resume=True" in text
     assert not list(tmp_path.glob("**/*.ckpt"))  # refused before the first step
