@@ -17,6 +17,10 @@ RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FLOOR = 10000  # below it: well-known and registered services
 _DEFAULT_EPHEMERAL_LOW = 32768  # Linux's default floor of the ephemeral range
 _TRIES = 200
+# Ports this process handed out: a caller often draws several before any server binds one
+# (etcd's two, the apiserver's, a rendezvous...), and a second draw of the same number would
+# hand two servers one port. Not a lock across processes; the bind check covers those.
+_given: set[int] = set()
 
 
 def ephemeral_low(range_file: Path = RANGE_FILE) -> int:
@@ -45,7 +49,8 @@ def free_port(host: str = "127.0.0.1", *, range_file: Path = RANGE_FILE) -> int:
     high = ephemeral_low(range_file) - 1
     for _ in range(_TRIES):
         port = rng.randint(FLOOR, high)
-        if bindable(port, host):
+        if port not in _given and bindable(port, host):
+            _given.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
