@@ -21,6 +21,7 @@ _TRIES = 200
 # (etcd's two, the apiserver's, a rendezvous...), and a second draw of the same number would
 # hand two servers one port. Not a lock across processes; the bind check covers those.
 _given: set[int] = set()
+_FORGET_AFTER = 4096  # a long-lived process (the agent's periodic preflight) starts over
 
 
 def ephemeral_low(range_file: Path = RANGE_FILE) -> int:
@@ -46,6 +47,8 @@ def free_port(host: str = "127.0.0.1", *, range_file: Path = RANGE_FILE) -> int:
     """A port on `host` that binds now and lies outside the ephemeral range; the kernel's
     ephemeral pick only when that whole range is taken (it never is on a sane machine)."""
     rng = random.SystemRandom()  # two processes seeded alike would collide on every pick
+    if len(_given) >= _FORGET_AFTER:
+        _given.clear()
     high = ephemeral_low(range_file) - 1
     for _ in range(_TRIES):
         port = rng.randint(FLOOR, high)
