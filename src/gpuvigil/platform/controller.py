@@ -262,6 +262,7 @@ class Controller:
             work, applied=applied, nodes=nodes, slots=slots, gate=gate, now=now, result=result
         )
         self._apply_all(disruptions, now, result)
+        self._follow_spare_moves(result)
         self._keep_spares(nodes, now, result)
         self._restore(nodes, now, {n: d.state for n, d in result.decisions.items()})
         self._publish(nodes, now, result)
@@ -273,6 +274,17 @@ class Controller:
         result.fenced = self._fenced.is_set()
         self.last_pass_at = time.time()
         return result
+
+    def _follow_spare_moves(self, result: PassResult) -> None:
+        """An adapter that moves a requeued gang job onto the spares over several passes
+        (Slurm: `follow_spare_moves`) takes its next step here; the step is read back from
+        the cluster each pass, so nothing is kept here. Runs with spares off too: a
+        reservation made by hand is followed the same way."""
+        follow = getattr(self.cluster, "follow_spare_moves", None)
+        if follow is None or self.config.dry_run or self._fenced.is_set():
+            return
+        for line in self._spare_write(follow, "spare-moves", result) or ():
+            log.info("hot spares: %s", line)
 
     def _keep_spares(self, nodes: list[NodeView], now: datetime, result: PassResult) -> None:
         """Hot spares (`platform.spares`): give back used, unfit and surplus spares, then

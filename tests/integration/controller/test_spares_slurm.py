@@ -130,3 +130,77 @@ def test_the_controller_keeps_a_spare_in_its_reservation(slurm: Any) -> None:
     finally:
         slurm.run("scancel", "--full", "--quiet", "--user=root", check=False)
         slurm.run("scontrol", "delete", "ReservationName=gpuvigil-spares", check=False)
+
+
+def test_the_controller_moves_a_requeued_gang_job_onto_its_survivor_and_a_spare(
+    slurm: Any,
+) -> None:
+    """The recipe above, done by the controller (`clusters.slurm_spares.keep_place` at the
+    drain, `follow` on the next passes): gpu1 of a 2-node gang job fails; the job runs again
+    on its survivor gpu2 plus the spare gpu4, and the waiting ordinary job never gets gpu2."""
+    from ctl_helpers import FATAL, health
+
+    from gpuvigil.platform.clusters.settings import SlurmSettings
+    from gpuvigil.platform.clusters.slurm import SlurmCluster
+    from gpuvigil.platform.controller import Controller, ControllerConfig
+    from gpuvigil.platform.policy import PolicyConfig
+    from gpuvigil.platform.safety import SafetyConfig
+    from gpuvigil.platform.spares import SpareConfig
+
+    for n in slurm.names:
+        slurm.run("scontrol", "update", f"NodeName={n}", f"Extra={health()}")
+    gang = sbatch(slurm, "-N2", "--requeue", "-o", "/dev/null")  # no -w: that binds it
+    until(lambda: job(slurm, gang)["JobState"] == "RUNNING", 30)
+    other = sbatch(slurm, "-N1", "-o", "/dev/null")
+    until(lambda: job(slurm, other)["JobState"] == "RUNNING", 30)
+    assert (job(slurm, gang)["NodeList"], job(slurm, other)["NodeList"]) == ("gpu[1-2]", "gpu3")
+    adapter = SlurmCluster(SlurmSettings(conf=str(slurm.conf), spare_users=["root"],
+                                         requeue_at_once=True))  # fmt: skip
+    config = ControllerConfig(
+        cluster="slurm", leader_election=False, policy=PolicyConfig(fatal_grace_s=0),
+        safety=SafetyConfig(max_disrupted=4, max_disrupted_percent=100),
+        spares=SpareConfig(default=1),
+    )  # fmt: skip
+    ctl = Controller(adapter, config=config)
+    try:
+        ctl.reconcile()
+        assert adapter.spares.nodes() == ["gpu4"]  # the one idle node
+        waiting = sbatch(slurm, "-N1", "-o", "/dev/null")
+        time.sleep(1)
+        assert job(slurm, waiting)["JobState"] == "PENDING"
+        slurm.run("scontrol", "update", "NodeName=gpu1", f"Extra={health(FATAL)}")
+        t0 = time.monotonic()
+        r = ctl.reconcile()  # drain gpu1: survivor gpu2 into the reservation, requeue
+        assert not r.errors, r.errors
+        assert adapter.spares.nodes() == ["gpu2", "gpu4"]
+        assert job(slurm, gang)["AdminComment"] == "gpuvigil:spare-move:gpu2"
+        seen: set[str] = set()
+
+        def running() -> bool:
+            r = ctl.reconcile()  # a pass a second: points the PENDING job at the spares
+            assert not r.errors, r.errors
+            seen.add(job(slurm, waiting)["NodeList"])
+            return job(slurm, gang)["JobState"] == "RUNNING"
+
+        try:
+            ran = until(running, 80)
+        except AssertionError:
+            print(
+                slurm.run("scontrol", "show", "job", gang).stdout,
+                slurm.run("scontrol", "show", "reservation").stdout,
+                slurm.run("sinfo").stdout,
+                slurm.run("squeue").stdout,
+            )
+            raise
+        nodes = job(slurm, gang)["NodeList"]
+        print(f"\nthe gang job ran again on {nodes} {ran:.1f} s after the drain "
+              f"({time.monotonic() - t0:.1f} s with the pass that saw it)")  # fmt: skip
+        assert nodes == "gpu[2,4]" and job(slurm, gang)["Restarts"] == "1"
+        assert "gpu2" not in seen and job(slurm, waiting)["JobState"] == "PENDING", seen
+        ctl.reconcile()  # it runs: the survivor leaves the reservation (and the used spare)
+        assert "gpu2" not in (adapter.spares.nodes() or [])
+        assert job(slurm, gang)["AdminComment"] == ""
+        assert job(slurm, gang)["JobState"] == "RUNNING"
+    finally:
+        slurm.run("scancel", "--full", "--quiet", "--user=root", check=False)
+        slurm.run("scontrol", "delete", "ReservationName=gpuvigil-spares", check=False)

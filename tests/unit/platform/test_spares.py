@@ -167,3 +167,78 @@ def test_slurm_reservation_nodes_parse() -> None:
     assert reservation_nodes(text, "gpuvigil-spares") == ["gpu2", "gpu4", "gpu5"]
     assert reservation_nodes("No reservations in the system\n", "gpuvigil-spares") is None
     assert reservation_nodes("garbage ReservationName=", "gpuvigil-spares") is None
+
+
+class _FakeSlurm:
+    """Just what `SlurmSpares` asks of `SlurmCluster`: `_run` records each scontrol call
+    and answers `show reservation` from `resv`; a call starting with `fail` raises."""
+
+    def __init__(self, resv: list[str], fail: tuple[str, ...] = ()) -> None:
+        from gpuvigil.platform.clusters.settings import SlurmSettings
+
+        self.settings = SlurmSettings(spare_users=["root"])
+        self.resv, self.fail, self.writes = resv, fail, []  # type: ignore[var-annotated]
+
+    def _run(self, tool: str, *args: str) -> str:
+        from gpuvigil.platform.clusters.base import Unavailable
+
+        if args[:2] == ("show", "reservation"):
+            return f"ReservationName=gpuvigil-spares Nodes={','.join(self.resv)} State=ACTIVE"
+        self.writes.append(" ".join(args))
+        if self.fail and " ".join(args).startswith(self.fail):
+            raise Unavailable("scontrol exited with status 1")
+        for a in args:
+            if a.startswith("Nodes="):
+                self.resv = a[6:].split(",")
+        return ""
+
+    def _jobs(self, name: str) -> list[object]:
+        return []
+
+
+GANG = {"job_id": 7, "job_state": "RUNNING", "nodes": "gpu[1-2]", "admin_comment": ""}
+
+
+def test_slurm_gang_job_keeps_its_place_and_fails_closed() -> None:
+    from gpuvigil.platform.clusters.slurm_spares import SlurmSpares, held_nodes, moved_survivors
+
+    c = _FakeSlurm(["gpu4"])
+    assert SlurmSpares(c).keep_place(GANG, "gpu1", [GANG]) is True  # type: ignore[arg-type]
+    assert c.writes == ["update JobId=7 AdminComment=gpuvigil:spare-move:gpu2",
+                        "update ReservationName=gpuvigil-spares Nodes=gpu2,gpu4 "
+                        "Flags=IGNORE_JOBS"]  # fmt: skip
+    # no move: a 1-node job, someone's AdminComment, no idle spare (gpu4 runs a job)
+    one = {**GANG, "nodes": "gpu1"}
+    noted = {**GANG, "admin_comment": "site note"}
+    busy = {"job_id": 8, "job_state": "RUNNING", "nodes": "gpu4"}
+    for job, jobs in ((one, [one]), (noted, [noted]), (GANG, [GANG, busy])):
+        c = _FakeSlurm(["gpu4"])
+        assert SlurmSpares(c).keep_place(job, "gpu1", jobs) is False  # type: ignore[arg-type]
+        assert c.writes == []
+    # the reservation refuses the survivor: the note is taken back, a plain requeue
+    c = _FakeSlurm(["gpu4"], fail=("update ReservationName",))
+    assert SlurmSpares(c).keep_place(GANG, "gpu1", [GANG]) is False  # type: ignore[arg-type]
+    assert c.writes[-1] == "update JobId=7 AdminComment=" and c.resv == ["gpu4"]
+    assert moved_survivors("gpuvigil:spare-move:gpu2,gpu3") == ["gpu2", "gpu3"]
+    assert moved_survivors(None) is None and moved_survivors("x") is None
+    assert held_nodes([{"admin_comment": "gpuvigil:spare-move:gpu2"}, {}]) == {"gpu2"}
+
+
+def test_slurm_follow_points_the_pending_job_then_releases_its_survivor() -> None:
+    from gpuvigil.platform.clusters.slurm_spares import SlurmSpares
+
+    moving = {**GANG, "admin_comment": "gpuvigil:spare-move:gpu2", "nodes": ""}
+    c = _FakeSlurm(["gpu2", "gpu4"])
+    s = SlurmSpares(c)  # type: ignore[arg-type]
+    assert s.follow([{**moving, "job_state": "COMPLETING"}]) == [] and c.writes == []
+    s.follow([{**moving, "job_state": "PENDING"}])
+    assert c.writes == ["update JobId=7 ReservationName=gpuvigil-spares StartTime=now"]
+    c.writes.clear()
+    assert s.follow([{**moving, "job_state": "PENDING", "resv_name": "gpuvigil-spares"}]) == []
+    s.follow([{**moving, "job_state": "RUNNING", "nodes": "gpu[2,4]"}])
+    assert c.resv == ["gpu4"] and c.writes[-1] == "update JobId=7 AdminComment="
+    # pointing it fails: the survivor is given back at once (a plain requeued job)
+    c = _FakeSlurm(["gpu2", "gpu4"], fail=("update JobId=7 ReservationName",))
+    out = SlurmSpares(c).follow([{**moving, "job_state": "PENDING"}])  # type: ignore[arg-type]
+    assert "move failed" in out[0] and c.resv == ["gpu4"]
+    assert c.writes[-1] == "update JobId=7 AdminComment="

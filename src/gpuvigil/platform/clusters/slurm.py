@@ -15,7 +15,9 @@ Called by the controller (`gpuvigil controller --cluster slurm`), `gpuvigil node
 - drain running work: wait for jobs, and at the deadline `scontrol requeue` the batch jobs
   that allow it (`drain_mode: requeue`, the infrastructure-failure path: the job keeps its
   id and runs again elsewhere) and `scancel` the rest; or requeue at once
-  (`requeue_at_once`);
+  (`requeue_at_once`). A gang job requeued while the spare reservation holds an idle
+  spare keeps its surviving nodes and starts on them plus a spare
+  (`clusters.slurm_spares`, `follow_spare_moves` on each controller pass);
 - reboot (and reset, which Slurm has no per-GPU channel for): `scontrol reboot ASAP
   nextstate=RESUME reason=<tag> NODE`. Because the reason is not Slurm's own "Reboot ASAP",
   Slurm keeps the DRAIN after the reboot, so the node stays blocked until it validates.
@@ -60,7 +62,7 @@ from gpuvigil.platform.clusters.slurm_degrade import PREFIX as GPU_REASON
 from gpuvigil.platform.clusters.slurm_degrade import Degrader, Progress
 from gpuvigil.platform.clusters.slurm_isolation import SlurmIsolation
 from gpuvigil.platform.clusters.slurm_lease import FileLease
-from gpuvigil.platform.clusters.slurm_spares import SlurmSpares
+from gpuvigil.platform.clusters.slurm_spares import SlurmSpares, held_nodes
 from gpuvigil.platform.state import (
     DEFAULT_POOL,
     POOL_LABEL,
@@ -210,6 +212,7 @@ class SlurmCluster:
         self._lease: FileLease | None = None
         self.isolation = SlurmIsolation(self)
         self.spares = SlurmSpares(self)
+        self._pass_jobs: list[dict[str, Any]] | None = None  # every job, as list_nodes read
 
     def _run(self, tool: str, *args: str) -> str:
         timeout = None
@@ -226,9 +229,14 @@ class SlurmCluster:
         except SlurmError as e:
             raise (Forbidden if e.kind in ("missing", "refused") else Unavailable)(str(e)) from e
 
-    def _jobs(self, node: str | None = None) -> list[dict[str, Any]]:
+    def _all_jobs(self, node: str | None = None) -> list[dict[str, Any]]:
         argv = ["squeue", "--json"] + (["--nodelist", node] if node else [])
-        jobs = self._json(*argv).get("jobs") or []
+        return [j for j in self._json(*argv).get("jobs") or [] if isinstance(j, dict)]
+
+    def _jobs(self, node: str | None = None, jobs: list[dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:  # fmt: skip
+        """The running jobs (on `node`), from `jobs` when given, else squeue."""
+        jobs = self._all_jobs(node) if jobs is None else jobs
         # 22.05's `squeue --json` ignores --nodelist (it lists every job): filter here too
         return [
             j
@@ -237,15 +245,20 @@ class SlurmCluster:
             and (node is None or node in expand_hostlist(str(j.get("nodes") or "")))
         ]
 
+    def _spare_nodes(self, jobs: list[dict[str, Any]]) -> set[str]:
+        """The reservation's nodes less the survivors held for a moving gang job."""
+        return set(self.spares.nodes() or ()) - held_nodes(jobs)
+
     def _raw_nodes(self, name: str | None = None) -> list[dict[str, Any]]:
         argv = ["sinfo", "--json"] + (["--nodes", name] if name else [])
         return list(self._json(*argv).get("nodes") or [])
 
     def list_nodes(self) -> list[NodeView]:
         running: Counter[str] = Counter()
-        for job in self._jobs():
+        jobs = self._pass_jobs = self._all_jobs()
+        for job in self._jobs(jobs=jobs):
             running.update(expand_hostlist(str(job.get("nodes") or "")))
-        spare = set(self.spares.nodes() or ())
+        spare = self._spare_nodes(jobs)
         return [self._view(n, running[n.get("name")], spare=n.get("name") in spare)
                 for n in self._raw_nodes()]  # fmt: skip
 
@@ -255,11 +268,19 @@ class SlurmCluster:
     def unmake_spare(self, name: str) -> None:
         self.spares.unmake(name)
 
+    def follow_spare_moves(self) -> list[str]:
+        """Each controller pass: carry on moving requeued gang jobs onto the spares
+        (`SlurmSpares.follow`), from the jobs this pass's `list_nodes` read."""
+        jobs = self._pass_jobs if self._pass_jobs is not None else self._all_jobs()
+        self._pass_jobs = None  # a second call in the same pass reads afresh
+        return self.spares.follow(jobs)
+
     def get_node(self, name: str) -> NodeView:
         for raw in self._raw_nodes(name):
             if raw.get("name") == name:
-                return self._view(raw, len(self._jobs(name)),
-                                  spare=name in (self.spares.nodes() or ()))  # fmt: skip
+                jobs = self._all_jobs()  # all: a held survivor's job is pending
+                return self._view(raw, len(self._jobs(name, jobs)),
+                                  spare=name in self._spare_nodes(jobs))  # fmt: skip
         raise Forbidden(f"no Slurm node {name}")
 
     def _view(self, raw: dict[str, Any], running: int, *, spare: bool = False) -> NodeView:
@@ -308,7 +329,8 @@ class SlurmCluster:
         self._update(name, *fields)
 
     def drain(self, name: str, *, deadline: datetime, reason: str) -> DrainStatus:
-        jobs = self._jobs(name)
+        every = self._all_jobs()  # all: keep_place asks which spares are idle
+        jobs = self._jobs(name, every)
         past = datetime.now(UTC) >= deadline
         forced = 0
         if jobs and (past or self.settings.requeue_at_once):
@@ -316,7 +338,10 @@ class SlurmCluster:
                 return DrainStatus(remaining=len(jobs))
             for job in jobs:
                 jid = str(job.get("job_id"))
+                if str(job.get("job_state", "")).upper() == "COMPLETING":
+                    continue  # already leaving (a requeue's first seconds): Slurm refuses
                 if job.get("requeue") and job.get("batch_flag"):
+                    self.spares.keep_place(job, name, every)  # a gang job keeps its place
                     self._run("scontrol", "requeue", jid)
                 elif past and self.settings.drain_mode == "requeue":
                     self._run("scancel", jid)

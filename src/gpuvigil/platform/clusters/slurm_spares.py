@@ -12,19 +12,56 @@ well as any other node (FLEX). Called through `SlurmCluster`.
   lingers INACTIVE while that job runs, and is renewed for the next spare).
 
 Measured on Slurm 22.05.8 (docs/slurm.md "Hot spares"): a plain `--requeue` of a gang job
-gives its surviving nodes back to the queue; the adapter does not yet move a requeued job
-to the spares (the recipe is documented there).
+gives its surviving nodes back to the queue. So a gang job (2+ nodes) requeued off a
+drained node keeps its place while the reservation holds an idle spare (`keep_place`, at
+the drain; `follow`, on each later controller pass):
+
+- before the requeue: the job's AdminComment names its survivors (`MOVE`; the one piece
+  of state between passes, in Slurm, so a restarted controller carries on), then the
+  survivors join the reservation (`Flags=IGNORE_JOBS`: they still run the job);
+- once the job is PENDING (seconds later; COMPLETING first):
+  `scontrol update JobId=J ReservationName=R StartTime=now` ends the requeue's BeginTime
+  hold, and the job starts on its survivors plus a spare (the backfill scheduler);
+- once it runs (or has ended): the survivors leave the reservation and the AdminComment is
+  cleared. The spare it runs on is a used spare (`platform.spares` gives it back).
+
+Fail closed: any failed step before the requeue leaves a plain requeue (logged why); a
+failed move of the pending job gives the survivors back at once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
 
 from gpuvigil.io.slurm_conf import expand_hostlist
-from gpuvigil.platform.clusters.base import Forbidden, Unavailable
+from gpuvigil.platform.clusters.base import ClusterError, Fenced, Forbidden, Unavailable
 
 if TYPE_CHECKING:
     from gpuvigil.platform.clusters.slurm import SlurmCluster
+
+log = logging.getLogger(__name__)
+
+MOVE = "gpuvigil:spare-move:"  # AdminComment of a gang job being moved onto the spares
+WAIT = {"COMPLETING", "CONFIGURING", "REQUEUED"}  # states the next pass looks at again
+
+
+def moved_survivors(admin_comment: Any) -> list[str] | None:
+    """The survivors named by a job's AdminComment when it is ours (`MOVE`), else None
+    (pure; never raises)."""
+    text = str(admin_comment or "")
+    if not text.startswith(MOVE):
+        return None
+    return [n for n in text[len(MOVE) :].split(",") if n.strip()]
+
+
+def held_nodes(jobs: list[dict[str, Any]]) -> set[str]:
+    """Reservation nodes held for a moving gang job (`squeue --json` jobs): not spares."""
+    return {n for j in jobs for n in moved_survivors(j.get("admin_comment")) or ()}
+
+
+def _state(job: dict[str, Any]) -> str:
+    return str(job.get("job_state") or "").upper()
 
 
 def reservation_nodes(text: str, name: str) -> list[str] | None:
@@ -58,7 +95,14 @@ class SlurmSpares:
             return
         res = f"ReservationName={self.name}"
         if not want:  # end it, not delete it: Slurm refuses to delete one a job runs in
-            self.c._run("scontrol", "update", res, "EndTime=now")
+            try:
+                self.c._run("scontrol", "update", res, "EndTime=now")
+            except Unavailable as e:
+                # 22.05.8 answers "Invalid time specified" to EndTime=now once the
+                # reservation's nodes were updated (measured), yet takes now+1 (seconds)
+                if "Invalid time specified" not in str(e):
+                    raise
+                self.c._run("scontrol", "update", res, "EndTime=now+1")
         elif have is None:
             users = self.c.settings.spare_users
             if not users:  # Slurm refuses a reservation for nobody: say which setting
@@ -92,3 +136,102 @@ class SlurmSpares:
         have = self.nodes()
         if have is not None and name in have:
             self._set(have, [n for n in have if n != name])
+
+    # -- a requeued gang job keeps its place (module docstring) ---------------------------
+    def keep_place(self, job: dict[str, Any], failed: str, jobs: list[dict[str, Any]]) -> bool:
+        """Before `job` (a `squeue --json` job on `failed`) is requeued: when it is a gang
+        job and the reservation has an idle spare, name its survivors in its AdminComment
+        and put them into the reservation. False (and a plain requeue) when not, or when a
+        write fails; Fenced propagates. `jobs`: every job (squeue), for the idle check."""
+        jid = str(job.get("job_id"))
+        nodes = expand_hostlist(str(job.get("nodes") or ""))
+        survivors = [n for n in nodes if n != failed]
+        if not self.name or len(nodes) < 2 or not survivors:
+            return False
+        if str(job.get("admin_comment") or ""):  # someone's note, or already ours
+            log.info("job %s: AdminComment set: a plain requeue", jid)
+            return False
+        try:
+            have = self.nodes()
+            busy = {n for j in jobs if _state(j) in ("RUNNING", *WAIT)
+                    for n in expand_hostlist(str(j.get("nodes") or ""))}  # fmt: skip
+            idle = [n for n in have or () if n not in busy | held_nodes(jobs) | set(nodes)]
+            if not idle:
+                log.info("job %s: no idle spare in reservation %s: a plain requeue", jid,
+                         self.name)  # fmt: skip
+                return False
+            self.c._run("scontrol", "update", f"JobId={jid}",
+                        f"AdminComment={MOVE}{','.join(survivors)}")  # fmt: skip
+        except Fenced:
+            raise
+        except ClusterError as e:
+            log.warning("job %s: cannot keep its place on the spares (%s): a plain requeue",
+                        jid, e)  # fmt: skip
+            return False
+        try:
+            want = sorted({*(have or ()), *survivors})
+            self.c._run("scontrol", "update", f"ReservationName={self.name}",
+                        f"Nodes={','.join(want)}", "Flags=IGNORE_JOBS")  # fmt: skip
+        except ClusterError as e:
+            self._forget(jid)
+            if isinstance(e, Fenced):
+                raise
+            log.warning("job %s: survivors %s not added to reservation %s (%s): a plain "
+                        "requeue", jid, survivors, self.name, e)  # fmt: skip
+            return False
+        log.info("job %s: survivors %s kept in reservation %s for the requeue (idle spares "
+                 "%s)", jid, survivors, self.name, idle)  # fmt: skip
+        return True
+
+    def follow(self, jobs: list[dict[str, Any]]) -> list[str]:
+        """One controller pass over the moving gang jobs (`jobs`: every job, squeue):
+        point a PENDING one at the reservation; once it runs (or ended) give its survivors
+        back. Returns what it did, for the log. Fenced propagates; other errors are
+        logged and the move given up (the job stays a plain requeued one)."""
+        done: list[str] = []
+        for job in jobs:
+            survivors = moved_survivors(job.get("admin_comment"))
+            if survivors is None:
+                continue
+            jid, state = str(job.get("job_id")), _state(job)
+            if state in WAIT:
+                continue  # the requeue's COMPLETING: its hold starts once PENDING
+            try:
+                if state == "PENDING":
+                    if str(job.get("resv_name") or "") != self.name:
+                        self.c._run("scontrol", "update", f"JobId={jid}",
+                                    f"ReservationName={self.name}", "StartTime=now")  # fmt: skip
+                        done.append(f"job {jid} sent to reservation {self.name}")
+                    continue
+                self._release(jid, survivors, live=state == "RUNNING")
+                done.append(f"job {jid} {state.lower()}: survivors {survivors} released")
+            except Fenced:
+                raise
+            except ClusterError as e:
+                log.warning("job %s: moving it to the spares failed (%s): survivors %s "
+                            "given back, a plain requeue", jid, e, survivors)  # fmt: skip
+                try:
+                    self._release(jid, survivors, live=True)
+                except Fenced:
+                    raise
+                except ClusterError as e2:  # the next pass sees the AdminComment again
+                    log.warning("job %s: giving its survivors back failed too (%s)", jid, e2)
+                done.append(f"job {jid}: move failed: {e}")
+        return done
+
+    def _release(self, jid: str, survivors: list[str], *, live: bool) -> None:
+        have = self.nodes()
+        if have is not None:
+            self._set(have, [n for n in have if n not in survivors])
+        if live:
+            self._forget(jid)
+        else:  # an ended job's comment may not be writable: its nodes are out already
+            try:
+                self._forget(jid)
+            except Fenced:
+                raise
+            except ClusterError:
+                pass
+
+    def _forget(self, jid: str) -> None:
+        self.c._run("scontrol", "update", f"JobId={jid}", "AdminComment=")
