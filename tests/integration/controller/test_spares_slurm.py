@@ -9,6 +9,9 @@ waiting, and gpu4 in the reservation `spares` (Flags=FLEX, Users=root).
 - Pointing the requeued job at the reservation with `StartTime=now` (what a controller
   would do) ends the hold and lets it run on the spare plus a free node; the backfill
   scheduler starts it (bf_interval, 30 s by default), not the main one.
+- The controller does that itself (`clusters.slurm_spares`): the survivor kept in the
+  reservation across the requeue, the job pointed at it once PENDING, the survivor taken
+  out once it runs; with both nodes idle the main scheduler starts it within seconds.
 """
 
 from __future__ import annotations
