@@ -30,6 +30,7 @@ CHUNK = 8 << 20
 # the same way). The span is part of each manifest entry, so it can change without
 # breaking checkpoints already written.
 SPAN = 64 << 20
+MAX_VERIFY_THREADS = 8  # per rank: 8 ranks of a GPU node then hash on up to 64 cores
 
 
 class Digest:
@@ -137,10 +138,11 @@ class LocalStorage:
 
     def sha256_spans(self, rel: str, span: int, *, workers: int = 0) -> list[str]:
         """One SHA-256 per `span` bytes, the spans hashed by up to `workers` threads at once
-        (0: one per core this process may run on); hashlib releases the GIL while it hashes."""
+        (0: one per core this process may run on, at most MAX_VERIFY_THREADS: each holds a
+        CHUNK, and a node's 8 ranks verify at once); hashlib releases the GIL while it hashes."""
         path, size = self.path(rel), self.size(rel)
         starts = list(range(0, size, span)) or [0]
-        n = max(1, min(len(starts), workers or cores()))
+        n = max(1, min(len(starts), workers or min(cores(), MAX_VERIFY_THREADS)))
         if n == 1:
             return [_span_sha256(path, at, span) for at in starts]
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="gpuvigil-verify") as pool:
