@@ -6,10 +6,12 @@ Kept out of conftest.py because nested conftest files all import as the module
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -56,3 +58,18 @@ def cli_flags(command: str) -> list[str]:
     from gpuvigil.cli import load
 
     return [o for p in load(command).params for o in p.opts if o.startswith("--")]
+
+
+def lightning_example() -> ModuleType:
+    """examples/train_lightning.py as a module (the Lightning tests train the example users
+    copy); skipped, or failed under CI, without pytorch-lightning."""
+    require(
+        importlib.util.find_spec("pytorch_lightning") is not None,
+        "pytorch-lightning (gpuvigil[integrations])",
+    )
+    path = SRC.parent / "examples" / "train_lightning.py"
+    spec = importlib.util.spec_from_file_location("example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example

@@ -3,7 +3,6 @@ DataLoader (one CPU process, real Trainers; 8 batches an epoch, so step 11 is mi
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -13,22 +12,13 @@ from typing import Any
 import pytest
 
 from gpuvigil.core import exit_codes
-from testkit import require
+from testkit import lightning_example
 
-ROOT = Path(__file__).resolve().parents[3]
 STEPS, STOP = 20, 11  # 2.5 epochs of 8 batches; the stop is 3 batches into the second
 
 
 def _example() -> ModuleType:
-    require(
-        importlib.util.find_spec("pytorch_lightning") is not None,
-        "pytorch-lightning (gpuvigil[integrations])",
-    )
-    spec = importlib.util.spec_from_file_location("example", ROOT / "examples/train_lightning.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example
+    return lightning_example()
 
 
 def _fit(

@@ -3,7 +3,6 @@ one CPU process; the 2-rank drains run on torchrun in tests/integration/training
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -12,25 +11,15 @@ from typing import Any
 import pytest
 
 from gpuvigil.core import exit_codes
-from testkit import require
-
-ROOT = Path(__file__).resolve().parents[3]
+from testkit import lightning_example
 
 
 def _fit(tmp_path: Path, *, on_batch: Any, steps: int = 5) -> Any:
-    require(
-        importlib.util.find_spec("pytorch_lightning") is not None,
-        "pytorch-lightning (gpuvigil[integrations])",
-    )
+    example = lightning_example()
     from pytorch_lightning import Callback, Trainer
 
     from gpuvigil.training.config import TrainingConfig
     from gpuvigil.training.lightning import Resilience
-
-    spec = importlib.util.spec_from_file_location("example", ROOT / "examples/train_lightning.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
 
     class Probe(Callback):  # type: ignore[misc]
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
