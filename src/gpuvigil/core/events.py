@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,17 @@ class EventWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+MAX_CAUSE_CODES = 32  # findings a node.state names: enough for 8 GPUs' worth, still bounded
+
+
+def cause_fields(found: Iterable[Any]) -> dict[str, list[str]]:
+    """A `node.state`'s structured why, from the findings behind the move (anything with
+    `code` and `component`, worst first): `codes` and the index-aligned `components`,
+    duplicates dropped, at most MAX_CAUSE_CODES. Written by the controller and by the
+    simulator alike; layer 4 reads these, never `reason`. Empty lists: no finding
+    explains the move."""
+    pairs = list(dict.fromkeys((str(f.code), str(f.component)) for f in found))
+    pairs = pairs[:MAX_CAUSE_CODES]
+    return {"codes": [c for c, _ in pairs], "components": [c for _, c in pairs]}

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from gpuvigil.core import events
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Action
 from gpuvigil.core.states import REMOVED
@@ -278,16 +279,11 @@ class Announcer:
         m.last_reconcile.set(time.time())
 
 
-MAX_CODES = 32  # findings published per transition: enough for 8 GPUs' worth, still bounded
-
-
 def cause_fields(d: Decision) -> dict[str, list[str]]:
-    """The structured why of a transition: `codes` (the finding codes the policy saw, worst
-    first) and `components` (index-aligned: `gpu:3`, `node`, `nic:...`). `reason` says the
-    same for people; layer 4 reads only these (a drain for `CHECK_TIMEOUT` on `gpu:3` is a
-    hung GPU, on `node` a hung tool). Empty lists: no finding explains the move."""
-    pairs = list(dict.fromkeys((f.code, f.component) for f in d.findings))[:MAX_CODES]
-    return {"codes": [c for c, _ in pairs], "components": [c for _, c in pairs]}
+    """The structured why of a transition (`core.events.cause_fields`) from the problems
+    the policy saw: a drain for `CHECK_TIMEOUT` on `gpu:3` is a hung GPU, on `node` a hung
+    tool. `reason` says the same for people."""
+    return events.cause_fields(d.findings)
 
 
 def remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:

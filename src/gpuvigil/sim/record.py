@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuvigil.core.events import Event, EventWriter, Kind
+from gpuvigil.core.events import Event, EventWriter, Kind, cause_fields
 from gpuvigil.observe.figures import LOGGED, MEASURES
 from gpuvigil.training import lifecycle
 
@@ -112,9 +112,8 @@ class EventRecorder(Recorder):
         """`found`: the findings behind the move, published as the controller does
         (`codes`, `components`: what layer 4 reads; `reason` is for people)."""
         if self.sim_states:
-            pairs = list(dict.fromkeys((f.code, f.component) for f in found))
             self._emit(t, Kind.NODE_STATE, node=node, to=to, reason=reason,
-                       codes=[c for c, _ in pairs], components=[c for _, c in pairs])  # fmt: skip
+                       **cause_fields(found))  # fmt: skip
 
     def remediation(self, t: float, node: str, action: str, *, result: str = "started",
                     reason: str = "") -> None:  # fmt: skip

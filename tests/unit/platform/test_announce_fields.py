@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from gpuvigil.core.events import MAX_CAUSE_CODES as MAX_CODES
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary
-from gpuvigil.platform.announce import MAX_CODES, cause_fields
+from gpuvigil.platform.announce import cause_fields
 from gpuvigil.platform.policy import Decision
 from gpuvigil.platform.state import Record
 
