@@ -8,15 +8,17 @@ from either. What it covers, honestly:
 - a copy is a file in the node's holder folder (`memtier.dir`, tmpfs `/dev/shm` by default):
   host memory that outlives the training process, so a worker restarted on the same node
   (torchrun restarts every worker of the gang) finds its own copy;
-- rank r also sends its copy to rank (r+1) % world, which keeps it in *its* holder folder:
+- rank r also sends its copy to its peer, rank (r + L) % world where L is the ranks per
+  node (torchrun's LOCAL_WORLD_SIZE; 1 on a one-node job: `tier_choice`), which keeps it
+  in *its* holder folder:
   when r's machine is lost (its process and its tmpfs), the replacement rank r fetches it
   from that peer. Losing a rank and its peer together (two machines at once) loses the tier:
   the resume then falls back to the persistent DCP checkpoint, and says so.
 - It does not survive a reboot of every node (tmpfs), nor a resize (the copies are per rank).
 The peer copy goes point-to-point over the job's gloo side group `memtier`; on GPUs in
 production the same send/recv runs on CPU tensors over gloo (or over NCCL from pinned host
-buffers), and (r+1) % world is on another node when ranks are placed node by node with one
-rank per node or with `--nproc-per-node` ranks per node and a peer offset of that many.
+buffers). The peer is on another node when ranks are placed node by node, as torchrun
+places them.
 
 A copy is one blob: magic, a JSON header (`state_codec`: step, skeleton, the rank's and the
 job's state, the table of tensors) and the raw tensor bytes, then the SHA-256 of everything
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuvigil.training import dcp_storage, state_codec, tensor_tree
+from gpuvigil.training import dcp_storage, state_codec, tensor_tree, tier_choice
 from gpuvigil.training.config import MemTierConfig
 
 log = logging.getLogger("gpuvigil.training.checkpoint")
@@ -124,8 +126,11 @@ class MemTier:
     ) -> None:
         self.config = config
         self.rank, self.world_size, self.group = rank, world_size, group
-        self.peer = (rank + 1) % world_size  # holds my copy
-        self.ward = (rank - 1) % world_size  # whose copy I hold
+        # torchrun's LOCAL_WORLD_SIZE: the peer is a node's worth of ranks away (tier_choice)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        self.offset = tier_choice.peer_offset(world_size, local)
+        self.peer = tier_choice.peer_of(rank, world_size, self.offset)  # holds my copy
+        self.ward = tier_choice.ward_of(rank, world_size, self.offset)  # whose copy I hold
         self.holder = Path(config.dir.format(job=job or "job", node=node, rank=rank))
         self.holder.mkdir(parents=True, exist_ok=True)
 
@@ -208,19 +213,17 @@ class MemTier:
         own, held = self._verified("own", self.rank), self._verified("peer", self.ward)
         views: list[Any] = [None] * self.world_size
         dist.all_gather_object(views, (sorted(own), sorted(held)), group=self.group)
-        have = []
-        for q in range(self.world_size):
-            peer_of_q = (q + 1) % self.world_size
-            have.append(set(views[q][0]) | set(views[peer_of_q][1] if self.world_size > 1 else ()))
-        common = set.intersection(*have) if have else set()
-        if not common:
+        owns, helds = [v[0] for v in views], [v[1] for v in views]
+        found = tier_choice.newest_common(owns, helds, self.offset)
+        if found is None:
+            have = tier_choice.reachable(owns, helds, self.offset)
             lost = [q for q in range(self.world_size) if not have[q]]
             why = (
                 f"no step that every rank has a verified copy of (ranks with none: {lost}; "
                 f"steps per rank: {[sorted(h) for h in have]})"
             )
             return None, why
-        step = max(common)
+        step = found
         needs = [step not in views[q][0] for q in range(self.world_size)]
         blob = own.get(step)
         fetched = blob is None
