@@ -49,6 +49,10 @@ class Job:
     restarts: int = 0
     hung_since: float | None = None
     in_place: bool = False  # the last restart is torchrun's, on the same nodes (sim.restart)
+    # > 0: training's in-memory tier copies every rank's state this often (wall seconds of
+    # running; every_steps x the step time), and copy_speed is what the copies leave of it
+    memtier_s: float = 0.0
+    copy_speed: float = 1.0
     end_reason: str = ""
 
     @property
@@ -62,20 +66,22 @@ class Job:
             t = min(t, max(self.hung_since, self.seg_start))
         return min(self.work_s, self.seg_done + (t - self.seg_start) * self.speed)
 
-    def last_checkpoint(self, t: float) -> float:
-        """Wall time of the last checkpoint at or before t (none before run_start)."""
-        if t < self.run_start + self.checkpoint_s:
+    def last_checkpoint(self, t: float, every: float = 0.0) -> float:
+        """Wall time of the last checkpoint at or before t (none before run_start), of the
+        persistent tier, or of a tier saved `every` seconds (the in-memory one)."""
+        every = every or self.checkpoint_s
+        if t < self.run_start + every:
             return self.run_start
-        k = math.floor((t - self.run_start) / self.checkpoint_s)
-        return self.run_start + k * self.checkpoint_s
+        k = math.floor((t - self.run_start) / every)
+        return self.run_start + k * every
 
-    def secured_at(self, t: float) -> float:
-        """Work saved by the last checkpoint at or before t."""
-        c = self.last_checkpoint(t)
+    def secured_at(self, t: float, every: float = 0.0) -> float:
+        """Work saved by the last checkpoint at or before t (of the tier saved `every`)."""
+        c = self.last_checkpoint(t, every)
         if c <= self.run_start:
             return self.ckpt_done
         if self.hung_since is not None and c > self.hung_since:
-            c = self.last_checkpoint(self.hung_since)  # a hung job writes no checkpoint
+            c = self.last_checkpoint(self.hung_since, every)  # a hung job saves nothing
         return max(self.ckpt_done, self.done_at(c)) if c >= self.seg_start else self.ckpt_done
 
     def rebase(self, t: float, speed: float) -> None:
