@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gpuvigil.core.findings import Action
 from gpuvigil.platform.controller import ControllerConfig
-from gpuvigil.sim import episodes, incidents, lifecycle, serving
+from gpuvigil.sim import episodes, incidents, lifecycle, restart, serving
 from gpuvigil.sim.adversity import ATTACKS
 from gpuvigil.sim.detect import Layer1
 from gpuvigil.sim.faults import (
@@ -113,6 +113,10 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
             random.Random(f"{seed}:jobs"), nodes=nodes - n_serving, horizon_s=self.horizon,
             gpus_per_node=self.cfg.gpus_per_node,
         )  # fmt: skip
+        if scenario.layer3 and workload.memtier_every_steps > 0:
+            for job in self.jobs:
+                restart.arm_memtier(job, self.cfg, every_steps=workload.memtier_every_steps,
+                                    step_s=workload.step_s)  # fmt: skip
         self.queue: deque[int] = deque()
         self.progress = progress
         self._heap: list[tuple[float, int, int, object, int]] = []

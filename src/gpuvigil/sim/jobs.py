@@ -129,6 +129,10 @@ class Workload:
     # this share of the fleet's nodes (the last ones) serves an always-on inference
     # Deployment (`sim.serving`) instead of training: one pool of 64 in a fleet of 1,024
     serving_fraction: float = 0.0
+    # > 0: training's in-memory tier (training.memtier) copies every this many steps of
+    # step_s seconds, where layer 3 runs (sim.restart.arm_memtier)
+    memtier_every_steps: int = 0
+    step_s: float = 0.0
 
     def initial_and_arrivals(
         self, rng: random.Random, *, nodes: int, horizon_s: float, gpus_per_node: int
@@ -174,5 +178,11 @@ WORKLOADS = {
         spare_fraction=0.0625,
         nodes=2176,
         human_detect_mean_s=1800.0,
+        # A step: 6 x 405e9 parameters x 16M tokens over 16,384 GPUs at Meta's reported
+        # ~400 TFLOPS a GPU is ~5.9 s. Every 45 steps (~4.4 min) balances a copy's measured
+        # cost (SimConfig.memtier_copy_bytes_per_s) against the work a loss takes back:
+        # sqrt(2 x copy_s / interruption rate) at ~450 interruptions in 54 days.
+        memtier_every_steps=45,
+        step_s=5.9,
     ),
 }

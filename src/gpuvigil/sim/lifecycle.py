@@ -235,7 +235,7 @@ class Lifecycle:
                     self.hit_job(job, fi, job.run_start)
 
     def gang_speed(self: Engine, job: Job) -> float:
-        speed = 1.0
+        speed = job.copy_speed  # the in-memory tier's copies hold the training thread
         for nid in job.nodes:
             for fi in self.fleet.nodes[nid].faults:
                 if fi.kind.effect is Effect.DEGRADE:
@@ -281,6 +281,10 @@ class Lifecycle:
         software = fi is None or not fi.kind.persistent
         code = restart.exit_code(stop, layer3=layer3, graceful=graceful, software=software)
         keep = job.done_at(t) if graceful else job.secured_at(t)
+        # the in-memory tier, where the lost machines leave every rank's copy somewhere
+        memory = not graceful and restart.memory_tier_holds(job, self.lost_nodes(job, t, fi))
+        if memory:
+            keep = max(keep, job.secured_at(t, job.memtier_s))
         corrupt = self.corrupted_since(job, t) if graceful else None
         if corrupt is not None:  # the drain's save holds wrong results: good up to before
             keep = job.secured_at(max(corrupt, job.run_start))
@@ -306,7 +310,8 @@ class Lifecycle:
         blamed = f"node-{fi.node:05d}" if fi is not None else None
         # A drain that saved loses nothing; a job stopped while still starting (t before
         # run_start: requeue, load) had no work since its checkpoint to lose.
-        lost_s = 0.0 if graceful else max(0.0, t - job.last_checkpoint(t))
+        saved = max(job.last_checkpoint(t), job.last_checkpoint(t, job.memtier_s) if memory else 0)
+        lost_s = 0.0 if graceful else max(0.0, t - saved)
         if corrupt is not None:  # back to the last checkpoint before the corruption
             lost_s = max(0.0, t - job.last_checkpoint(max(corrupt, job.run_start)))
         self.rec.job_restart(t, job, reason=reason, lost_s=lost_s, node=blamed,
@@ -321,6 +326,22 @@ class Lifecycle:
             job.state = JobState.QUEUED
             self.push(t + self.cfg.requeue_delay_s, ARRIVE_EV, job, 1)
         self.schedule(t)
+
+    def lost_nodes(self: Engine, job: Job, t: float, fi: FaultInstance | None) -> list[int]:
+        """The gang positions of the job's machines gone with their host memory at t: the
+        one whose fault stopped the job unless the fault was the program's, and every other
+        node of the job that a hardware crash holds at that instant (correlated faults)."""
+        out = []
+        for pos, nid in enumerate(job.nodes):
+            faults = self.fleet.nodes[nid].faults
+            if any(f.kind.persistent and f.kind.effect is Effect.CRASH and f.onset_s <= t
+                   for f in faults):  # fmt: skip
+                out.append(pos)
+        if fi is not None and fi.kind.persistent and fi.node in job.nodes:
+            pos = job.nodes.index(fi.node)
+            if pos not in out:
+                out.append(pos)
+        return out
 
     def corrupted_since(self: Engine, job: Job, t: float) -> float | None:
         """When silent corruption began on one of the job's nodes (the earliest onset at

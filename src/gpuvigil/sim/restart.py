@@ -20,7 +20,9 @@ from enum import StrEnum
 
 from gpuvigil.core import exit_codes
 from gpuvigil.sim import restart_model
+from gpuvigil.sim.jobs import Job
 from gpuvigil.sim.scenarios import SimConfig
+from gpuvigil.training import tier_choice
 from gpuvigil.training.config import DrainConfig, WatchdogConfig
 from gpuvigil.training.watchdog import derive_timeout
 
@@ -106,3 +108,24 @@ def stop_of(reason: str, *, hang: bool) -> Stop:
     if reason.startswith("drain") or reason == "repair":
         return Stop.TAKEN
     return Stop.HANG if hang else Stop.CRASH
+
+
+def arm_memtier(job: Job, config: SimConfig, *, every_steps: int, step_s: float) -> None:
+    """Give a job training's in-memory tier: a copy every `every_steps` steps, each holding
+    the training thread for the checkpoint's bytes at the measured copy rate, which the
+    job's speed pays."""
+    job.memtier_s = every_steps * step_s
+    copy_s = config.checkpoint_bytes_per_rank / config.memtier_copy_bytes_per_s
+    job.copy_speed = job.memtier_s / (job.memtier_s + copy_s)
+
+
+def memory_tier_holds(job: Job, lost_nodes: list[int]) -> bool:
+    """Does the in-memory tier survive losing these of the job's nodes (by position in the
+    gang: their processes and their host memory)? `training.tier_choice`'s rule: every
+    lost rank's peer, one node of ranks away, must still be up."""
+    if job.memtier_s <= 0:
+        return False
+    per = job.gpus_per_node
+    lost = [n * per + r for n in lost_nodes for r in range(per)]
+    offset = tier_choice.peer_offset(job.gpus, per)
+    return tier_choice.survives(lost, job.gpus, offset)

@@ -155,6 +155,14 @@ class SimConfig(StrictModel):
         "fp32 master weights and two fp32 Adam moments (14 B a parameter) over 16,384 "
         "ranks (assumption: Meta does not publish its checkpoint's size).",
     )
+    memtier_copy_bytes_per_s: float = Field(
+        100e6,
+        gt=0,
+        description="How fast one rank's in-memory tier copy goes (pack and hash, write "
+        "to tmpfs, exchange with the peer, write its copy), in checkpoint bytes a second: "
+        "bench/memtier.py, 2 ranks on gloo, 68-105 MB/s at 10-200 MB on a 2-core machine "
+        "(2026-12-07; the copy holds the training thread, so the step waits for it).",
+    )
     nccl_timeout_s: float = Field(
         600.0, description="PyTorch's default collective timeout (10 min) ends a hung job."
     )

@@ -39,3 +39,20 @@ def test_newest_common_takes_a_peer_copy_and_skips_a_step_a_rank_lacks() -> None
     assert tier_choice.newest_common(own, held, 1) == 2
     assert tier_choice.newest_common(own, [set(), set()], 1) is None
     assert tier_choice.reachable(own, [set(), set()], 1) == [{2, 4}, set()]
+
+
+def test_survives_is_newest_common_over_a_lost_machine() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        per = rng.choice([1, 2, 4, 8])
+        nodes = rng.randint(1, 6)
+        world = per * nodes
+        offset = tier_choice.peer_offset(world, per)
+        gone = rng.sample(range(nodes), rng.randint(0, nodes))
+        lost = {n * per + r for n in gone for r in range(per)}
+        own = [() if q in lost else (1,) for q in range(world)]
+        held = [() if q in lost else (1,) for q in range(world)]
+        full = tier_choice.newest_common(own, held, offset) == 1
+        assert tier_choice.survives(lost, world, offset) == full, (per, nodes, gone)
