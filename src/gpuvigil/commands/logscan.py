@@ -22,9 +22,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.capture.inputs import InputError, open_input
-from gpuvigil.node.probes.kernel_log_parser import EventFields, iter_stream_fields
-from gpuvigil.node.probes.kernel_log_shape import unreadable
-from gpuvigil.node.probes.log_lines import LineStats
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import EventFields, iter_stream_fields
+from gpuvigil.node.checks.kernel_log.kernel_log_shape import unreadable
+from gpuvigil.node.checks.kernel_log.log_lines import LineStats
 from gpuvigil.observe.printable import printable
 
 if TYPE_CHECKING:

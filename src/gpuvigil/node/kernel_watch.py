@@ -28,10 +28,10 @@ from gpuvigil.core.findings import CheckRun, Finding, Status
 from gpuvigil.node import xid_feed, xid_state
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.checks.kernel_log import kmsg_stream as ks
+from gpuvigil.node.checks.kernel_log.kernel_log_sources import boot_info
 from gpuvigil.node.metrics import AgentMetrics
 from gpuvigil.node.pipeline.judge import judge
-from gpuvigil.node.probes import kmsg_stream as ks
-from gpuvigil.node.probes.kernel_log_sources import boot_info
 from gpuvigil.node.readings import (
     GpuInventory,
     GpuRef,

@@ -204,9 +204,10 @@ class DcgmReport:
 
 
 # --- Kernel log: Xid and SXid events (owner: layer-1 kernel-log work) ----------------------
-# Producers: `node.probes.kernel_log_parser` (one line or /dev/kmsg record -> XidEvent), the
+# Producers: `node.checks.kernel_log.kernel_log_parser` (one line or /dev/kmsg record ->
+# XidEvent), the
 # kernel_log check (-> KernelLog), the agent's /dev/kmsg follower and NVML's event loop
-# (source "nvml"). Consumer: `node.rules.xid`.
+# (source "nvml"). Consumer: `node.checks.kernel_log.rules.xid`.
 
 XidKind = Literal["xid", "sxid"]
 XidSource = Literal["kmsg", "dmesg", "journal", "file", "nvml"]
@@ -264,7 +265,8 @@ class DriverFault:
     it (`RmInitAdapter failed`, a failed probe), or an NVLink did not train.
 
     `bus_id` is normalized (see `normalize_bus_id`), None when the line names no GPU.
-    Producer: `node.probes.kernel_faults`; consumer: `node.rules.driver_faults`.
+    Producer: `node.checks.kernel_log.kernel_faults`; consumer:
+    `node.checks.kernel_log.rules.driver_faults`.
     """
 
     kind: DriverFaultKind
@@ -399,8 +401,8 @@ class NodeInstance:
 
 
 # --- Network fabric and PCIe (owner: fabric/preflight work) --------------------------------
-# The fabric probe (`node/probes/fabric.py`) and the simulator build these; the fabric
-# rules (`node/rules/fabric.py`) judge them. A value that could not be read is None and
+# The fabric probe (`node/checks/fabric/fabric.py`) and the simulator build these; the fabric
+# rules (`node/checks/fabric/rules.py`) judge them. A value that could not be read is None and
 # the reason is in `problems`: the rules turn problems into findings (fail closed).
 
 

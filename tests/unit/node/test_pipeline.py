@@ -19,12 +19,12 @@ from gpuvigil.fakes.faults import Fault
 from gpuvigil.fakes.gpu import make_node
 from gpuvigil.node import readings, sweep, tool_readings
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.kernel_log import kernel_log
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
 from gpuvigil.node.pipeline import registry
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.judge import judge, load_rules
-from gpuvigil.node.probes import kernel_log
 from gpuvigil.node.readings import GpuInventory, GpuReading, KernelLog
 from gpuvigil.sim import hardware, replay
 

@@ -62,15 +62,11 @@ def detect(text: str, lines: list[str], *, strong: bool) -> str | None:
     over another kind's mark (`nvlink -e` carries the `nvlink -s` GPU lines), tried before
     the marks; else the rest, tried after the marks (so a bundle that holds a whole `-q`
     stays `-q`) and before the kernel-log guess."""
-    from gpuvigil.node.probes import (
-        fabric_manager_log,
-        nic_counters,
-        nvidia_smi_partial,
-        nvidia_smi_table,
-        nvlink_counters,
-        rdma_link,
-        topology,
-    )
+    from gpuvigil.node.checks.counters import nic_counters, nvlink_counters
+    from gpuvigil.node.checks.fabric import rdma_link
+    from gpuvigil.node.checks.fabric_manager import fabric_manager_log
+    from gpuvigil.node.checks.gpu import nvidia_smi_partial, nvidia_smi_table
+    from gpuvigil.node.checks.topology import topology
 
     if strong:
         if nvlink_counters.looks_like(text) or _dcgmi_nvlink_json(text):
@@ -116,17 +112,12 @@ def _dcgmi_nvlink_json(text: str) -> bool:
 
 def read(kind: str, text: str) -> list[object] | None:
     """The readings of one of these kinds, or None for a kind that is not one of them."""
-    from gpuvigil.node.probes import (
-        fabric_manager_log,
-        nic_counters,
-        nvidia_smi,
-        nvidia_smi_nvlink,
-        nvidia_smi_partial,
-        nvidia_smi_table,
-        nvlink_counters,
-        rdma_link,
-        topology,
-    )
+    from gpuvigil.node.checks.counters import nic_counters, nvlink_counters
+    from gpuvigil.node.checks.fabric import rdma_link
+    from gpuvigil.node.checks.fabric_manager import fabric_manager_log
+    from gpuvigil.node.checks.gpu import nvidia_smi, nvidia_smi_partial, nvidia_smi_table
+    from gpuvigil.node.checks.nvlink import nvidia_smi_nvlink
+    from gpuvigil.node.checks.topology import topology
 
     if kind == "nvidia-smi-q":  # whole or partial `-q` text; its Fabric sections too
         if nvidia_smi_partial.is_partial(text):

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.probes import kernel_log
+from gpuvigil.node.checks.kernel_log import kernel_log
 from gpuvigil.node.readings import GpuRef, gpu_map
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvigil.node.probes.kernel_log_parser import (
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import (
     driver_load_stamp,
     iter_stream,
     kmsg_records,
