@@ -9,7 +9,7 @@ import json
 
 from gpuvigil.node.catalog.instances import InstanceCatalog, InstanceType, load_catalog
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.readings import NodeInstance
+from gpuvigil.node.checks.fabric.readings import NodeInstance
 
 DMI_PRODUCT = "sys/devices/virtual/dmi/id/product_name"
 

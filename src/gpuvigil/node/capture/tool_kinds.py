@@ -13,14 +13,10 @@ import re
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from gpuvigil.node.tool_readings import (
-    FabricManagerLog,
-    GpuFabricStates,
-    GpuTopology,
-    NicCounters,
-    NvLinkReport,
-    PartialGpuInventory,
-)
+from gpuvigil.node.checks.counters.readings import NicCounters, NvLinkReport
+from gpuvigil.node.checks.fabric_manager.readings import FabricManagerLog, GpuFabricStates
+from gpuvigil.node.checks.gpu.readings import PartialGpuInventory
+from gpuvigil.node.checks.topology.readings import GpuTopology
 
 if TYPE_CHECKING:
     from gpuvigil.core.findings import Finding
@@ -149,8 +145,8 @@ def read(kind: str, text: str) -> list[object] | None:
 def judge(
     reading: object, *, node: NodeConfig, expect: Expect, now: datetime, check: str
 ) -> list[Finding]:
+    from gpuvigil.node.checks.gpu.readings import ExpectedGpus
     from gpuvigil.node.pipeline.judge import judge as pipeline_judge
-    from gpuvigil.node.readings import ExpectedGpus
 
     if isinstance(reading, PartialGpuInventory):
         return _partial(reading, node=node, expect=expect, now=now, check=check)
@@ -169,8 +165,8 @@ def _partial(
     (`Attached GPUs`); findings of a GPU the output does not place are named by its bus
     id; and an OK note listing the checks the missing sections left unmade."""
     from gpuvigil.core.findings import Finding, Status
+    from gpuvigil.node.checks.gpu.readings import ExpectedGpus
     from gpuvigil.node.pipeline.judge import judge as pipeline_judge
-    from gpuvigil.node.readings import ExpectedGpus
 
     inv = reading.inventory
     if not reading.sections and not any(g.lost for g in inv.gpus) and not inv.errors:

@@ -24,9 +24,9 @@ from typing import Any
 from gpuvigil.core.findings import Action, CheckRun, Finding, Status, utcnow
 from gpuvigil.io.exec import resolve
 from gpuvigil.node.capture import error_text
+from gpuvigil.node.checks.gpu.readings import GpuSource
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.judge import judge
-from gpuvigil.node.readings import GpuSource
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from gpuvigil.fakes import faults
 from gpuvigil.fakes.faults import Fault
 from gpuvigil.node.checks import REGISTRY, run_check
 from gpuvigil.node.checks.gpu import nvml
-from gpuvigil.node.readings import GpuInventory, NvmlXidEvents
+from gpuvigil.node.checks.gpu.readings import GpuInventory, NvmlXidEvents
 
 
 def codes(findings):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from gpuvigil.node.tool_readings import NicCounters, PortCounters
+from gpuvigil.node.checks.counters.readings import NicCounters, PortCounters
 
 MAX_PORTS = 256
 MAX_COUNTERS = 4096

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 
-from gpuvigil.node.tool_readings import LinkCounters, LinkOwner, NvLinkReport
+from gpuvigil.node.checks.counters.readings import LinkCounters, LinkOwner, NvLinkReport
 
 MAX_OWNERS = 128
 MAX_LINKS = 64

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.error_counters import Limit, load
+from gpuvigil.node.checks.counters.readings import NicCounters, NvLinkReport
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.tool_readings import NicCounters, NvLinkReport
 
 
 @rule("nvlink_counts", reads=NvLinkReport, codes=("NVLINK_ERROR_COUNTS", "NVLINK_DOWN"))

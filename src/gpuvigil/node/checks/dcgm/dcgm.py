@@ -17,7 +17,7 @@ from gpuvigil.io import exec as ex
 from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.checks.dcgm.dcgm_health_parse import parse_health
 from gpuvigil.node.checks.dcgm.dcgm_parse import parse_diag
-from gpuvigil.node.readings import DcgmReport
+from gpuvigil.node.checks.dcgm.readings import DcgmReport
 
 
 def _absent(ctx: CheckContext, name: str) -> list[Finding] | None:

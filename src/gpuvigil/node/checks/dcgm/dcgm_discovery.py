@@ -19,7 +19,7 @@ from datetime import datetime
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.checks.gpu import nvidia_smi_errors
 from gpuvigil.node.checks.gpu.nvidia_smi_errors import MAX_GPUS
-from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, ReadError
 
 SOURCE = "dcgmi discovery"
 _FOUND = re.compile(r"^\s*(\d+)\s+(GPUs?|NvSwitch(?:es)?|ConnectX|CPUs?)\b.*found", re.I)

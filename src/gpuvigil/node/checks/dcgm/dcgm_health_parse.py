@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from gpuvigil.node.checks.dcgm.dcgm_parse import json_doc, status_of
-from gpuvigil.node.readings import DcgmReport, DcgmResult
+from gpuvigil.node.checks.dcgm.readings import DcgmReport, DcgmResult
 
 _OVERALL = "overall health"
 _GPU_KEY = re.compile(r"^\s*GPU(?:\s*ID)?\s*:?\s*(\d+)\s*$", re.I)  # older dcgmi: "GPU ID: 0"

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from gpuvigil.node.checks.dcgm.dcgm_table import overall, parse_table, pin_named_gpus
-from gpuvigil.node.readings import DcgmReport, DcgmResult
+from gpuvigil.node.checks.dcgm.readings import DcgmReport, DcgmResult
 
 _STATUS = {
     "pass": "Pass",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuvigil.node.readings import DcgmReport, DcgmResult
+from gpuvigil.node.checks.dcgm.readings import DcgmReport, DcgmResult
 
 _ROW = re.compile(r"^\s*[|+]\s?(.*?)\s*\|\s?(.*?)\s*[|+]\s*$")
 _SECTION = re.compile(r"^\s*[|+]-+\s*([A-Za-z][\w /]*?)\s*-+\+")

@@ -12,8 +12,8 @@ from collections import defaultdict
 from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.checks.dcgm.readings import DcgmReport, DcgmResult
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import DcgmReport, DcgmResult
 
 # Health watch system -> what a failure there calls for.
 _HEALTH_ACTION = {

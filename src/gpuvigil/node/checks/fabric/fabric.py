@@ -28,8 +28,14 @@ from gpuvigil.io import exec as execp
 from gpuvigil.node import instance
 from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.checks.fabric.fabric_tools import parse_fi_info
+from gpuvigil.node.checks.fabric.readings import (
+    FabricAdapter,
+    FabricPort,
+    FabricReading,
+    FiInfo,
+    NetDev,
+)
 from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, FiInfo, NetDev
 
 CHECK = "fabric"
 IB_CLASS = "sys/class/infiniband"

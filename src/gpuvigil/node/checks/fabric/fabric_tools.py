@@ -25,7 +25,13 @@ import re
 from datetime import datetime
 
 from gpuvigil.core.findings import utcnow
-from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, FiInfo, NetDev
+from gpuvigil.node.checks.fabric.readings import (
+    FabricAdapter,
+    FabricPort,
+    FabricReading,
+    FiInfo,
+    NetDev,
+)
 
 _IBSTAT_STATE = {"active": "ACTIVE", "down": "DOWN", "initializing": "INIT", "armed": "ARMED"}
 _PHYS = {

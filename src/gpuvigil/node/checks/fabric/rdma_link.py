@@ -15,7 +15,7 @@ import re
 from datetime import datetime
 
 from gpuvigil.node.checks.fabric.fabric_tools import _adapter, _phys, _reading, _state
-from gpuvigil.node.readings import FabricPort, FabricReading, NetDev
+from gpuvigil.node.checks.fabric.readings import FabricPort, FabricReading, NetDev
 
 SOURCE = "rdma link"
 _LINE = re.compile(r"^\s*(?:\d+/\d+:\s*)?link\s+(?P<dev>[\w.\-]+)/(?P<port>\d+)\s+(?P<rest>.*)$")

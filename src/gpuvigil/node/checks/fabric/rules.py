@@ -13,15 +13,15 @@ from typing import Any
 
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.instances import InstanceType
-from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.fabric.readings import (
     FabricAdapter,
     FabricExpectation,
     FabricPort,
     FabricReading,
     NodeInstance,
 )
+from gpuvigil.node.config import FabricConfig
+from gpuvigil.node.pipeline.registry import Inputs, rule
 
 CHECK = "fabric"
 # Widths of the IB PortCounters (IBTA): a counter at its maximum has saturated and can no

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from gpuvigil.node.tool_readings import FabricManagerLog, FmEvent, FmEventKind
+from gpuvigil.node.checks.fabric_manager.readings import FabricManagerLog, FmEvent, FmEventKind
 
 MAX_EVENTS = 500
 

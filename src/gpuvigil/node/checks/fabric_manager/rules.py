@@ -15,13 +15,13 @@ from __future__ import annotations
 from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.xid import load_catalog
-from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.tool_readings import (
+from gpuvigil.node.checks.fabric_manager.readings import (
     FabricManagerLog,
     FabricRegistration,
     FmEvent,
     GpuFabricStates,
 )
+from gpuvigil.node.pipeline.registry import Inputs, rule
 
 LIFECYCLE = ("started", "stopped", "failed")
 MAX_LINES = 5  # lines kept as evidence per finding

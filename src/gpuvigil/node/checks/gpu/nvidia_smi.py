@@ -22,7 +22,7 @@ from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.catalog import phrases
 from gpuvigil.node.checks import CheckContext
 from gpuvigil.node.checks.gpu import nvidia_smi_errors, nvidia_smi_text
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.gpu.readings import (
     CLOCK_GPU_IDLE,
     CLOCK_HW_POWER_BRAKE,
     CLOCK_HW_SLOWDOWN,

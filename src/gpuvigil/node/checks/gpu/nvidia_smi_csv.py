@@ -22,7 +22,7 @@ from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks.gpu import nvidia_smi_errors
 from gpuvigil.node.checks.gpu.nvidia_smi import REASON_BITS, recovery_action_of
-from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, ReadError
 
 SOURCE = "nvidia-smi --query-gpu"
 # query field (without units) -> (GpuReading field, kind)

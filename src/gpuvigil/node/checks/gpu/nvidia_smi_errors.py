@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuvigil.node.readings import GpuReading, ReadError
+from gpuvigil.node.checks.gpu.readings import GpuReading, ReadError
 
 LOST_LINE = re.compile(
     r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"

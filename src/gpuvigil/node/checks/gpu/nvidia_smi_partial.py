@@ -21,9 +21,14 @@ from dataclasses import replace
 from datetime import datetime
 
 from gpuvigil.core.findings import utcnow
+from gpuvigil.node.checks.fabric_manager.readings import FabricRegistration, GpuFabricStates
 from gpuvigil.node.checks.gpu import nvidia_smi, nvidia_smi_errors, nvidia_smi_text
-from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
-from gpuvigil.node.tool_readings import FabricRegistration, GpuFabricStates, PartialGpuInventory
+from gpuvigil.node.checks.gpu.readings import (
+    GpuInventory,
+    GpuReading,
+    PartialGpuInventory,
+    ReadError,
+)
 
 SOURCE = "nvidia-smi -q (partial)"
 # What each GPU check reads, by the -q sections (lower case) that carry it.

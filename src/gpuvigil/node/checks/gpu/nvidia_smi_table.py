@@ -21,7 +21,7 @@ from datetime import datetime
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks.gpu import nvidia_smi_errors
-from gpuvigil.node.readings import GpuInventory, GpuReading, ReadError
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, ReadError
 
 SOURCE = "nvidia-smi (table)"
 BANNER = re.compile(r"NVIDIA-SMI\s+(?P<smi>[\d.]+)\s+Driver Version:\s*(?P<driver>[\d.]+)")

@@ -19,19 +19,19 @@ from datetime import datetime
 
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node import instance
+from gpuvigil.node.bus_ids import normalize_bus_id
 from gpuvigil.node.checks import CheckContext, Readout, check
 from gpuvigil.node.checks.gpu.nvml_client import Answer, NvmlClient, client_for, close_all
-from gpuvigil.node.checks.pcie.pcie import gpu_addresses
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.gpu.readings import (
     ExpectedGpus,
     GpuInventory,
     GpuSource,
     KnownGpus,
     NvmlXidEvents,
     ReadError,
-    XidEvent,
-    normalize_bus_id,
 )
+from gpuvigil.node.checks.kernel_log.readings import XidEvent
+from gpuvigil.node.checks.pcie.pcie import gpu_addresses
 
 __all__ = ["Answer", "NvmlClient", "client_for", "close_all", "gpu_check"]
 

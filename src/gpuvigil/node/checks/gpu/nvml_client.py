@@ -27,7 +27,7 @@ from typing import Any
 import gpuvigil
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.checks.gpu.nvml_readings import inventory_from_lines
-from gpuvigil.node.readings import GpuInventory, ReadError
+from gpuvigil.node.checks.gpu.readings import GpuInventory, ReadError
 
 MAX_LINE = 4 * 1024 * 1024  # one GPU's raw answer is a few KB; bound a runaway worker
 START_TIMEOUT_S = 20.0  # interpreter start + import of the binding + nvmlInit

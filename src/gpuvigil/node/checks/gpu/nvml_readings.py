@@ -10,7 +10,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gpuvigil.node.readings import LOST_ERRORS, GpuInventory, GpuReading, NvLinkReading, ReadError
+from gpuvigil.node.checks.gpu.readings import (
+    LOST_ERRORS,
+    GpuInventory,
+    GpuReading,
+    NvLinkReading,
+    ReadError,
+)
 
 # nvmlDeviceArchitecture_t -> family name used by the catalogs.
 ARCHITECTURES = {

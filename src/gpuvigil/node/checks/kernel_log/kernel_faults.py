@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
 
+from gpuvigil.node.bus_ids import normalize_bus_id
 from gpuvigil.node.checks.kernel_log.kernel_log_parser import stamp_before
-from gpuvigil.node.readings import DriverFault, DriverFaultKind, normalize_bus_id
+from gpuvigil.node.checks.kernel_log.readings import DriverFault, DriverFaultKind
 
 # Byte needles for the line scanner (`log_lines`): one of them is on every line read here.
 NEEDLES = (

@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.checks import CheckContext, Readout, check
+from gpuvigil.node.checks.gpu.readings import GpuRef
 from gpuvigil.node.checks.kernel_log import kernel_faults, kernel_log_capture
 from gpuvigil.node.checks.kernel_log.kernel_log_parser import (
     driver_load_stamp,
@@ -42,8 +43,8 @@ from gpuvigil.node.checks.kernel_log.kernel_log_sources import (
     read_source,
 )
 from gpuvigil.node.checks.kernel_log.log_lines import find_lines
+from gpuvigil.node.checks.kernel_log.readings import KernelLog, XidEvent
 from gpuvigil.node.config import KernelLogConfig
-from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent
 
 __all__ = [
     "analyze_capture",

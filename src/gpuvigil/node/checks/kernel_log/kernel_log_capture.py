@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import phrases
+from gpuvigil.node.checks.gpu.readings import GpuRef, KnownGpus
 from gpuvigil.node.checks.kernel_log import kernel_faults
 from gpuvigil.node.checks.kernel_log.kernel_log_parser import (
     driver_load_stamp,
@@ -31,8 +32,8 @@ from gpuvigil.node.checks.kernel_log.kernel_log_parser import (
 )
 from gpuvigil.node.checks.kernel_log.kernel_log_shape import unreadable
 from gpuvigil.node.checks.kernel_log.log_lines import LineStats, iter_lines
+from gpuvigil.node.checks.kernel_log.readings import KernelLog, XidEvent
 from gpuvigil.node.config import KernelLogConfig
-from gpuvigil.node.readings import GpuRef, KernelLog, KnownGpus, XidEvent
 
 CHECK = "kernel_log"
 _XID = b"Xid ("

@@ -40,7 +40,7 @@ from gpuvigil.node.bus_ids import normalize_bus_id
 from gpuvigil.node.checks.kernel_log.log_lines import LineStats, find_lines, iter_lines
 
 if TYPE_CHECKING:
-    from gpuvigil.node.readings import XidEvent, XidSource
+    from gpuvigil.node.checks.kernel_log.readings import XidEvent, XidSource
 
 # The event itself, searched anywhere in the line. The look-behind keeps "fooXid (" out.
 # The driver's optional `pid=<n|'<unknown>'>, name=<process>, ` fields are matched in the
@@ -136,7 +136,7 @@ def _event(*fields: object) -> XidEvent:
     """`XidEvent(*fields)`, imported at the first event: `logscan --json` builds none, and
     `readings` costs 0.026 s of its start-up."""
     global _event  # replaced by the class itself after the first call
-    from gpuvigil.node.readings import XidEvent
+    from gpuvigil.node.checks.kernel_log.readings import XidEvent
 
     _event = XidEvent
     return XidEvent(*fields)

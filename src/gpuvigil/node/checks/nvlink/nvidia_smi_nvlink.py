@@ -15,7 +15,7 @@ from datetime import datetime
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.checks.gpu import nvidia_smi_errors
-from gpuvigil.node.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
 
 SOURCE = "nvidia-smi nvlink"
 GPU_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$")

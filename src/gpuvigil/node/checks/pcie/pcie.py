@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.checks import CheckContext, Needs, Readout, check
-from gpuvigil.node.readings import PcieLink, PcieReading
+from gpuvigil.node.checks.pcie.readings import PcieLink, PcieReading
 
 PCI_DEVICES = "sys/bus/pci/devices"
 IB_CLASS = "sys/class/infiniband"

@@ -7,8 +7,8 @@ Registered as the `pcie` rule: `node.pipeline` feeds it for the `pcie` check
 from __future__ import annotations
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.checks.pcie.readings import PcieLink, PcieReading
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import PcieLink, PcieReading
 
 CHECK = "pcie"
 

@@ -14,9 +14,10 @@ import re
 from collections import Counter
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.checks.fabric.readings import FabricExpectation
+from gpuvigil.node.checks.gpu.readings import ExpectedGpus
+from gpuvigil.node.checks.topology.readings import GpuTopology
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import ExpectedGpus, FabricExpectation
-from gpuvigil.node.tool_readings import GpuTopology
 
 SOURCE = "nvidia-smi topo -m"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from gpuvigil.node.tool_readings import GpuTopology
+from gpuvigil.node.checks.topology.readings import GpuTopology
 
 MAX_DEVICES = 128
 _GPU = re.compile(r"^GPU(\d+)$")

@@ -16,11 +16,7 @@ from typing import Any
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog import gpus as gpu_catalog
 from gpuvigil.node.catalog.gpus import GpuCatalog
-from gpuvigil.node.checks.gpu.rules import gpu_pcie, memory, thermal
-from gpuvigil.node.checks.nvlink import rules as nvlink
-from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.gpu.readings import (
     LOST_ERRORS,
     ExpectedGpus,
     GpuInventory,
@@ -28,6 +24,10 @@ from gpuvigil.node.readings import (
     GpuSource,
     ReadError,
 )
+from gpuvigil.node.checks.gpu.rules import gpu_pcie, memory, thermal
+from gpuvigil.node.checks.nvlink import rules as nvlink
+from gpuvigil.node.config import GpuConfig
+from gpuvigil.node.pipeline.registry import Inputs, rule
 
 # Source errors that mean "the driver is not usable" (nvidia-smi's own words, mapped to
 # NVML's names by `probes.nvidia_smi_errors`): DRIVER_UNAVAILABLE, not a generic error.

@@ -12,8 +12,8 @@ from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.gpus import GpuProduct
+from gpuvigil.node.checks.gpu.readings import CLOCK_GPU_IDLE, GpuReading
 from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.readings import CLOCK_GPU_IDLE, GpuReading
 
 
 def evaluate(

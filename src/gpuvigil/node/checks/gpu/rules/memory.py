@@ -13,8 +13,8 @@ from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.gpus import GpuProduct
+from gpuvigil.node.checks.gpu.readings import GpuReading
 from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.readings import GpuReading
 
 # The codes `evaluate` emits (the gpu_memory rule declares them; their families are in
 # core.codes).

@@ -12,14 +12,14 @@ from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.gpus import GpuProduct
-from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.gpu.readings import (
     CLOCK_HW_POWER_BRAKE,
     CLOCK_HW_SLOWDOWN,
     CLOCK_HW_THERMAL,
     CLOCK_SW_THERMAL,
     GpuReading,
 )
+from gpuvigil.node.config import GpuConfig
 
 # The codes `evaluate` emits (the gpu_thermal rule declares them; their families are in
 # core.codes).

@@ -14,15 +14,9 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuRef, KnownGpus, gpus_by_bus
+from gpuvigil.node.checks.kernel_log.readings import DriverFault, KernelLog
 from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import (
-    DriverFault,
-    GpuInventory,
-    GpuRef,
-    KernelLog,
-    KnownGpus,
-    gpus_by_bus,
-)
 
 # kind -> (code, action, fatal, what it means)
 _VERDICT = {

@@ -27,19 +27,17 @@ from typing import Any
 from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.catalog.xid import CatalogOverrides, Outcome, Rule, XidCatalog, load_catalog
-from gpuvigil.node.checks.kernel_log.rules.xid_reconcile import MATCH_S, Seen, reconcile
-from gpuvigil.node.pipeline.registry import Inputs, rule
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.gpu.readings import (
     GpuInventory,
     GpuRef,
     GpuResets,
-    KernelLog,
     KnownGpus,
     NvmlXidEvents,
-    Release,
-    XidEvent,
     gpus_by_bus,
 )
+from gpuvigil.node.checks.kernel_log.readings import KernelLog, Release, XidEvent
+from gpuvigil.node.checks.kernel_log.rules.xid_reconcile import MATCH_S, Seen, reconcile
+from gpuvigil.node.pipeline.registry import Inputs, rule
 
 EVIDENCE_LINES = 5  # the first and the latest lines are kept; the count says the rest
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuvigil.node.readings import XidEvent
+from gpuvigil.node.checks.kernel_log.readings import XidEvent
 
 MATCH_S = 10.0  # NVML delivers an event within seconds of the driver printing it
 SAME_LINE_S = 1.0  # journal and kmsg stamps of one line differ by clock rounding only
