@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import ModuleType
 
 PACKAGE = "gpuvigil.node.checks"
+# The modules of `node/checks` itself that are not domain folders.
+_REGISTRY_MODULES = frozenset({"domain", "registry"})
 
 
 @dataclass(frozen=True)
@@ -81,5 +83,5 @@ def domain_of(module: str, package: str = PACKAGE) -> str | None:
     prefix = package + "."
     if not module.startswith(prefix):
         return None
-    head, _, rest = module[len(prefix) :].partition(".")
-    return head if rest or head != "domain" else None
+    head = module[len(prefix) :].partition(".")[0]
+    return None if head in _REGISTRY_MODULES else head
