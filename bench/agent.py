@@ -133,7 +133,7 @@ def start_agent(
             "--sink", "state-file", "--sink", "http", "--log-level", "warning"]  # fmt: skip
     base_code = (
         "import gpuvigil.node.compose, gpuvigil.node.sinks.http, "
-        "gpuvigil.node.probes.nvml, time; time.sleep(1e6)"
+        "gpuvigil.node.checks.gpu.nvml, time; time.sleep(1e6)"
     )
     log = open(work / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
     agent = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)

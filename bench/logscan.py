@@ -40,8 +40,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from gpuvigil.node.probes.kernel_log_parser import iter_stream  # noqa: E402
-from gpuvigil.node.probes.log_lines import LineStats  # noqa: E402
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import iter_stream  # noqa: E402
+from gpuvigil.node.checks.kernel_log.log_lines import LineStats  # noqa: E402
 
 MENTION = "NVRM: GPU{e} Reset required, caused by previous Xid 79"  # says Xid, not an event
 NOISE = [

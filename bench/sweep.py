@@ -32,7 +32,7 @@ from gpuvigil.config import load
 from gpuvigil.fakes import gpu
 from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.probes import nvml
+from gpuvigil.node.checks.gpu import nvml
 from gpuvigil.node.sweep import run_sweep
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
         from gpuvigil.commands import report_view
         from gpuvigil.node.capture.bundle import Limits
         from gpuvigil.node.capture.session import Options, analyze
-        from gpuvigil.node.probes.kernel_log import zone_of
+        from gpuvigil.node.checks.kernel_log.kernel_log import zone_of
 
         opts = Options(
             node=node,
@@ -205,11 +205,11 @@ def _node_config(
 
 def _expect(node: NodeConfig, expect_ib: int | None, expect_efa: int | None) -> Expect:
     """GPUs and fabric to expect: the flags, else the config, else the instance type."""
+    from gpuvigil.node import instance
     from gpuvigil.node.capture.judge import Expect
     from gpuvigil.node.checks import CheckContext
-    from gpuvigil.node.probes import instance
-    from gpuvigil.node.rules import fabric as fabric_rules
-    from gpuvigil.node.rules.fabric import FabricExpectation
+    from gpuvigil.node.checks.fabric import rules as fabric_rules
+    from gpuvigil.node.checks.fabric.rules import FabricExpectation
 
     _, entry = instance.lookup(CheckContext(config=node, root=Path("/nonexistent")))
     gpus = node.expect_gpus if node.expect_gpus is not None else (entry[1].gpus if entry else None)

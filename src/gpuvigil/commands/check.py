@@ -18,7 +18,7 @@ from gpuvigil import config as config_mod
 from gpuvigil.commands import report_view
 from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.readings import GpuInventory
+from gpuvigil.node.checks.gpu.readings import GpuInventory
 from gpuvigil.node.sweep import run_sweep, select
 from gpuvigil.observe import terminal
 

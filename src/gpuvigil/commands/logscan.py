@@ -22,16 +22,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.capture.inputs import InputError, open_input
-from gpuvigil.node.probes.kernel_log_parser import EventFields, iter_stream_fields
-from gpuvigil.node.probes.kernel_log_shape import unreadable
-from gpuvigil.node.probes.log_lines import LineStats
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import EventFields, iter_stream_fields
+from gpuvigil.node.checks.kernel_log.kernel_log_shape import unreadable
+from gpuvigil.node.checks.kernel_log.log_lines import LineStats
 from gpuvigil.observe.printable import printable
 
 if TYPE_CHECKING:
     import typer
 
     from gpuvigil.node.catalog.xid_base import BaseTable
-    from gpuvigil.node.readings import XidEvent
+    from gpuvigil.node.checks.kernel_log.readings import XidEvent
 
 # Defaults of the options, shared by the typer command and `fast_path`.
 DEFAULT_TZ, DEFAULT_READ_TIMEOUT, DEFAULT_MAX_BYTES = "UTC", 300.0, 16 * 1024**3
@@ -254,7 +254,7 @@ def run(
             if as_json:
                 _print_json(events)
             else:
-                from gpuvigil.node.readings import XidEvent
+                from gpuvigil.node.checks.kernel_log.readings import XidEvent
 
                 _print_table(((XidEvent(*f), v) for f, v in events), source=path)
     except BrokenPipeError:  # `gpuvigil logscan big.log | head`: the reader has enough

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpuvigil.core.findings import NodeReport, Status
-from gpuvigil.node.readings import GpuInventory
+from gpuvigil.node.checks.gpu.readings import GpuInventory
 from gpuvigil.observe import terminal
 from gpuvigil.observe.terminal import Column, plain, printable
 

@@ -1,7 +1,7 @@
 """Which pods hold which GPU on a node: the message the agent publishes and the controller reads.
 
 The agent (`node.sinks.kubernetes`) reads the kubelet's PodResources API
-(`node.probes.pod_resources`) and writes this node's mapping into the Node annotation
+(`node.pod_resources`) and writes this node's mapping into the Node annotation
 `HOLDERS_ANNOTATION`; the controller reads it with `platform.clusters.gpu_holders`, which
 judges its age with `core.freshness.judge` against `MAX_AGE_S`.
 

@@ -1,7 +1,7 @@
 """A fake `pynvml` (nvidia-ml-py): exactly the subset gpuvigil calls, driven by a FakeNode.
 
 Same function names, constants and error classes as nvidia-ml-py (values checked against
-nvidia-ml-py 12.x/13.x `pynvml.py`), so `gpuvigil.node.probes.nvml_worker` loads it by
+nvidia-ml-py 12.x/13.x `pynvml.py`), so `gpuvigil.node.checks.gpu.nvml_worker` loads it by
 name (`node.gpu.nvml_module: gpuvigil.fakes.nvml`) and runs the production code path.
 
 The node comes from, in order: `install(node)` (in-process: tests, the simulator), else the

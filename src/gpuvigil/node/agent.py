@@ -21,9 +21,9 @@ from pydantic import Field
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.events import Event, EventWriter, Kind
 from gpuvigil.core.findings import Finding, NodeReport, utcnow
+from gpuvigil.node.checks.gpu.readings import GpuReset, GpuResets
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
 from gpuvigil.node.metrics import AgentMetrics, observe_report
-from gpuvigil.node.readings import GpuReset, GpuResets
 from gpuvigil.node.scheduler import Scheduler
 from gpuvigil.node.sinks import SinkWorker
 from gpuvigil.node.sinks.http import HttpConfig

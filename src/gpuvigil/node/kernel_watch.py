@@ -28,19 +28,19 @@ from gpuvigil.core.findings import CheckRun, Finding, Status
 from gpuvigil.node import xid_feed, xid_state
 from gpuvigil.node.catalog.xid import load_catalog
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.metrics import AgentMetrics
-from gpuvigil.node.pipeline.judge import judge
-from gpuvigil.node.probes import kmsg_stream as ks
-from gpuvigil.node.probes.kernel_log_sources import boot_info
-from gpuvigil.node.readings import (
+from gpuvigil.node.checks.gpu.readings import (
     GpuInventory,
     GpuRef,
     GpuReset,
     GpuResets,
     KnownGpus,
-    Release,
     gpus_by_bus,
 )
+from gpuvigil.node.checks.kernel_log import kmsg_stream as ks
+from gpuvigil.node.checks.kernel_log.kernel_log_sources import boot_info
+from gpuvigil.node.checks.kernel_log.readings import Release
+from gpuvigil.node.metrics import AgentMetrics
+from gpuvigil.node.pipeline.judge import judge
 from gpuvigil.node.scheduler import stale_finding
 
 CHECK = ks.STREAM_CHECK  # "kernel_log": the stream replaces the one-shot check in the agent

@@ -22,12 +22,11 @@ from pydantic import Field
 from gpuvigil.core import naming
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, utcnow
-from gpuvigil.node import sweep
+from gpuvigil.node import instance, sweep
 from gpuvigil.node.active.config import ActiveConfig
 from gpuvigil.node.active.results import Measurement
 from gpuvigil.node.active.runner import ActiveOutcome, run_active
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.probes import instance
 
 FAST_GROUPS = ("fast",)
 

@@ -1,8 +1,9 @@
 """One sweep: every registered check once -> a NodeReport (`gpuvigil check`, preflight,
 the bench; the agent schedules checks by group instead).
 
-`load_checks()` imports every module under `node/probes`; those that define checks register
-them on import (no list names them). `run_sweep` runs the checks whose readings other rules
+`load_checks()` imports every module of every domain folder under `node/checks`
+(`node.checks.domain.load_domains`); those that define checks register them on import (no
+list names them). `run_sweep` runs the checks whose readings other rules
 use first (`gpu` puts the GPU inventory and NVML's Xid events into the node's facts, which
 the `xid` rule reads beside the kernel log), then the rest concurrently, each under its own
 deadline.
@@ -16,14 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from gpuvigil.core import naming
 from gpuvigil.core.findings import CheckRun, Finding, NodeReport, Status, utcnow
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, run_check
-from gpuvigil.node.discovery import import_all
+from gpuvigil.node.checks.domain import load_domains
 
 # Checks whose readings other checks' rules use (through `CheckContext.facts`): run first.
 FIRST = ("gpu",)
 
 
 def load_checks() -> None:
-    import_all("gpuvigil.node.probes")
+    load_domains()
 
 
 def select(

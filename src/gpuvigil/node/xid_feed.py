@@ -16,10 +16,11 @@ from datetime import datetime, timedelta
 
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog.xid import XidCatalog
-from gpuvigil.node.probes import kernel_log_parser as parser
-from gpuvigil.node.probes.kmsg_stream import Record
-from gpuvigil.node.readings import GpuRef, KernelLog, XidEvent, XidSource
-from gpuvigil.node.rules import xid as xid_rules
+from gpuvigil.node.checks.gpu.readings import GpuRef
+from gpuvigil.node.checks.kernel_log import kernel_log_parser as parser
+from gpuvigil.node.checks.kernel_log.kmsg_stream import Record
+from gpuvigil.node.checks.kernel_log.readings import KernelLog, XidEvent, XidSource
+from gpuvigil.node.checks.kernel_log.rules import xid as xid_rules
 
 MAX_EVENTS = 4096  # an Xid storm must not grow memory without bound; the newest are kept
 _SOURCES: dict[str, XidSource] = {

@@ -34,7 +34,8 @@ from typing import Any
 from gpuvigil.core.files import write_atomic
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.core.wire import decode_time
-from gpuvigil.node.readings import GpuReset, XidEvent
+from gpuvigil.node.checks.gpu.readings import GpuReset
+from gpuvigil.node.checks.kernel_log.readings import XidEvent
 
 log = logging.getLogger("gpuvigil.agent.state")
 EVENTS_FILE = "xid-events.json"

@@ -30,7 +30,7 @@ Cures = tuple[tuple[Action, float], ...]
 # job's own restart) and the controller's ladder. NONE and INVESTIGATE (a person) run no
 # step, so for them the fault model's ladder stands.
 _RUNNABLE = frozenset({Action.RESTART_APP, *LADDER})
-_XID = ("XID_", "SXID_")  # the codes of node.rules.xid's findings, the catalog's verdicts
+_XID = ("XID_", "SXID_")  # the codes of kernel_log.rules.xid's findings, the catalog's verdicts
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Layer1:
         For a fault the agent reports with an Xid, the ladder starts at the step the verdict
         asks (the shipped catalog, through the real rules and this config's overrides): the
         controller runs that step first and the agent clears the Xid once it has run
-        (`node.rules.xid`: a GPU reset clears what calls for RESET_GPU). A first step taken
+        (`kernel_log.rules.xid`: a GPU reset clears what calls for RESET_GPU). A first step taken
         from the fault model's own table instead credited a cure no code gives, or withheld
         one it does: Xid 119 is RESET_GPU in the catalog, the table's first step a reboot.
 

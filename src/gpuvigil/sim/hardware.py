@@ -32,21 +32,16 @@ from gpuvigil.fakes.nvidia_smi import render_xml
 from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node import sweep
 from gpuvigil.node.checks import REGISTRY, CheckContext, Needs, run_check
+from gpuvigil.node.checks.fabric import fabric as fabric_probe
+from gpuvigil.node.checks.fabric.readings import NodeInstance
+from gpuvigil.node.checks.gpu.nvidia_smi import parse_xml
+from gpuvigil.node.checks.gpu.nvml_readings import inventory_from_lines
+from gpuvigil.node.checks.gpu.nvml_worker import Worker
+from gpuvigil.node.checks.gpu.readings import ExpectedGpus, GpuInventory, GpuRef, KnownGpus
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import parse_line
+from gpuvigil.node.checks.kernel_log.readings import KernelLog
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.pipeline.judge import judge
-from gpuvigil.node.probes import fabric as fabric_probe
-from gpuvigil.node.probes.kernel_log_parser import parse_line
-from gpuvigil.node.probes.nvidia_smi import parse_xml
-from gpuvigil.node.probes.nvml_readings import inventory_from_lines
-from gpuvigil.node.probes.nvml_worker import Worker
-from gpuvigil.node.readings import (
-    ExpectedGpus,
-    GpuInventory,
-    GpuRef,
-    KernelLog,
-    KnownGpus,
-    NodeInstance,
-)
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BOOTED = NOW - timedelta(days=3)

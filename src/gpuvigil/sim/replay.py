@@ -21,10 +21,10 @@ from typing import Any
 
 from gpuvigil.core.events import Event, Kind
 from gpuvigil.core.findings import Action, Finding, Status
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import scan_bytes
+from gpuvigil.node.checks.kernel_log.readings import KernelLog
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.pipeline.judge import judge
-from gpuvigil.node.probes.kernel_log_parser import scan_bytes
-from gpuvigil.node.readings import KernelLog
 from gpuvigil.observe.events import read_events
 from gpuvigil.platform.clusters.memory import EPOCH
 from gpuvigil.platform.controller import ControllerConfig

@@ -1,6 +1,6 @@
 """The lab kubelet's device manager on the real kube-apiserver 1.20.2: pods asking for
 `nvidia.com/gpu` get whole GPUs of the machine's fake NVML (lowest index free first), the
-PodResources socket lists them as the agent reads it (`node.probes.pod_resources`), and a
+PodResources socket lists them as the agent reads it (`node.pod_resources`), and a
 pod's GPUs are free again once it is gone; the device plugin withholds a GPU a critical Xid
 marked Unhealthy until it restarts."""
 
@@ -18,7 +18,7 @@ from gpuvigil.core import holders as wire
 from gpuvigil.lab import faults
 from gpuvigil.lab.kubelet import Kubelet
 from gpuvigil.lab.machine import Machine
-from gpuvigil.node.probes import pod_resources
+from gpuvigil.node import pod_resources
 
 pytestmark = pytest.mark.realparts
 

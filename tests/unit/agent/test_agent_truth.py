@@ -24,10 +24,10 @@ from gpuvigil.fakes.gpu import SCENARIO_ENV
 from gpuvigil.node import sweep
 from gpuvigil.node.agent import Agent, AgentConfig
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.gpu import nvidia_smi
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelStreamConfig
 from gpuvigil.node.metrics import build
-from gpuvigil.node.probes import nvidia_smi
 from gpuvigil.node.scheduler import Scheduler
 from gpuvigil.node.sinks import SinkWorker
 

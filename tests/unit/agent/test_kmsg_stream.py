@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvigil.node.probes import kmsg_stream as ks
+from gpuvigil.node.checks.kernel_log import kmsg_stream as ks
 
 
 def path_with(d: Path) -> dict[str, str]:

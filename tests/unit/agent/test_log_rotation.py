@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvigil.node.probes import kmsg_stream as ks
+from gpuvigil.node.checks.kernel_log import kmsg_stream as ks
 
 ROUNDS = 20
 # A writer that holds its file open, like rsyslog: `w TEXT` appends a line through the fd

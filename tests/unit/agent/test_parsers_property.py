@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gpuvigil.commands.npd import message
 from gpuvigil.core.findings import Finding, NodeReport, Status
 from gpuvigil.core.wire import decode_request
-from gpuvigil.node.probes import kmsg_stream as ks
+from gpuvigil.node.checks.kernel_log import kmsg_stream as ks
 from gpuvigil.node.sinks import slurm as sl
 
 text = st.text(max_size=400)

@@ -20,10 +20,10 @@ from gpuvigil.core.wire import RemediationRequest, RemediationResult
 from gpuvigil.node import sweep
 from gpuvigil.node.agent import Agent, AgentConfig
 from gpuvigil.node.checks import REGISTRY, CheckContext, CheckSpec, Needs, Readout, run_check
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, GpuReset, GpuResets
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
 from gpuvigil.node.metrics import build
-from gpuvigil.node.readings import GpuInventory, GpuReading, GpuReset, GpuResets
 from gpuvigil.node.scheduler import Scheduler
 from gpuvigil.node.sinks import SinkWorker
 from gpuvigil.node.sinks.remediation import RemediationConfig, Remediator

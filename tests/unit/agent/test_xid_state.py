@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from gpuvigil.core.findings import Status
 from gpuvigil.node import xid_state
 from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.checks.kernel_log.kmsg_stream import Record
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
-from gpuvigil.node.probes.kmsg_stream import Record
 
 T = datetime(2026, 11, 30, 7, 31, 2, tzinfo=UTC)
 

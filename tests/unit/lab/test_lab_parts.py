@@ -20,7 +20,7 @@ from gpuvigil.lab.follow import Follower
 from gpuvigil.lab.jobs import load_example
 from gpuvigil.lab.kubelet import _expand
 from gpuvigil.lab.machine import Machine
-from gpuvigil.node.probes.kernel_log_parser import parse_line
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import parse_line
 from testkit import cli_env
 
 REPO = Path(__file__).resolve().parents[3]

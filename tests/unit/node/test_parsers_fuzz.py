@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from gpuvigil.core.findings import NodeReport, Status
 from gpuvigil.node.capture import judge as judging
 from gpuvigil.node.capture.kinds import KINDS, detect
+from gpuvigil.node.checks.dcgm.readings import DcgmReport
+from gpuvigil.node.checks.fabric.readings import FabricReading
+from gpuvigil.node.checks.fabric.rules import FabricExpectation
+from gpuvigil.node.checks.gpu.readings import GpuInventory
+from gpuvigil.node.checks.kernel_log import kernel_log_capture
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.probes import kernel_log_capture
-from gpuvigil.node.readings import DcgmReport, FabricReading, GpuInventory
-from gpuvigil.node.rules.fabric import FabricExpectation
 
 DOCUMENT_KINDS = [k for k in KINDS if k not in ("kernel-log", "sysfs")]
 NOW = datetime(2026, 11, 30, tzinfo=UTC)

@@ -4,6 +4,7 @@ simulator, replay) gives the same verdict for the same readings."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -17,21 +18,30 @@ from gpuvigil.core.findings import Finding, Status
 from gpuvigil.fakes import faults
 from gpuvigil.fakes.faults import Fault
 from gpuvigil.fakes.gpu import make_node
-from gpuvigil.node import readings, sweep, tool_readings
+from gpuvigil.node import sweep
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.domain import load_domains, modules_of
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading
+from gpuvigil.node.checks.kernel_log import kernel_log
+from gpuvigil.node.checks.kernel_log.readings import KernelLog
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.kernel_watch import KernelStreamConfig, KernelWatch
 from gpuvigil.node.pipeline import registry
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.judge import judge, load_rules
-from gpuvigil.node.probes import kernel_log
-from gpuvigil.node.readings import GpuInventory, GpuReading, KernelLog
 from gpuvigil.sim import hardware, replay
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+# Every domain's readings (`node/checks/<domain>/readings.py`), live checks' and pasted tools'.
+READING_MODULES = [
+    importlib.import_module(name)
+    for d in load_domains()
+    for name in modules_of(importlib.import_module(f"gpuvigil.node.checks.{d}"))
+    if name.endswith(".readings")
+]
 READING_TYPES = {
     obj
-    for module in (readings, tool_readings)  # the live checks' readings; the pasted tools'
+    for module in READING_MODULES
     for obj in vars(module).values()
     if isinstance(obj, type) and obj.__module__ == module.__name__
 }

@@ -1,4 +1,4 @@
-"""The kubelet PodResources client (node.probes.pod_resources) against a real gRPC server on a
+"""The kubelet PodResources client (node.pod_resources) against a real gRPC server on a
 unix socket (fakes.pod_resources, which encodes by hand from the API's field numbers): good,
 hang, garbage, absent, not a socket; and the message it becomes (core.holders.build)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from gpuvigil.core import holders as wire
 from gpuvigil.fakes.pod_resources import PodResourcesServer
-from gpuvigil.node.probes import pod_resources
+from gpuvigil.node import pod_resources
 
 NOW = datetime(2026, 12, 2, 20, 0, tzinfo=UTC)
 PODS = {
@@ -116,8 +116,8 @@ def _schema(text: str) -> str:
 
 def test_the_checked_in_stubs_match_the_proto(tmp_path):
     pytest.importorskip("grpc_tools")
-    src = Path(pod_resources.__file__).resolve().parents[3]
-    proto = "gpuvigil/node/probes/podresources_v1.proto"
+    src = Path(pod_resources.__file__).resolve().parents[2]
+    proto = "gpuvigil/node/podresources_v1.proto"
     subprocess.run(
         [
             sys.executable,

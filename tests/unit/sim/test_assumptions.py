@@ -118,7 +118,7 @@ def test_the_first_cure_of_each_xid_is_the_step_the_catalog_asks() -> None:
 
 def test_the_agent_clears_each_xid_at_the_simulators_first_cure() -> None:
     """The Xid finding that asks the verdict's step says the agent clears it on that very
-    step (`clears_on`, from node.rules.xid's clearing): so the step that cures the fault in
+    step (`clears_on`, from kernel_log.rules.xid's clearing): so the step that cures the fault in
     the simulator is the one after which the real agent stops reporting it."""
     from gpuvigil.core.findings import Action
     from gpuvigil.sim.detect import Layer1

@@ -19,7 +19,7 @@ from typing import Any
 from gpuvigil.io.ports import free_port
 from gpuvigil.node.active.config import ActiveConfig, Sizes
 from gpuvigil.node.active.results import Measurement
-from gpuvigil.node.rules import active as rules
+from gpuvigil.node.checks.active import rules
 
 WARMUP, ITERS = 3, 10
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuvigil.node.active.config import ActiveConfig, Sizes
 from gpuvigil.node.active.results import Measurement
-from gpuvigil.node.rules import active as rules
+from gpuvigil.node.checks.active import rules
 
 REPEATS = 5
 

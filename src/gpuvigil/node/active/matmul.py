@@ -16,7 +16,7 @@ from typing import Any
 from gpuvigil.node.active import telemetry
 from gpuvigil.node.active.config import ActiveConfig, Sizes
 from gpuvigil.node.active.results import Measurement
-from gpuvigil.node.rules import active as rules
+from gpuvigil.node.checks.active import rules
 
 SEED = 20261130
 

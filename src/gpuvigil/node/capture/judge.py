@@ -14,22 +14,19 @@ from datetime import datetime
 
 from gpuvigil.core.findings import Finding
 from gpuvigil.node.capture import tool_kinds
+from gpuvigil.node.checks.dcgm.dcgm_discovery import parse_discovery
+from gpuvigil.node.checks.dcgm.dcgm_health_parse import parse_health
+from gpuvigil.node.checks.dcgm.dcgm_parse import parse_diag
+from gpuvigil.node.checks.dcgm.readings import DcgmReport
+from gpuvigil.node.checks.fabric import fabric_tools
+from gpuvigil.node.checks.fabric.readings import FabricExpectation, FabricReading
+from gpuvigil.node.checks.gpu import nvidia_smi
+from gpuvigil.node.checks.gpu.nvidia_smi_csv import parse_csv
+from gpuvigil.node.checks.gpu.readings import ExpectedGpus, GpuInventory, GpuRef
+from gpuvigil.node.checks.kernel_log import kernel_log_capture
+from gpuvigil.node.checks.nvlink.nvidia_smi_nvlink import parse_nvlink_status
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.pipeline.judge import judge as pipeline_judge
-from gpuvigil.node.probes import fabric_tools, kernel_log_capture, nvidia_smi
-from gpuvigil.node.probes.dcgm_discovery import parse_discovery
-from gpuvigil.node.probes.dcgm_health_parse import parse_health
-from gpuvigil.node.probes.dcgm_parse import parse_diag
-from gpuvigil.node.probes.nvidia_smi_csv import parse_csv
-from gpuvigil.node.probes.nvidia_smi_nvlink import parse_nvlink_status
-from gpuvigil.node.readings import (
-    DcgmReport,
-    ExpectedGpus,
-    FabricExpectation,
-    FabricReading,
-    GpuInventory,
-    GpuRef,
-)
 
 Reading = GpuInventory | DcgmReport | FabricReading | kernel_log_capture.Capture
 

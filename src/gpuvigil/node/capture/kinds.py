@@ -79,7 +79,7 @@ _MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
 def detect(head: bytes) -> str | None:
     """The kind of a capture from its first bytes, or None when it is none we read."""
     # Imported here: the table above is read by `--help`, which should not load the readers.
-    from gpuvigil.node.probes import nvidia_smi_csv, nvidia_smi_errors
+    from gpuvigil.node.checks.gpu import nvidia_smi_csv, nvidia_smi_errors
 
     text = head.decode("utf-8", errors="replace")
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -103,7 +103,7 @@ def detect(head: bytes) -> str | None:
 def _kernel_log(lines: list[str]) -> bool:
     """Most of the first lines look like kernel-log lines, or an NVIDIA driver line is
     there (a grep of a kernel log)."""
-    from gpuvigil.node.probes.kernel_log_shape import looks_like_kernel_line
+    from gpuvigil.node.checks.kernel_log.kernel_log_shape import looks_like_kernel_line
 
     sample = lines[:50]
     if not sample:

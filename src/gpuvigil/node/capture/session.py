@@ -31,9 +31,9 @@ from gpuvigil.node.capture.inputs import Input, InputError, open_input
 from gpuvigil.node.capture.kinds import KINDS, detect
 from gpuvigil.node.catalog import phrases as catalog_phrases
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuRef
+from gpuvigil.node.checks.kernel_log import kernel_log_capture
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.probes import kernel_log_capture
-from gpuvigil.node.readings import GpuInventory, GpuRef
 from gpuvigil.node.sweep import load_checks
 
 T = TypeVar("T")

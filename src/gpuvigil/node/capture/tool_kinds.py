@@ -13,14 +13,10 @@ import re
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from gpuvigil.node.tool_readings import (
-    FabricManagerLog,
-    GpuFabricStates,
-    GpuTopology,
-    NicCounters,
-    NvLinkReport,
-    PartialGpuInventory,
-)
+from gpuvigil.node.checks.counters.readings import NicCounters, NvLinkReport
+from gpuvigil.node.checks.fabric_manager.readings import FabricManagerLog, GpuFabricStates
+from gpuvigil.node.checks.gpu.readings import PartialGpuInventory
+from gpuvigil.node.checks.topology.readings import GpuTopology
 
 if TYPE_CHECKING:
     from gpuvigil.core.findings import Finding
@@ -62,15 +58,11 @@ def detect(text: str, lines: list[str], *, strong: bool) -> str | None:
     over another kind's mark (`nvlink -e` carries the `nvlink -s` GPU lines), tried before
     the marks; else the rest, tried after the marks (so a bundle that holds a whole `-q`
     stays `-q`) and before the kernel-log guess."""
-    from gpuvigil.node.probes import (
-        fabric_manager_log,
-        nic_counters,
-        nvidia_smi_partial,
-        nvidia_smi_table,
-        nvlink_counters,
-        rdma_link,
-        topology,
-    )
+    from gpuvigil.node.checks.counters import nic_counters, nvlink_counters
+    from gpuvigil.node.checks.fabric import rdma_link
+    from gpuvigil.node.checks.fabric_manager import fabric_manager_log
+    from gpuvigil.node.checks.gpu import nvidia_smi_partial, nvidia_smi_table
+    from gpuvigil.node.checks.topology import topology
 
     if strong:
         if nvlink_counters.looks_like(text) or _dcgmi_nvlink_json(text):
@@ -116,17 +108,12 @@ def _dcgmi_nvlink_json(text: str) -> bool:
 
 def read(kind: str, text: str) -> list[object] | None:
     """The readings of one of these kinds, or None for a kind that is not one of them."""
-    from gpuvigil.node.probes import (
-        fabric_manager_log,
-        nic_counters,
-        nvidia_smi,
-        nvidia_smi_nvlink,
-        nvidia_smi_partial,
-        nvidia_smi_table,
-        nvlink_counters,
-        rdma_link,
-        topology,
-    )
+    from gpuvigil.node.checks.counters import nic_counters, nvlink_counters
+    from gpuvigil.node.checks.fabric import rdma_link
+    from gpuvigil.node.checks.fabric_manager import fabric_manager_log
+    from gpuvigil.node.checks.gpu import nvidia_smi, nvidia_smi_partial, nvidia_smi_table
+    from gpuvigil.node.checks.nvlink import nvidia_smi_nvlink
+    from gpuvigil.node.checks.topology import topology
 
     if kind == "nvidia-smi-q":  # whole or partial `-q` text; its Fabric sections too
         if nvidia_smi_partial.is_partial(text):
@@ -158,8 +145,8 @@ def read(kind: str, text: str) -> list[object] | None:
 def judge(
     reading: object, *, node: NodeConfig, expect: Expect, now: datetime, check: str
 ) -> list[Finding]:
+    from gpuvigil.node.checks.gpu.readings import ExpectedGpus
     from gpuvigil.node.pipeline.judge import judge as pipeline_judge
-    from gpuvigil.node.readings import ExpectedGpus
 
     if isinstance(reading, PartialGpuInventory):
         return _partial(reading, node=node, expect=expect, now=now, check=check)
@@ -178,8 +165,8 @@ def _partial(
     (`Attached GPUs`); findings of a GPU the output does not place are named by its bus
     id; and an OK note listing the checks the missing sections left unmade."""
     from gpuvigil.core.findings import Finding, Status
+    from gpuvigil.node.checks.gpu.readings import ExpectedGpus
     from gpuvigil.node.pipeline.judge import judge as pipeline_judge
-    from gpuvigil.node.readings import ExpectedGpus
 
     inv = reading.inventory
     if not reading.sections and not any(g.lost for g in inv.gpus) and not inv.errors:

@@ -1,9 +1,9 @@
 """The Xid/SXid catalog: `xid.yaml` + `sxid.yaml`, validated, merged with user overrides.
 
 Called by the kernel_log check and `gpuvigil analyze` (to build the catalog once from the
-config) and by `node.rules.xid` (to look codes up). Vendor knowledge lives in the YAML
-files beside this module; this module only validates, merges and resolves it. An unknown
-code resolves to FAILED + INVESTIGATE: the catalog fails closed.
+config) and by `node.checks.kernel_log.rules.xid` (to look codes up). Vendor knowledge
+lives in the YAML files beside this module; this module only validates, merges and resolves
+it. An unknown code resolves to FAILED + INVESTIGATE: the catalog fails closed.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ The one place readings meet rules, for every path that judges a node: the checks
 npd-plugin, slurm-healthcheck), the agent's kernel-log stream (`node.kernel_watch`),
 `gpuvigil analyze`, the simulator (`sim.hardware`) and `gpuvigil replay`. Each caller
 hands over its readings; the facts a rule declared in `uses` come from the node's
-`Facts` (or are absent). Rules register on import: `load_rules` imports every module under
-`node/rules`, so no list names them.
+`Facts` (or are absent). Rules register on import: `load_rules` imports every module of every
+domain folder under `node/checks` (`node.checks.domain.load_domains`), so no list names them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuvigil.core.findings import Action, Finding, Status
-from gpuvigil.node.discovery import import_all
+from gpuvigil.node.checks.domain import load_domains
 from gpuvigil.node.pipeline.facts import Facts
 from gpuvigil.node.pipeline.registry import RULES, Inputs, RuleSpec
 
@@ -27,7 +27,7 @@ _loaded = False
 def load_rules() -> dict[str, RuleSpec]:
     global _loaded
     if not _loaded:  # judge() runs on every check and publish: import once
-        import_all("gpuvigil.node.rules")
+        load_domains()
         _loaded = True
     return RULES
 

@@ -2,7 +2,7 @@
 
 Called by `node.sinks.kubernetes` on every publish (every `agent.publish_interval_s`, 30 s,
 and at once on a change of health): one `List` on the kubelet's PodResources socket
-(`node.probes.pod_resources`), turned into the `gpuvigil.io/gpu-holders` message. The sink
+(`node.pod_resources`), turned into the `gpuvigil.io/gpu-holders` message. The sink
 writes it when its content changes and with every heartbeat, so its `read_at` is never
 older than `heartbeat_interval_s` plus one publish interval while the agent lives; the
 controller treats one older than `core.holders.MAX_AGE_S` as unknown.
@@ -24,7 +24,7 @@ from pydantic import Field
 
 from gpuvigil.core import holders as wire
 from gpuvigil.core.config import StrictModel
-from gpuvigil.node.probes import pod_resources
+from gpuvigil.node import pod_resources
 
 log = logging.getLogger("gpuvigil.agent.gpu_holders")
 

@@ -28,7 +28,7 @@ from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import utcnow
 from gpuvigil.core.wire import Outcome, RemediationRequest, RemediationResult
 from gpuvigil.io import exec as ex
-from gpuvigil.node.readings import GpuReset
+from gpuvigil.node.checks.gpu.readings import GpuReset
 
 log = logging.getLogger("gpuvigil.agent.remediation")
 ACTIONS = ("RESET_GPU", "REBOOT")

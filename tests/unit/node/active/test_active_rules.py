@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.node.active.results import Measurement, to_finding
+from gpuvigil.node.checks.active import rules
 from gpuvigil.node.preflight import internode_expectation
-from gpuvigil.node.rules import active as rules
 
 pytest_plugins = ["active_fixtures"]  # this folder's fixtures (see active_fixtures.py)
 

@@ -20,8 +20,8 @@ from gpuvigil.node.capture.inputs import open_input
 from gpuvigil.node.capture.judge import Expect
 from gpuvigil.node.capture.kinds import detect
 from gpuvigil.node.capture.session import Options, analyze
+from gpuvigil.node.checks.fabric.rules import FabricExpectation
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.rules.fabric import FabricExpectation
 
 UNIT = Path(__file__).resolve().parents[1]
 GPU, DCGM, FAB = (

@@ -11,8 +11,8 @@ import pytest
 from gpuvigil.core.findings import Finding, Status
 from gpuvigil.fakes.sysfs import FakeSysfs
 from gpuvigil.node.checks import CheckContext
-from gpuvigil.node.probes import fabric as probe
-from gpuvigil.node.readings import FabricReading
+from gpuvigil.node.checks.fabric import fabric as probe
+from gpuvigil.node.checks.fabric.readings import FabricReading
 
 pytest_plugins = ["fabric_fixtures"]  # this folder's fixtures (see fabric_fixtures.py)
 

@@ -7,11 +7,17 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuvigil.node.checks.fabric import fabric, rules
+from gpuvigil.node.checks.fabric.readings import (
+    FabricAdapter,
+    FabricPort,
+    FabricReading,
+    FiInfo,
+    NetDev,
+)
+from gpuvigil.node.checks.fabric.rules import FabricExpectation
+from gpuvigil.node.checks.pcie import pcie
 from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.probes import fabric, pcie
-from gpuvigil.node.readings import FabricAdapter, FabricPort, FabricReading, FiInfo, NetDev
-from gpuvigil.node.rules import fabric as rules
-from gpuvigil.node.rules.fabric import FabricExpectation
 
 text = st.text(max_size=80)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuvigil.node.checks.fabric import fabric_tools as ft
+from gpuvigil.node.checks.fabric import rules
+from gpuvigil.node.checks.fabric.rules import FabricExpectation
 from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.probes import fabric_tools as ft
-from gpuvigil.node.rules import fabric as rules
-from gpuvigil.node.rules.fabric import FabricExpectation
 
 DATA = Path(__file__).parent / "data"
 

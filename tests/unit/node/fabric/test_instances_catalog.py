@@ -6,8 +6,8 @@ import pytest
 
 from gpuvigil.core.config import ConfigError
 from gpuvigil.node.catalog.instances import load_catalog
+from gpuvigil.node.checks.fabric.rules import expectation
 from gpuvigil.node.config import FabricConfig
-from gpuvigil.node.rules.fabric import expectation
 
 
 def test_builtin_facts():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuvigil.core.findings import Finding, Status
-from gpuvigil.node.probes import pcie as probe
+from gpuvigil.node.checks.pcie import pcie as probe
 
 pytest_plugins = ["fabric_fixtures"]  # this folder's fixtures (see fabric_fixtures.py)
 

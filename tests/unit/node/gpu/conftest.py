@@ -11,8 +11,8 @@ import pytest
 from gpuvigil.fakes import gpu
 from gpuvigil.node import sweep
 from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.checks.gpu import nvml
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.probes import nvml
 
 
 @pytest.fixture(autouse=True)

@@ -19,10 +19,10 @@ from gpuvigil.node.capture.judge import Expect
 from gpuvigil.node.capture.kinds import detect
 from gpuvigil.node.capture.session import Options, analyze
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.dcgm import rules
+from gpuvigil.node.checks.dcgm.dcgm_health_parse import parse_health
+from gpuvigil.node.checks.dcgm.dcgm_parse import parse_diag
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.probes.dcgm_health_parse import parse_health
-from gpuvigil.node.probes.dcgm_parse import parse_diag
-from gpuvigil.node.rules import dcgm as rules
 
 DATA = Path(__file__).parent / "data" / "dcgm"
 NOW = datetime(2026, 11, 30, tzinfo=UTC)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.probes.dcgm_health_parse import parse_health
-from gpuvigil.node.probes.dcgm_parse import parse_diag
-from gpuvigil.node.rules import dcgm as rules
+from gpuvigil.node.checks.dcgm import rules
+from gpuvigil.node.checks.dcgm.dcgm_health_parse import parse_health
+from gpuvigil.node.checks.dcgm.dcgm_parse import parse_diag
 
 DATA = Path(__file__).parent / "data" / "dcgm"
 NOW = datetime(2026, 11, 30, tzinfo=UTC)

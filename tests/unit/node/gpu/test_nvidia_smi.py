@@ -18,9 +18,9 @@ from gpuvigil.fakes import nvidia_smi as fake_smi
 from gpuvigil.fakes.faults import Fault
 from gpuvigil.node.catalog import gpus as catalog
 from gpuvigil.node.checks import CheckContext
+from gpuvigil.node.checks.gpu import nvidia_smi
+from gpuvigil.node.checks.gpu.rules import gpu as rules
 from gpuvigil.node.config import GpuConfig, NodeConfig
-from gpuvigil.node.probes import nvidia_smi
-from gpuvigil.node.rules import gpu as rules
 
 
 def judge(inv, **kw):

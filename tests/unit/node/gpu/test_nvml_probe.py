@@ -11,8 +11,8 @@ import pytest
 from gpuvigil.fakes import faults
 from gpuvigil.fakes.faults import Fault
 from gpuvigil.node.checks import REGISTRY, run_check
-from gpuvigil.node.probes import nvml
-from gpuvigil.node.readings import GpuInventory, NvmlXidEvents
+from gpuvigil.node.checks.gpu import nvml
+from gpuvigil.node.checks.gpu.readings import GpuInventory, NvmlXidEvents
 
 
 def codes(findings):
@@ -72,7 +72,7 @@ def test_driver_recovery_action(scenario, make_ctx, action, ours) -> None:
     assert (f.code, f.component, f.action) == ("GPU_RECOVERY_REQUIRED", "gpu:6", ours)
     # The same verdict read back from nvidia-smi -q -x (the fallback and analyze).
     from gpuvigil.fakes import nvidia_smi as fake_smi
-    from gpuvigil.node.probes import nvidia_smi
+    from gpuvigil.node.checks.gpu import nvidia_smi
 
     smi = nvidia_smi.parse_xml(fake_smi.render_xml(node)).gpus[6].recovery_action
     assert smi == ("DRAIN_AND_RESET" if action == 4 else "GPU_RESET")
@@ -337,7 +337,7 @@ def test_an_event_naming_only_its_gpu_keeps_the_index():
     event keeps the index, so the Xid rules place it on gpu:N (never on an empty `pci:`)."""
     from datetime import UTC, datetime
 
-    from gpuvigil.node.probes.nvml_client import Answer
+    from gpuvigil.node.checks.gpu.nvml_client import Answer
 
     answer = Answer(lines=[{"events": [{"gpu": 3, "pci": {"error": "GPU_IS_LOST"}, "xid": 79}]}])
     (ev,) = nvml.xid_events_from_answer(answer, at=datetime(2026, 12, 3, tzinfo=UTC))

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from gpuvigil.core.findings import utcnow
 from gpuvigil.node.catalog import gpus as catalog
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.gpu import nvml
+from gpuvigil.node.checks.gpu.nvml_readings import inventory_from_lines
+from gpuvigil.node.checks.gpu.rules import gpu as rules
 from gpuvigil.node.config import GpuConfig, NodeConfig
-from gpuvigil.node.probes import nvml
-from gpuvigil.node.probes.nvml_readings import inventory_from_lines
-from gpuvigil.node.rules import gpu as rules
 
 # A binding that behaves like the fake NVML until one call does something terrible.
 BINDING = """

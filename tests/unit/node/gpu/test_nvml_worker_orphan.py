@@ -31,7 +31,7 @@ def test_hung_worker_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     )
     parent_code = (
         "import subprocess, sys, time\n"
-        "p = subprocess.Popen([sys.executable, '-m', 'gpuvigil.node.probes.nvml_worker',"
+        "p = subprocess.Popen([sys.executable, '-m', 'gpuvigil.node.checks.gpu.nvml_worker',"
         " 'hangnvml'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,"
         " start_new_session=True)\n"
         f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"

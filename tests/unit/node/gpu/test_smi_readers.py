@@ -15,12 +15,12 @@ from pathlib import Path
 from gpuvigil.core.findings import NodeReport, utcnow
 from gpuvigil.node.capture.kinds import detect
 from gpuvigil.node.catalog import gpus as catalog
+from gpuvigil.node.checks.dcgm.dcgm_discovery import parse_discovery
+from gpuvigil.node.checks.gpu import nvidia_smi
+from gpuvigil.node.checks.gpu.nvidia_smi_csv import parse_csv
+from gpuvigil.node.checks.gpu.rules import gpu as rules
+from gpuvigil.node.checks.nvlink.nvidia_smi_nvlink import parse_nvlink_status
 from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.probes import nvidia_smi
-from gpuvigil.node.probes.dcgm_discovery import parse_discovery
-from gpuvigil.node.probes.nvidia_smi_csv import parse_csv
-from gpuvigil.node.probes.nvidia_smi_nvlink import parse_nvlink_status
-from gpuvigil.node.rules import gpu as rules
 
 DATA = Path(__file__).parent / "data" / "smi"
 
@@ -282,8 +282,8 @@ def test_health_says_healthy_while_the_driver_asks_for_a_reset() -> None:
     # https://github.com/NVIDIA/DCGM/issues/263: `dcgmi health -c -j` answers Healthy (with
     # its "Health monitor systems set successfully." preamble) while
     # `nvidia-smi --query-gpu=index,gpu_recovery_action` says GPU 1 needs a Reset.
-    from gpuvigil.node.probes.dcgm_health_parse import parse_health
-    from gpuvigil.node.rules import dcgm as dcgm_rules
+    from gpuvigil.node.checks.dcgm import rules as dcgm_rules
+    from gpuvigil.node.checks.dcgm.dcgm_health_parse import parse_health
 
     health = parse_health(
         (DATA.parent / "dcgm" / "health_real_dcgm263_healthy_preamble.json").read_text()

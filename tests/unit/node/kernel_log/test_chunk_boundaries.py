@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpuvigil.node.probes import kernel_log_capture
-from gpuvigil.node.probes.kernel_log_parser import iter_stream
+from gpuvigil.node.checks.kernel_log import kernel_log_capture
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import iter_stream
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 XID = b"[  812.441210] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."

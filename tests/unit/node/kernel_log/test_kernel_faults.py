@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuvigil.core.findings import NodeReport
-from gpuvigil.node.probes import kernel_log
-from gpuvigil.node.readings import GpuRef, gpu_map
+from gpuvigil.node.checks.gpu.readings import GpuRef, gpu_map
+from gpuvigil.node.checks.kernel_log import kernel_log
 
 
 def found(data: bytes, **kw) -> list[tuple[str, str]]:

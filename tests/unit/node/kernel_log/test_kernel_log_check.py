@@ -11,9 +11,9 @@ import pytest
 
 from gpuvigil.core.findings import Status
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading
+from gpuvigil.node.checks.kernel_log import kernel_log
 from gpuvigil.node.config import KernelLogConfig, NodeConfig
-from gpuvigil.node.probes import kernel_log
-from gpuvigil.node.readings import GpuInventory, GpuReading
 
 NOW = datetime.now(UTC)
 CAT, SLEEP = shutil.which("cat"), shutil.which("sleep")  # the fake PATH has only fakes

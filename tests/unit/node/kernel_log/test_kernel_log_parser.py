@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvigil.node.probes.kernel_log_parser import (
+from gpuvigil.node.bus_ids import normalize_bus_id
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import (
     driver_load_stamp,
     iter_stream,
     kmsg_records,
@@ -19,7 +20,6 @@ from gpuvigil.node.probes.kernel_log_parser import (
     scan_bytes,
     with_wall_time,
 )
-from gpuvigil.node.readings import normalize_bus_id
 
 BODY = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
 T = datetime(2026, 11, 30, 7, 31, 2, tzinfo=UTC)

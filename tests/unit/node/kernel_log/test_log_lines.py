@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvigil.node.probes.kernel_log_parser import iter_stream
-from gpuvigil.node.probes.log_lines import LineStats, iter_lines
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import iter_stream
+from gpuvigil.node.checks.kernel_log.log_lines import LineStats, iter_lines
 
 XID = b"[  12.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
 

@@ -173,7 +173,7 @@ def test_verdicts_are_remembered_within_bounds():
     """One catalog lookup per distinct (kind, code, text); a log of endless distinct texts
     (or very long ones) does not grow the memo without bound."""
     from gpuvigil.commands import logscan
-    from gpuvigil.node.probes.kernel_log_parser import parse_line
+    from gpuvigil.node.checks.kernel_log.kernel_log_parser import parse_line
 
     verdicts = logscan.Verdicts()
     line = LOG.splitlines()[1]
@@ -270,7 +270,7 @@ def test_event_text_is_what_the_encoder_writes():
     from datetime import UTC, datetime
 
     from gpuvigil.commands import logscan
-    from gpuvigil.node.probes.kernel_log_parser import parse_kmsg_record, parse_line
+    from gpuvigil.node.checks.kernel_log.kernel_log_parser import parse_kmsg_record, parse_line
 
     lines = [
         *LOG.splitlines(),

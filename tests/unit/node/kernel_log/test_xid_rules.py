@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.node.catalog.xid import CatalogOverrides, load_catalog
-from gpuvigil.node.probes.kernel_log_parser import parse_line
-from gpuvigil.node.readings import GpuRef, GpuReset, GpuResets, KernelLog, XidEvent, gpu_map
-from gpuvigil.node.rules.xid import evaluate, evaluate_log, reconcile
+from gpuvigil.node.checks.gpu.readings import GpuRef, GpuReset, GpuResets, gpu_map
+from gpuvigil.node.checks.kernel_log.kernel_log_parser import parse_line
+from gpuvigil.node.checks.kernel_log.readings import KernelLog, XidEvent
+from gpuvigil.node.checks.kernel_log.rules.xid import evaluate, evaluate_log, reconcile
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 BUS = {0: "0000:1b:00", 3: "0000:3b:00", 7: "0000:db:00"}

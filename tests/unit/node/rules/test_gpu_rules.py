@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuvigil.node.catalog import gpus as catalog
+from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
+from gpuvigil.node.checks.gpu.rules import gpu as rules
 from gpuvigil.node.config import GpuConfig
-from gpuvigil.node.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
-from gpuvigil.node.rules import gpu as rules
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 H100 = GpuReading(

@@ -16,8 +16,8 @@ from gpuvigil.core.findings import Status
 from gpuvigil.node.capture.bundle import Limits
 from gpuvigil.node.capture.judge import Expect
 from gpuvigil.node.capture.session import Options, analyze
+from gpuvigil.node.checks.fabric.rules import FabricExpectation
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.rules.fabric import FabricExpectation
 
 OK, WARN, FAIL = Status.OK, Status.WARNING, Status.FAILED
 

@@ -18,16 +18,12 @@ from gpuvigil.node.capture.judge import Expect
 from gpuvigil.node.capture.kinds import detect
 from gpuvigil.node.capture.session import Options, analyze
 from gpuvigil.node.capture.tool_kinds import kinds
+from gpuvigil.node.checks.counters import nic_counters, nvlink_counters
+from gpuvigil.node.checks.fabric import rdma_link
+from gpuvigil.node.checks.fabric_manager import fabric_manager_log
+from gpuvigil.node.checks.gpu import nvidia_smi_partial, nvidia_smi_table
+from gpuvigil.node.checks.topology import topology
 from gpuvigil.node.config import NodeConfig
-from gpuvigil.node.probes import (
-    fabric_manager_log,
-    nic_counters,
-    nvidia_smi_partial,
-    nvidia_smi_table,
-    nvlink_counters,
-    rdma_link,
-    topology,
-)
 
 OPTS = Options(node=NodeConfig(), expect=Expect(), limits=Limits())
 

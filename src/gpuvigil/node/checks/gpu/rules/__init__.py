@@ -1,0 +1,1 @@
+"""The `gpu` domain's rules: pure functions of its readings."""

@@ -1,0 +1,1 @@
+"""The `kernel_log` domain's rules: pure functions of its readings."""
