@@ -4,7 +4,6 @@ aside (never deleted), and the launcher's own flag is read only before the scrip
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -72,18 +71,6 @@ def test_the_setting_defaults_to_refusing_and_reads_the_launchers_variable() -> 
     assert TrainingConfig().checkpoint.allow_fresh_start is False
     env = {launch.ALLOW_FRESH_START_ENV: "true"}
     assert TrainingConfig.load(environ=env).checkpoint.allow_fresh_start is True
-
-
-@pytest.fixture
-def one_rank() -> Iterator[Any]:
-    """A real 1-rank gloo group: `resume.choose` broadcasts and gathers even alone, and a
-    fake collective would test the fake, not the refusal."""
-    dist = pytest.importorskip("torch.distributed")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def _run(root: Path, group: Any, *, fresh: bool) -> Any:
