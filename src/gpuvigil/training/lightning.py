@@ -207,16 +207,21 @@ class Resilience(Callback):  # type: ignore[misc]
         env, cfg = self.env, self.config
         assert env is not None and self.journal is not None and self._drain is not None
         self._keep_sigterm(trainer)
-        self._check_resumable(trainer)
-        self._step = trainer.global_step
-        self._models = [trainer.strategy.model]  # wrapped (DDP) by now
-        log.info("gpuvigil: training starts at step %d", trainer.global_step)
-        self.journal.open(cfg.events_file)
+        # The launcher learns who each rank is (and where rank 0 writes events) from its
+        # heartbeat and sidecar: both exist before the refusal below, so a job that exits
+        # 92 still gets its job.end (failed, 92) from the launcher. The first beat has no
+        # timeout: the monitor watches the rank once the watchdog gives it one.
         run_dir = os.environ.get(heartbeat.RUN_DIR_ENV)
         if run_dir:
             self._hb = heartbeat.HeartbeatWriter(
                 Path(run_dir), local_rank=env.local_rank, info=env.describe()
             )
+            self._hb.state(timeout_s=0.0, paused=False, now=time.monotonic())
+        self._check_resumable(trainer)
+        self._step = trainer.global_step
+        self._models = [trainer.strategy.model]  # wrapped (DDP) by now
+        log.info("gpuvigil: training starts at step %d", trainer.global_step)
+        self.journal.open(cfg.events_file)
         if cfg.watchdog.enabled:
             self._watchdog = watchdog.Watchdog(
                 cfg.watchdog,

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.realparts, pytest.mark.timeout(400)]
 PIPELINE = ROOT / "examples" / "train_pipeline.py"
 ACCELERATE = ROOT / "examples" / "train_accelerate.py"
 LIGHTNING = ROOT / "examples" / "train_lightning.py"
+PLAIN_LOADER = ROOT / "tests" / "integration" / "training" / "lightning_plain_loader.py"
 
 
 def _state(j: Job, step: int, name: str) -> dict[str, Any]:
@@ -141,6 +142,31 @@ def test_lightning_drain_agrees_when_one_rank_alone_gets_sigterm(job: Any, fault
     assert len({s for _, s in stops}) == 1, stops
     assert (j.ckpt / "last.ckpt").exists()
     assert "SIGTERM to this worker alone" in j.text()
+
+
+def test_a_loader_lightning_cannot_resume_ends_the_job_at_once_with_92(job: Any) -> None:
+    """The Lightning example with a plain DataLoader: every rank refuses before its first
+    step and exits 92 (NOT_RESUMABLE). The real launcher ends the job at once with 92, its
+    3 restarts unspent (a retry builds the same loader), and writes job.end failed with it."""
+    require(
+        importlib.util.find_spec("pytorch_lightning") is not None,
+        "pytorch-lightning (gpuvigil[integrations])",
+    )
+    j: Job = job()
+    rc = j.run(script=PLAIN_LOADER, steps=20, every=10, final=None, max_restarts=3, timeout=60)
+    log = j.text()
+    assert rc == exit_codes.NOT_RESUMABLE, log[-4000:]
+    for rank in (0, 1):
+        assert f"rank{rank} gpuvigil: refusing to train: train dataloader 0 (DataLoader)" in log
+    assert log.count("gpuvigil launch: starting the workers") == 1
+    assert "not restarting (3 restarts left unused)" in log
+    assert j.attempts() == {0}
+    assert "gpuvigil launch: torchrun gave up; exiting with 92 (NOT_RESUMABLE" in log
+    assert not j.event_list("job.start") and not j.event_list("job.restart")
+    (end,) = j.event_list("job.end")
+    assert (end["data"]["result"], end["data"]["exit_code"]) == ("failed", 92)
+    assert end["data"]["cause"] == "user_code"  # the loader is the script's, not the node's
+    assert not (j.ckpt / "last.ckpt").exists()  # refused before anything trained
 
 
 def test_fsdp2_state_reuses_its_staging_buffers_and_reshards_on_resume(job: Any) -> None:
