@@ -212,6 +212,9 @@ def test_the_controller_moves_a_requeued_gang_job_onto_its_survivor_and_a_spare(
         assert survivor not in (adapter.spares.nodes() or [])
         assert job(slurm, gang)["AdminComment"] == ""
         assert job(slurm, gang)["JobState"] == "RUNNING"
+        # the move is over: Slurm would keep IGNORE_JOBS (and take busy nodes in with it)
+        resv = slurm.run("scontrol", "show", "reservation", "gpuvigil-spares").stdout
+        assert "IGNORE_JOBS" not in resv, resv
     finally:
         slurm.run("scancel", "--full", "--quiet", "--user=root", check=False)
         slurm.run("scontrol", "delete", "ReservationName=gpuvigil-spares", check=False)

@@ -171,25 +171,33 @@ def test_slurm_reservation_nodes_parse() -> None:
 
 class _FakeSlurm:
     """Just what `SlurmSpares` asks of `SlurmCluster`: `_run` records each scontrol call
-    and answers `show reservation` from `resv`; a call starting with `fail` raises."""
+    and answers `show reservation` from `resv` and `flags` (`Flags=X` adds X, `Flags-=X`
+    takes it off, as Slurm 22.05 does: docs/slurm.md); a call starting with `fail` raises."""
 
     def __init__(self, resv: list[str], fail: tuple[str, ...] = ()) -> None:
         from gpuvigil.platform.clusters.settings import SlurmSettings
 
         self.settings = SlurmSettings(spare_users=["root"])
         self.resv, self.fail, self.writes = resv, fail, []  # type: ignore[var-annotated]
+        self.flags = {"FLEX", "SPEC_NODES"}
 
     def _run(self, tool: str, *args: str) -> str:
         from gpuvigil.platform.clusters.base import Unavailable
 
         if args[:2] == ("show", "reservation"):
-            return f"ReservationName=gpuvigil-spares Nodes={','.join(self.resv)} State=ACTIVE"
+            flags = ",".join(sorted(self.flags))
+            return (f"ReservationName=gpuvigil-spares Nodes={','.join(self.resv)} "
+                    f"Flags={flags} State=ACTIVE")  # fmt: skip
         self.writes.append(" ".join(args))
         if self.fail and " ".join(args).startswith(self.fail):
             raise Unavailable("scontrol exited with status 1")
         for a in args:
             if a.startswith("Nodes="):
                 self.resv = a[6:].split(",")
+            elif a.startswith("Flags-="):
+                self.flags -= set(a[7:].split(","))
+            elif a.startswith("Flags="):
+                self.flags |= set(a[6:].split(","))
         return ""
 
     def _jobs(self, name: str) -> list[object]:
@@ -242,3 +250,47 @@ def test_slurm_follow_points_the_pending_job_then_releases_its_survivor() -> Non
     out = SlurmSpares(c).follow([{**moving, "job_state": "PENDING"}])  # type: ignore[arg-type]
     assert "move failed" in out[0] and c.resv == ["gpu4"]
     assert c.writes[-1] == "update JobId=7 AdminComment="
+
+
+def test_slurm_ignore_jobs_comes_off_once_no_move_needs_it() -> None:
+    """keep_place puts IGNORE_JOBS on the reservation (the survivors still run the job);
+    Slurm keeps a flag until told otherwise, and with it would take any busy node into the
+    reservation. It comes off with the last move's release, before the AdminComment is
+    cleared: while another move holds survivors it stays, and a failed write is redone by
+    the next pass, which still sees the AdminComment."""
+    from gpuvigil.platform.clusters.slurm_spares import SlurmSpares, reservation_flags
+
+    off = "update ReservationName=gpuvigil-spares Flags-=IGNORE_JOBS"
+    b = {"job_id": 9, "job_state": "RUNNING", "nodes": "gpu[5-6]", "admin_comment": ""}
+    c = _FakeSlurm(["gpu4", "gpu8"])
+    s = SlurmSpares(c)  # type: ignore[arg-type]
+    assert s.keep_place(GANG, "gpu1", [GANG, b]) and s.keep_place(b, "gpu5", [GANG, b])
+    assert "IGNORE_JOBS" in c.flags and c.resv == ["gpu2", "gpu4", "gpu6", "gpu8"]
+    a_moved = {**GANG, "admin_comment": "gpuvigil:spare-move:gpu2", "nodes": "gpu[2,4]"}
+    b_waits = {**b, "admin_comment": "gpuvigil:spare-move:gpu6", "job_state": "PENDING",
+               "resv_name": "gpuvigil-spares", "nodes": ""}  # fmt: skip
+    c.writes.clear()
+    s.follow([a_moved, b_waits])  # a runs; b's survivor gpu6 is still held: the flag stays
+    assert c.writes == ["update ReservationName=gpuvigil-spares Nodes=gpu4,gpu6,gpu8",
+                        "update JobId=7 AdminComment="]  # fmt: skip
+    assert "IGNORE_JOBS" in c.flags
+    a_done = {**a_moved, "admin_comment": ""}
+    b_moved = {**b, "admin_comment": "gpuvigil:spare-move:gpu6", "nodes": "gpu[6,8]"}
+    c.writes.clear()
+    s.follow([a_done, b_moved])  # the last move: off, then the AdminComment
+    assert c.writes == ["update ReservationName=gpuvigil-spares Nodes=gpu4,gpu8", off,
+                        "update JobId=9 AdminComment="]  # fmt: skip
+    assert c.flags == {"FLEX", "SPEC_NODES"} and c.resv == ["gpu4", "gpu8"]
+    # taking it off fails: the AdminComment stays, and the next pass takes it off
+    c = _FakeSlurm(["gpu2", "gpu4"], fail=(off,))
+    c.flags.add("IGNORE_JOBS")
+    s = SlurmSpares(c)  # type: ignore[arg-type]
+    s.follow([a_moved])
+    assert "IGNORE_JOBS" in c.flags and "update JobId=7 AdminComment=" not in c.writes
+    c.fail = ()
+    s.follow([a_moved])
+    assert c.writes[-2:] == [off, "update JobId=7 AdminComment="]
+    assert "IGNORE_JOBS" not in c.flags and c.resv == ["gpu4"]
+    text = "ReservationName=r Nodes=gpu1 Flags=FLEX,IGNORE_JOBS State=INACTIVE"
+    assert reservation_flags(text, "r") == {"FLEX", "IGNORE_JOBS"}  # an ended one too
+    assert reservation_flags(text, "other") == set() == reservation_flags("", "r")

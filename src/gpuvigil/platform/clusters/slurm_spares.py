@@ -22,8 +22,13 @@ the drain; `follow`, on each later controller pass):
 - once the job is PENDING (seconds later; COMPLETING first):
   `scontrol update JobId=J ReservationName=R StartTime=now` ends the requeue's BeginTime
   hold, and the job starts on its survivors plus a spare (the backfill scheduler);
-- once it runs (or has ended): the survivors leave the reservation and the AdminComment is
-  cleared. The spare it runs on is a used spare (`platform.spares` gives it back).
+- once it runs (or has ended): the survivors leave the reservation, its IGNORE_JOBS flag is
+  taken off again when no other move holds nodes in it (`Flags-=IGNORE_JOBS`: Slurm keeps
+  a flag across node updates and ends, and a renewal is an update; with it Slurm would
+  take a busy node into the reservation, without it Slurm refuses one, behind `make`'s
+  idle check), and the AdminComment is cleared last (so a pass that fails midway is
+  redone by the next). The spare it runs on is a used spare (`platform.spares` gives it
+  back).
 
 Fail closed: any failed step before the requeue leaves a plain requeue (logged why); a
 failed move of the pending job gives the survivors back at once.
@@ -64,22 +69,35 @@ def _state(job: dict[str, Any]) -> str:
     return str(job.get("job_state") or "").upper()
 
 
+def _block(text: str, name: str) -> list[str] | None:
+    """The tokens of reservation `name` in `scontrol show reservation` output, or None."""
+    for block in text.split("ReservationName=")[1:]:
+        head, _, rest = block.partition(" ")
+        if head.strip() == name:
+            return rest.split()
+    return None
+
+
+def reservation_flags(text: str, name: str) -> set[str]:
+    """The Flags of reservation `name` (ended or not; empty when there is none) in
+    `scontrol show reservation` output (pure; never raises)."""
+    for tok in _block(text, name) or ():
+        if tok.startswith("Flags="):
+            return {f for f in tok.split("=", 1)[1].split(",") if f and f != "(null)"}
+    return set()
+
+
 def reservation_nodes(text: str, name: str) -> list[str] | None:
     """The nodes of reservation `name` in `scontrol show reservation` output; None when
     there is no such reservation, or it has ended (State=INACTIVE: it lingers while a job
     that ran in it runs) (pure; never raises)."""
-    for block in text.split("ReservationName=")[1:]:
-        head, _, rest = block.partition(" ")
-        if head.strip() != name:
-            continue
-        toks = rest.split()
-        if "State=INACTIVE" in toks:
-            return None
-        for tok in toks:
-            if tok.startswith("Nodes="):
-                return expand_hostlist(tok.split("=", 1)[1])
-        return []
-    return None
+    toks = _block(text, name)
+    if toks is None or "State=INACTIVE" in toks:
+        return None
+    for tok in toks:
+        if tok.startswith("Nodes="):
+            return expand_hostlist(tok.split("=", 1)[1])
+    return []
 
 
 class SlurmSpares:
@@ -88,7 +106,10 @@ class SlurmSpares:
         self.name = cluster.settings.spare_reservation
 
     def nodes(self) -> list[str] | None:
-        return reservation_nodes(self.c._run("scontrol", "show", "reservation"), self.name)
+        return reservation_nodes(self._show(), self.name)
+
+    def _show(self) -> str:
+        return self.c._run("scontrol", "show", "reservation")
 
     def _set(self, have: list[str] | None, want: list[str]) -> None:
         if want == (have or []):
@@ -189,6 +210,7 @@ class SlurmSpares:
         back. Returns what it did, for the log. Fenced propagates; other errors are
         logged and the move given up (the job stays a plain requeued one)."""
         done: list[str] = []
+        held = held_nodes(jobs)  # IGNORE_JOBS stays on while any of them is in a move
         for job in jobs:
             survivors = moved_survivors(job.get("admin_comment"))
             if survivors is None:
@@ -203,7 +225,9 @@ class SlurmSpares:
                                     f"ReservationName={self.name}", "StartTime=now")  # fmt: skip
                         done.append(f"job {jid} sent to reservation {self.name}")
                     continue
-                self._release(jid, survivors, live=state == "RUNNING")
+                self._release(jid, survivors, live=state == "RUNNING",
+                              others=held - set(survivors))  # fmt: skip
+                held -= set(survivors)
                 done.append(f"job {jid} {state.lower()}: survivors {survivors} released")
             except Fenced:
                 raise
@@ -211,7 +235,8 @@ class SlurmSpares:
                 log.warning("job %s: moving it to the spares failed (%s): survivors %s "
                             "given back, a plain requeue", jid, e, survivors)  # fmt: skip
                 try:
-                    self._release(jid, survivors, live=True)
+                    self._release(jid, survivors, live=True, others=held - set(survivors))
+                    held -= set(survivors)
                 except Fenced:
                     raise
                 except ClusterError as e2:  # the next pass sees the AdminComment again
@@ -219,10 +244,17 @@ class SlurmSpares:
                 done.append(f"job {jid}: move failed: {e}")
         return done
 
-    def _release(self, jid: str, survivors: list[str], *, live: bool) -> None:
-        have = self.nodes()
+    def _release(self, jid: str, survivors: list[str], *, live: bool, others: set[str]) -> None:
+        """Survivors out of the reservation; IGNORE_JOBS off unless `others` (nodes another
+        move still holds) need it; the job's AdminComment cleared, last."""
+        text = self._show()
+        have = reservation_nodes(text, self.name)
         if have is not None:
             self._set(have, [n for n in have if n not in survivors])
+        if "IGNORE_JOBS" in reservation_flags(text, self.name) and not others:
+            # also on an ended one: a renewal would carry the flag on
+            self.c._run("scontrol", "update", f"ReservationName={self.name}",
+                        "Flags-=IGNORE_JOBS")  # fmt: skip
         if live:
             self._forget(jid)
         else:  # an ended job's comment may not be writable: its nodes are out already
