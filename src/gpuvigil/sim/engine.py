@@ -113,8 +113,9 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
             random.Random(f"{seed}:jobs"), nodes=nodes - n_serving, horizon_s=self.horizon,
             gpus_per_node=self.cfg.gpus_per_node,
         )  # fmt: skip
-        if scenario.layer3 and workload.memtier_every_steps > 0:
-            for job in self.jobs:
+        for job in self.jobs if scenario.layer3 else ():
+            job.in_process = workload.in_process
+            if workload.memtier_every_steps > 0:
                 restart.arm_memtier(job, self.cfg, every_steps=workload.memtier_every_steps,
                                     step_s=workload.step_s)  # fmt: skip
         self.queue: deque[int] = deque()

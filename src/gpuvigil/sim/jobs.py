@@ -53,6 +53,9 @@ class Job:
     # running; every_steps x the step time), and copy_speed is what the copies leave of it
     memtier_s: float = 0.0
     copy_speed: float = 1.0
+    # training.inprocess is on: a crash costs the survivors no restart of their processes
+    in_process: bool = False
+    from_memory: bool = False  # the next restore reads the in-memory tier, not DCP's files
     end_reason: str = ""
 
     @property
@@ -133,6 +136,7 @@ class Workload:
     # step_s seconds, where layer 3 runs (sim.restart.arm_memtier)
     memtier_every_steps: int = 0
     step_s: float = 0.0
+    in_process: bool = False  # training.restart.in_process, where layer 3 runs
 
     def initial_and_arrivals(
         self, rng: random.Random, *, nodes: int, horizon_s: float, gpus_per_node: int
@@ -184,5 +188,6 @@ WORKLOADS = {
         # sqrt(2 x copy_s / interruption rate) at ~450 interruptions in 54 days.
         memtier_every_steps=45,
         step_s=5.9,
+        in_process=True,
     ),
 }

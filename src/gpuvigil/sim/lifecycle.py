@@ -216,9 +216,20 @@ class Lifecycle:
             self.fleet.nodes[nid].job = job.id
         job.state = JobState.RUNNING
         job.alloc_since = t
+        self._run(job, t)
+
+    def _run(self: Engine, job: Job, t: float, *, lost_pods: int = 0) -> None:
+        """The job's processes (re)start at t on the nodes it holds: every pod's, or, where
+        the survivors kept theirs (`lost_pods`), only the lost pods'."""
+        if lost_pods:
+            mode = "survivors_kept"
+        else:
+            mode = "in_place" if job.restarts > 0 and job.in_place else "cold"
         cost = restart.restart_cost_s(
-            self.cfg, nodes=job.size, ranks=job.gpus, warm=job.restarts > 0 and job.in_place
-        )
+            self.cfg, nodes=job.size, ranks=job.gpus, mode=mode, lost_pods=lost_pods,
+            from_memory=job.from_memory,
+        )  # fmt: skip
+        job.from_memory = False
         job.restarts += 1
         job.run_start = job.seg_start = t + cost
         job.start_secured = job.seg_done
@@ -283,13 +294,20 @@ class Lifecycle:
         keep = job.done_at(t) if graceful else job.secured_at(t)
         # the in-memory tier, where the lost machines leave every rank's copy somewhere
         memory = not graceful and restart.memory_tier_holds(job, self.lost_nodes(job, t, fi))
+        job.from_memory = memory  # the next restore reads the tier, not the DCP files
         if memory:
             keep = max(keep, job.secured_at(t, job.memtier_s))
         corrupt = self.corrupted_since(job, t) if graceful else None
         if corrupt is not None:  # the drain's save holds wrong results: good up to before
             keep = job.secured_at(max(corrupt, job.run_start))
         progressed = keep > job.start_secured + 1e-6
-        self._settle(job, t)
+        gone = self.lost_nodes(job, t, fi)
+        kept = restart.keeps_survivors(stop, layer3=layer3, in_process=job.in_process) and (
+            len(gone) <= self.fleet.free_count)  # fmt: skip
+        if kept:  # only the lost machines leave the gang; the survivors wait in process
+            self._replace(job, t, gone)
+        else:
+            self._settle(job, t)
         if fi is not None and fi.kind.persistent and fi.kind.effect is Effect.CRASH:
             self.withhold(self.fleet.nodes[fi.node], t)
         job.seg_done = job.ckpt_done = keep
@@ -322,10 +340,27 @@ class Lifecycle:
             self.tally.failed_work += job.work_s * job.gpus
             self.tally.wall(job, t)
             self.rec.job_end(t, job, ok=False, productive_s=0.0, exit_code=code)
+        elif kept:
+            self._run(job, t + self.cfg.requeue_delay_s, lost_pods=max(1, len(gone)))
         else:
             job.state = JobState.QUEUED
             self.push(t + self.cfg.requeue_delay_s, ARRIVE_EV, job, 1)
         self.schedule(t)
+
+    def _replace(self: Engine, job: Job, t: float, gone: list[int]) -> None:
+        """The lost machines' places in the gang go to free nodes (a spare); the survivors
+        keep theirs, and their held time is counted up to now."""
+        held = (t - job.alloc_since) * job.size
+        job.allocated_s += held
+        self.tally.allocated_s += held
+        job.alloc_since = t
+        old = [job.nodes[pos] for pos in gone]
+        for nid in old:
+            self.fleet.release(nid)
+            self.withhold(self.fleet.nodes[nid], t)  # a broken machine is not taken back
+        for pos, new in zip(gone, self.fleet.take(len(gone)), strict=True):
+            job.nodes[pos] = new
+            self.fleet.nodes[new].job = job.id
 
     def lost_nodes(self: Engine, job: Job, t: float, fi: FaultInstance | None) -> list[int]:
         """The gang positions of the job's machines gone with their host memory at t: the

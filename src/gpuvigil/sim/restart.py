@@ -6,11 +6,13 @@ Every interruption ends the job's processes with the exit code the real code exi
 the shipped Job's podFailurePolicy says (`counts_against_job`: the policy is
 `core.exit_codes.pod_failure_policy`, judged by `core.exit_codes.policy_action`, Kubernetes'
 own algorithm). With layer 3 (`full`): a hang ends at the training watchdog's timeout
-(`training.watchdog.derive_timeout`) with its exit code, and torchrun restarts the group in
-place (`restart_cost_s(warm=True)`) when no node was taken away. A restart's cost is the
-lab's measured phases scaled to the job's size (`sim.restart_model`). What the simulator
-models instead of running code (a crash's exit code, PyTorch's collective timeout) is
-listed in docs/simulator.md ("What the simulator assumes"); a test keeps that honest.
+(`training.watchdog.derive_timeout`) with its exit code, torchrun restarts the group in
+place (`restart_cost_s(mode="in_place")`) when no node was taken away, and where the job
+runs `training.inprocess` a crash restarts only the lost pods (`keeps_survivors`). A
+restart's cost is the lab's measured phases scaled to the job's size (`sim.restart_model`).
+What the simulator models instead of running code (a crash's exit code, PyTorch's
+collective timeout) is listed in docs/simulator.md ("What the simulator assumes"); a test
+keeps that honest.
 """
 
 from __future__ import annotations
@@ -36,13 +38,37 @@ class Stop(StrEnum):
     TAKEN = "taken"  # a person or the cloud took the node (SIGTERM, no DisruptionTarget)
 
 
-def restart_cost_s(config: SimConfig, *, nodes: int, ranks: int, warm: bool) -> float:
+def restart_cost_s(
+    config: SimConfig,
+    *,
+    nodes: int,
+    ranks: int,
+    mode: restart_model.Mode = "cold",
+    lost_pods: int = 0,
+    from_memory: bool = False,
+) -> float:
     """Seconds from a (re)start to the job's first productive step, for a gang of `nodes`
-    one-pod-per-node nodes and `ranks` ranks: every measured phase for a cold start, only
-    the in-place phases when torchrun restarts the group on its own nodes."""
+    one-pod-per-node nodes and `ranks` ranks (`sim.restart_model`): every measured phase
+    for a cold start; the in-place phases when torchrun restarts the group on its own
+    nodes; the lost pods' phases where the survivors kept their processes. A restore from
+    the in-memory tier reads at the copy's measured rate, not DCP's."""
+    rate = config.memtier_copy_bytes_per_s if from_memory else None
     return restart_model.load().cost_s(
-        pods=nodes, ranks=ranks, ckpt_bytes=config.checkpoint_bytes_per_rank, in_place=warm
-    )
+        pods=nodes, ranks=ranks, ckpt_bytes=config.checkpoint_bytes_per_rank, mode=mode,
+        lost_pods=lost_pods, read_bytes_per_s=rate,
+    )  # fmt: skip
+
+
+def keeps_survivors(stop: Stop, *, layer3: bool, in_process: bool) -> bool:
+    """Do the surviving ranks keep their processes (`training.inprocess`, on with
+    `training.restart.in_process`)? Its wrapper re-forms the group in the same processes
+    when the training function raised what a rank sees when a peer is gone (gloo's closed
+    connection: `journal.classify`'s victim), which is what another rank's crash (its
+    process, its GPU, its machine) gives every survivor. A hang ends every rank in the
+    watchdog's exit 86 and a drain in 89: those end the processes as before, and the gang
+    restarts. Where no free node can take a lost machine's place, the survivors wait
+    `join_timeout_s` and exit 93 (the caller's fallback: a gang restart)."""
+    return layer3 and in_process and stop is Stop.CRASH
 
 
 def hang_timeout_s(

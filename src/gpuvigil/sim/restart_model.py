@@ -21,6 +21,9 @@ from pydantic import Field, model_validator
 from gpuvigil.core.config import StrictModel
 
 PHASES = ("stop", "reschedule", "process_start", "rendezvous", "restore", "first_step")
+# cold: every phase for the gang; in_place: torchrun's restart on the same pods;
+# survivors_kept: the lost pods' phases, the survivors waiting in their processes
+Mode = Literal["cold", "in_place", "survivors_kept"]
 
 
 class Anchor(StrictModel):
@@ -54,31 +57,48 @@ class RestartPhases(StrictModel):
     anchor: Anchor
     phases: dict[str, Phase]
     in_place: tuple[str, ...]
+    survivors_kept: tuple[str, ...]
+    pods_of_lost: tuple[str, ...]  # survivors_kept phases sized by the lost pods alone
 
     @model_validator(mode="after")
     def _every_phase(self) -> RestartPhases:
         if tuple(self.phases) != PHASES:
             raise ValueError(f"phases must be {PHASES}, in order")
-        if not set(self.in_place) <= set(PHASES):
-            raise ValueError(f"in_place names unknown phases: {self.in_place}")
+        for name in ("in_place", "survivors_kept", "pods_of_lost"):
+            if not set(getattr(self, name)) <= set(PHASES):
+                raise ValueError(f"{name} names unknown phases: {getattr(self, name)}")
         return self
 
-    def phase_s(self, name: str, *, pods: int, ranks: int, ckpt_bytes: float) -> float:
+    def phase_s(
+        self, name: str, *, pods: int, ranks: int, ckpt_bytes: float,
+        read_bytes_per_s: float | None = None,
+    ) -> float:  # fmt: skip
         """One phase's seconds for a gang of `pods` pods and `ranks` ranks, each reading
-        `ckpt_bytes` of checkpoint."""
+        `ckpt_bytes` of checkpoint (at `read_bytes_per_s` when the copy is not DCP's)."""
         p, a = self.phases[name], self.anchor
+        rate = read_bytes_per_s or p.read_bytes_per_s or 1.0
         grow = {
             "fixed": 0.0,
             "pods": p.per_pod_s * (pods - a.pods),
             "world": p.per_member_s * (ranks - a.ranks),
-            "bytes": (ckpt_bytes - a.checkpoint_bytes_per_rank) / (p.read_bytes_per_s or 1.0),
+            "bytes": (ckpt_bytes - a.checkpoint_bytes_per_rank) / rate,
         }[p.scales_with]
         return p.seconds + max(0.0, grow)
 
-    def cost_s(self, *, pods: int, ranks: int, ckpt_bytes: float, in_place: bool) -> float:
-        """A cold restart (every phase) or torchrun's in place (`in_place` phases only)."""
-        names = self.in_place if in_place else PHASES
-        return sum(self.phase_s(n, pods=pods, ranks=ranks, ckpt_bytes=ckpt_bytes) for n in names)
+    def cost_s(
+        self, *, pods: int, ranks: int, ckpt_bytes: float, mode: Mode = "cold",
+        lost_pods: int = 0, read_bytes_per_s: float | None = None,
+    ) -> float:  # fmt: skip
+        """A restart's seconds: `mode` picks the phases; where the survivors kept their
+        processes, the phases in `pods_of_lost` are sized by the `lost_pods` alone."""
+        names = {"cold": PHASES, "in_place": self.in_place,
+                 "survivors_kept": self.survivors_kept}[mode]  # fmt: skip
+        total = 0.0
+        for n in names:
+            sized = lost_pods if mode == "survivors_kept" and n in self.pods_of_lost else pods
+            total += self.phase_s(n, pods=sized, ranks=ranks, ckpt_bytes=ckpt_bytes,
+                                  read_bytes_per_s=read_bytes_per_s)  # fmt: skip
+        return total
 
 
 @cache
