@@ -64,6 +64,7 @@ DRAINED = 89
 CHECKPOINT_FAILED = 90
 NO_VERIFIED_CHECKPOINT = 91
 NOT_RESUMABLE = 92
+RANK_NOT_REPLACED = 93
 
 TABLE: dict[int, ExitCode] = {
     e.code: e
@@ -123,6 +124,18 @@ TABLE: dict[int, ExitCode] = {
             Charged.USER,
             # The same script builds the same loader on every retry: a person changes it.
             Retry.FAIL,
+        ),
+        ExitCode(
+            RANK_NOT_REPLACED,
+            "RANK_NOT_REPLACED",
+            "in-process restart: a lost rank's replacement never joined the next generation "
+            "within restart.join_timeout_s; the survivors exit so a whole-job restart can take "
+            "over",
+            # The lost rank's machine is the likely cause, but only its own evidence (its
+            # node's agent) can say; the survivors only saw it go.
+            Charged.UNKNOWN,
+            # Counted: a whole-job restart (today's recovery) may find the capacity again.
+            Retry.COUNT,
         ),
     )
 }

@@ -90,6 +90,33 @@ class MemTierConfig(StrictModel):
     )
 
 
+class RestartConfig(StrictModel):
+    """In-process restart (`inprocess`): survivors keep their processes when a rank is lost."""
+
+    in_process: bool = Field(
+        False,
+        description="When a rank is lost, the surviving ranks keep their processes and "
+        "in-memory state, wait for the lost rank's replacement and re-form the group in a "
+        "new generation (`training.in_process(train)`); false: today's whole-group restart.",
+    )
+    store: str | None = Field(
+        None,
+        description="host:port of the job's store server (`python -m "
+        "gpuvigil.training.inprocess serve`), which outlives every rank. None: "
+        "$MASTER_ADDR:$MASTER_PORT.",
+    )
+    join_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long the survivors wait for every rank (the lost rank's replacement) "
+        "to join the next generation before they exit with code 93 (RANK_NOT_REPLACED), "
+        "naming the missing ranks.",
+    )
+    max_restarts: int = Field(
+        10, ge=0, description="In-process restarts per process before a peer loss ends it."
+    )
+
+
 class StragglerConfig(StrictModel):
     enabled: bool = True
     every_steps: int = Field(
@@ -219,6 +246,7 @@ class MonitorConfig(StrictModel):
 class TrainingConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     memtier: MemTierConfig = Field(default_factory=MemTierConfig)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
     straggler: StragglerConfig = Field(default_factory=StragglerConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     drain: DrainConfig = Field(default_factory=DrainConfig)

@@ -38,7 +38,7 @@ class Env:
     local_rank: int
     node: str
     device: torch.device
-    restart_count: int  # TORCHELASTIC_RESTART_COUNT of this agent
+    restart_count: int  # TORCHELASTIC_RESTART_COUNT of this agent; in-process: the generation
     round_key: str  # the store prefix of this attempt
     job: str | None
     config: TrainingConfig
@@ -123,12 +123,48 @@ def init(
     """
     init_ts = time.time()
     config = config or TrainingConfig.load()
+    if config.restart.in_process:
+        raise ValueError(
+            "training.restart.in_process is set: start the job with training.in_process(train) "
+            "(gpuvigil.training.inprocess), which re-forms the group when a rank is lost; "
+            "init() alone cannot"
+        )
+    gate(config)
+    env = dict(os.environ)
+    rank, world_size = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    base = _connect(env, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    return form(
+        config,
+        base=base,
+        key=round_key(env),
+        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        init_ts=init_ts,
+        backend=backend,
+        timeout_s=timeout_s,
+    )
+
+
+def gate(config: TrainingConfig) -> None:
+    """The health gate: raises `health_gate.NodeRefused` (the rank exits 87/88) when it refuses."""
     verdict = health_gate.check(config.health_gate, now=utcnow())
     if not verdict.allowed:
         log.error("%s (exit code %d)", verdict.message, verdict.exit_code)
         raise health_gate.NodeRefused(verdict)
     log.info(verdict.message)
 
+
+def form(
+    config: TrainingConfig,
+    *,
+    base: Any,
+    key: str,
+    restart_count: int,
+    init_ts: float,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> Env:
+    """The process group and its side groups on `base` under the prefix `key` (an attempt's,
+    or an in-process restart's generation)."""
     env = dict(os.environ)
     rank, world_size = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
     local_rank = int(env.get("LOCAL_RANK", "0"))
@@ -140,8 +176,6 @@ def init(
         device = torch.device("cpu")
         backend = backend or "gloo"
     timeout = timedelta(seconds=timeout_s)
-    base = _connect(env, rank=rank, world_size=world_size, timeout=timeout)
-    key = round_key(env)
     store = dist.PrefixStore(key, base)
     dist.init_process_group(
         backend,
@@ -174,7 +208,7 @@ def init(
         node,
         backend,
         key,
-        env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        restart_count,
     )
     return Env(
         rank,
@@ -182,7 +216,7 @@ def init(
         local_rank,
         node,
         device,
-        int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        restart_count,
         key,
         identity.job_id(config, env),
         config,

@@ -37,6 +37,7 @@ class WaitClock:
         self._ready = 0.0
         self._waited = 0.0  # summed over the backward passes of a step (accumulation)
         self.attached = False
+        self._handles: list[Any] = []
 
     def attach(self, model: Any) -> bool:
         """Time the all-reduce wait of a DDP model; False when it is not DDP."""
@@ -44,10 +45,18 @@ class WaitClock:
             return False
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
-            p.register_post_accumulate_grad_hook(self._ready_hook)
+            self._handles.append(p.register_post_accumulate_grad_hook(self._ready_hook))
         self._n = len(params)
         self.attached = self._n > 0
         return self.attached
+
+    def detach(self) -> None:
+        """Remove the hooks: the parameters outlive this Run when an in-process restart
+        (`inprocess`) runs the next generation's Run on the same model."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.attached = False
 
     def _ready_hook(self, _param: torch.Tensor) -> None:
         self._seen += 1

@@ -65,6 +65,7 @@ class StragglerWatch:
             self._inflight = None
 
     def close(self) -> None:
+        self.clock.detach()
         if self._inflight is not None:  # every rank started it: waiting cannot hang
             try:
                 self._inflight[2].wait()
