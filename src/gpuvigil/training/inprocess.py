@@ -182,6 +182,7 @@ def in_process(
             backend=backend,
             timeout_s=timeout_s,
         )
+        env.survivor = restarts > 0
         rdzv.mark_formed(g)
         if lost_ts is not None:
             log.warning(

@@ -49,6 +49,9 @@ class Env:
     # group formed: the process-start and rendezvous phases of a restart (startup).
     init_ts: float | None = None
     group_ts: float | None = None
+    # This process trained in an earlier generation of an in-process restart (`inprocess`):
+    # its state is past step 0, so a restore that finds nothing cannot start it at step 0.
+    survivor: bool = False
 
     @property
     def is_main(self) -> bool:

@@ -56,6 +56,10 @@ def _listed(x: Any) -> list[Any]:
     return list(x) if isinstance(x, list | tuple) else [x]
 
 
+class NothingToRollBack(RuntimeError):
+    """An in-process restart (`inprocess`) found no step to roll the survivors back to."""
+
+
 class Run:
     def __init__(
         self,
@@ -319,6 +323,17 @@ class Run:
                 self.metrics.checkpoint_duration.labels(
                     op="load", mode=self.config.checkpoint.mode
                 ).observe(time.monotonic() - t0)
+        if loaded is None and self.config.restart.in_process and self._any_survivor():
+            # A survivor's model and optimizer are past step 0 and nothing can roll them
+            # back: every rank (the same verdict, reached collectively) leaves, and a
+            # whole-job restart starts them all fresh.
+            message = (
+                f"gpuvigil restart: generation {env.restart_count} has no in-memory copy and "
+                "no checkpoint to roll back to, and the surviving ranks' state is past step 0; "
+                "ending this rank so that a whole-job restart starts every rank afresh"
+            )
+            log.error(message)
+            raise NothingToRollBack(message)
         if loaded is None and self._ckpt is not None:
             log.info(
                 "gpuvigil checkpoint: none found in %s; starting at step 0",
@@ -333,6 +348,13 @@ class Run:
             tier=self._tier[0] or None,
             tier_note=self._tier[1] or None,
         )
+
+    def _any_survivor(self) -> bool:
+        """Collective: whether some rank kept its process through an in-process restart."""
+        flag = torch.tensor([int(self.env.survivor)])
+        if self.env.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.env.groups["monitor"])
+        return bool(flag.item())
 
     def _memory_load(self) -> resume.Loaded | None:
         """The in-memory tier when it holds a verified step for every rank that is not older

@@ -177,20 +177,36 @@ def _logged(log: Path, text: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def test_survivors_keep_their_processes_and_the_job_ends_bit_identical(inproc: Any) -> None:
-    base = inproc("baseline")
-    first = [base.start(r) for r in range(WORLD)]
-    for p in first:
-        assert base.wait(p, 60) == 0, base.text()
+@pytest.fixture(scope="module")
+def baseline(workdir: Path, healthy_state: Path) -> Iterator[InProcessJob]:
+    """The uninterrupted 3-rank run (in-process mode, no fault) every test must match."""
+    base = InProcessJob(workdir / "inprocess-baseline", state_file=healthy_state, join_timeout_s=60)
+    try:
+        for p in [base.start(r) for r in range(WORLD)]:
+            assert base.wait(p, 60) == 0, base.text()
+        yield base
+    finally:
+        base.stop()
 
+
+@pytest.mark.parametrize("tier", ["memory", "persistent"])
+def test_survivors_keep_their_processes_and_the_job_ends_bit_identical(
+    inproc: Any, baseline: InProcessJob, tier: str
+) -> None:
+    """`persistent`: rank 1's copy is gone from its peer too (two machines' worth of tier
+    lost), so every rank rolls back to the DCP checkpoint of step 10 instead."""
     j = inproc("killed")
     procs = {r: j.start(r) for r in range(WORLD)}
-    killed = _kill_rank1(j, after=KILL_AFTER)
+    kill_after = KILL_AFTER if tier == "memory" else KILL_AFTER + K  # DCP's step 10 committed
+    killed = _kill_rank1(j, after=kill_after)
+    if tier == "persistent":
+        for copy in (j.dir / "shm" / "2").glob("peer-r00001-*"):
+            copy.unlink()
     replacement = j.start(1)
     for r, p in {0: procs[0], 2: procs[2], 1: replacement}.items():
         assert j.wait(p, 60) == 0, f"rank {r}:\n{j.text()}"
 
-    assert params_equal(j.final, base.final)
+    assert params_equal(j.final, baseline.final)
     lines = j.lines()
     # The survivors never restarted: one pid each, from the first step to the last, and
     # it is the process this test started.
@@ -204,9 +220,14 @@ def test_survivors_keep_their_processes_and_the_job_ends_bit_identical(inproc: A
     again = [x for x in lines if x["rank"] == 1 and x["pid"] == replacement.pid]
     assert again and {x["gen"] for x in again} == {1}
     resumed = again[0]["step"] - 1
-    assert KILL_AFTER - K <= resumed <= KILL_AFTER + 1 and resumed % K == 0, resumed
     log1 = (j.dir / "rank1-1.log").read_text()
-    assert f"rank 1 restored step {resumed} from its peer rank 2" in log1, log1[-3000:]
+    if tier == "memory":
+        assert KILL_AFTER - K <= resumed <= KILL_AFTER + 1 and resumed % K == 0, resumed
+        assert f"rank 1 restored step {resumed} from its peer rank 2" in log1, log1[-3000:]
+    else:
+        assert resumed == EVERY, resumed
+        assert "falling back to the persistent tier" in log1, log1[-3000:]
+        assert "resumed from" in (j.dir / "rank0-0.log").read_text()
     for r in (0, 2):
         log = (j.dir / f"rank{r}-0.log").read_text()
         assert f"rank {r} lost a peer in generation 0" in log
@@ -218,8 +239,8 @@ def test_survivors_keep_their_processes_and_the_job_ends_bit_identical(inproc: A
     print(
         f"\nin-process restart: the survivors' next completed step came {recovered:.2f}s "
         f"after rank 1 was SIGKILLed (loss seen after {seen:.2f}s, generation 1 formed after "
-        f"{formed:.2f}s, the replacement started at once; resumed at step {resumed}, killed "
-        f"after step {KILL_AFTER})"
+        f"{formed:.2f}s, the replacement started at once; resumed at step {resumed} from the "
+        f"{tier} tier, killed after step {kill_after})"
     )
     assert recovered < 45
 
