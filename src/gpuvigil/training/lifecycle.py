@@ -147,6 +147,8 @@ def kind_of_exit(code: int) -> str:
         exit_codes.NO_VERIFIED_CHECKPOINT: "no_verified_checkpoint",
         exit_codes.NODE_UNHEALTHY: "node_unhealthy",
         exit_codes.NODE_STATE_UNKNOWN: "node_unhealthy",
+        # A survivor of an in-process restart whose lost peer was never replaced.
+        exit_codes.RANK_NOT_REPLACED: "victim",
     }.get(code, "dead" if code < 0 or code > exit_codes.SIGNAL_BASE else "user_code")
 
 
