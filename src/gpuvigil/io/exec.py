@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 from gpuvigil.core.findings import Action, Finding, Status
 
@@ -153,15 +154,9 @@ def run(
             argv, None, b"", b"", time.monotonic() - started, error=kind, detail=str(e)
         )
 
-    if stdin is not None and proc.stdin is not None:
-        try:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
-        except OSError:
-            pass
     out, err = _Capture(max_output), _Capture(max_output)
     deadline = started + timeout_s
-    timed_out = _pump(proc, out, err, deadline)
+    timed_out = _pump(proc, out, err, deadline, stdin)
     if not timed_out:
         remaining = max(0.05, deadline - time.monotonic())
         try:
@@ -185,18 +180,37 @@ def run(
     )
 
 
-def _pump(proc: subprocess.Popen[bytes], out: _Capture, err: _Capture, deadline: float) -> bool:
-    """Read both pipes until EOF or the deadline; True when the deadline passed."""
+def _pump(
+    proc: subprocess.Popen[bytes],
+    out: _Capture,
+    err: _Capture,
+    deadline: float,
+    stdin: bytes | None = None,
+) -> bool:
+    """Feed `stdin` and read both pipes until EOF or the deadline; True when the deadline
+    passed. The input is written as the tool reads it, in the same loop as its output is
+    read: written whole first, a tool that answers as it reads (grep on 8 MiB) fills its
+    output pipe, stops reading, and both sides wait for ever."""
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, out)
     sel.register(proc.stderr, selectors.EVENT_READ, err)
+    feed = memoryview(stdin) if stdin is not None else None
+    if proc.stdin is not None:
+        if feed:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin, selectors.EVENT_WRITE, None)
+        else:
+            proc.stdin.close()
     try:
         while sel.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return True
             for key, _ in sel.select(timeout=remaining):
+                if key.fileobj is proc.stdin:
+                    feed = _write_some(proc.stdin, feed, sel)
+                    continue
                 data = os.read(key.fd, 65536)
                 if not data:
                     sel.unregister(key.fileobj)
@@ -205,8 +219,35 @@ def _pump(proc: subprocess.Popen[bytes], out: _Capture, err: _Capture, deadline:
         return False
     finally:
         sel.close()
+        if proc.stdin is not None and not proc.stdin.closed:
+            _close_quietly(proc.stdin)
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _write_some(pipe: IO[bytes], feed: memoryview | None, sel: selectors.BaseSelector
+                ) -> memoryview | None:  # fmt: skip
+    """Write what the pipe takes now; unregister and close it when all is written or the
+    tool stopped reading (it exited, or does not want the rest: not our error)."""
+    try:
+        n = os.write(pipe.fileno(), feed[:65536]) if feed else 0
+    except BlockingIOError:
+        return feed
+    except OSError:  # EPIPE: the tool is gone or closed its input
+        n, feed = 0, None
+    rest = feed[n:] if feed is not None else None
+    if not rest:
+        sel.unregister(pipe)
+        _close_quietly(pipe)
+        return None
+    return rest
+
+
+def _close_quietly(pipe: IO[bytes]) -> None:
+    try:
+        pipe.close()
+    except OSError:
+        pass
 
 
 _subreaper_lock = threading.Lock()

@@ -174,3 +174,25 @@ def test_an_escapee_adopted_by_init_dies_at_the_deadline_too(tmp_path: Path) -> 
     assert r.error == "timeout"
     gc = int(pidfile.read_text())
     assert _wait_gone(gc), f"setsid escapee {gc}, adopted by init, survived the deadline"
+
+
+def test_a_large_input_is_fed_while_the_output_is_read() -> None:
+    """8 MiB through `cat`: written whole before reading, cat's full output pipe stopped it
+    reading and both sides waited for ever (no deadline covered the write)."""
+    import threading
+
+    from gpuvigil.io import exec as runner
+
+    data = bytes(range(256)) * (32 * 1024) + b"\n"
+    got: list[runner.ExecResult] = []
+    t = threading.Thread(
+        target=lambda: got.append(runner.run(["cat"], stdin=data, max_output=16 << 20)),
+        daemon=True,
+    )
+    t.start()
+    t.join(30)
+    assert got, "run() did not return: the input and output pipes deadlocked"
+    assert got[0].ok and got[0].stdout == data
+    # a tool that stops reading is not an error of ours; one that hangs still times out
+    assert runner.run(["head", "-c", "3"], stdin=data).stdout == data[:3]
+    assert runner.run(["sleep", "5"], stdin=data, timeout_s=0.5).error == "timeout"

@@ -24,6 +24,7 @@ from gpuvigil.core.findings import Finding, Status, utcnow
 from gpuvigil.node.catalog import phrases
 from gpuvigil.node.checks.gpu.readings import GpuRef, KnownGpus
 from gpuvigil.node.checks.kernel_log import kernel_faults
+from gpuvigil.node.checks.kernel_log.grep_lines import GrepLines
 from gpuvigil.node.checks.kernel_log.kernel_log_parser import (
     driver_load_stamp,
     fix_year,
@@ -91,9 +92,9 @@ def read_capture(
     faults = kernel_faults.FaultScanner(tz=tz, year=year)
     said = phrases.HitCounter(phrases.load())
     kw = {"chunk_size": chunk_size} if chunk_size else {}
-    lines = iter_lines(
-        stream, needles(), max_bytes=max_bytes, stats=stats, give_up=GIVE_UP_BINARY, **kw
-    )
+    marks = needles()
+    lines = iter_lines(stream, marks, max_bytes=max_bytes, stats=stats, give_up=GIVE_UP_BINARY,
+                       find=GrepLines(marks), **kw)  # fmt: skip
     anchors = _phrase_lines()
     try:
         for raw in lines:

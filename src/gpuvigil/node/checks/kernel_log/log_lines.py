@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 CHUNK = 8 * 1024 * 1024
 MAX_LINE = 1024 * 1024
@@ -47,6 +47,12 @@ def find_lines(
             pos = last + 1
     for first in sorted(starts):
         yield buf[first : starts[first]]
+
+
+class Finder(Protocol):
+    def __call__(
+        self, buf: bytes, needles: Sequence[bytes], *, start: int = 0, end: int | None = None
+    ) -> Iterator[bytes]: ...
 
 
 def _one(buf: bytes, needle: bytes, start: int, stop: int) -> Iterator[bytes]:
@@ -102,10 +108,12 @@ def iter_lines(
     max_bytes: int | None = None,
     stats: LineStats | None = None,
     give_up: int | None = None,
+    find: Finder | None = None,
 ) -> Iterator[bytes]:
     """Lines of `stream` holding any of `needles` (see the module's rules). `give_up`:
     after that many bytes of which most are control bytes, with no needle found, stop (a
-    2 GiB file of NUL bytes is binary: its verdict does not need the rest read)."""
+    2 GiB file of NUL bytes is binary: its verdict does not need the rest read). `find`:
+    what searches each chunk's whole lines (`find_lines`, or grep's `GrepLines`)."""
     st = stats if stats is not None else LineStats()
     lines = _lines(
         stream,
@@ -115,6 +123,7 @@ def iter_lines(
         max_bytes=max_bytes,
         st=st,
         give_up=give_up,
+        find=find or find_lines,
     )
     if give_up is None:
         return lines  # logscan's path: no counting step per line
@@ -136,6 +145,7 @@ def _lines(
     max_bytes: int | None,
     st: LineStats,
     give_up: int | None,
+    find: Finder,
 ) -> Iterator[bytes]:
     tail = b""  # the start of the line that continues in the next chunk
     head = b""  # set while the current line is over-long: its first HEAD bytes
@@ -173,7 +183,7 @@ def _lines(
         yield from _finish(tail + chunk[:first], head, needles, st)
         head = b""
         if last > first:
-            yield from find_lines(chunk, needles, start=first + 1, end=last)
+            yield from find(chunk, needles, start=first + 1, end=last)
             _note_last(chunk, first + 1, last, st)
         tail = b""
         tail, head = yield from _grow(
