@@ -24,6 +24,15 @@ A copy is one blob: magic, a JSON header (`state_codec`: step, skeleton, the ran
 job's state, the table of tensors) and the raw tensor bytes, then the SHA-256 of everything
 before it. A copy is loaded only if its sum verifies and every rank has a verified copy of
 the same step (gathered): else the whole tier is skipped.
+
+A save holds the training thread only for the snapshot: the header and a copy of every
+tensor's bytes into a host buffer (kept and reused while the sizes match), what has to
+happen before the next optimizer step changes them. The tier's own thread (one per
+`MemTier`, started on the first save) then hashes, writes the own copy, exchanges with the
+peer and writes the peer's copy, as the async DCP writer does. One copy at a time: the
+next save, `restore` and `close` first wait for it (at most `wait_s`), so the `memtier`
+group is never used by two threads at once and every rank's exchanges come in step order.
+A copy that fails is reported (WARNING) by that wait; the tier then holds the step before.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,23 +66,46 @@ class Damaged(ValueError):
 
 
 def pack(step: int, flat: dict[str, torch.Tensor], state: dict[str, Any]) -> bytearray:
-    table, parts, offset = [], [], 0
-    for name, t in flat.items():
-        raw = dcp_storage.tensor_bytes(t.detach().cpu().contiguous()).numpy()
-        table.append([name, str(t.dtype), list(t.shape), offset, raw.nbytes])
-        parts.append(raw)
-        offset += raw.nbytes
-    header = state_codec.dumps({"step": step, "tensors": table, **state})
-    h = hashlib.sha256()
-    out = bytearray(len(MAGIC) + _LEN.size + len(header) + offset + _SUM)
-    view, at = memoryview(out), 0
-    for piece in (MAGIC, _LEN.pack(len(header)), header, *parts):
-        n = len(piece) if not hasattr(piece, "nbytes") else piece.nbytes
-        view[at : at + n] = memoryview(piece).cast("B")
-        at += n
-    h.update(view[:at])
-    view[at:] = h.digest()
+    header, sizes = _header(step, flat, state)
+    out = bytearray(_prefix(header) + sum(sizes) + _SUM)
+    _fill(memoryview(out), header, flat, sizes)
+    _seal(memoryview(out))
     return out
+
+
+def _header(
+    step: int, flat: dict[str, torch.Tensor], state: dict[str, Any]
+) -> tuple[bytes, list[int]]:
+    """The blob's header, and the bytes of each tensor in it."""
+    table, sizes, offset = [], [], 0
+    for name, t in flat.items():
+        nbytes = t.numel() * t.element_size()
+        table.append([name, str(t.dtype), list(t.shape), offset, nbytes])
+        sizes.append(nbytes)
+        offset += nbytes
+    return state_codec.dumps({"step": step, "tensors": table, **state}), sizes
+
+
+def _prefix(header: bytes) -> int:
+    return len(MAGIC) + _LEN.size + len(header)
+
+
+def _fill(view: memoryview, header: bytes, flat: dict[str, torch.Tensor], sizes: list[int]) -> None:
+    """Write everything but the sum into `view` (the blob's length exactly): the snapshot."""
+    at = 0
+    for piece in (MAGIC, _LEN.pack(len(header)), header):
+        view[at : at + len(piece)] = piece
+        at += len(piece)
+    for t, n in zip(flat.values(), sizes, strict=True):
+        if n:  # straight into the buffer: from a GPU too, no host tensor in between
+            dst = torch.frombuffer(view[at : at + n], dtype=torch.uint8)
+            dst.copy_(dcp_storage.tensor_bytes(t.detach().contiguous()))
+        at += n
+
+
+def _seal(view: memoryview) -> None:
+    body = len(view) - _SUM
+    view[body:] = hashlib.sha256(view[:body]).digest()
 
 
 def unpack(blob: bytes | bytearray) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -120,11 +154,32 @@ def _parse(name: str) -> tuple[str, int, int] | None:
         return None
 
 
+WAIT_S = 300.0  # how long a save, a restore or close waits for the copy in flight
+
+
+@dataclass
+class Copy:
+    """One copy handed to the tier's thread: `blob` is its place in the snapshot buffer."""
+
+    step: int
+    blob: memoryview
+    done: threading.Event
+    error: BaseException | None = None
+
+
 class MemTier:
     def __init__(
-        self, config: MemTierConfig, *, rank: int, world_size: int, group: Any, job: str, node: str
+        self,
+        config: MemTierConfig,
+        *,
+        rank: int,
+        world_size: int,
+        group: Any,
+        job: str,
+        node: str,
+        wait_s: float = WAIT_S,
     ) -> None:
-        self.config = config
+        self.config, self.wait_s = config, wait_s
         self.rank, self.world_size, self.group = rank, world_size, group
         # torchrun's LOCAL_WORLD_SIZE: the peer is a node's worth of ranks away (tier_choice)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -133,21 +188,130 @@ class MemTier:
         self.ward = tier_choice.ward_of(rank, world_size, self.offset)  # whose copy I hold
         self.holder = Path(config.dir.format(job=job or "job", node=node, rank=rank))
         self.holder.mkdir(parents=True, exist_ok=True)
+        self.held: int | None = None  # the newest step whose copy this rank completed
+        self.failures = 0  # copies that failed, reported by `wait`
+        self._buf: bytearray | None = None  # the snapshot buffer: reserve, then the tensors
+        self._reserve = self._payload = 0
+        self._inflight: Copy | None = None
+        self._queue: queue.Queue[Copy | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
 
     # --- save ---------------------------------------------------------------------------
     def save(self, step: int, tensors: Any, state: dict[str, Any]) -> int:
-        """Keep this rank's copy of `step` here and on its peer; returns the blob's bytes.
-        Collective (point-to-point with both neighbours)."""
+        """Snapshot this rank's state of `step` and hand it to the tier's thread, which keeps
+        it here and on the peer; returns the blob's bytes (0: skipped, the previous copy is
+        still in flight after `wait_s`). Waits for the previous copy first."""
+        if not self.wait():
+            log.warning("gpuvigil memtier: rank %d skips the copy of step %d", self.rank, step)
+            return 0
         flat, skeleton = tensor_tree.split(tensors)
-        blob = pack(step, flat, {"skeleton": skeleton, **state})
-        self._put("own", self.rank, step, blob)
-        if self.world_size > 1:
-            theirs = self._exchange(blob, send_to=self.peer, recv_from=self.ward)
-            self._put("peer", self.ward, step, theirs)
+        header, sizes = _header(step, flat, {"skeleton": skeleton, **state})
+        blob = self._snapshot_view(_prefix(header), sum(sizes))
+        _fill(blob, header, flat, sizes)
+        self._inflight = Copy(step, blob, threading.Event())
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._loop, name=f"gpuvigil-memtier-r{self.rank}", daemon=True
+            )
+            self._thread.start()
+        self._queue.put(self._inflight)
         return len(blob)
 
+    @property
+    def in_flight(self) -> int | None:
+        """The step whose copy the tier's thread is still making, if any."""
+        c = self._inflight
+        return c.step if c is not None and not c.done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the copy in flight (at most `timeout`, default `wait_s`); False if it is
+        still not done. Reports a copy that failed (WARNING), once; never raises."""
+        c = self._inflight
+        if c is None:
+            return True
+        limit = self.wait_s if timeout is None else timeout
+        if not c.done.wait(limit):
+            log.warning(
+                "gpuvigil memtier: rank %d's copy of step %d is not done after %.0fs; "
+                "the tier holds step %s",
+                self.rank,
+                c.step,
+                limit,
+                self.held,
+            )
+            return False
+        self._inflight = None
+        if c.error is None:
+            self.held = c.step
+        else:
+            self.failures += 1
+            log.warning(
+                "gpuvigil memtier: rank %d's copy of step %d failed (%s: %s); the tier "
+                "holds step %s",
+                self.rank,
+                c.step,
+                type(c.error).__name__,
+                c.error,
+                self.held,
+            )
+        return True
+
+    def close(self) -> None:
+        """Wait for the copy in flight (bounded) and stop the tier's thread."""
+        self.wait()
+        if self._thread is not None and self._inflight is None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _snapshot_view(self, prefix: int, payload: int) -> memoryview:
+        """The blob's place in the snapshot buffer, kept while the tensors' bytes are the
+        same: the header ends at a fixed reserve and the tensors follow it, so a header that
+        grows (the step, the step times) does not make a new buffer of the whole state."""
+        if self._buf is None or payload != self._payload or prefix > self._reserve:
+            self._buf = None  # the old one goes before the new one is made
+            self._reserve, self._payload = max(2 * prefix, 1 << 16), payload
+            self._buf = bytearray(self._reserve + payload + _SUM)
+        return memoryview(self._buf)[self._reserve - prefix :]
+
+    def _loop(self) -> None:
+        while (c := self._queue.get()) is not None:
+            try:
+                self._copy(c)
+            except Exception as e:  # noqa: BLE001 - kept for `wait` to report, never lost
+                c.error = e
+            finally:
+                c.done.set()
+
+    def _copy(self, c: Copy) -> None:
+        """Hash, write the own copy, exchange with the peer, write the peer's copy (the
+        tier's thread). The exchange happens even when the own write failed, so the peers'
+        point-to-point pairs still match."""
+        t0 = time.monotonic()
+        _seal(c.blob)
+        problem: OSError | None = None
+        try:
+            self._put("own", self.rank, c.step, c.blob)
+        except OSError as e:
+            problem = e
+        if self.world_size > 1:
+            theirs = self._exchange(c.blob, send_to=self.peer, recv_from=self.ward)
+            self._put("peer", self.ward, c.step, theirs)
+        if problem is not None:
+            raise problem
+        log.debug(
+            "gpuvigil memtier: rank %d copied step %d in %.3fs",
+            self.rank,
+            c.step,
+            time.monotonic() - t0,
+        )
+
     def _exchange(
-        self, blob: bytes | bytearray | None, *, send_to: int | None, recv_from: int | None
+        self,
+        blob: bytes | bytearray | memoryview | None,
+        *,
+        send_to: int | None,
+        recv_from: int | None,
     ) -> bytearray:
         """Send `blob` to one rank and receive one from another (either may be None)."""
         size_in = torch.zeros(1, dtype=torch.int64)
@@ -167,18 +331,25 @@ class MemTier:
             data_in = torch.frombuffer(buf, dtype=torch.uint8)
             reqs.append(dist.irecv(data_in, src=recv_from, group=self.group))
         if send_to is not None and blob is not None:
-            writable = blob if isinstance(blob, bytearray) else bytearray(blob)
+            ours = isinstance(blob, bytearray) or (
+                isinstance(blob, memoryview) and not blob.readonly
+            )
+            writable = blob if ours else bytearray(blob)
             out = torch.frombuffer(writable, dtype=torch.uint8)
             reqs.append(dist.isend(out, dst=send_to, group=self.group))
         for r in reqs:
             r.wait()
         return buf
 
-    def _put(self, kind: str, owner: int, step: int, blob: bytes | bytearray) -> None:
+    def _put(self, kind: str, owner: int, step: int, blob: bytes | bytearray | memoryview) -> None:
         path = self.holder / _name(kind, owner, step)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(blob)
-        os.replace(tmp, path)  # a copy is whole or absent
+        try:
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)  # a copy is whole or absent
+        except OSError:
+            tmp.unlink(missing_ok=True)  # no half copy left holding host memory
+            raise
         steps = sorted(s for s, p in self._copies(kind, owner).items())
         for old in steps[: -self.config.keep_last]:
             (self.holder / _name(kind, owner, old)).unlink(missing_ok=True)
@@ -211,7 +382,9 @@ class MemTier:
     # --- restore ------------------------------------------------------------------------
     def restore(self, live_keys: set[str]) -> tuple[Restored | None, str]:
         """Collective: the newest step every rank has a verified copy of (its own, or the
-        one its peer holds, fetched), or (None, why not)."""
+        one its peer holds, fetched), or (None, why not). Waits for the copy in flight."""
+        if not self.wait():
+            return None, f"this rank's copy of step {self.in_flight} is still in flight"
         t0 = time.monotonic()
         own, held = self._verified("own", self.rank), self._verified("peer", self.ward)
         views: list[Any] = [None] * self.world_size

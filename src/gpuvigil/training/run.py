@@ -164,6 +164,8 @@ class Run:
         try:
             if exc is not None:
                 self.journal.exit_of(exc, step=self.step)
+            if self._mem is not None:  # the copy in flight finishes (bounded; never raises)
+                self._mem.close()
             if self._ckpt is not None:
                 self._ckpt.close()
         finally:
@@ -260,6 +262,8 @@ class Run:
                 )
         else:
             log.warning("gpuvigil drain: no checkpoint.dir: the work done so far is lost")
+        if self._mem is not None:  # the last copy is whole before the process goes
+            self._mem.wait()
         log.warning(
             "gpuvigil drain: stopped after step %d%s; exiting with code %d",
             step,
@@ -284,7 +288,8 @@ class Run:
         self._last_saved = self.step
 
     def save_memory(self) -> None:
-        """Keep the completed steps in the in-memory tier (here and on the peer rank)."""
+        """Keep the completed steps in the in-memory tier (here and on the peer rank): the
+        step waits for the previous copy and the snapshot; the tier's thread does the rest."""
         assert self._mem is not None
         times = self._watchdog.step_times if self._watchdog else []
         state = {

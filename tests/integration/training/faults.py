@@ -15,6 +15,8 @@ stays a script a user can copy. GV_FAULTS is a comma-separated list of
     failsave@*:8     every save from step 8 on fails on that rank (the disk is full)
     killmachine@1:11 rank 1's "machine" dies at the start of step 11: its in-memory tier
                      holder folder (its node's /dev/shm) is wiped, then it SIGKILLs itself
+                     (both memtier faults first wait for the copy in flight: the tier holds
+                     the step before, as the tests mean)
     damagemem@0:11   rank 0 flips a byte in every copy its memtier holder folder keeps
     raise@0:5        rank 0 raises an exception in step 5 (a bug in the training script)
     term@1:0         rank 1 alone SIGTERMs itself at the start of step 0 (as a node's agent
@@ -99,9 +101,11 @@ def at_step(step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         elif f.step == step and f.kind == "killmachine":
             logging.info("faults: this rank's machine (process and memtier copies) dies")
+            _run[0]._mem.wait()  # the copy of the step before is in place (copies are async)
             shutil.rmtree(_run[0]._mem.holder)
             os.kill(os.getpid(), signal.SIGKILL)
         elif f.step == step and f.kind == "damagemem":
+            _run[0]._mem.wait()  # damage the copies the tier holds, not the one being written
             for p in sorted(_run[0]._mem.holder.glob("*.bin")):
                 raw = bytearray(p.read_bytes())
                 raw[len(raw) // 2] ^= 0xFF
