@@ -3,10 +3,16 @@ save of the same state: 2 ranks on gloo (CPU), one process each, on this machine
 
     PYTHONPATH=src python bench/memtier.py
 
-For 10 MB and 200 MB of state a rank: the median of 3 `MemTier.save` (pack, write to the
-holder folder, exchange with the peer, write its copy) and of 3 `dcp.save` to a temp folder,
-alternated. Prints seconds, bytes per second a rank, and the ratio memtier / DCP. The
-simulator charges `SimConfig.memtier_copy_bytes_per_s` per copy (docs/simulator.md).
+For 10 MB and 200 MB of state a rank, the median of 3 of each, alternated:
+- stall: `MemTier.save` returning, the training thread's part (the snapshot into the
+  reused host buffer; the previous copy is done);
+- total: until `MemTier.wait` returns, the copy done on the tier's thread (hash, write to
+  the holder folder, exchange with the peer, write its copy);
+- back to back: the stall of a save that comes while the previous copy is still in flight
+  (it waits for that copy first), once;
+- `dcp.save` to a temp folder.
+Prints seconds, stall bytes per second a rank, and the ratios to DCP. The simulator
+charges `SimConfig.memtier_copy_bytes_per_s` (the stall's rate) per copy (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -38,18 +44,29 @@ def _rank(rank: int, port: int, root: str, shm: str, out: Path) -> None:
         state = {"w": torch.full((nbytes // 4,), float(rank), dtype=torch.float32)}
         cfg = MemTierConfig(enabled=True, dir=str(Path(shm) / "{rank}"))
         tier = MemTier(cfg, rank=rank, world_size=2, group=None, job="bench", node=str(rank))
-        mem, plain = [], []
+        stall, total, plain = [], [], []
         for i in range(REPEATS):
             dist.barrier()
             t0 = time.perf_counter()
             tier.save(i, state, {"rank": rank})
-            mem.append(time.perf_counter() - t0)
+            stall.append(time.perf_counter() - t0)
+            tier.wait()
+            total.append(time.perf_counter() - t0)
             dist.barrier()
             t0 = time.perf_counter()
             dcp.save({"w": state["w"]}, checkpoint_id=str(Path(root) / f"dcp-{label}-{i}"))
             plain.append(time.perf_counter() - t0)
-        m, p = statistics.median(mem), statistics.median(plain)
-        lines.append(f"{label:>8} {m:>10.3f}s {p:>10.3f}s {nbytes / m / 1e6:>12.0f} {m / p:>7.2f}")
+        dist.barrier()
+        tier.save(REPEATS, state, {"rank": rank})
+        t0 = time.perf_counter()
+        tier.save(REPEATS + 1, state, {"rank": rank})  # the previous copy is still in flight
+        back = time.perf_counter() - t0
+        tier.close()
+        s, t, p = (statistics.median(x) for x in (stall, total, plain))
+        lines.append(
+            f"{label:>8} {s:>8.3f}s {t:>8.3f}s {back:>8.3f}s {p:>9.3f}s "
+            f"{nbytes / s / 1e6:>9.0f} {s / p:>7.2f} {t / p:>7.2f}"
+        )
     if rank == 0:
         out.write_text("\n".join(lines) + "\n")
     dist.destroy_process_group()
@@ -63,7 +80,10 @@ def main() -> None:
         args = (free_port(), root, shm, out)
         mp.start_processes(_rank, args=args, nprocs=2, start_method="spawn")
         print(f"torch {torch.__version__}, {os.cpu_count()} cores, {sys.platform}")
-        print(f"{'state':>8} {'memtier':>11} {'dcp.save':>11} {'MB/s a rank':>12} {'ratio':>7}")
+        print(
+            f"{'state':>8} {'stall':>9} {'total':>9} {'b2b stall':>9} {'dcp.save':>10} "
+            f"{'stall MB/s':>9} {'st/dcp':>7} {'tot/dcp':>7}"
+        )
         print(out.read_text(), end="")
 
 
