@@ -183,10 +183,13 @@ WORKLOADS = {
         nodes=2176,
         human_detect_mean_s=1800.0,
         # A step: 6 x 405e9 parameters x 16M tokens over 16,384 GPUs at Meta's reported
-        # ~400 TFLOPS a GPU is ~5.9 s. Every 45 steps (~4.4 min) balances a copy's measured
-        # cost (SimConfig.memtier_copy_bytes_per_s) against the work a loss takes back:
-        # sqrt(2 x copy_s / interruption rate) at ~450 interruptions in 54 days.
-        memtier_every_steps=45,
+        # ~400 TFLOPS a GPU is ~5.9 s. Every 10 steps (59 s) balances a copy's measured
+        # training-thread stall (SimConfig.memtier_copy_bytes_per_s: 346 MB in 0.15 s, the
+        # snapshot; the rest of the copy, ~1.5 s, runs beside the steps) against the work a
+        # loss takes back: sqrt(2 x copy_s / interruption rate) = 57 s at ~450 interruptions
+        # in 54 days (8-15 steps give the same ETTR to 0.05 points; 45 steps suited the
+        # synchronous copy's 3.5 s).
+        memtier_every_steps=10,
         step_s=5.9,
         in_process=True,
     ),

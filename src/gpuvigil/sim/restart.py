@@ -51,8 +51,8 @@ def restart_cost_s(
     one-pod-per-node nodes and `ranks` ranks (`sim.restart_model`): every measured phase
     for a cold start; the in-place phases when torchrun restarts the group on its own
     nodes; the lost pods' phases where the survivors kept their processes. A restore from
-    the in-memory tier reads at the copy's measured rate, not DCP's."""
-    rate = config.memtier_copy_bytes_per_s if from_memory else None
+    the in-memory tier reads at its own rate (`memtier_restore_bytes_per_s`), not DCP's."""
+    rate = config.memtier_restore_bytes_per_s if from_memory else None
     return restart_model.load().cost_s(
         pods=nodes, ranks=ranks, ckpt_bytes=config.checkpoint_bytes_per_rank, mode=mode,
         lost_pods=lost_pods, read_bytes_per_s=rate,
@@ -138,8 +138,8 @@ def stop_of(reason: str, *, hang: bool) -> Stop:
 
 def arm_memtier(job: Job, config: SimConfig, *, every_steps: int, step_s: float) -> None:
     """Give a job training's in-memory tier: a copy every `every_steps` steps, each holding
-    the training thread for the checkpoint's bytes at the measured copy rate, which the
-    job's speed pays."""
+    the training thread for the checkpoint's bytes at the measured stall rate (the
+    snapshot; the rest of the copy runs on the tier's thread), which the job's speed pays."""
     job.memtier_s = every_steps * step_s
     copy_s = config.checkpoint_bytes_per_rank / config.memtier_copy_bytes_per_s
     job.copy_speed = job.memtier_s / (job.memtier_s + copy_s)

@@ -156,12 +156,23 @@ class SimConfig(StrictModel):
         "ranks (assumption: Meta does not publish its checkpoint's size).",
     )
     memtier_copy_bytes_per_s: float = Field(
+        2.25e9,
+        gt=0,
+        description="How fast one rank's in-memory tier copy holds the training thread, in "
+        "checkpoint bytes a second: the snapshot into a host buffer (the hash, the tmpfs "
+        "writes and the peer exchange run on the tier's own thread). bench/memtier.py, 2 "
+        "ranks on gloo, 200 MB a rank: the median training-thread stall, 0.093 s "
+        "(1.8-2.7 GB/s; 2026-12-07, 2-core machine). The whole copy took 0.75-0.91 s there: "
+        "far less than the copy interval, so the next save never waits for it; were it "
+        "longer than the interval, the stall would be that wait.",
+    )
+    memtier_restore_bytes_per_s: float = Field(
         100e6,
         gt=0,
-        description="How fast one rank's in-memory tier copy goes (pack and hash, write "
-        "to tmpfs, exchange with the peer, write its copy), in checkpoint bytes a second: "
-        "bench/memtier.py, 2 ranks on gloo, 68-105 MB/s at 10-200 MB on a 2-core machine "
-        "(2026-12-07; the copy holds the training thread, so the step waits for it).",
+        description="How fast a restore from the in-memory tier reads a rank's copy (read, "
+        "verify, maybe fetch from the peer, unpack, all on the training thread): the rate "
+        "the synchronous copy of the same work had in bench/memtier.py (68-105 MB/s, 2-core "
+        "machine, load 3-5; 2026-12-07). Not measured on its own.",
     )
     nccl_timeout_s: float = Field(
         600.0, description="PyTorch's default collective timeout (10 min) ends a hung job."

@@ -63,12 +63,12 @@ def test_keeping_the_survivors_costs_the_lost_pods_phases_not_the_gangs() -> Non
     two = restart.restart_cost_s(cfg, nodes=2048, ranks=16384, mode="survivors_kept",
                                  lost_pods=64)  # fmt: skip
     assert two > kept  # more lost pods, more to schedule
-    # the in-memory tier's restore reads at the copy's measured rate, not DCP's
+    # the in-memory tier's restore reads at its own rate, not DCP's
     mem = restart.restart_cost_s(cfg, nodes=2048, ranks=16384, mode="survivors_kept",
                                  lost_pods=1, from_memory=True)  # fmt: skip
     rate = model.phases["restore"].read_bytes_per_s
     gap = cfg.checkpoint_bytes_per_rank - model.anchor.checkpoint_bytes_per_rank
-    assert mem - kept == pytest.approx(gap / cfg.memtier_copy_bytes_per_s - gap / rate)
+    assert mem - kept == pytest.approx(gap / cfg.memtier_restore_bytes_per_s - gap / rate)
     assert not restart.keeps_survivors(restart.Stop.HANG, layer3=True, in_process=True)
     assert not restart.keeps_survivors(restart.Stop.EVICTED, layer3=True, in_process=True)
     assert not restart.keeps_survivors(restart.Stop.CRASH, layer3=True, in_process=False)
