@@ -193,7 +193,8 @@ def form(
         # their collectives with the training's or each other's.
         "checkpoint": dist.new_group(backend="gloo", timeout=timeout),
         "monitor": dist.new_group(backend="gloo", timeout=timedelta(seconds=60)),
-        # The in-memory tier's peer copies (`memtier`): point-to-point, on the step's thread.
+        # The in-memory tier's peer copies (`memtier`): point-to-point, on the tier's own thread
+        # (the copy runs off the training thread; nothing else uses this group).
         "memtier": dist.new_group(backend="gloo", timeout=timeout),
     }
     group_ts = time.time()  # the group and its side groups exist: rendezvous is over
