@@ -10,6 +10,10 @@ steps and read at the next check, so it never blocks. K = check_s / step time, a
 the all-reduce itself: a check about every 0.1 s of training, whatever the step time, at a
 cost no step notices. After a SIGTERM, a rank stops within 2 K steps, about 0.2 s; the
 ranks of other nodes, which got no signal, stop at the same step.
+
+Under an in-process restart (`run.Run.keeps_survivors`) the ranks then also learn *which*
+of them got the signal (`signalled`: one all-reduce of a flag per rank, once per drain), and
+only those leave; the others keep their processes.
 """
 
 from __future__ import annotations
@@ -17,17 +21,28 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from gpuvigil.core import exit_codes
+from gpuvigil.training import tier_choice
 from gpuvigil.training.config import DrainConfig
 
 log = logging.getLogger("gpuvigil.training.drain")
 
 MAX_EVERY = 1000
+
+
+def peers_stay(signalled: Collection[int], world_size: int, offset: int) -> bool:
+    """Whether some rank is drained and every drained rank's in-memory copy is held by a
+    rank that stays (its peer, `offset` ranks on: `tier_choice`), so that its replacement
+    can fetch it; a drain that takes a rank and its peer together cannot keep the others."""
+    gone = set(signalled)
+    peers = {tier_choice.peer_of(r, world_size, offset) for r in gone}
+    return bool(gone) and len(gone) < world_size and not peers & gone
 
 
 class Drained(SystemExit):
@@ -45,6 +60,7 @@ class Drain:
         self.requested = False  # this rank got the signal
         self.signal: int | None = None
         self.agreed_at: int | None = None  # the step after which every rank stops
+        self._signalled: list[int] | None = None
         self._previous: Any = None
         self._installed = False
         self._every = 1
@@ -113,6 +129,21 @@ class Drain:
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         self._inflight = (flag, work)
         return False
+
+    def signalled(self) -> list[int]:
+        """The ranks whose own process got the signal (`requested` is this rank's). A
+        collective the first time: every rank calls it at the agreed step or none does. The
+        every-K-steps check carries only the MAX, so that its cost does not grow with the
+        world size; this is one all-reduce of a flag per rank, once per drain."""
+        if self._signalled is None:
+            if self.world_size == 1:
+                self._signalled = [0] if self.requested else []
+            else:
+                flags = torch.zeros(self.world_size, dtype=torch.int32)
+                flags[dist.get_rank(self.group)] = 1 if self.requested else 0
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+                self._signalled = [r for r, f in enumerate(flags.tolist()) if f]
+        return self._signalled
 
     def close(self) -> None:
         if self._inflight is not None:  # the last check's all-reduce: every rank issued it

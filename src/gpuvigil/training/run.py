@@ -236,15 +236,20 @@ class Run:
         m.last_step_timestamp.set(time.time())
         if self._stragglers is not None:
             self._stragglers.completed(step, dt)
-        if self._drain.after_step(step, dt):
-            self._drain_now(step)
+        if self._drain.after_step(step, dt) and self._drain_now(step):
+            return  # the drained ranks are leaving: no periodic save with them at this step
         if self._mem is not None and step % self.config.memtier.every_steps == 0:
             self.save_memory()
         if self._ckpt is not None and step % self.config.checkpoint.every_steps == 0:
             self.save()
 
-    def _drain_now(self, step: int) -> None:
+    def _drain_now(self, step: int) -> bool:
+        """Every rank stops after `step`: all save and exit 89, or (`keeps_survivors`) only
+        the signalled ranks do, and this returns True on the others, which train on."""
         self.metrics.drains.inc()
+        if self.keeps_survivors():
+            self._drain_keeping(step)
+            return True
         if self._ckpt is not None:
             if self._last_saved != step:
                 self.save()
@@ -272,6 +277,51 @@ class Run:
         )
         self.journal.exit(
             kind="drained", code=exit_codes.DRAINED, step=step, detail=f"SIGTERM; saved step {step}"
+        )
+        raise drain.Drained(step)
+
+    def keeps_survivors(self) -> bool:
+        """Whether this drain costs only the signalled ranks: an in-process restart
+        (`restart.in_process`) with the in-memory tier on, more than one rank, and every
+        signalled rank's peer (the rank that holds its copy) staying. Every rank reaches the
+        same verdict; the gather of who was signalled (a collective) runs only in this mode."""
+        mem = self._mem
+        if not self.config.restart.in_process or mem is None or self.env.world_size < 2:
+            return False
+        return drain.peers_stay(self._drain.signalled(), self.env.world_size, mem.offset)
+
+    def _drain_keeping(self, step: int) -> None:
+        """Every rank keeps step `step` in the in-memory tier (collective: each copy goes to
+        its peer); then the signalled ranks exit 89 and the others go on, meet the lost
+        peers at their next collective, and re-form with the replacements (`inprocess`),
+        which fetch the drained ranks' copies of `step` from their peers. No DCP save: it is
+        a collective every survivor would wait for, the very stall this avoids, and step
+        `step` is already held twice (the survivors' own processes and copies, each drained
+        rank's copy in its peer's host memory)."""
+        assert self._mem is not None
+        self.save_memory()
+        gone = ", ".join(map(str, self._drain.signalled()))
+        if not self._drain.requested:
+            log.warning(
+                "gpuvigil drain: rank %s drained after step %d, its copy kept in the in-memory "
+                "tier; rank %d keeps its process and re-forms with the replacement",
+                gone,
+                step,
+                self.env.rank,
+            )
+            return
+        log.warning(
+            "gpuvigil drain: stopped after step %d with its copy in the in-memory tier (held "
+            "by peer rank %d); exiting with code %d, the other ranks keep their processes",
+            step,
+            self._mem.peer,
+            exit_codes.DRAINED,
+        )
+        self.journal.exit(
+            kind="drained",
+            code=exit_codes.DRAINED,
+            step=step,
+            detail=f"SIGTERM; step {step} kept in the in-memory tier (peer rank {self._mem.peer})",
         )
         raise drain.Drained(step)
 

@@ -6,6 +6,7 @@ uninterrupted run. Without a replacement the survivors exit 93 within the bound.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -258,3 +259,58 @@ def test_no_replacement_survivors_exit_93_naming_the_missing_rank(inproc: Any) -
     took = time.time() - killed
     print(f"\nno replacement: the survivors exited 93 {took:.2f}s after the kill (bound {bound}s)")
     assert took < bound + 20
+
+
+def test_a_drain_costs_only_the_drained_rank(inproc: Any, baseline: InProcessJob) -> None:
+    """SIGTERM rank 1 (the controller drains its node): every rank keeps the agreed step in
+    the in-memory tier, only rank 1 exits 89, ranks 0 and 2 keep their processes and re-form
+    with its replacement (on a spare: rank 1's machine memory is gone), which fetches rank 1's
+    copy of that very step from its peer. No step is lost, and the weights match."""
+    j = inproc("drained")
+    procs = {r: j.start(r) for r in range(WORLD)}
+    wait_for(lambda: j.done(1) >= KILL_AFTER, timeout=45, what="rank 1 to reach the drain")
+    procs[1].send_signal(signal.SIGTERM)
+    signalled = time.time()
+    assert j.wait(procs[1], 30) == 89, j.text()
+    shutil.rmtree(j.dir / "shm" / "1", ignore_errors=True)  # the replacement is on a spare
+    replacement = j.start(1)
+    for r, p in {0: procs[0], 2: procs[2], 1: replacement}.items():
+        assert j.wait(p, 60) == 0, f"rank {r}:\n{j.text()}"
+
+    assert params_equal(j.final, baseline.final)
+    log1 = (j.dir / "rank1-0.log").read_text()
+    found = re.search(r"drain: stopped after step (\d+) with its copy in the in-memory tier", log1)
+    assert found, log1[-3000:]
+    drained = int(found.group(1))
+    assert drained >= KILL_AFTER
+    lines = j.lines()
+    for r in (0, 2):
+        mine = [x for x in lines if x["rank"] == r]
+        assert {x["pid"] for x in mine} == {procs[r].pid}, mine
+        assert {x["gen"] for x in mine} == {0, 1}
+        # generation 0 ended at the drain step: the step after it never completed
+        assert max(x["step"] for x in mine if x["gen"] == 0) == drained
+        log = (j.dir / f"rank{r}-0.log").read_text()
+        assert f"rank 1 drained after step {drained}" in log, log[-3000:]
+        assert f"rank {r} lost a peer in generation 0" in log
+    again = [x for x in lines if x["rank"] == 1 and x["pid"] == replacement.pid]
+    resumed = again[0]["step"] - 1
+    assert resumed == drained, (resumed, drained)  # 0 steps lost
+    assert (
+        f"rank 1 restored step {drained} from its peer rank 2"
+        in (j.dir / "rank1-1.log").read_text()
+    )
+    events = [json.loads(x) for x in (j.dir / "events.jsonl").read_text().splitlines()]
+    (restart,) = [e["data"] for e in events if e["kind"] == "job.restart"]
+    assert (restart["cause"], restart["kind"], restart["rank"]) == ("drain", "drained", 1)
+    assert (restart["resumed_step"], restart["lost_steps"], restart["tier"]) == (
+        drained,
+        0,
+        "memory",
+    )
+    after = min(x["ts"] for x in lines if x["rank"] in (0, 2) and x["gen"] == 1)
+    print(
+        f"\ndrain under in-process restart: rank 1 drained after step {drained} (SIGTERM "
+        f"after its step {KILL_AFTER}), exited 89; the survivors' next completed step came "
+        f"{after - signalled:.2f}s after the SIGTERM; resumed at step {resumed}: 0 steps lost"
+    )

@@ -274,3 +274,25 @@ def test_a_failed_job_end_names_the_drained_node_not_rank_0s(tmp_path: Path) -> 
     unknown, named = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert "node" not in unknown  # two nodes and no record: nobody is named
     assert (named["node"], named["data"]["rank"], named["data"]["cause"]) == ("failed", 1, "drain")
+
+
+def test_a_drain_keeps_the_others_only_while_each_drained_ranks_peer_stays() -> None:
+    from gpuvigil.training.drain import peers_stay
+
+    assert peers_stay([1], 3, 1)  # rank 1's copy is on rank 2
+    assert not peers_stay([1, 2], 3, 1)  # rank 2 held it and leaves too
+    assert peers_stay([0, 2], 4, 1) and not peers_stay([3, 0], 4, 1)
+    # 2 nodes of 4 ranks: a node drained whole keeps the other node (peers are 4 away)
+    assert peers_stay([0, 1, 2, 3], 8, 4) and not peers_stay([0, 4], 8, 4)
+    assert not peers_stay([], 3, 1) and not peers_stay([0, 1, 2], 3, 1)
+
+
+def test_a_single_rank_drain_names_itself_as_signalled() -> None:
+    from gpuvigil.training.config import DrainConfig
+    from gpuvigil.training.drain import Drain
+
+    d = Drain(DrainConfig(), world_size=1, group=None)
+    assert d.signalled() == []
+    d = Drain(DrainConfig(), world_size=1, group=None)
+    d.handle(signal.SIGTERM, None)
+    assert d.signalled() == [0]
