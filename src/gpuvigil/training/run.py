@@ -310,6 +310,14 @@ class Run:
                 self.env.rank,
             )
             return
+        self._mem.wait()  # the copy reaches the peer before this process goes
+        if self._mem.held != step:
+            log.warning(
+                "gpuvigil drain: the copy of step %d did not complete; the tier holds step %s, "
+                "where the replacement resumes",
+                step,
+                self._mem.held,
+            )
         log.warning(
             "gpuvigil drain: stopped after step %d with its copy in the in-memory tier (held "
             "by peer rank %d); exiting with code %d, the other ranks keep their processes",
