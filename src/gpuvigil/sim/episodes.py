@@ -89,7 +89,8 @@ class Episodes:
                 self.serving.evict(node, pods, t)
             elif node.job is not None and f"{name}-job" in pods:
                 self.interrupt(self.jobs[node.job], t, node.faults[0] if node.faults else None,
-                               reason="drain: controller", graceful=self.sc.layer3)  # fmt: skip
+                               reason="drain: controller", graceful=self.sc.layer3,
+                               node=node)  # fmt: skip
         if self.serving is not None:
             isolated = {}
             for name in wake.isolated:
@@ -134,7 +135,8 @@ class Episodes:
                                                       for f in node.faults)  # fmt: skip
                 self.set_state(node, NodeState.REPAIR, t)
                 self.interrupt(self.jobs[node.job], t, node.faults[0] if node.faults else None,
-                               reason="drain: controller", graceful=graceful)  # fmt: skip
+                               reason="drain: controller", graceful=graceful,
+                               node=node)  # fmt: skip
         for name in wake.replaced:
             node = self.fleet.nodes[self.by_name[name]]
             if not node.machine_fault and node.flapping_until <= t:  # between flaps: faulty

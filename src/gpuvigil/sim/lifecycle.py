@@ -71,7 +71,7 @@ class Lifecycle:
         if node.job is not None:
             fi = node.faults[0] if node.faults else None
             self.interrupt(self.jobs[node.job], t, fi, reason=f"drain: {reason}",
-                           graceful=graceful)  # fmt: skip
+                           graceful=graceful, node=node)  # fmt: skip
 
     def remediate(self: Engine, node: Node, t: float, step: Action) -> None:
         """Run the ladder from `step` until the node's faults are cured; schedule the end."""
@@ -281,7 +281,8 @@ class Lifecycle:
         self.interrupt(job, t, fi, reason=fi.kind.name)
 
     def interrupt(self: Engine, job: Job, t: float, fi: FaultInstance | None, *, reason: str,
-                  graceful: bool = False) -> None:  # fmt: skip
+                  graceful: bool = False, node: Node | None = None) -> None:  # fmt: skip
+        """`node`: the node a drain took out of the job (its ranks leave, the others may stay)."""
         if job.state is not JobState.RUNNING:
             return
         layer2, layer3 = self.sc.layer2, self.sc.layer3
@@ -302,10 +303,15 @@ class Lifecycle:
             keep = job.secured_at(max(corrupt, job.run_start))
         progressed = keep > job.start_secured + 1e-6
         gone = self.lost_nodes(job, t, fi)
-        kept = restart.keeps_survivors(stop, layer3=layer3, in_process=job.in_process) and (
-            len(gone) <= self.fleet.free_count)  # fmt: skip
+        if node is not None and node.id in job.nodes and job.nodes.index(node.id) not in gone:
+            gone.append(job.nodes.index(node.id))
+        kept = restart.keeps_survivors(
+            stop, layer3=layer3, in_process=job.in_process, graceful=graceful,
+            memtier=restart.memory_tier_holds(job, gone),
+        ) and len(gone) <= self.fleet.free_count  # fmt: skip
         if kept:  # only the lost machines leave the gang; the survivors wait in process
             self._replace(job, t, gone)
+            job.from_memory |= graceful  # a kept drain's replacement fetches its peer's copy
         else:
             self._settle(job, t)
         if fi is not None and fi.kind.persistent and fi.kind.effect is Effect.CRASH:

@@ -59,16 +59,24 @@ def restart_cost_s(
     )  # fmt: skip
 
 
-def keeps_survivors(stop: Stop, *, layer3: bool, in_process: bool) -> bool:
+def keeps_survivors(
+    stop: Stop, *, layer3: bool, in_process: bool, graceful: bool = False, memtier: bool = False
+) -> bool:
     """Do the surviving ranks keep their processes (`training.inprocess`, on with
     `training.restart.in_process`)? Its wrapper re-forms the group in the same processes
     when the training function raised what a rank sees when a peer is gone (gloo's closed
     connection: `journal.classify`'s victim), which is what another rank's crash (its
-    process, its GPU, its machine) gives every survivor. A hang ends every rank in the
-    watchdog's exit 86 and a drain in 89: those end the processes as before, and the gang
-    restarts. Where no free node can take a lost machine's place, the survivors wait
-    `join_timeout_s` and exit 93 (the caller's fallback: a gang restart)."""
-    return layer3 and in_process and stop is Stop.CRASH
+    process, its GPU, its machine) gives every survivor. A drain where the in-memory tier
+    holds every drained rank's copy on a rank that stays (`Run.keeps_survivors`:
+    `memtier` here is `memory_tier_holds` over the drained nodes, `drain.peers_stay`'s
+    rule): every rank saves the tier at the agreed step and only the signalled ranks exit
+    89, so the others are survivors of a lost peer too. A hang ends
+    every rank in the watchdog's exit 86, and a drain without the tier every rank in 89:
+    the gang restarts. Where no free node can take a lost machine's place, the survivors
+    wait `join_timeout_s` and exit 93 (the caller's fallback: a gang restart)."""
+    if not (layer3 and in_process):
+        return False
+    return stop is Stop.CRASH or (stop is Stop.EVICTED and graceful and memtier)
 
 
 def hang_timeout_s(

@@ -73,6 +73,12 @@ def test_keeping_the_survivors_costs_the_lost_pods_phases_not_the_gangs() -> Non
     assert not restart.keeps_survivors(restart.Stop.EVICTED, layer3=True, in_process=True)
     assert not restart.keeps_survivors(restart.Stop.CRASH, layer3=True, in_process=False)
     assert restart.keeps_survivors(restart.Stop.CRASH, layer3=True, in_process=True)
+    # a drain keeps them only where every drained rank's copy stays on a rank that stays
+    drain = {"layer3": True, "in_process": True, "graceful": True}
+    assert restart.keeps_survivors(restart.Stop.EVICTED, **drain, memtier=True)
+    assert not restart.keeps_survivors(restart.Stop.EVICTED, **drain, memtier=False)
+    assert not restart.keeps_survivors(restart.Stop.EVICTED, layer3=True, in_process=True,
+                                       graceful=False, memtier=True)  # fmt: skip
 
 
 def test_a_phase_that_scales_needs_its_rate() -> None:
