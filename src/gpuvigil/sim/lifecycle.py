@@ -294,7 +294,8 @@ class Lifecycle:
         code = restart.exit_code(stop, layer3=layer3, graceful=graceful, software=software)
         keep = job.done_at(t) if graceful else job.secured_at(t)
         # the in-memory tier, where the lost machines leave every rank's copy somewhere
-        memory = not graceful and restart.memory_tier_holds(job, self.lost_nodes(job, t, fi))
+        lost = self.lost_nodes(job, t, fi)
+        memory = not graceful and restart.memory_tier_holds(job, lost)
         job.from_memory = memory  # the next restore reads the tier, not the DCP files
         if memory:
             keep = max(keep, job.secured_at(t, job.memtier_s))
@@ -302,7 +303,7 @@ class Lifecycle:
         if corrupt is not None:  # the drain's save holds wrong results: good up to before
             keep = job.secured_at(max(corrupt, job.run_start))
         progressed = keep > job.start_secured + 1e-6
-        gone = self.lost_nodes(job, t, fi)
+        gone = list(lost)  # and the node a drain takes out
         if node is not None and node.id in job.nodes and job.nodes.index(node.id) not in gone:
             gone.append(job.nodes.index(node.id))
         kept = restart.keeps_survivors(
