@@ -293,6 +293,11 @@ def remediation_results(old: Record, new: Record) -> list[tuple[str, str]]:
         out.append(("DRAIN", "started"))
     if old.state is State.DRAINING and new.state is not State.DRAINING:
         out.append(("DRAIN", "succeeded"))
+    # a quarantined node's work moved off (`policy._quarantined`: it slows a gang): the
+    # node stays QUARANTINED, so this drain has no state of its own to end in
+    moved = new.last_action_at is not None and new.last_action_at != old.last_action_at
+    if moved and old.state is new.state is State.QUARANTINED:
+        out.append(("DRAIN", "started"))
     if old.state in (State.REMEDIATING, State.VALIDATING) and new.failures > old.failures:
         out.append(((old.step or Action.NONE).value, "failed"))
     # a replacement counts only once the new machine validates

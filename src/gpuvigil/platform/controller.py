@@ -210,6 +210,7 @@ class Controller:
         gate = Gate(
             safety, nodes, now=now, breaker=self.breaker, replacements=self.replacements,
             reserved=slots, machines=self.machines,
+            room_stale_s=self.config.policy.heartbeat_stale_s,
         )  # fmt: skip
         held = 0
         work: list[Work] = []

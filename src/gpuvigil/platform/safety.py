@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from gpuvigil.core.config import StrictModel
+from gpuvigil.core.findings import Status
 from gpuvigil.platform.policy import Fleet
 from gpuvigil.platform.state import (
     DEFAULT_POOL,
@@ -129,6 +130,22 @@ def pool_limit(pool: str, size: int, config: SafetyConfig) -> int:
     return min(absolute, math.ceil(pct * size / 100))
 
 
+def _idle_fit(node: NodeView, *, now: datetime, stale_s: float) -> bool:
+    """Whether `node` could take moved work now: no work of its own, in service (HEALTHY
+    or never in an episode), unblocked, validated, and a fresh clean report."""
+    rec = node.record
+    if not node.running_known or node.running > 0:
+        return False
+    if rec is not None and rec.state is not State.HEALTHY:
+        return False
+    if node.unvalidated or node.blocked_by_us or node.blocked_by_others:
+        return False
+    if node.health is None or node.health.status is not Status.OK:
+        return False
+    age = node.heartbeat_age_s(now)
+    return age is not None and age <= stale_s
+
+
 class Gate:
     """One pass's safety accounting: budget per pool and rate tokens, from stored records
     and the budget ledger's slots (`reserved`: node -> pool, `platform.budget`; a node counts
@@ -145,6 +162,7 @@ class Gate:
         replacements: Replacements | None = None,
         reserved: Mapping[str, str] | None = None,
         machines: Mapping[str, tuple[Episode, ...]] | None = None,
+        room_stale_s: float = 300.0,
     ) -> None:
         from gpuvigil.platform.signatures import census
 
@@ -180,6 +198,12 @@ class Gate:
                 quarantines += 1
         for pool in slots.values():  # slots whose record does not show it (yet)
             self.in_use[pool] += 1
+        # Idle, fit nodes per pool: room for the work a drain moves. A simulator's list
+        # of the nodes in an episode carries the idle ones it does not list (`idle`).
+        self.room: Counter[str] = Counter(getattr(nodes, "idle", None) or {})
+        for v in nodes:
+            if _idle_fit(v, now=now, stale_s=room_stale_s):
+                self.room[pool_of(v, config)] += 1
         self.tokens = max(0, config.max_actions - recent)
         self.quarantine_tokens = max(0, config.max_quarantines - quarantines)
         # once per pass: every node of a pool asks for the same limit
@@ -219,6 +243,7 @@ class Gate:
             returned=machine.returned if machine else "",
             replaces=machine.replaces if machine else "",
             breaker_open=self.breaker is not None and self.breaker.status.open,
+            room=self.room[pool] > 0,
             may_quarantine=self.quarantine_tokens > 0,
             quarantine_why="" if self.quarantine_tokens > 0 else (
                 f"quarantine rate limit ({self.config.max_quarantines} per "
@@ -226,8 +251,13 @@ class Gate:
         )  # fmt: skip
 
     def consume(self, node: NodeView) -> None:
-        self.in_use[pool_of(node, self.config)] += 1
+        """A disruption starts on `node`: a budget slot, a rate token, and (where its work
+        goes) one idle node of its pool."""
+        pool = pool_of(node, self.config)
+        self.in_use[pool] += 1
         self.tokens -= 1
+        if node.running > 0 and self.room[pool] > 0:
+            self.room[pool] -= 1
 
     def quarantined(self) -> None:
         """A node entered QUARANTINED during this pass: one quarantine slot fewer."""

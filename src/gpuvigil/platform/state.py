@@ -283,6 +283,10 @@ class NodeView:
     blocked_by_others: tuple[str, ...] = ()
     unvalidated: bool = False  # carries the gpuvigil.io/unvalidated taint (a new node)
     running: int = 0  # pods / jobs running on it (work a drain would move)
+    # False where the adapter did not count this node's work this pass (Kubernetes lists
+    # the pods of DRAINING, QUARANTINED and spare nodes only): `running` is then 0 but
+    # unknown, and the node is never counted as room for moved work (`safety.Gate`).
+    running_known: bool = True
     preflight: Preflight | None = None
     agent_result: AgentResult | None = None
     boot_id: str = ""

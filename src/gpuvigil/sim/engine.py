@@ -99,6 +99,7 @@ class Engine(lifecycle.Lifecycle, episodes.Episodes, incidents.Incidents):
         if self.platform is not None:
             self.platform.cluster.holders_of = self.holders_of
             self.platform.cluster.preflight_judge = self.preflight_passes
+            self.platform.cluster.idle_of = self.fleet.idle_by_pool
         if self.platform is not None and self.serving is not None:
             self.platform.pods_of = self.serving.pods_named
         self.silent: set[int] | None = None  # during a silence: nodes whose report waits

@@ -133,7 +133,10 @@ class Episodes:
             if node.job is not None:
                 graceful = self.sc.layer3 and not any(f.kind.effect is Effect.CRASH
                                                       for f in node.faults)  # fmt: skip
-                self.set_state(node, NodeState.REPAIR, t)
+                if wake.states.get(name) is not State.QUARANTINED:
+                    # a quarantined node's work moved off (a slowed node) stays blocked for
+                    # its person: the repair they will make keeps its epoch
+                    self.set_state(node, NodeState.REPAIR, t)
                 self.interrupt(self.jobs[node.job], t, node.faults[0] if node.faults else None,
                                reason="drain: controller", graceful=graceful,
                                node=node)  # fmt: skip

@@ -8,11 +8,12 @@ availability costs nothing per tick.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpuvigil.platform.state import POOL_LABEL
+from gpuvigil.platform.state import POOL_LABEL, pool_of_labels
 from gpuvigil.sim.faults import NODE_WIDE, Cause, Effect, FaultKind
 
 
@@ -166,6 +167,12 @@ class Fleet:
         if last != nid:
             self._free[i] = last
             self._pos[last] = i
+
+    def idle_by_pool(self, skip: Container[str]) -> Counter[str]:
+        """The free nodes per pool, but those named in `skip` (the controller lists them
+        itself): the room the controller's safety gate sees for moved work."""
+        return Counter(pool_of_labels(self.nodes[i].labels, label=self.pool_label)
+                       for i in self._free if self.nodes[i].name not in skip)  # fmt: skip
 
     def take(self, n: int) -> list[int]:
         picked = []

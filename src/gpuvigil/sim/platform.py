@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -46,11 +46,13 @@ class FleetList(list[NodeView]):
     attributes (`platform.signatures.census` reads it)."""
 
     def __init__(
-        self, views: Iterable[NodeView], total: int, census: Counter[tuple[str, str]]
-    ) -> None:
+        self, views: Iterable[NodeView], total: int, census: Counter[tuple[str, str]],
+        idle: Counter[str] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(views)
         self.total = total
         self.census = census
+        self.idle = idle or Counter()  # pool -> idle nodes not listed (`safety.Gate`'s room)
 
     def __len__(self) -> int:
         return max(self.total, super().__len__())
@@ -87,6 +89,8 @@ class SimCluster(MemoryCluster):
         # the pods holding GPU `index` of a node (sim.devices); set by the engine
         self.holders_of: Callable[[str, int], list[str]] = lambda _name, _index: []
         self.agents_silent: Callable[[], bool] = lambda: False  # api-outage: nothing lands
+        # the free nodes per pool that are not listed (`sim.fleet.Fleet.idle_by_pool`)
+        self.idle_of: Callable[[Container[str]], Counter[str]] = lambda _skip: Counter()
 
     def _only_active(self) -> dict:
         return {n: self.nodes[n] for n in sorted(self.active) if n in self.nodes}
@@ -117,7 +121,7 @@ class SimCluster(MemoryCluster):
             views = super().list_nodes()
         finally:
             self.nodes = full
-        return FleetList(views, self.total, self.census)
+        return FleetList(views, self.total, self.census, self.idle_of(self.active))
 
     def advance(self, seconds: float) -> None:
         # a silent agent neither publishes nor answers requests; while the API server is
@@ -459,6 +463,9 @@ class Platform:
             return max(self.t + 1.0, since + self.cluster.preflight_s + 1.0)
         if d.state is State.HEALTHY and node.our_taints:
             return self.t + 1.0
+        slowed = any(f.code in cfg.slowing_codes for f in d.findings)
+        if d.state is State.QUARANTINED and node.pods and slowed:  # its work moves next pass
+            return self.t + self.config.interval_s
         return None
 
 

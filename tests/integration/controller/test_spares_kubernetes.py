@@ -141,3 +141,57 @@ def test_a_lost_rank_moves_to_the_spare_and_the_spare_is_refilled(
     wait_for(refilled, 30, "a new spare")
     print(f"refilled from a validated idle node in {time.monotonic() - t_new:.2f} s")
     assert any(t.key == wire.SPARE_TAINT for t in v1.read_node(fresh).spec.taints or [])
+
+
+def test_a_throttled_node_s_rank_moves_to_the_spare_and_the_node_stays_quarantined(
+    kube: Any, kube_cluster: Any, agent: Any
+) -> None:
+    """A GPU in hardware thermal slowdown (INVESTIGATE: quarantined for a person) slows the
+    whole gang while its rank runs there: the controller evicts that pod once the spare
+    stands by, the Job controller recreates it and the scheduler binds it to the spare; the
+    node stays QUARANTINED, the other rank is never touched, the Job counts no failure."""
+    from kubernetes import client
+
+    from gpuvigil.core.findings import Action, Status
+    from gpuvigil.core.wire import FindingSummary
+    from gpuvigil.platform.state import State
+
+    hot = FindingSummary(code="THERMAL_SLOWDOWN", component="gpu:5", status=Status.FAILED,
+                         action=Action.INVESTIGATE, check="gpu")  # fmt: skip
+    kube.start_scheduler()
+    kube.start_controllers("job")
+    tag = uuid.uuid4().hex[:6]
+    v1 = kube.core()
+    nodes = [kube.create_node(f"hot-{tag}-{i}", labels={"fleet": tag}) for i in range(3)]
+    for n in nodes:
+        agent.publish(n)
+    config = ControllerConfig(policy=PolicyConfig(fatal_grace_s=0), spares=SpareConfig(default=1))
+    cluster = kube_cluster(node_selector=f"fleet={tag}")
+    ctl = Controller(cluster, config=config)
+    ctl.reconcile()
+    spare = nodes[0]
+    ns = kube.namespace()
+    batch = client.BatchV1Api(kube.api_client())
+    batch.create_namespaced_job(ns, gang_job("hotgang", tag))
+    wait_for(lambda: len(bound(v1, ns, "hotgang")) == 2, 60, "the gang's two pods bound")
+    first = bound(v1, ns, "hotgang")
+    mark_running(v1, ns, list(first))
+    victim = next(iter(first.values()))
+    lost = next(p for p, n in first.items() if n == victim)
+    agent.publish(victim, hot)
+    states: list[State] = []
+    moved: dict[str, str] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not moved:
+        states.append(ctl.reconcile().decisions[victim].state)
+        moved = {p: n for p, n in bound(v1, ns, "hotgang").items() if p not in first}
+        time.sleep(0.1)
+    assert list(moved.values()) == [spare], (moved, states)
+    assert lost not in bound(v1, ns, "hotgang")
+    assert set(states) == {State.QUARANTINED}, states  # never drained through the ladder
+    view = next(v for v in cluster.list_nodes() if v.name == victim)
+    assert view.record is not None and view.record.state is State.QUARANTINED
+    assert view.blocked_by_us  # still blocked for its person
+    assert not batch.read_namespaced_job("hotgang", ns).status.failed
+    survivor = next(p for p in first if p != lost)
+    assert survivor in bound(v1, ns, "hotgang")

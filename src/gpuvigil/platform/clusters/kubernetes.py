@@ -209,17 +209,18 @@ class KubernetesCluster:
 
     def list_nodes(self) -> list[NodeView]:
         nodes = self.watch.nodes()
-        running = self._counts(nodes)
+        running, counted = self._counts(nodes)
         runs = self.preflight.results()
         views: list[NodeView] = []
         cache = self._views
         for raw in nodes:
             name = raw["metadata"]["name"]
             rv = str(raw["metadata"].get("resourceVersion") or "")
-            n, pf = running[name], runs.get(name)
+            known = counted is None or name in counted
+            n, pf = (running[name] if known else -1), runs.get(name)
             hit = cache.get(name)
             if hit is None or hit[0] != rv or hit[1] != n or hit[2] != pf:
-                hit = (rv, n, pf, self._view(raw, n, pf))
+                hit = (rv, n, pf, self._view(raw, max(n, 0), pf, running_known=known))
                 cache[name] = hit
             views.append(hit[3])
         if len(cache) > len(nodes):
@@ -239,35 +240,45 @@ class KubernetesCluster:
         """Why the node watch cannot see (refused, or failing for `after_s`), or None."""
         return self.watch.blind(after_s)
 
-    def _counts(self, nodes: list[dict[str, Any]]) -> Counter[str]:
-        """Running pods per node. Only a DRAINING node's count matters to the policy (and a
-        hot spare's, to see it used), so by default only those are listed (one
-        field-selected list each); many of them, or `count_pods: all` (`gpuvigil nodes`),
-        take one paged list of every pod instead."""
+    def _counts(self, nodes: list[dict[str, Any]]) -> tuple[Counter[str], set[str] | None]:
+        """Running pods per node, and the nodes counted (None: all). Only a DRAINING or a
+        QUARANTINED node's count matters to the policy (a quarantined node's work moves
+        off while a finding slows it), and a hot spare's (to see it used, and as room for
+        moved work), so by default only those are listed (one field-selected list each);
+        many of them, or `count_pods: all` (`gpuvigil nodes`), take one paged list of
+        every pod instead. A node not counted is `running_known=False`: never room."""
         if self.settings.count_pods == "all":
-            return self._running()
-        draining = []
+            return self._running(), None
+        listed = []
         for n in nodes:
             if any(t.get("key") == wire.SPARE_TAINT for t in n.get("spec", {}).get("taints") or []):
-                draining.append(n["metadata"]["name"])  # a spare's work: a used one is seen
+                listed.append(n["metadata"]["name"])  # a spare's work: a used one is seen
                 continue
             text = (n["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
-            rec = decode_record(text) if text and "DRAINING" in text else None
-            if rec is not None and rec.state is State.DRAINING:
-                draining.append(n["metadata"]["name"])
-        if len(draining) > 20:
-            return self._running()
+            maybe = text and ("DRAINING" in text or "QUARANTINED" in text)
+            rec = decode_record(text) if maybe else None
+            if rec is not None and rec.state in (State.DRAINING, State.QUARANTINED):
+                listed.append(n["metadata"]["name"])
+        if len(listed) > 20:
+            return self._running(), None
         counts: Counter[str] = Counter()
-        for name in draining:
+        for name in listed:
             counts.update(self._running(name))
-        return counts
+        return counts, set(listed)
 
     def get_node(self, name: str) -> NodeView:
         raw = self._raw("get_node", self.core.read_node, name)
         self.watch.remember(raw)
         return self._view(raw, self._running(name)[name], self.preflight.results().get(name))
 
-    def _view(self, raw: dict[str, Any], running: int, preflight: Preflight | None) -> NodeView:
+    def _view(
+        self,
+        raw: dict[str, Any],
+        running: int,
+        preflight: Preflight | None,
+        *,
+        running_known: bool = True,
+    ) -> NodeView:
         meta, spec, status = raw["metadata"], raw.get("spec", {}), raw.get("status", {})
         ann = meta.get("annotations") or {}
         labels = meta.get("labels") or {}
@@ -304,6 +315,7 @@ class KubernetesCluster:
             blocked_by_others=tuple(others),
             unvalidated=wire.UNVALIDATED_TAINT in keys,
             running=running,
+            running_known=running_known,
             preflight=preflight,
             agent_result=res,
             boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),

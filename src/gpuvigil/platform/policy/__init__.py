@@ -17,7 +17,9 @@ the step fails or the problem returns -> VALIDATING (a preflight pass newer than
 and a fresh healthy summary; after REPLACE, only once another machine stands behind the
 node) -> HEALTHY. QUARANTINED for INVESTIGATE findings (`fatal_grace_s` after they were
 first seen, blocked meanwhile), after `max_failed_steps` or a spent
-ladder; only `release()` (`gpuvigil release NODE`) leaves it. Staleness alone blocks new
+ladder; only `release()` (`gpuvigil release NODE`) leaves it, and its work is moved off
+(drained, the node stays quarantined) while a finding slows it (`slowing_codes`) and an
+idle node of its pool can take the work (`Fleet.room`). Staleness alone blocks new
 work and never more: no drain, no step, no quarantine. What the circuit breaker holds
 (`Fleet.held`, `Fleet.stale`) neither starts nor escalates a repair; a held finding blocks
 unless it is a check that could not run (`hold_blocks`).
@@ -261,14 +263,19 @@ class _Ctx:
             return ()
         return (Op(OpKind.REVALIDATE),)
 
+    def disruption_held(self) -> str:
+        """Why safety holds a new disruption of this node now ("" when it may start): the
+        pool's budget or the fleet's rate, or this node's own cooldown."""
+        cooldown_left = self.cfg.cooldown_s - _age(self.rec.last_action_at, self.now)
+        if self.rec.last_action_at is not None and cooldown_left > 0:
+            return f"cooldown ({cooldown_left:.0f} s left)"
+        return self.fleet.why_not if not self.fleet.may_disrupt else ""
+
     def drain_or_hold(self, reason: str) -> Decision:
         """Start draining if safety allows; otherwise stay SUSPECT (blocked) and say why."""
         if not self.a.readable:  # unknown data never triggers a disruption
             return self.suspect(reason)
-        cooldown_left = self.cfg.cooldown_s - _age(self.rec.last_action_at, self.now)
-        held = self.fleet.why_not if not self.fleet.may_disrupt else ""
-        if self.rec.last_action_at is not None and cooldown_left > 0:
-            held = f"cooldown ({cooldown_left:.0f} s left)"
+        held = self.disruption_held()
         if held:
             d = self.suspect(reason)
             return Decision(d.record, d.ops, d.reason, store=d.store, held=held)
@@ -523,7 +530,27 @@ def _validating(c: _Ctx) -> Decision:
 
 
 def _quarantined(c: _Ctx) -> Decision:
-    return c.keep()
+    """Blocked, for a person. One thing is automatic: work left on a node whose finding
+    slows it (`slowing_codes`: a throttled GPU) is moved off once an idle node of the pool
+    can take it, since a gang job runs at its slowest node's speed for as long as the
+    quarantine lasts. The node stays QUARANTINED; its record's `last_action_at` marks the
+    move as started, so it takes the budget's slot and a rate token once."""
+    rec, slow = c.rec, c.a.slowing(c.cfg.slowing_codes) if c.a.readable else ()
+    if not slow or c.node.running <= 0:
+        return c.keep()
+    started = rec.last_action_at is not None and rec.since is not None and (
+        rec.last_action_at >= rec.since)  # fmt: skip
+    what = ", ".join(f"{p.code} {p.component}" for p in slow[:3])
+    if started:  # the drain goes on (the same idempotent operation) until the work is gone
+        return c.keep(f"moving its work off: {what}", c._drain_op(rec.last_action_at))
+    held = c.disruption_held() or ("" if c.fleet.room else (
+        f"no idle node in pool {c.node.pool} to take its work"))  # fmt: skip
+    if held:
+        return c.keep(held=held)
+    moved = rec.model_copy(update={"last_action_at": c.now})
+    block = () if c.node.blocked_by_us else (Op(OpKind.BLOCK),)
+    why = f"moving its work off: {what} slows it (a gang runs at its slowest node's speed)"
+    return Decision(moved, (*block, c._drain_op(c.now)), why, store=True, disruptive=True)
 
 
 _HANDLERS = {

@@ -7,15 +7,16 @@ controller and by the simulator.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuvigil.core import freshness
 from gpuvigil.core.blocking import blocking_statuses
-from gpuvigil.core.codes import COULD_NOT_RUN
+from gpuvigil.core.codes import COULD_NOT_RUN, is_known
 from gpuvigil.core.config import StrictModel
 from gpuvigil.core.findings import Action, Status
 from gpuvigil.core.wire import FindingSummary
@@ -57,6 +58,21 @@ class PolicyConfig(StrictModel):
     flap_count: int = Field(3, ge=2)
     flap_window_s: float = Field(86400.0, gt=0)
     useless_step_after: int = Field(2, ge=1)
+    # Findings that leave a node working but slow: a gang job runs at its slowest node's
+    # speed, so a quarantined node showing one has its work moved off (drained, the node
+    # stays quarantined) as soon as an idle node of its pool can take it
+    # (docs/controller.md "Work on a slowed node"). Empty: work stays until a person acts.
+    slowing_codes: list[str] = Field(
+        default_factory=lambda: ["THERMAL_SLOWDOWN", "HW_SLOWDOWN", "POWER_BRAKE"]
+    )
+
+    @field_validator("slowing_codes")
+    @classmethod
+    def _known_codes(cls, codes: list[str]) -> list[str]:
+        unknown = [c for c in codes if not is_known(c)]
+        if unknown:  # a typo would silently leave slowed work where it is
+            raise ValueError(f"unknown finding codes {unknown} (docs/checks.md lists them)")
+        return codes
 
 
 class OpKind(StrEnum):
@@ -101,6 +117,10 @@ class Fleet:
     history: tuple[Episode, ...] = ()
     may_quarantine: bool = True  # the fleet-wide quarantine rate has a slot left
     quarantine_why: str = ""  # the reason when it has not
+    # An idle, fit node of this node's pool could take its work now (`safety.Gate`): only
+    # then is a slowed node's work moved (`PolicyConfig.slowing_codes`); without one the
+    # work would wait in the queue, which costs a gang more than running slow.
+    room: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,11 @@ class Assessment:
     @property
     def code(self) -> str:
         return self.problems[0].code if self.problems else ""
+
+    def slowing(self, codes: Iterable[str]) -> tuple[FindingSummary, ...]:
+        """The real problems among `codes` (the ones that slow the node's work)."""
+        wanted = set(codes)
+        return tuple(p for p in self.real if p.code in wanted)
 
     @property
     def gpus(self) -> tuple[int, ...]:
