@@ -347,8 +347,9 @@ class Lifecycle:
             self.tally.failed_work += job.work_s * job.gpus
             self.tally.wall(job, t)
             self.rec.job_end(t, job, ok=False, productive_s=0.0, exit_code=code)
-        elif kept:
-            self._run(job, t + self.cfg.requeue_delay_s, lost_pods=max(1, len(gone)))
+        elif kept:  # the lost ranks' pods: a failed one after the Job controller's back-off
+            delay = 0.0 if graceful else self.cfg.pod_failure_backoff_s
+            self._run(job, t + delay, lost_pods=max(1, len(gone)))
         else:
             job.state = JobState.QUEUED
             self.push(t + self.cfg.requeue_delay_s, ARRIVE_EV, job, 1)

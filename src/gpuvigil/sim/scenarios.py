@@ -209,6 +209,14 @@ class SimConfig(StrictModel):
     requeue_delay_s: float = Field(
         60.0, description="Scheduler back-off before a failed job is placed again."
     )
+    pod_failure_backoff_s: float = Field(
+        10.0, description="Where the survivors stay (in-process restart), the lost rank's "
+        "pod is recreated by the Job controller: a failed pod after its first back-off, 10 s "
+        "(doubling per failure in a row, reset once none fail: the Kubernetes Job docs); a "
+        "drained (deleted) pod at once, which the measured `survivors_kept` reschedule phase "
+        "covers (the real 1.20 Job controller bound it on the spare 0.2 s after the drain: "
+        "tests/integration/controller/test_spares_kubernetes.py).",
+    )  # fmt: skip
     remediation_retry_s: float = Field(
         600.0, description="How long a held remediation (budget, breaker) waits to retry."
     )
