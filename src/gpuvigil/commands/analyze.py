@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import typer
 
 from gpuvigil.core.cli_exit import CliExit
-from gpuvigil.node.capture.kinds import KINDS
+from gpuvigil.node.capture.kinds import kinds
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,7 +33,8 @@ _OLD_FLAGS = {
     "dcgm_diag": "dcgmi-diag",
     "sysfs": "sysfs",
 }
-_KIND_HELP = ", ".join(KINDS)
+# The kinds every domain declares (`DOMAIN.formats`; only the specs are imported here).
+_KIND_HELP = ", ".join(kinds())
 
 
 def register(app: typer.Typer) -> None:
@@ -134,8 +135,8 @@ def register(app: typer.Typer) -> None:
         inputs += [(str(p), _OLD_FLAGS[flag]) for flag, p in given.items() if p is not None]
         if not inputs:
             _fail("give at least one PATH (see --help)")
-        if kind is not None and kind not in KINDS:
-            _fail(f"unknown --kind {kind!r}; one of: {_KIND_HELP}")
+        if kind is not None and kind not in kinds():
+            _fail(f"unknown --kind {kind!r}; one of: {', '.join(kinds())}")
         node = _node_config(config, instance_type, expect_gpus, expect_ib, expect_efa)
         try:
             zone = ZoneInfo(tz) if tz else None
@@ -232,7 +233,7 @@ def _expect(node: NodeConfig, expect_ib: int | None, expect_efa: int | None) -> 
 
 
 def _input_json(r: InputResult) -> dict[str, object]:
-    kind = KINDS.get(r.kind) if r.kind else None
+    kind = kinds().get(r.kind) if r.kind else None
     return {
         "path": r.path,
         "kind": r.kind,
@@ -250,7 +251,7 @@ def _inputs_table(results: list[InputResult], console: Console) -> None:
     cols = (Column("input", key=True), Column("taken for"), Column("how"), Column("status"))
     rows = []
     for r in results:
-        kind = KINDS.get(r.kind) if r.kind else None
+        kind = kinds().get(r.kind) if r.kind else None
         rows.append([plain(r.path), plain(kind.what if kind else "-"), plain(r.how),
                      r.status.value])  # fmt: skip
     console.print(terminal.render(cols, rows, width=console.width, title="Inputs"))

@@ -9,7 +9,7 @@ import sys
 
 from gpuvigil.node import sweep
 from gpuvigil.node.checks import REGISTRY
-from gpuvigil.node.checks.domain import load_domains, modules_of
+from gpuvigil.node.checks.domain import FAKE_MODULE, load_domains, modules_of
 from gpuvigil.node.pipeline import judge
 
 # What CHECK_MODULES / RULE_MODULES registered, measured on the code before discovery.
@@ -33,10 +33,12 @@ RULES_BEFORE = {
 
 
 def _domain_modules() -> set[str]:
+    """Every module of every domain but its `fake.py`, which only the simulator imports."""
     return {
         name
         for domain in load_domains()
         for name in modules_of(importlib.import_module(f"gpuvigil.node.checks.{domain}"))
+        if name.rpartition(".")[2] != FAKE_MODULE
     }
 
 
@@ -53,3 +55,21 @@ def test_every_rule_module_is_loaded_and_rules_are_unchanged() -> None:
     judge.load_rules()
     assert _domain_modules() - set(sys.modules) == set()
     assert set(judge.load_rules()) == RULES_BEFORE
+
+
+def test_the_agents_scan_imports_no_fake() -> None:
+    """`load_checks`/`load_rules` leave every domain's `fake.py` out: production code
+    imports no fake (a fresh interpreter, since tests import the fakes themselves)."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from gpuvigil.node import sweep\n"
+        "from gpuvigil.node.pipeline import judge\n"
+        "sweep.load_checks(); judge.load_rules()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gpuvigil.fakes') "
+        "or m.endswith('.fake')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == "[]", out.stdout

@@ -56,3 +56,19 @@ def test_domain_of_names_the_folder() -> None:
     assert domain_of("gpuvigil.node.checks.domain") is None
     assert domain_of("gpuvigil.node.checks.registry") is None
     assert domain_of("gpuvigil.node.sweep") is None
+
+
+def test_every_format_and_fake_a_domain_names_resolves() -> None:
+    """A spec names its readers, detectors and fake as "module:function" (so the spec
+    imports none of them): each must be a function of that domain's folder."""
+    from gpuvigil.node.capture.kinds import kinds
+
+    domains = load_domains()
+    for d in domains.values():
+        for fmt in d.formats:
+            refs = [t.test for t in fmt.detect] + ([fmt.read] if fmt.read else [])
+            assert all(callable(d.resolve(r)) for r in refs), (d.name, fmt.kind)
+        if d.fake is not None:
+            assert callable(d.resolve(d.fake)), d.name
+    # the kinds every domain declares, each once (`kinds()` raises on a second)
+    assert sum(len(d.formats) for d in domains.values()) == len(kinds())

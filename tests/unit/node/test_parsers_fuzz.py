@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gpuvigil.core.findings import NodeReport, Status
 from gpuvigil.node.capture import judge as judging
-from gpuvigil.node.capture.kinds import KINDS, detect
+from gpuvigil.node.capture.kinds import detect, kinds
 from gpuvigil.node.checks.dcgm.readings import DcgmReport
 from gpuvigil.node.checks.fabric.readings import FabricReading
 from gpuvigil.node.checks.fabric.rules import FabricExpectation
@@ -25,7 +25,7 @@ from gpuvigil.node.checks.gpu.readings import GpuInventory
 from gpuvigil.node.checks.kernel_log import kernel_log_capture
 from gpuvigil.node.config import NodeConfig
 
-DOCUMENT_KINDS = [k for k in KINDS if k not in ("kernel-log", "sysfs")]
+DOCUMENT_KINDS = [k for k in kinds() if k not in ("kernel-log", "sysfs")]
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 UNIT = Path(__file__).resolve().parent
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,7 +21,9 @@ from gpuvigil.fakes.gpu import make_node
 from gpuvigil.node import sweep
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.checks.domain import load_domains, modules_of
+from gpuvigil.node.checks.gpu import fake as gpu_fake
 from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading
+from gpuvigil.node.checks.kernel_log import fake as kernel_log_fake
 from gpuvigil.node.checks.kernel_log import kernel_log
 from gpuvigil.node.checks.kernel_log.readings import KernelLog
 from gpuvigil.node.config import NodeConfig
@@ -109,7 +111,7 @@ def test_each_gpu_rule_feeds_only_its_declared_family(fault: Fault) -> None:
     """A finding's family is its rule's, or the could-not-judge family."""
     node = make_node(8, model="H100")
     faults.apply(node, fault, gpu=3, seed=0)
-    inv = hardware._nvml_inventory(node)  # the fake NVML through the real worker's reader
+    inv = gpu_fake.nvml_inventory(node, now=NOW)  # the fake NVML through the real worker's reader
     cfg = NodeConfig()
     for spec in load_rules().values():
         if spec.reads is not GpuInventory:
@@ -169,7 +171,9 @@ def test_the_same_xid_gets_the_same_verdict_on_every_path(tmp_path: Path) -> Non
     assert _verdict(captured) == want
 
     # 4. the simulator's layer 1 (the same Xid on the fake node's GPU 3)
-    sim = hardware._xids(make_node(8, model="H100"), [(3, 48, False)], hardware.sim_node_config())
+    seen = kernel_log_fake.xid_log(make_node(8, model="H100"), [(3, 48, False)],
+                                   now=hardware.NOW, booted=hardware.BOOTED)  # fmt: skip
+    sim = hardware.judged(seen, hardware.sim_node_config())
     assert _verdict(sim) == want
 
     # 5. replay of the kernel log (no GPU map there: the PCI address names the part)

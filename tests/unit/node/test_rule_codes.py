@@ -13,6 +13,7 @@ import pytest
 from gpuvigil.core import codes
 from gpuvigil.core.findings import Finding
 from gpuvigil.fakes.faults import Fault
+from gpuvigil.node.checks.kernel_log import fake as kernel_log_fake
 from gpuvigil.node.pipeline import registry
 from gpuvigil.node.pipeline.judge import load_rules
 from gpuvigil.sim import hardware
@@ -78,7 +79,7 @@ def emitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Finding
 # (DRIVER_UNAVAILABLE stops NVML before any rule reads; the simulator never asks for it.)
 FAULTS = (
     [f.value for f in Fault if f is not Fault.DRIVER_UNAVAILABLE]
-    + sorted(hardware.XID_ONLY)
+    + sorted(kernel_log_fake.XID_ONLY)
     + ["XID_79", "XID_43"]
 )
 

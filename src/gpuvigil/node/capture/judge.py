@@ -1,9 +1,11 @@
 """Readers and rules for each kind of capture: bytes -> typed readings -> findings.
 
-`read(kind, data)` turns a document into its readings (the same readings the live checks
-build); `judge(reading, ...)` hands a reading, with the facts `analyze` knows (the GPUs and
-fabric to expect, the GPUs the bundle named), to `node.pipeline`: the same rules, through
-the same path, as the live checks.
+`read(kind, data)` turns a document into its readings with the reader its domain declares
+(`capture.kinds.reader`: the same readings the live checks build); `judge(reading, ...)`
+hands a reading to `node.pipeline`: the same rules, through the same path, as the live
+checks. A reading is judged alone unless `analyze` knows facts its rules use (the GPUs
+and fabric to expect, the GPUs the bundle named): those readings are named here, and a
+new domain's reading needs none of them.
 """
 
 from __future__ import annotations
@@ -13,22 +15,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuvigil.core.findings import Finding
-from gpuvigil.node.capture import tool_kinds
-from gpuvigil.node.checks.dcgm.dcgm_discovery import parse_discovery
-from gpuvigil.node.checks.dcgm.dcgm_health_parse import parse_health
-from gpuvigil.node.checks.dcgm.dcgm_parse import parse_diag
-from gpuvigil.node.checks.dcgm.readings import DcgmReport
-from gpuvigil.node.checks.fabric import fabric_tools
+from gpuvigil.node.capture import kinds, tool_kinds
 from gpuvigil.node.checks.fabric.readings import FabricExpectation, FabricReading
-from gpuvigil.node.checks.gpu import nvidia_smi
-from gpuvigil.node.checks.gpu.nvidia_smi_csv import parse_csv
 from gpuvigil.node.checks.gpu.readings import ExpectedGpus, GpuInventory, GpuRef
 from gpuvigil.node.checks.kernel_log import kernel_log_capture
-from gpuvigil.node.checks.nvlink.nvidia_smi_nvlink import parse_nvlink_status
 from gpuvigil.node.config import NodeConfig
 from gpuvigil.node.pipeline.judge import judge as pipeline_judge
-
-Reading = GpuInventory | DcgmReport | FabricReading | kernel_log_capture.Capture
 
 
 @dataclass(frozen=True)
@@ -40,37 +32,16 @@ class Expect:
     efa: FabricExpectation = field(default_factory=FabricExpectation)
 
 
-def read(kind: str, data: bytes) -> list[Reading]:
+def read(kind: str, data: bytes) -> list[object]:
     """The readings of one document (fi_info behind mpirun is one reading per rank)."""
-    text = data.decode("utf-8", errors="replace")
-    pasted = tool_kinds.read(kind, text)  # the pasted-tool kinds (capture.tool_kinds)
-    if pasted is not None:
-        return pasted  # type: ignore[return-value]
-    if kind in ("nvidia-smi-xml", "nvidia-smi-q", "nvidia-smi-error"):
-        return [nvidia_smi.parse_xml(text)]
-    if kind == "nvidia-smi-csv":
-        return [parse_csv(text)]
-    if kind == "nvidia-smi-nvlink":
-        return [parse_nvlink_status(text)]
-    if kind == "dcgmi-diag":
-        return [parse_diag(text)]
-    if kind == "dcgmi-health":
-        return [parse_health(text)]
-    if kind == "dcgmi-discovery":
-        return [parse_discovery(text)]
-    if kind == "fi_info":
-        return list(fabric_tools.fi_info_reading(text))
-    parse = {
-        "ibstat": fabric_tools.parse_ibstat,
-        "ibstatus": fabric_tools.parse_ibstatus,
-        "ibv_devinfo": fabric_tools.parse_ibv_devinfo,
-        "ibdev2netdev": fabric_tools.parse_ibdev2netdev,
-    }[kind]
-    return [parse(text)]
+    fn = kinds.reader(kind)
+    if fn is None:
+        raise ValueError(f"{kind} is not read as a document")
+    return list(fn(data.decode("utf-8", errors="replace")))
 
 
 def judge(
-    reading: Reading,
+    reading: object,
     *,
     node: NodeConfig,
     expect: Expect,
@@ -85,10 +56,11 @@ def judge(
         return pipeline_judge(
             [reading, expected], config=node, now=reading.observed_at, check=check
         )
-    if isinstance(reading, DcgmReport):
-        return pipeline_judge([reading], config=node, now=now, check=check)
     if isinstance(reading, FabricReading):
         efa = reading.source.startswith("fi_info") or any(a.kind == "efa" for a in reading.adapters)
         fabric = expect.efa if efa else expect.ib
         return pipeline_judge([reading, fabric], config=node, now=now, check=check)
-    return kernel_log_capture.judge(reading, cfg=node.kernel_log, gpus=gpus)
+    if isinstance(reading, kernel_log_capture.Capture):
+        return kernel_log_capture.judge(reading, cfg=node.kernel_log, gpus=gpus)
+    # Any other domain's reading (DCGM's, a new domain's): its rules, with no more facts.
+    return pipeline_judge([reading], config=node, now=now, check=check)

@@ -28,7 +28,7 @@ from gpuvigil.node.capture import error_text
 from gpuvigil.node.capture import judge as judging
 from gpuvigil.node.capture.bundle import Entry, Limits, expand
 from gpuvigil.node.capture.inputs import Input, InputError, open_input
-from gpuvigil.node.capture.kinds import KINDS, detect
+from gpuvigil.node.capture.kinds import detect, kinds
 from gpuvigil.node.catalog import phrases as catalog_phrases
 from gpuvigil.node.checks import REGISTRY, CheckContext, run_check
 from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuRef
@@ -170,7 +170,7 @@ def _first_pass(run: _Run, entry: Entry, forced: str | None) -> None:
 
 
 def _document(run: _Run, inp: Input, kind: str) -> list[Finding]:
-    check = KINDS[kind].check
+    check = kinds()[kind].check
     try:
         data = inp.read_document(MAX_DOCUMENT)
     except InputError as e:
@@ -249,7 +249,7 @@ def _judged(
     started, t0 = datetime.now(UTC), time.monotonic()
     findings = [_tagged(f, path) for f in fn()]
     status = Status.worst(f.status for f in findings)
-    check = KINDS[kind].check if kind else "analyze"
+    check = kinds()[kind].check if kind else "analyze"
     ran = CheckRun(check=check, status=status, started_at=started, duration_s=time.monotonic() - t0)
     run.results.append((findings, ran))
     run.inputs.append(InputResult(path, kind, how, status))
@@ -288,12 +288,12 @@ def _could_not_tell(
 
 def _unrecognised(path: str, head: bytes) -> Finding:
     first = next((ln for ln in head.decode("utf-8", "replace").splitlines() if ln.strip()), "")
-    kinds = ", ".join(KINDS)
+    names = ", ".join(kinds())
     message = (
         f"{path} is empty: nothing to judge"
         if not head.strip()
         else f"{path} is not an output gpuvigil reads (first line {first[:80]!r}); if it is "
-        f"one, name it with --kind ({kinds})"
+        f"one, name it with --kind ({names})"
     )
     return Finding(
         check="analyze",
