@@ -27,7 +27,7 @@ from typing import Any
 
 PACKAGE = "gpuvigil.node.checks"
 # The modules of `node/checks` itself that are not domain folders.
-_REGISTRY_MODULES = frozenset({"domain", "registry"})
+_REGISTRY_MODULES = frozenset({"domain", "domain_doc", "registry"})
 # A domain's module that only the simulator imports (`Domain.fake`): it builds readings
 # from `gpuvigil.fakes`, which production code may not import (an import-linter contract),
 # so `load_domains` leaves it out.
