@@ -224,7 +224,7 @@ def test_other_dcgmi_json_is_not_a_health_report(tmp_path: Path) -> None:
 
 
 def test_dcgmi_nvlink_json_is_read_as_nvlink_counters(tmp_path: Path) -> None:
-    # `dcgmi nvlink -e -j` shares the JSON framing but is its own kind (capture.tool_kinds).
+    # `dcgmi nvlink -e -j` shares the JSON framing but is its own kind (counters/formats.py).
     assert detect(DCGMI_NVLINK_JSON.encode()) == "nvlink-counters"
     path = tmp_path / "dcgmi.json"
     path.write_text(DCGMI_NVLINK_JSON)
