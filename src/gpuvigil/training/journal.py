@@ -143,10 +143,15 @@ class Journal:
     ) -> None:
         """Rank 0, after the first step of an attempt: when each phase of its start ended,
         so a restart's process start, rendezvous, restore and first step can be measured
-        (the lab's restart_phases) rather than assumed."""
-        if self.env.rank != 0:
+        (the lab's restart_phases) rather than assumed. Also a lost rank's replacement in an
+        in-process restart (a fresh process joining a later generation): where rank 0
+        survived, its start is the only new process start the restart has."""
+        env = self.env
+        replacement = env.config.restart.in_process and env.restart_count > 0 and not env.survivor
+        if env.rank != 0 and not replacement:
             return
         data = {
+            "rank": env.rank,
             "attempt": attempt,
             "step": step,
             "first_step_s": round(first_step_s, 4),

@@ -296,3 +296,38 @@ def test_a_single_rank_drain_names_itself_as_signalled() -> None:
     d = Drain(DrainConfig(), world_size=1, group=None)
     d.handle(signal.SIGTERM, None)
     assert d.signalled() == [0]
+
+
+@pytest.mark.parametrize(
+    ("rank", "in_process", "restart_count", "survivor", "writes"),
+    [
+        (0, False, 1, False, True),  # rank 0 always: its start is the gang's
+        (1, False, 1, False, False),  # under torchrun every rank restarts: rank 0 speaks
+        (1, True, 1, False, True),  # a lost rank's replacement: the restart's new process
+        (1, True, 1, True, False),  # a survivor kept its process: no process start
+        (1, True, 0, False, False),  # the job's first generation: rank 0 speaks
+    ],
+)
+def test_the_startup_event_comes_from_rank_0_and_a_replacement(
+    tmp_path: Path, rank: int, in_process: bool, restart_count: int, survivor: bool, writes: bool
+) -> None:
+    """The lab's restart phases time a process start from `startup`; in an in-process
+    restart where rank 0 survived, the replacement's is the only new process."""
+    import torch
+
+    from gpuvigil.training.journal import Journal
+    from gpuvigil.training.process_group import Env
+
+    config = TrainingConfig(restart={"in_process": in_process})
+    env = Env(rank=rank, world_size=2, local_rank=0, node="n", device=torch.device("cpu"),
+              restart_count=restart_count, round_key="k", job="j", config=config,
+              survivor=survivor)  # fmt: skip
+    j = Journal(env)
+    j.open(tmp_path / "ev.jsonl")
+    j.ready(attempt=restart_count, step=3, first_step_s=0.1, init_ts=1.0, group_ts=2.0,
+            restored_ts=3.0)  # fmt: skip
+    j.close()
+    lines = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    assert [(x["kind"], x["data"]["rank"]) for x in lines] == (
+        [("startup", rank)] if writes else []
+    )
