@@ -82,6 +82,7 @@ def render(result: dict[str, Any]) -> str:
         *([describe(result["serving"])] if result.get("serving") else []),
         f"job: {'finished' if job['finished'] else job['state']}, {job['restarts']} "
         f"restart(s), lost steps {job['lost_steps']}, exit codes {job['exit_codes']}",
+        *_ranks(job),
     ]
     fig = result.get("figures") or {}
     names = {"blocked_s": "blocked", "job_resumed_s": "job resumed",
@@ -103,6 +104,20 @@ def render(result: dict[str, Any]) -> str:
         lines.append("alerts: none fired")
     lines.append(f"took {result['duration_s']} s; files in {result['workdir']}")
     return "\n".join(lines)
+
+
+def _ranks(job: dict[str, Any]) -> list[str]:
+    """Which ranks kept their pod and which moved (in-process mode), one line each."""
+    out = []
+    for r in job.get("ranks") or []:
+        if r["kept"]:
+            (pod,) = r["pods"]
+            out.append(f"rank {r['rank']}: kept its pod {pod['pod']} on {pod['node']} (never "
+                       "stopped)")  # fmt: skip
+    for m in job.get("moved") or []:
+        spare = " (a hot spare)" if m["to_spare"] else ""
+        out.append(f"rank {m['rank']}: moved {m['from']} -> {m['to']}{spare}, pod {m['pod']}")
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -158,6 +173,16 @@ def register(app: typer.Typer) -> None:
                 "machine's Python.",
             ),
         ] = True,
+        restart: Annotated[
+            str | None,
+            typer.Option(
+                "--restart",
+                metavar="MODE",
+                help="in-process (the default: one pod per rank, only the lost rank's pod is "
+                "replaced, the others keep their processes) or gang (torchrun pods, every "
+                "rank restarts); the config's `lab.restart`.",
+            ),
+        ] = None,
         workload: Annotated[
             str,
             typer.Option(
@@ -188,8 +213,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(CliExit.CANNOT_TELL)
         try:
             data = core_config.read_yaml(config).get("lab", {}) if config else {}
+            if restart is not None:
+                data = {**data, "restart": restart}
             cfg = core_config.validate(LabConfig, {**data, "nodes": nodes},
-                                       source=str(config or "--nodes"))  # fmt: skip
+                                       source=str(config or "--nodes, --restart"))  # fmt: skip
         except core_config.ConfigError as e:
             typer.echo(f"gpuvigil lab: {e}", err=True)
             raise typer.Exit(CliExit.CANNOT_TELL) from e

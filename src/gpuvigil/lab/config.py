@@ -5,7 +5,7 @@ changed: nothing real is skipped, it is only asked to happen sooner."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -76,6 +76,16 @@ class LabConfig(StrictModel):
     # The job's pods request every GPU of their node, as real ones do (so one rank per
     # node, and none on a node whose preflight pod holds the GPUs while it runs).
     gpu_requests: bool = True
+    # How the job restarts after losing a rank: "in-process" (the default) runs
+    # deploy/kubernetes/examples/training-job-inprocess.yaml, one pod per rank, and replaces
+    # only the lost rank's pod while the others keep their processes; "gang" runs
+    # training-job.yaml under torchrun and restarts every rank (lab/jobs.py).
+    restart: Literal["in-process", "gang"] = "in-process"
+    memtier_every: int = Field(2, ge=1)  # in-process: the in-memory tier's K (steps)
+    join_timeout_s: float = Field(120.0, gt=0)  # in-process: survivors wait this for a replacement
+    # Hot spares the controller keeps in the lab's pool (controller.spares), for the
+    # training workload; the job takes 2 nodes of 3, so 1 is idle: the lost rank's spare.
+    spares: int = Field(1, ge=0)
     # The device plugin's DP_DISABLE_HEALTHCHECKS Xids (besides the application errors it
     # always skips): Xid 48 here, so `--fault xid48` shows the whole node's ladder (drain,
     # GPU reset, preflight). Without it, Xid 48 marks its GPU Unhealthy, as the plugin's

@@ -187,6 +187,7 @@ class Follower:
         now = {
             "conditions": {t: (c.get("status"), c.get("reason")) for t, c in conds.items()},
             "blocked": UNHEALTHY_TAINT in taints,
+            "spare": wire.SPARE_TAINT in taints,
             "unvalidated": wire.UNVALIDATED_TAINT in taints,
             "request": ann.get(wire.REQUEST_ANNOTATION),
             "result": ann.get(wire.RESULT_ANNOTATION),
@@ -214,6 +215,9 @@ class Follower:
             self.add(
                 "block" if now["blocked"] else "unblock", name, f"taint {UNHEALTHY_TAINT} {verb}"
             )
+        if now["spare"] != before["spare"]:
+            said = "added: a hot spare" if now["spare"] else "removed: no longer a hot spare"
+            self.add("spare", name, f"taint {wire.SPARE_TAINT} {said}")
         if now["result"] != before["result"] and now["result"]:
             res = _json(now["result"])
             said = f"{res.get('action')} {res.get('result')}"
@@ -289,6 +293,10 @@ class Follower:
                 message = str(term.get("message") or "").strip().splitlines()
                 self.add("preflight", node, f"{verdict} (exit {term.get('exitCode')})"
                          + (f": {message[-1][:160]}" if message else ""))  # fmt: skip
+
+    def is_spare(self, node: str) -> bool:
+        """The controller's hot-spare taint is on the node (as last read)."""
+        return bool((self._seen.get(node) or {}).get("spare"))
 
     def blocked(self, node: str) -> bool:
         """gpuvigil's taint is on the node (as last read)."""

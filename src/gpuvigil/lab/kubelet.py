@@ -68,6 +68,7 @@ class PodRun:
     finished: bool = False  # final status written, pod deleted (or left for its owner)
     gpus: dict[str, list[str]] | None = None  # container -> GPU UUIDs; None: not admitted
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def holds(self) -> bool:
@@ -159,8 +160,13 @@ class Kubelet:
                     self._delete(PodRun(meta["namespace"], meta["name"], pod["spec"]))
                 continue
             if run is None:
-                run = self.runs[uid] = PodRun(meta["namespace"], meta["name"], pod["spec"],
-                                              labels=meta.get("labels") or {})  # fmt: skip
+                run = self.runs[uid] = PodRun(
+                    meta["namespace"],
+                    meta["name"],
+                    pod["spec"],
+                    labels=meta.get("labels") or {},
+                    annotations=meta.get("annotations") or {},
+                )
             for proc in run.procs.values():
                 if proc is not None:
                     proc.remember(every_s=1.0)
@@ -350,6 +356,13 @@ class Kubelet:
         if "value" in item:
             return str(item["value"])
         path = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+        # metadata.annotations['k'] / metadata.labels['k'] (an Indexed Job's RANK reads
+        # its completion index so)
+        m = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
+        if m:
+            return (run.annotations if m.group(1) == "annotations" else run.labels).get(
+                m.group(2), ""
+            )
         return {
             "spec.nodeName": self.node,
             "metadata.name": run.name,
@@ -486,14 +499,23 @@ def gpus_of(kubelet: Kubelet, namespace: str, name: str) -> list[int]:
 
 
 def ranks_on(kubelet: Kubelet) -> list[int]:
-    """The training ranks (workers, not torchrun) running in the job's pods on a node."""
+    """The training ranks (workers, not torchrun) running in the job's pods on a node: the
+    container's first process itself when it is the rank (in-process mode, from this
+    machine's Python), else below it."""
     out: list[int] = []
     for run in kubelet.runs.values():
         proc = run.procs.get("trainer")
         if proc is not None and not run.finished:
-            out += [
-                pid
-                for pid in running(b"gpuvigil.lab.workload", proc.pid)
-                if pid not in running(b"gpuvigil.training.launch", proc.pid)
-            ]
+            launchers = set(running(b"gpuvigil.training.launch", proc.pid))
+            found = [p for p in running(b"gpuvigil.lab.workload", proc.pid) if p not in launchers]
+            out += found or ([proc.pid] if _cmdline_has(proc.pid, b"gpuvigil.lab.workload")
+                             and not _cmdline_has(proc.pid, b"gpuvigil.training.launch")
+                             else [])  # fmt: skip
     return out
+
+
+def _cmdline_has(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,11 @@ import yaml
 from gpuvigil.io.ports import free_port
 from gpuvigil.lab.config import LabConfig
 from gpuvigil.lab.image import Image
-from gpuvigil.lab.jobs import GangJob, load_example
+from gpuvigil.lab.jobs import GangJob, load_example, load_manifests
 from gpuvigil.lab.kubelet import GPU_RESOURCE
 
 JOB = "lab-train"
+EXAMPLES = {"in-process": "training-job-inprocess.yaml", "gang": "training-job.yaml"}
 CHECKPOINTS = "checkpoints"  # the example's checkpoint volume
 NAMESPACE = "default"
 HOST = "$(GPUVIGIL_LAB_MACHINE)"  # a pod's path to its machine's folder (kubelet.py)
@@ -84,8 +86,12 @@ def training_job(
     checkpoints: Path,
     gpus: int | None = None,
     image: bool,
+    store: str | None = None,
 ) -> GangJob:
     """The shipped Job example's pods and podFailurePolicy, running the lab's workload;
+    `store`: host:port of the job's store server, for the in-process example (one pod per
+    rank, `cfg.restart == "in-process"`: the lab's GangJob in index mode); else the
+    torchrun example (gang mode);
     `gpus`: each pod's `nvidia.com/gpu` instead of the example's (every GPU of a node).
     `checkpoints`: the lab's folder standing for the example's checkpoint claim (each job
     saves in its `name` below it). `image`: the pods run from the built image, with the
@@ -119,6 +125,16 @@ def training_job(
         saves = str(checkpoints / name)
         # the DaemonSet's hostPath /run/gpuvigil, where the agent's report is
         env["GPUVIGIL__TRAINING__HEALTH_GATE__STATE_FILE"] = f"{HOST}/run/report.json"
+    index = store is not None
+    if index:
+        # The example's in-process settings, and the lab's: its store (no DNS here), this
+        # job's id (each fault runs a fresh job), the survivors' wait for a replacement
+        env |= {"GPUVIGIL__TRAINING__RESTART__STORE": str(store),
+                "GPUVIGIL__TRAINING__JOB_ID": name,
+                "GPUVIGIL__TRAINING__RESTART__JOIN_TIMEOUT_S": str(cfg.join_timeout_s),
+                "GPUVIGIL__TRAINING__MEMTIER__EVERY_STEPS": str(cfg.memtier_every)}  # fmt: skip
+        if not image:  # the example's memory-backed /dev/shm emptyDir: the machine's folder
+            env["GPUVIGIL__TRAINING__MEMTIER__DIR"] = f"{HOST}/shm/{{job}}"
     return GangJob(
         name=name,
         namespace=NAMESPACE,
@@ -134,7 +150,21 @@ def training_job(
         ],
         env=env,
         port_for=free_port,
+        mode="index" if index else "gang",
         volumes=volumes,
         # the lab's event folder, where every part writes its events (its log collector)
         mounts=[{"name": "lab-events", "mountPath": str(events)}] if image else [],
     )
+
+
+def store_argv(example_path: Path, *, port: int) -> list[str]:
+    """The in-process example's store server as its Deployment's container runs it (its
+    command and args), on loopback and `port`: the lab runs it as a process of its own,
+    standing for that pod on a CPU node, which the lab's GPU nodes are not."""
+    (deploy,) = [d for d in load_manifests(example_path) if d.get("kind") == "Deployment"]
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    argv = [*c.get("command", []), *c.get("args", [])]
+    argv = [a for a in argv if not a.startswith(("--port", "--host"))]
+    if argv[:1] == ["python"]:
+        argv[0] = sys.executable
+    return [*argv, "--host=127.0.0.1", f"--port={port}"]

@@ -4,6 +4,7 @@ written while that fault ran (sliced out of the lab's logs)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -109,14 +110,18 @@ def restart_phases(timeline: list[dict[str, Any]], node: str) -> dict[str, float
     event marks is None, never guessed. Milestones:
     - detect: the broken node blocked (gpuvigil's taint), or training's hang event;
     - stop: every pod of the old attempt ended (the lab's job.attempt, written once they
-      are all gone, starts the next attempt);
+      are all gone, starts the next attempt); in-process mode, the lost rank's pod ended
+      (job.pod_replaced: its replacement created, the other pods untouched);
     - reschedule: the last of the new attempt's pods bound to a node (job.pod_scheduled);
-    - process_start: rank 0's worker reached training.init (startup's init_ts);
+    - process_start: a new process reached training.init (startup's init_ts: rank 0's,
+      or the replacement's; a survivor's own init_ts, when it lost its peer, comes before);
     - rendezvous: its process group formed (group_ts);
     - restore: the checkpoint restored (restored_ts);
     - first_step: the first step after the restore done (startup's own time)."""
     after = [e for e in timeline if e["t_s"] >= 0]
-    attempt = next((i for i, e in enumerate(after) if e["event"] == "job.attempt"), None)
+    attempt = next(
+        (i for i, e in enumerate(after) if e["event"] in ("job.attempt", "job.pod_replaced")), None
+    )
     if attempt is None:
         return None
     before, since = after[:attempt], after[attempt:]
@@ -176,10 +181,21 @@ def ettr_of(report: dict[str, Any]) -> float | None:
 
 
 def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
-    """The `job` field: the gang's outcome, and the steps lost as training reported them."""
+    """The `job` field: the gang's outcome, the steps lost as training reported them, and
+    each rank's pods (`ranks`): `survivors`, the ranks whose first pod ran to the end, never
+    stopped or replaced; `moved`, each rank that got a new pod, from which node to which
+    (and whether that node was a hot spare when the pod was bound to it)."""
+    ranks = job.ranks_record()
+    moved = []
+    for r in ranks:
+        pods = r["pods"]
+        for old, new in itertools.pairwise(pods):
+            moved.append({"rank": r["rank"], "from": old["node"], "to": new["node"],
+                          "to_spare": new["on_spare"], "pod": new["pod"]})  # fmt: skip
     return {
         "finished": job.state == "Succeeded",
         "state": job.state,
+        "mode": job.mode,
         "restarts": len(job.attempts) - 1,
         "lost_steps": sum(lost_steps) if lost_steps else None,
         "exit_codes": job.exit_codes(),
@@ -193,6 +209,9 @@ def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
             for a in job.attempts
         ],
         "backoff_counted": job.counted,
+        "ranks": ranks,
+        "survivors": [r["rank"] for r in ranks if r["kept"]],
+        "moved": moved,
     }
 
 

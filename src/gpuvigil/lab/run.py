@@ -36,9 +36,11 @@ from gpuvigil.lab.jobs import JOB_LABEL, GangJob
 from gpuvigil.lab.kubelet import APP_LABEL, PREFLIGHT_APP, Kubelet
 from gpuvigil.lab.machine import GPUS, SRC, Machine, python_env
 from gpuvigil.lab.parts import (
+    EXAMPLES,
     JOB,
     apply_shipped,
     cluster_prerequisites,
+    store_argv,
     training_job,
     trust_key,
 )
@@ -96,6 +98,9 @@ class Lab:
         self.workload = workload
         if workload == "serving":
             config = serving.configure(config)
+        elif config.spares:  # the lost rank's hot spare (the serving replicas tolerate none)
+            spares = {"spares": {"pools": {POOL: config.spares}}}
+            config = config.model_copy(update={"controller": deep_merge(spares, config.controller)})
         self.cfg, self.faults, self.on = config, faults, on
         self.fault, self.target = faults[0], on
         self.dir = workdir
@@ -126,6 +131,7 @@ class Lab:
         self.gone_from_image: Counter[str] = Counter()
         self.follow = Follower(self.events)
         self.job: GangJob | None = None
+        self.store: Proc | None = None  # the in-process job's store server
         self.api: Any = None
         self.t_start = time.monotonic()
         self._progress = progress  # (message) -> None: what the lab is doing, for people
@@ -325,17 +331,43 @@ class Lab:
         return True
 
     def start_job(self, name: str, *, gpus: int | None = None) -> None:
+        example = REPO / "deploy/kubernetes/examples" / EXAMPLES[self.cfg.restart]
+        store = None
+        if self.cfg.restart == "in-process":
+            store = self._start_store(example, name)
         self.job = training_job(
-            REPO / "deploy/kubernetes/examples/training-job.yaml",
+            example,
             self.cfg,
             name=name,
             events=self.events,
             checkpoints=self.dir / "checkpoints",
             image=self.image is not None,
             gpus=gpus,
+            store=store,
         )
         self.follow.add("job", None, self.job.start_attempt(self.api))
-        self.say("training job started (2 ranks)")
+        how = "one pod per rank, in-process restart" if store else "torchrun, gang restart"
+        self.say(f"training job started (2 ranks: {how})")
+
+    def _start_store(self, example: Path, name: str) -> str:
+        """The job's store server (the example's Deployment), once it listens: host:port."""
+        if self.store is not None:
+            self.store.stop()
+        port = free_port()
+        self.store = Proc(store_argv(example, port=port), log=self.dir / f"logs/store-{name}.log",
+                          env=python_env())  # fmt: skip
+        store = self.store
+
+        def listening() -> bool:
+            if not store.alive():
+                raise LabError(f"the job's store server exited:\n{store.log_tail()}")
+            return "serving on" in store.log_tail()
+
+        self._until(listening, 60, "the job's store server")
+        self.follow.add(
+            "job", None, f"store server listening on 127.0.0.1:{port} (pid {store.pid})"
+        )
+        return f"127.0.0.1:{port}"
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -375,9 +407,13 @@ class Lab:
             name = self.job.name
             mine = [p for p in pods.get("items") or []
                     if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == name]  # fmt: skip
-            for event, detail in self.job.sync(self.api, mine):
+            for event, said in self.job.sync(self.api, mine):
+                detail = said
+                if event == "job.pod_scheduled" and self.follow.is_spare(said.split()[-1]):
+                    self.job.on_spare.add(said.split()[0])  # "<pod> on <node>"
+                    detail += " (a hot spare)"
                 self.follow.add(event, None, detail)
-                if event == "job.attempt":
+                if event in ("job.attempt", "job.pod_replaced"):
                     self.follow.resumed_after = time.time()
         self._sync_trust()
         nodes = json.loads(self.api.list_node(_preload_content=False).data)
@@ -481,6 +517,8 @@ class Lab:
         }
 
     def stop(self) -> None:
+        if self.store is not None:
+            self.store.stop()
         if self.alerting is not None:
             self.alerting.stop()
         for k in self.kubelets.values():

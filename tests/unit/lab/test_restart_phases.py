@@ -79,3 +79,30 @@ def test_the_follower_places_job_ready_phases_on_their_own_times(tmp_path: Path)
     assert [(e["t_s"], e["event"]) for e in f.timeline()] == [
         (10.0, "worker_start"), (12.5, "rendezvous"), (19.0, "restored"), (20.0, "first_step"),
     ]  # fmt: skip
+
+
+def test_an_in_process_restart_is_timed_from_the_replacement_alone() -> None:
+    """In-process mode: the lost rank's pod ended and was replaced alone (job.pod_replaced);
+    the survivor's own startup (its init_ts is when it lost its peer) comes before and does
+    not count as a process start: the replacement's does."""
+    t = [
+        ev(0.0, "fault", "n2"),
+        ev(1.0, "block", "n2"),
+        ev(4.5, "worker_start", "n1"),  # the survivor, n1: it lost its peer then
+        ev(5.0, "job.pod_replaced"),
+        ev(5.25, "job.pod_scheduled", "n3"),
+        ev(10.0, "worker_start", "n3"),
+        ev(10.1, "rendezvous", "n1"),
+        ev(10.1, "rendezvous", "n3"),
+        ev(10.4, "restored", "n3"),
+        ev(10.5, "first_step", "n3"),
+    ]
+    assert restart_phases(t, "n2") == {
+        "detect": 1.0,
+        "stop": 4.0,
+        "reschedule": 0.25,
+        "process_start": 4.75,
+        "rendezvous": 0.1,
+        "restore": 0.3,
+        "first_step": 0.1,
+    }
