@@ -106,6 +106,10 @@ def enter(spec: dict, argv: list[str]) -> None:  # type: ignore[type-arg]
     libc = ctypes.CDLL(None, use_errno=True)  # before the chroot: the host's libc
     root = Path(spec["root"])
     _mount("--bind", str(root), str(root))  # a mount of its own, to remount read-only
+    # the host's /dev before the volumes: one at /dev/shm (a memory-backed emptyDir, the
+    # in-memory checkpoint tier's) must sit on top of it, not be hidden by it
+    (root / "dev").mkdir(exist_ok=True)
+    _mount("--rbind", "/dev", str(root / "dev"))
     # outer folders first: a volume at /tmp must not hide one at /tmp/lab/machine
     for host, inside, read_only in sorted(spec["binds"], key=lambda b: len(Path(b[1]).parts)):
         target = root / inside.lstrip("/")
@@ -119,8 +123,6 @@ def enter(spec: dict, argv: list[str]) -> None:  # type: ignore[type-arg]
             _mount("-o", "remount,bind,ro", str(target))
     (root / "proc").mkdir(exist_ok=True)
     _mount("-t", "proc", "proc", str(root / "proc"))
-    (root / "dev").mkdir(exist_ok=True)
-    _mount("--rbind", "/dev", str(root / "dev"))
     (root / "sys").mkdir(exist_ok=True)  # read-only, as a runtime mounts it
     _mount("--rbind", "/sys", str(root / "sys"))
     _mount("-o", "remount,bind,ro", str(root / "sys"))

@@ -144,3 +144,24 @@ def test_what_the_chroot_enforces_and_what_only_a_runtime_does(tmp_path: Path) -
     p = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                        env={"PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
     assert p.returncode != 0 and "runAsNonRoot" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_volume_at_dev_shm_is_the_pods_not_the_hosts(tmp_path: Path) -> None:
+    """The in-process example mounts a memory-backed emptyDir at /dev/shm (the in-memory
+    tier's folder): it must sit on the host's /dev that the root gets, not under it, or
+    every pod of the machine would share the host's /dev/shm."""
+    require(os.geteuid() == 0, "entering a root needs root (mount, chroot), as a runtime does")
+    for tool in ("unshare", "mount"):
+        require(shutil.which(tool) is not None, f"{tool} not installed")
+    root, shm = usr_root(tmp_path), tmp_path / "shm"
+    shm.mkdir()
+    image = Image("test:0", "none", root, "sha256:" + "0" * 64, {"PATH": "/usr/bin:/bin"})
+    argv = image.argv(["sh", "-c", "echo mine > /dev/shm/tier && test -c /dev/null && echo dev"],
+                      uid=0, gid=0, env={}, binds=[(str(shm), "/dev/shm", False),
+                                                   ("/usr", "/usr", True)],
+                      read_only_root=True)  # fmt: skip
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+    assert p.returncode == 0 and p.stdout.split() == ["dev"], (p.stdout, p.stderr)
+    assert (shm / "tier").read_text() == "mine\n"
+    assert not Path("/dev/shm/tier").exists()
