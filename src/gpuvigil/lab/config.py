@@ -49,6 +49,9 @@ def _controller() -> dict[str, Any]:
             "escalation_window_s": 20.0,
         },
         "safety": {"breaker_min_nodes": 4},
+        # a node found holding work when it was to become a hot spare is asked again this
+        # much later (600 s by default): the lab's faults are a minute apart
+        "spares": {"busy_recheck_s": 5.0},
     }
 
 

@@ -183,15 +183,16 @@ def ettr_of(report: dict[str, Any]) -> float | None:
 def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
     """The `job` field: the gang's outcome, the steps lost as training reported them, and
     each rank's pods (`ranks`): `survivors`, the ranks whose first pod ran to the end, never
-    stopped or replaced; `moved`, each rank that got a new pod, from which node to which
-    (and whether that node was a hot spare when the pod was bound to it)."""
+    stopped or replaced; `restarted`, the ranks that got a new pod; `moved`, each new pod on
+    another node than its rank's pod before, from which node to which (and whether that
+    node was a hot spare when the pod was bound to it)."""
     ranks = job.ranks_record()
     moved = []
     for r in ranks:
-        pods = r["pods"]
-        for old, new in itertools.pairwise(pods):
-            moved.append({"rank": r["rank"], "from": old["node"], "to": new["node"],
-                          "to_spare": new["on_spare"], "pod": new["pod"]})  # fmt: skip
+        for old, new in itertools.pairwise(r["pods"]):
+            if new["node"] != old["node"]:
+                moved.append({"rank": r["rank"], "from": old["node"], "to": new["node"],
+                              "to_spare": new["on_spare"], "pod": new["pod"]})  # fmt: skip
     return {
         "finished": job.state == "Succeeded",
         "state": job.state,
@@ -211,6 +212,7 @@ def job_record(job: GangJob, lost_steps: list[int]) -> dict[str, Any]:
         "backoff_counted": job.counted,
         "ranks": ranks,
         "survivors": [r["rank"] for r in ranks if r["kept"]],
+        "restarted": [r["rank"] for r in ranks if len(r["pods"]) > 1],
         "moved": moved,
     }
 

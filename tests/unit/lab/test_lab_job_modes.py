@@ -13,6 +13,7 @@ import pytest
 from gpuvigil.core import exit_codes
 from gpuvigil.lab.jobs import INDEX_ANNOTATION, GangJob, load_example
 from gpuvigil.lab.parts import EXAMPLES, store_argv
+from gpuvigil.lab.result import job_record
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_DIR = REPO / "deploy/kubernetes/examples"
@@ -98,6 +99,11 @@ def test_index_mode_replaces_only_the_drained_rank_and_keeps_the_survivor() -> N
     ranks = j.ranks_record()
     assert ranks[0]["kept"] and ranks[0]["pods"][0]["uid"] == "uid-j-a1-r0"
     assert not ranks[1]["kept"] and ranks[1]["nodes"] == ["n2", "n3"]
+    j.on_spare.add("j-a2-r1")  # the lab saw n3 a hot spare when the pod was bound there
+    rec = job_record(j, [0])
+    assert (rec["survivors"], rec["restarted"], rec["lost_steps"]) == ([0], [1], 0)
+    assert rec["moved"] == [{"rank": 1, "from": "n2", "to": "n3", "to_spare": True,
+                             "pod": "j-a2-r1"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("code", [exit_codes.HANG, exit_codes.RANK_NOT_REPLACED])
@@ -119,6 +125,12 @@ def test_gang_mode_stops_every_rank_on_a_drain() -> None:
     said = dict(sync(j, api))
     assert "job.gang_stopped" in said and sorted(api.deleted) == ["j-a1-r0", "j-a1-r1"]
     assert "job.attempt" in dict(sync(j, api)) and j.counted == 0
+    api.bind("j-a2-r0", "n1")  # the same node again: restarted, not moved
+    api.bind("j-a2-r1", "n3")
+    sync(j, api)
+    rec = job_record(j, [1])
+    assert (rec["survivors"], rec["restarted"]) == ([], [0, 1])
+    assert [(m["rank"], m["from"], m["to"]) for m in rec["moved"]] == [(1, "n2", "n3")]
 
 
 def test_a_failjob_code_ends_the_job_in_either_mode() -> None:
