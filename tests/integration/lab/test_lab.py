@@ -1,12 +1,13 @@
 """`gpuvigil lab --fault KIND --json`, for real: the whole platform on one machine (real
 kube-apiserver, scheduler and controller manager; an agent per node over the fakes; the
-controller; a 2-node torchrun job), every fault kind, each checked against issue #11's
-"Done when", with the alert path on (`--alerts`: real Prometheus on the shipped rules and
-Alertmanager, issue #26). The five faults run one after another in one lab (`--fault` repeated: one
-start of the control plane, agents and controller for all, a fresh job per fault, each
-fault once every node is back in service), so the module costs about five minutes on two
-cores; each fault is still its own test over its own timeline, job and report. Their
-figures are in docs/performance.md."""
+controller; a 2-rank job, one pod per rank, restarted in process), every fault kind, each
+checked against issue #11's "Done when" (and #24's for the drained faults), with the alert
+path on (`--alerts`: real Prometheus on the shipped rules and Alertmanager, issue #26). The
+five faults run one after another in one lab (`--fault` repeated: one start of the control
+plane, agents and controller for all, a fresh job per fault, each fault once every node is
+back in service), so the module costs about five minutes on two cores; each fault is still
+its own test over its own timeline, job and report. Their figures are in
+docs/performance.md."""
 
 from __future__ import annotations
 
@@ -121,10 +122,36 @@ def test_xid79_reboots_and_ends_in_service(results: dict[str, Any]) -> None:
     assert "REBOOT" in r["remediation_steps"], shown
     assert events(r, "booted", node), shown  # a new boot id on the Node
     assert r["final_state"][node] == "HEALTHY", shown
-    # the job's ranks ran from the image, as the example's pod: both attempts' (4 at least)
+    # the job's ranks ran from the image, as the example's pod: both ranks' and the
+    # replacement's (3 at least)
     (train,) = [p for p in r["parts"] if p["name"] == "training job"]
-    assert train["runs_from"] == "image" and train["runs"] >= 4, train
+    assert train["runs_from"] == "image" and train["runs"] >= 3, train
     check_job_and_report(r)
+
+
+@pytest.mark.parametrize("fault", DRAINED)
+def test_a_drained_node_moves_only_its_rank_to_the_hot_spare(
+    fault: str, results: dict[str, Any]
+) -> None:
+    """Issue #24: in-process restart on the in-process example Job. The surviving rank's pod
+    is never stopped (its one pod, same uid, ran to exit 0); only the drained rank's pod is
+    replaced, on the node the controller kept as a hot spare; the replacement restores the
+    drained rank's copy from the in-memory tier (at most K steps lost); the drained and
+    resumed job is one job that succeeded."""
+    r = lab(fault, results)
+    job, node, shown = r["job"], r["node"], _show(r)
+    assert job["mode"] == "index", shown
+    (kept,) = [x for x in job["ranks"] if x["kept"]]
+    (pod,) = kept["pods"]
+    assert pod["node"] != node and not pod["stopped"] and pod["exit_codes"] == [0], shown
+    assert job["survivors"] == [kept["rank"]], shown
+    (moved,) = job["moved"]
+    assert job["restarted"] == [moved["rank"]] != [kept["rank"]] and moved["from"] == node, shown
+    assert moved["to"] not in (node, pod["node"]) and moved["to_spare"], shown
+    assert not events(r, "job.gang_stopped") and events(r, "job.pod_replaced"), shown
+    assert job["lost_steps"] is not None and job["lost_steps"] <= LabConfig().memtier_every, shown
+    assert r["report"]["slo"]["job_success"]["achieved"] == 1, r["report"]["slo"]
+    assert r["figures"]["job_resumed_s"] is not None, shown
 
 
 def test_row_remap_failure_takes_one_gpu_out_not_the_node(results: dict[str, Any]) -> None:
