@@ -19,11 +19,13 @@ and show what every part did about it, second by second.
 The lab starts etcd and a real kube-apiserver, kube-scheduler and kube-controller-manager
 (built once by `make kube`), registers GPU nodes (--nodes, default 3) each with its own
 `gpuvigil agent` over fake GPUs and its own kernel log, runs `gpuvigil controller` for real
-and a 2-node torchrun job (the example training loop on gloo) whose ranks are pods, with
-a small kubelet that runs the pods and carries out GPU resets and reboots. It injects the
-fault, follows it until the node is back in service (or quarantined, or replaced) and the
-job has finished, and prints the timeline, the ladder steps, every node's final state, the
-job's restarts and lost steps, and what `gpuvigil report` says about the run.
+and a 2-rank job (the example training loop on gloo), one pod per rank, whose surviving
+rank keeps its process while only a lost rank's pod is replaced on a hot spare (--restart
+gang: a torchrun gang, every rank restarted), with a small kubelet that runs the pods and
+carries out GPU resets and reboots. It injects the fault, follows it until the node is back
+in service (or quarantined, or replaced) and the job has finished, and prints the timeline,
+the ladder steps, every node's final state, the job's restarts and lost steps, and what
+`gpuvigil report` says about the run.
 
 Faults: xid48 (a GPU reset cures it), xid79 (needs a reboot), row-remap-failure (needs a new
 GPU), rank-hang (a rank stops making progress), agent-stop (the node's agent dies). Give
