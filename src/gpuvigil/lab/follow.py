@@ -78,6 +78,7 @@ class Follower:
     gpus_out: int = 0  # the most GPUs out of service at once since the fault (`_out`)
     watched: dict[str, str] = field(default_factory=dict)  # "ns/pod" -> node, followed
     pods_gone: set[str] = field(default_factory=set)  # of `watched`
+    unspared: dict[str, float] = field(default_factory=dict)  # node -> spare taint seen lifted
     _tails: dict[Path, _Tail] = field(default_factory=dict)
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> last API view
     _preflights: set[tuple[str, str]] = field(default_factory=set)
@@ -217,6 +218,8 @@ class Follower:
             )
         if now["spare"] != before["spare"]:
             said = "added: a hot spare" if now["spare"] else "removed: no longer a hot spare"
+            if not now["spare"]:
+                self.unspared[name] = time.time()
             self.add("spare", name, f"taint {wire.SPARE_TAINT} {said}")
         if now["result"] != before["result"] and now["result"]:
             res = _json(now["result"])
@@ -294,9 +297,13 @@ class Follower:
                 self.add("preflight", node, f"{verdict} (exit {term.get('exitCode')})"
                          + (f": {message[-1][:160]}" if message else ""))  # fmt: skip
 
-    def is_spare(self, node: str) -> bool:
-        """The controller's hot-spare taint is on the node (as last read)."""
-        return bool((self._seen.get(node) or {}).get("spare"))
+    def was_spare(self, node: str, since: float) -> bool:
+        """The controller's hot-spare taint is on the node (as last read), or was until a
+        read after `since`: a pod bound to a spare makes the controller lift it (used),
+        which a pass of the lab's may see before the binding."""
+        return (
+            bool((self._seen.get(node) or {}).get("spare")) or self.unspared.get(node, 0.0) >= since
+        )
 
     def blocked(self, node: str) -> bool:
         """gpuvigil's taint is on the node (as last read)."""

@@ -132,6 +132,7 @@ class Lab:
         self.follow = Follower(self.events)
         self.job: GangJob | None = None
         self.store: Proc | None = None  # the in-process job's store server
+        self._created = 0.0  # when the job's latest pods were created (time.time())
         self.api: Any = None
         self.t_start = time.monotonic()
         self._progress = progress  # (message) -> None: what the lab is doing, for people
@@ -345,6 +346,7 @@ class Lab:
             gpus=gpus,
             store=store,
         )
+        self._created = time.time()
         self.follow.add("job", None, self.job.start_attempt(self.api))
         how = "one pod per rank, in-process restart" if store else "torchrun, gang restart"
         self.say(f"training job started (2 ranks: {how})")
@@ -409,12 +411,14 @@ class Lab:
                     if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == name]  # fmt: skip
             for event, said in self.job.sync(self.api, mine):
                 detail = said
-                if event == "job.pod_scheduled" and self.follow.is_spare(said.split()[-1]):
-                    self.job.on_spare.add(said.split()[0])  # "<pod> on <node>"
-                    detail += " (a hot spare)"
+                if event == "job.pod_scheduled":  # "<pod> on <node>"
+                    pod, _, node = said.partition(" on ")
+                    if self.follow.was_spare(node, self._created):
+                        self.job.on_spare.add(pod)
+                        detail += " (a hot spare)"
                 self.follow.add(event, None, detail)
                 if event in ("job.attempt", "job.pod_replaced"):
-                    self.follow.resumed_after = time.time()
+                    self.follow.resumed_after = self._created = time.time()
         self._sync_trust()
         nodes = json.loads(self.api.list_node(_preload_content=False).data)
         self.follow.read_nodes(nodes.get("items") or [], self.names)

@@ -157,3 +157,24 @@ def test_the_in_process_example_holds_the_same_policy_and_runs_its_store() -> No
     argv = store_argv(EXAMPLE_DIR / EXAMPLES["in-process"], port=4242)
     assert argv[1:] == ["-m", "gpuvigil.training.inprocess", "serve", "--host=127.0.0.1",
                         "--port=4242"]  # fmt: skip
+
+
+def test_a_spare_lifted_after_the_pod_was_created_still_counts_as_its_spare() -> None:
+    """The controller lifts a used spare's taint once the replacement is bound there; a lab
+    pass may read the node after that and the binding only then: the node was a spare."""
+    import time
+
+    from gpuvigil.core import wire
+    from gpuvigil.lab.follow import Follower
+
+    def node(spare: bool) -> dict[str, Any]:
+        taints = [{"key": wire.SPARE_TAINT, "effect": "NoSchedule"}] if spare else []
+        return {"metadata": {"name": "n3"}, "spec": {"taints": taints}, "status": {}}
+
+    f = Follower(Path("/nonexistent"))
+    f.read_nodes([node(True)], ["n3"])
+    assert f.was_spare("n3", since=0.0)
+    created = time.time()
+    f.read_nodes([node(False)], ["n3"])  # lifted: used
+    assert f.was_spare("n3", since=created) and not f.was_spare("n3", since=time.time() + 1)
+    assert [e.event for e in f.entries] == ["spare"]
