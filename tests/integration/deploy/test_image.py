@@ -48,6 +48,7 @@ def test_image_builds_and_runs_check():
     assert report["status"] in ("OK", "FAILED")
     preflight_in_image(tag)
     example_in_image(tag)
+    analyze_in_image(tag)
     containerfile = (REPO / "Containerfile").read_text()
     assert "USER 65532" in containerfile and containerfile.count("FROM ") == 2
     assert yaml.safe_load((REPO / "deploy/kubernetes/controller/deployment.yaml").read_text())
@@ -106,3 +107,41 @@ def preflight_in_image(tag: str) -> None:
     assert out["result"] == "pass" and out["device"] == "cpu", out
     ran = {m["check"] for m in out["measurements"]}  # PyTorch ran, not DEPENDENCY_MISSING
     assert {"matmul", "memory", "bandwidth", "allreduce"} <= ran, ran
+
+
+def analyze_in_image(tag: str) -> None:
+    """`gpuvigil analyze` in a container of the image, as the image's user, on the shipped
+    faulty node's kernel log: the image has the grep its kernel-log search runs
+    (`node.checks.kernel_log.grep_lines`; without it, a slower exact fallback) and the
+    verdict is the one the dev venv gives."""
+    import os
+
+    cache = Path(os.environ.get("GPUVIGIL_CACHE", Path.home() / ".cache/gpuvigil"))
+    store = ["--root", str(cache / "containers/storage"), "--runroot",
+             str(cache / "containers/run"), "--storage-driver", "vfs"]  # fmt: skip
+    log = REPO / "examples/faulty-node/dmesg.txt"
+    ctr = subprocess.run(["buildah", *store, "from", "--quiet", tag], capture_output=True,
+                         text=True, timeout=300, check=True).stdout.strip()  # fmt: skip
+    try:
+        copy = ["buildah", *store, "copy", "--chmod", "0644", ctr, str(log), "/tmp/dmesg.txt"]
+        subprocess.run(copy, capture_output=True, timeout=120, check=True)
+        grep = subprocess.run(["buildah", *store, "run", "--isolation", "chroot", ctr, "--",
+                               "grep", "-F", "-c", "NVRM", "/tmp/dmesg.txt"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        p = subprocess.run(["buildah", *store, "run", "--isolation", "chroot", ctr, "--",
+                            "gpuvigil", "analyze", "/tmp/dmesg.txt", "--json"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        subprocess.run(["buildah", *store, "rm", ctr], capture_output=True, timeout=120)
+    assert grep.returncode == 0 and int(grep.stdout) > 0, (grep.stdout, grep.stderr)
+    here = subprocess.run([str(REPO / ".venv/bin/gpuvigil"), "analyze", str(log), "--json"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert p.returncode == here.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
+
+    def verdict(text: str) -> set[tuple[str, str]]:
+        out = json.loads(text)
+        found = out.get("findings") or [f for r in out.get("inputs", []) for f in r.get(
+            "findings", [])]  # fmt: skip
+        return {(f["code"], f["status"]) for f in found}
+
+    assert verdict(p.stdout) == verdict(here.stdout) and verdict(p.stdout), p.stdout[-2000:]
