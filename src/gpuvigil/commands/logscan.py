@@ -17,8 +17,8 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from datetime import UTC, tzinfo
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuvigil.core.cli_exit import CliExit
 from gpuvigil.node.capture.inputs import InputError, open_input
@@ -236,9 +236,8 @@ def run(
     `fast_path` calls it straight from the argv it understands (typer and the pydantic it
     needs cost 0.2 s of start-up, more than the scan of an ordinary 200 MB log); the typer
     command calls it too."""
-    try:
-        zone = ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
+    zone = _zone(tz)
+    if zone is None:
         _err(f"gpuvigil logscan: unknown time zone {tz!r}")
         return CliExit.CANNOT_TELL
     try:
@@ -276,6 +275,20 @@ def run(
     if events.failed:
         return CliExit.FAILED
     return CliExit.OK if told else CliExit.CANNOT_TELL
+
+
+def _zone(tz: str) -> tzinfo | None:
+    """The zone named `tz`, None when there is none. The default, UTC, is
+    `datetime.UTC`: the same offsets and text as `ZoneInfo("UTC")`, without importing
+    zoneinfo (5 ms of start-up)."""
+    if tz == "UTC":
+        return UTC
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
 
 
 def _err(message: str) -> None:
