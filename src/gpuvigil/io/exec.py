@@ -180,6 +180,55 @@ def run(
     )
 
 
+class Spawned:
+    """A tool that runs beside us with pipes to its input and output (`spawn`), for a
+    caller that talks to it while it runs (one grep for a whole log, fed chunk by chunk).
+    Its deadlines are the caller's; `close()` ends it as `run` ends a tool: the whole
+    tree dies and is reaped, and the pipes are closed."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], mark: str) -> None:
+        self.proc, self.mark = proc, mark
+        self.stopped = self.closed = False
+
+    def stop(self) -> None:
+        """Kill and reap it (a thread blocked writing to it gets EPIPE); pipes stay open."""
+        if not self.stopped:
+            self.stopped = True
+            _kill_tree(self.proc, self.mark, scan=not _subreaper)
+
+    def close(self) -> None:
+        """`stop()`, then close the pipes: only once no thread of ours uses them (a closed
+        descriptor number is reused by the next file opened)."""
+        self.stop()
+        if not self.closed:
+            self.closed = True
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    _close_quietly(pipe)
+
+
+def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Spawned | str:
+    """Start `argv` with its standard input and output on pipes (standard error
+    discarded), in its own process group; what went wrong ("missing", "oserror") when it
+    could not start. The caller must `close()` it."""
+    exe = resolve(argv[0], path=(env or os.environ).get("PATH")) if argv else None
+    if exe is None:
+        return "missing"
+    mark = uuid.uuid4().hex
+    try:
+        proc = subprocess.Popen(
+            [exe, *argv[1:]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**(os.environ if env is None else env), RUN_MARK: mark},
+            start_new_session=True,  # own process group: the whole tree dies on close
+        )
+    except OSError as e:
+        return "missing" if isinstance(e, FileNotFoundError | PermissionError) else "oserror"
+    return Spawned(proc, mark)
+
+
 def _pump(
     proc: subprocess.Popen[bytes],
     out: _Capture,

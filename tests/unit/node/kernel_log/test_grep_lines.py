@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import shutil
 import stat
 from pathlib import Path
 
@@ -65,8 +66,11 @@ def _fake_grep(tmp_path: Path, body: str) -> str:
     [
         ("sleep 30", True),  # hangs: the deadline, then Python for the rest
         ("echo boom >&2; exit 2", False),  # crashes
-        ("cat >/dev/null; echo 12:nonsense", False),  # lies: no needle at that offset
-        ("cat >/dev/null; echo garbage", False),  # prints garbage
+        ("head -c 1 >/dev/null; echo 12:nonsense", False),  # lies: no needle at that offset
+        ("head -c 1 >/dev/null; echo garbage", False),  # prints garbage
+        # Waits for the end of its input, which one grep for the whole stream never gets:
+        # no answer for the chunk, the deadline, as for a hang.
+        ("cat >/dev/null; echo 12:nonsense", True),
         ("kill -9 $$", False),  # killed by a signal
     ],
 )
@@ -90,3 +94,45 @@ def test_no_grep_on_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert list(grep(buf, NEEDLES)) == list(find_lines(buf, NEEDLES))
     assert not grep.usable  # not tried again
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_one_grep_answers_every_chunk_of_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuvigil.io import exec as runner
+
+    started: list[object] = []
+    spawn = runner.spawn
+    monkeypatch.setattr(runner, "spawn", lambda *a, **k: started.append(a) or spawn(*a, **k))
+    buf = _log(7, lines=20000)
+    with GrepLines(NEEDLES) as grep:
+        got = list(iter_lines(io.BytesIO(buf), NEEDLES, chunk_size=32 * 1024, find=grep))
+        assert got == list(iter_lines(io.BytesIO(buf), NEEDLES, chunk_size=32 * 1024))
+        assert len(buf) > 10 * 32 * 1024 and len(started) == 1 and grep.fallbacks == 0
+
+
+def test_a_grep_that_dies_mid_stream_is_started_again(tmp_path: Path) -> None:
+    # The first grep reads ~100 kB and ends, half-way through the second chunk: the
+    # lines it handed on stand, that chunk's rest is Python's, a new grep does the rest.
+    real = shutil.which("grep")
+    count = tmp_path / "starts"
+    body = (
+        f'echo x >> {count}; [ "$(wc -l < {count})" -eq 1 ] && '
+        f'{{ dd bs=4096 count=24 2>/dev/null | {real} "$@"; exit; }}; exec {real} "$@"'
+    )
+    buf = _log(8, lines=20000)
+    with GrepLines(NEEDLES, binary=_fake_grep(tmp_path, body)) as grep:
+        got = list(iter_lines(io.BytesIO(buf), NEEDLES, chunk_size=64 * 1024, find=grep))
+    assert got == list(iter_lines(io.BytesIO(buf), NEEDLES, chunk_size=64 * 1024))
+    assert grep.usable and grep.fallbacks == 1 and count.read_text().count("x") == 2
+
+
+def test_a_reader_that_stops_mid_chunk_leaves_no_grep() -> None:
+    buf = _log(9)
+    grep = GrepLines(NEEDLES)
+    lines = grep(buf, NEEDLES)
+    assert next(lines)
+    proc = grep._proc
+    assert proc is not None and proc.proc.poll() is None
+    lines.close()  # the reader had enough: grep is behind, so it goes
+    assert grep._proc is None and proc.proc.poll() is not None
+    assert list(grep(buf, NEEDLES)) == list(find_lines(buf, NEEDLES))  # a new one answers
+    grep.close()

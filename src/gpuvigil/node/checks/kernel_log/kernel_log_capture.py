@@ -93,8 +93,9 @@ def read_capture(
     said = phrases.HitCounter(phrases.load())
     kw = {"chunk_size": chunk_size} if chunk_size else {}
     marks = needles()
+    grep = GrepLines(marks)  # one grep for the whole stream, ended below
     lines = iter_lines(stream, marks, max_bytes=max_bytes, stats=stats, give_up=GIVE_UP_BINARY,
-                       find=GrepLines(marks), **kw)  # fmt: skip
+                       find=grep, **kw)  # fmt: skip
     anchors = _phrase_lines()
     try:
         for raw in lines:
@@ -119,6 +120,8 @@ def read_capture(
         if not stats.bytes_read:
             raise
         stats.stopped = str(e)
+    finally:
+        grep.close()
     times = [ev.time for ev in events if ev.time is not None]
     last = stats.last_line.decode("utf-8", errors="replace")
     end = stamp_before(last, len(last), tz=tz, year=year).time if last else None
