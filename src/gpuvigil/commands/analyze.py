@@ -142,9 +142,6 @@ def register(app: typer.Typer) -> None:
             zone = ZoneInfo(tz) if tz else None
         except (ZoneInfoNotFoundError, ValueError):
             _fail(f"unknown time zone {tz!r}")
-        from rich.console import Console
-
-        from gpuvigil.commands import report_view
         from gpuvigil.node.capture.bundle import Limits
         from gpuvigil.node.capture.session import Options, analyze
         from gpuvigil.node.checks.kernel_log.kernel_log import zone_of
@@ -161,7 +158,11 @@ def register(app: typer.Typer) -> None:
         if as_json:
             doc = report.model_dump(mode="json") | {"inputs": [_input_json(r) for r in results]}
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        else:
+        else:  # rich and the report's view only here: --json does without them (60 ms)
+            from rich.console import Console
+
+            from gpuvigil.commands import report_view
+
             console = Console(emoji=False, highlight=False)
             _inputs_table(results, console)
             report_view.render(report, console=console, title="gpuvigil analyze")

@@ -11,11 +11,10 @@ import re
 from functools import cache
 from importlib import resources
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuvigil.core import codes
-from gpuvigil.core.config import StrictModel, validate
+from gpuvigil.core.config import StrictModel, load_shipped_yaml, validate
 
 
 class Limit(StrictModel):
@@ -58,4 +57,4 @@ class CounterLimits(BaseModel):
 @cache
 def load() -> CounterLimits:
     text = resources.files(__package__).joinpath("error_counters.yaml").read_text("utf-8")
-    return validate(CounterLimits, yaml.safe_load(text), source="error_counters.yaml")
+    return validate(CounterLimits, load_shipped_yaml(text), source="error_counters.yaml")

@@ -11,10 +11,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuvigil.core.config import StrictModel, deep_merge, validate
+from gpuvigil.core.config import StrictModel, deep_merge, load_shipped_yaml, validate
 
 
 class DenseTflops(StrictModel):
@@ -41,7 +40,7 @@ class _File(BaseModel):
 @cache
 def _builtin_raw() -> dict[str, Any]:
     text = resources.files(__package__).joinpath("gpu_performance.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    return load_shipped_yaml(text)
 
 
 def load_models(overrides: Mapping[str, Any] | None = None) -> dict[str, GpuModel]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-import yaml
 from pydantic import Field
 
-from gpuvigil.core.config import StrictModel, validate
+from gpuvigil.core.config import StrictModel, load_shipped_yaml, validate
 
 
 class GpuProduct(StrictModel):
@@ -37,4 +36,4 @@ class GpuCatalog(StrictModel):
 @lru_cache(maxsize=1)
 def load() -> GpuCatalog:
     text = resources.files("gpuvigil.node.catalog").joinpath("gpus.yaml").read_text()
-    return validate(GpuCatalog, yaml.safe_load(text), source="gpuvigil/node/catalog/gpus.yaml")
+    return validate(GpuCatalog, load_shipped_yaml(text), source="gpuvigil/node/catalog/gpus.yaml")

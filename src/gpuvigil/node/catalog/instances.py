@@ -13,10 +13,9 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuvigil.core.config import ConfigError, StrictModel, deep_merge, validate
+from gpuvigil.core.config import ConfigError, StrictModel, deep_merge, load_shipped_yaml, validate
 
 FabricKind = Literal["efa", "ib", "roce"]
 
@@ -67,7 +66,7 @@ class InstanceCatalog:
 @cache
 def _builtin_raw() -> dict[str, Any]:
     text = resources.files(__package__).joinpath("instances.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = load_shipped_yaml(text)
     if not isinstance(data, dict):
         raise ConfigError("instances.yaml", "", "the top level must be a mapping")
     return data

@@ -13,10 +13,9 @@ from functools import cache, cached_property
 from importlib import resources
 from itertools import compress
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuvigil.core.config import StrictModel, validate
+from gpuvigil.core.config import StrictModel, load_shipped_yaml, validate
 
 
 class Phrase(StrictModel):
@@ -110,4 +109,4 @@ class HitCounter:
 @cache
 def load() -> PhraseCatalog:
     text = resources.files(__package__).joinpath("phrases.yaml").read_text("utf-8")
-    return validate(PhraseCatalog, yaml.safe_load(text), source="phrases.yaml")
+    return validate(PhraseCatalog, load_shipped_yaml(text), source="phrases.yaml")
