@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 LOG = "\n".join(
     [
         "[    5.000001] pci 0000:3b:00.0: [10de:2330] type 00 class 0x030200",
@@ -312,3 +315,57 @@ def test_fast_path_runs_only_what_typer_reads_the_same(tmp_path, capsys):
     except SystemExit as e:
         assert e.code == 1
     assert capsys.readouterr().out == fast
+
+
+def _both_paths(line: str) -> bool:
+    """`--json`'s own writing of the common line gives what the general path gives; True
+    when it took the line."""
+    from gpuvigil.commands import logscan
+    from gpuvigil.node.checks.kernel_log.kernel_log_parser import event_fields
+
+    at = line.find("Xid (")
+    if at < 0:
+        return False
+    of = logscan.Verdicts().of_text
+    fast = logscan._common_text(line, at, of)
+    fields = event_fields(line, at)
+    if fast is None:
+        return False
+    assert fields is not None, line
+    verdict = of(fields[0], fields[1], fields[4])
+    assert fast == (logscan.fields_text(fields, verdict), verdict), line
+    assert json.loads(fast[0])["line"] == line
+    return True
+
+
+def test_the_common_line_is_written_as_the_general_path_writes_it(corpus):
+    lines = [
+        *LOG.splitlines(),
+        "[  1.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=007, name= q\\ é\u2028 , x\tz",
+        "[  1.5] NVRM: Xid (PCI:0000:3b:00): -13, pid='<unknown>', name=<unknown>, m",
+        "[  1.5] NVRM: Xid (PCI:0000:3b:00): 999999999999999999999999, pid='12', Ch",
+        "[  1.5] NVRM: Xid (zz): 48, DBE \x1b[31m",  # no bus id
+        "[  1.5] NVRM: Xid (PCI:0000:3b:00): 0x4f, odd code",  # the general path's
+        "[  1.5] nvidia-nvswitch3: Xid (PCI:0000:3b:00): 1, a switch's plain Xid: no event",
+        "[  1.5] kern: NVRM: Xid (PCI:0000:3b:00): 79, talos-ish",
+        "[  1.5]NVRM:Xid (PCI:0000:3b:00): 79,",
+        "[ 99999999999.999999999] fooXid (PCI:0000:3b:00): 79, look-behind",
+        "[  1.5] x [  2.5] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=a, b",
+    ]
+    for path in sorted((corpus / "kernel_logs").iterdir()):
+        lines += [ln for ln in path.read_text(errors="replace").splitlines() if "Xid (" in ln]
+    taken = sum(_both_paths(line) for line in lines)
+    assert taken >= 10 and taken < len(lines)  # both paths ran
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["[  812.441210] ", "[812.4]", "[ 1.2] [ 3.4] ", "[x] ", "["]),
+    st.sampled_from(["NVRM: ", "nvidia-nvswitch1: S", "nvidia-nvswitch1: ", "", "kern: "]),
+    st.sampled_from(["Xid (PCI:0000:3b:00): ", "Xid (0000:3b:00.0): ", "Xid (): ", "Xid (a b): "]),
+    st.text(alphabet="0123456789-x ,'=<>unknowpidame\t\"\\é", max_size=40),
+)
+def test_any_line_is_written_as_the_general_path_writes_it(
+    stamp: str, who: str, event: str, rest: str
+) -> None:
+    _both_paths(stamp + who + event + rest)

@@ -428,18 +428,38 @@ def iter_stream_fields(
     chunk_size: int = _CHUNK,
     stats: LineStats | None = None,
 ) -> Iterator[EventFields]:
-    """`iter_stream`'s events as their fields (`EventFields`), for `logscan --json`."""
+    """`iter_stream`'s events as their fields (`EventFields`)."""
+    for line, at in iter_xid_lines(stream, chunk_size=chunk_size, stats=stats):
+        fields = event_fields(line, at, source=source, tz=tz, year=year)
+        if fields is not None:
+            yield fields
+
+
+def iter_xid_lines(
+    stream: BinaryIO, *, chunk_size: int = _CHUNK, stats: LineStats | None = None
+) -> Iterator[tuple[str, int]]:
+    """Each line of `stream` that holds `Xid (`, decoded, with where `Xid (` is in it:
+    what `event_fields` takes (`logscan --json` writes its common lines itself)."""
     for raw in iter_lines(stream, (_NEEDLE,), chunk_size=chunk_size, stats=stats):
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         at = line.find("Xid (")  # parse_line's pre-filter (a window of an over-long line)
-        if at < 0:
-            continue
-        try:
-            fields = _fields(line, source, tz, year, at)
-        except (ValueError, OverflowError, IndexError):  # as parse_line: no event
-            continue
-        if fields is not None:
-            yield fields
+        if at >= 0:
+            yield line, at
+
+
+def event_fields(
+    line: str, at: int, *, source: XidSource = "file", tz: tzinfo = UTC, year: int | None = None
+) -> EventFields | None:
+    """The event's fields of a line holding `Xid (` at `at`, or None. Never raises."""
+    try:
+        return _fields(line, source, tz, year, at)
+    except (ValueError, OverflowError, IndexError):  # as parse_line: no event
+        return None
+
+
+# For `logscan --json`'s own writing of the common line (a raw dmesg stamp), which must
+# give what `_fields` gives: the event's pattern, the stamp's, the names that are no process.
+EVENT_PATTERN, MONO_PATTERN, UNKNOWN_NAMES = _EVENT, _MONO, _UNKNOWN
 
 
 def with_wall_time(events: Iterable[XidEvent], booted_at: datetime | None) -> list[XidEvent]:
