@@ -136,3 +136,11 @@ def test_a_reader_that_stops_mid_chunk_leaves_no_grep() -> None:
     assert grep._proc is None and proc.proc.poll() is not None
     assert list(grep(buf, NEEDLES)) == list(find_lines(buf, NEEDLES))  # a new one answers
     grep.close()
+
+
+def test_a_chunk_whose_lines_are_never_read_leaves_the_next_one_right() -> None:
+    buf = _log(10)
+    with GrepLines(NEEDLES) as grep:
+        grep(buf, NEEDLES)  # handed to grep, answers never read
+        assert list(grep(buf, NEEDLES, start=100)) == list(find_lines(buf, NEEDLES, start=100))
+        assert grep.fallbacks == 0

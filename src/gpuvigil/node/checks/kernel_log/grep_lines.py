@@ -52,6 +52,9 @@ class _Broken(Exception):
         self.stop = stop
 
 
+_Job = tuple[runner.Spawned, bytes, int]
+
+
 class GrepLines:
     """A `find_lines` for `log_lines.iter_lines(find=...)`, with grep doing the search.
     `close()` (or the `with` block) ends the grep; the owner of the stream calls it."""
@@ -71,6 +74,7 @@ class GrepLines:
         self._sent = 0  # bytes written to this grep: its offsets count from its start
         self._rest = b""  # the start of an answer line not read whole yet
         self._rows: deque[bytes] = deque()  # answer lines read, not handled yet
+        self._pending = False  # a chunk handed to grep whose answers are not all read
 
     def __enter__(self) -> GrepLines:
         return self
@@ -83,6 +87,7 @@ class GrepLines:
 
     def close(self) -> None:
         proc, self._proc = getattr(self, "_proc", None), None
+        self._pending = False
         if proc is None:
             return
         proc.stop()  # a writer blocked on the pipe gets EPIPE: then the pipes may close
@@ -93,26 +98,43 @@ class GrepLines:
     def __call__(
         self, buf: bytes, needles: Sequence[bytes], *, start: int = 0, end: int | None = None
     ) -> Iterator[bytes]:
+        """The lines, as `find_lines` gives them. grep is handed the chunk now, not when
+        the lines are first asked for: the caller's own work on the chunk (its line
+        count) runs while grep searches it."""
         stop = len(buf) if end is None else end
         if not (self.usable and needles == self.needles) or stop <= start:
-            yield from find_lines(buf, needles, start=start, end=stop)
-            return
-        yield from self._grep(buf, start, stop)
+            return find_lines(buf, needles, start=start, end=stop)
+        try:
+            job = self._submit(buf, start, stop)
+        except _Broken as e:
+            self._broke(e)
+            return find_lines(buf, self.needles, start=start, end=stop)
+        return self._collect(buf, start, stop, job)
 
-    def _grep(self, buf: bytes, start: int, stop: int) -> Iterator[bytes]:
+    def _submit(self, buf: bytes, start: int, stop: int) -> _Job:
+        """grep and the chunk written to it; the answer line that ends the chunk; grep's
+        offset of `buf[0]`."""
+        if self._pending:  # the last chunk's answers were never read: that grep is behind
+            self.close()
+        proc = self._started()
+        assert proc.proc.stdin is not None
+        piece = memoryview(buf)[start:stop]
+        base = self._sent - start  # grep's offset of buf[0]
+        end_row = b"%d:%s" % (self._sent + len(piece) + 1, self.mark)
+        self._sent += len(piece) + len(self.mark) + 2
+        self._writer = threading.Thread(
+            target=_write, args=(proc.proc.stdin.fileno(), piece, self.mark), daemon=True
+        )
+        self._writer.start()
+        self._pending = True
+        return proc, end_row, base
+
+    def _collect(self, buf: bytes, start: int, stop: int, job: _Job) -> Iterator[bytes]:
+        proc, end_row, base = job
         pos = start  # where Python goes on from, should grep fail: after the last line out
         done = False
         try:
-            proc = self._started()
-            assert proc.proc.stdin is not None and proc.proc.stdout is not None
-            piece = memoryview(buf)[start:stop]
-            base = self._sent - start  # grep's offset of buf[0]
-            end_row = b"%d:%s" % (self._sent + len(piece) + 1, self.mark)
-            self._sent += len(piece) + len(self.mark) + 2
-            self._writer = threading.Thread(
-                target=_write, args=(proc.proc.stdin.fileno(), piece, self.mark), daemon=True
-            )
-            self._writer.start()
+            assert proc.proc.stdout is not None and self._writer is not None
             find, rfind = buf.find, buf.rfind
             last_start, last_hit = -1, start
             for row in self._answers(proc.proc.stdout.fileno(), time.monotonic() + TIMEOUT_S):
@@ -134,18 +156,22 @@ class GrepLines:
                 last_start, pos = first, last + 1
                 yield buf[first:last]
             self._writer.join()
+            self._pending = False
         except _Broken as e:
-            self.close()  # its stream is out of step with ours: a new grep, or none
-            if e.stop:
-                self.usable = False  # do not pay a deadline per chunk: the rest is Python's
-            self.fallbacks += 1
-            if self.fallbacks == 1:
-                log.warning("gpuvigil kernel log: %s; searching in Python instead", e)
+            self._broke(e)
             done = True
             yield from find_lines(buf, self.needles, start=pos, end=stop)
         finally:
             if not done:  # left mid-chunk (the reader stopped): this grep is behind
                 self.close()
+
+    def _broke(self, e: _Broken) -> None:
+        self.close()  # its stream is out of step with ours: a new grep, or none
+        if e.stop:
+            self.usable = False  # do not pay a deadline per chunk: the rest is Python's
+        self.fallbacks += 1
+        if self.fallbacks == 1:
+            log.warning("gpuvigil kernel log: %s; searching in Python instead", e)
 
     def _started(self) -> runner.Spawned:
         if self._proc is None:

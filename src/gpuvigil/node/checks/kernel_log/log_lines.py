@@ -202,12 +202,15 @@ def _lines(
             tail, head = yield from _grow(tail, head, chunk, needles, max_line=max_line, st=st)
             continue
         last = chunk.rfind(b"\n")
+        # Asked for first: grep (`GrepLines`) searches the chunk while the lines are
+        # counted and the line before it is finished here.
+        found = find(chunk, needles, start=first + 1, end=last) if last > first else None
         if st.count_lines:
             st.lines += chunk.count(b"\n")
         yield from _finish(tail + chunk[:first], head, needles, st)
         head = b""
-        if last > first:
-            yield from find(chunk, needles, start=first + 1, end=last)
+        if found is not None:
+            yield from found
             _note_last(chunk, first + 1, last, st)
         tail = b""
         tail, head = yield from _grow(
