@@ -61,6 +61,7 @@ class GrepLines:
 
     def __init__(self, needles: Sequence[bytes], *, binary: str = "grep") -> None:
         self.needles = tuple(needles)
+        self._known = frozenset(self.needles)  # a row's needle is looked up once a row
         self.mark = b"gpuvigil-end-of-chunk-" + uuid.uuid4().hex.encode()
         argv = [binary, "-F", "-a", "-b", "-o", "--line-buffered"]
         for n in (*self.needles, self.mark):  # argument list, never a shell
@@ -135,7 +136,7 @@ class GrepLines:
         done = False
         try:
             assert proc.proc.stdout is not None and self._writer is not None
-            find, rfind = buf.find, buf.rfind
+            find, rfind, at, known = buf.find, buf.rfind, buf.startswith, self._known
             last_start, last_hit = -1, start
             for row in self._answers(proc.proc.stdout.fileno(), time.monotonic() + TIMEOUT_S):
                 if row == end_row:
@@ -143,9 +144,9 @@ class GrepLines:
                     break
                 off, sep, needle = row.partition(b":")
                 hit = int(off) - base if sep and off.isdigit() else -1
-                if not (last_hit <= hit < stop) or needle not in self.needles:
+                if not (last_hit <= hit < stop) or needle not in known:
                     raise _Broken(f"grep printed {row[:80]!r}")
-                if buf[hit : hit + len(needle)] != needle:
+                if not at(needle, hit):
                     raise _Broken(f"grep's offset {hit} holds no needle")
                 last_hit = hit
                 first = max(rfind(b"\n", start, hit) + 1, start)
