@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvigil.node.checks.kernel_log import log_lines
 from gpuvigil.node.checks.kernel_log.kernel_log_parser import iter_stream
 from gpuvigil.node.checks.kernel_log.log_lines import LineStats, iter_lines
 
@@ -80,21 +79,3 @@ def test_max_bytes_stops_and_says_so() -> None:
 def test_chunking_never_changes_what_is_found(parts: list[bytes], chunk: int) -> None:
     data = b"".join(parts)
     assert lines(data, chunk_size=chunk) == lines(data, chunk_size=1 << 20)
-
-
-@pytest.mark.parametrize("noise", [b"EXT4-fs X\n", b"X" * 300 + b"\n", b"XXXXXXXXXXXXX X Xid Xi\n"])
-def test_a_buffer_dense_in_the_needles_first_byte_finds_the_same_lines(
-    noise: bytes, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # `_one` looks for `X` with memchr and goes over to `re` once `X` is common: the
-    # lines found are the ones a plain split finds, before and after the switch.
-    switched: list[bytes] = []
-    searcher = log_lines._searcher
-    monkeypatch.setattr(log_lines, "_searcher", lambda n: switched.append(n) or searcher(n))
-    parts = [noise * 40 + XID + b" Xid (again\n" if i % 7 == 0 else noise for i in range(400)]
-    data = b"".join(parts) + XID
-    want = [line for line in data.replace(b"\r", b"\n").split(b"\n") if b"Xid (" in line]
-    assert len(want) == 59
-    assert lines(data) == want
-    assert lines(data, chunk_size=4096) == want
-    assert switched  # the `re` part ran
