@@ -3,6 +3,8 @@
 - `ibstat`: `CA 'mlx5_0'` blocks, `Port 1:` with `State: Active`, `Physical state:
   LinkUp`, `Rate: 400`, `Link layer: InfiniBand`; a trailing `ibpanic: ... stat of IB
   device 'mlx5_8' failed` means the listing stopped there (a problem: could not tell).
+  An excerpt that starts at a `Port 1:` block (no `CA` line) is read as one adapter named
+  `?`: its ports' states are facts, its name is not in the paste.
 - `ibstatus`: `Infiniband device 'mlx5_0' port 1 status:` with `state: 4: ACTIVE`,
   `phys state: 5: LinkUp`, `rate: 400 Gb/sec (4X NDR)`, `link_layer: InfiniBand`.
 - `ibv_devinfo [-v]`: `hca_id: mlx5_0`, `port: 1`, `state: PORT_ACTIVE (4)`,
@@ -116,7 +118,9 @@ def parse_ibstat(text: str, *, taken_at: datetime | None = None) -> FabricReadin
         if re.match(r"^\s*ibpanic:|^\s*ibwarn:|^\s*stat of", line):
             problems.append(f"ibstat: {line.strip()[:200]}")
             continue
-        port = re.match(r"^\s+Port (\d+):\s*$", line)
+        port = re.match(r"^\s*Port (\d+):\s*$", line)
+        if port and not cas:
+            cas.append(("?", {}, []))  # an excerpt from inside a CA block
         if port and cas:
             cas[-1][2].append({"number": port.group(1)})
             continue

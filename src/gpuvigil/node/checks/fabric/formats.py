@@ -9,6 +9,8 @@ from gpuvigil.node.checks.fabric import fabric_tools, rdma_link
 
 _M = re.MULTILINE
 _IBSTAT = re.compile(r"^CA '[^']+'\s*$", _M)
+# An ibstat excerpt without its `CA '...'` line: a port block in ibstat's own words.
+_IBSTAT_PORT = re.compile(r"^\s*Port \d+:\s*\n\s+State:\s*\w+\s*\n\s+Physical state:", _M)
 _IBSTATUS = re.compile(r"^Infiniband device '[^']+' port \d+ status:", _M)
 _IBV_DEVINFO = re.compile(r"^hca_id:\s*\S+", _M)
 # `| column -t` widens the gaps; `-v` pads the state: "port 1 (DOWN  ) ==> ib2 (Down)".
@@ -19,7 +21,7 @@ _FI_INFO = re.compile(r"^(?:\s*\[\d+,\d+\]<std\w+>:)?\s*provider:\s*\S+\s*$", _M
 
 
 def is_ibstat(text: str, lines: list[str]) -> bool:
-    return _IBSTAT.search(text) is not None
+    return _IBSTAT.search(text) is not None or _IBSTAT_PORT.search(text) is not None
 
 
 def is_ibstatus(text: str, lines: list[str]) -> bool:

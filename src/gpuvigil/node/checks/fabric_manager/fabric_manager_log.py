@@ -4,7 +4,10 @@ Reads the three shapes people paste: the `nv-fabricmanager` journal (`journalctl
 nvidia-fabricmanager`, with systemd's start/stop lines and `nvidia-fabricmanager-start.sh`
 on r550+ packages), FM's log file (`/var/log/fabricmanager.log`: `[Feb 27 2025 15:10:02]
 [ERROR] [tid 12727] ...`, also found inside journal lines), and `systemctl status
-nvidia-fabricmanager` (its `Active:` line). Lines of other processes are not FM's and are
+nvidia-fabricmanager` (its `Active:` line), and systemctl's own answer to a start that
+failed (`Job for nvidia-fabricmanager.service failed because ...`, `Failed to start
+nvidia-fabricmanager.service: Unit ... is masked.`), shell prompts around it or not.
+Lines of other processes are not FM's and are
 skipped. Every FM line that says an error is an event: a line this reader does not know
 is never taken for healthy.
 """
@@ -28,6 +31,12 @@ _JOURNAL = re.compile(
     r"^(?P<ts>.{0,80}?)\s*\S{1,255}\s+(?P<proc>[\w.@-]{1,128})(?:\[\d+\])?:\s(?P<msg>.*)$"
 )
 _ACTIVE = re.compile(r"^\s*Active:\s*(?P<state>\S+)(?:\s+\((?P<sub>[^)]*)\))?(?P<rest>.*)$")
+# systemctl's answer when it could not start the unit (said by systemctl, not the journal).
+_SYSTEMCTL = re.compile(
+    r"^(?:Job for (?:nvidia-fabricmanager|nv-fabricmanager)\S* failed\b"
+    r"|Failed to (?:re)?start (?:nvidia-fabricmanager|nv-fabricmanager)\S*:)",
+    re.I,
+)
 _KERNEL = re.compile(r"NVRM:|\bS?Xid \(|nvidia-nvswitch\d*:")
 _UNIT = re.compile(r"nvidia-fabricmanager(?:\.service)?\b|nv-fabricmanager", re.I)
 
@@ -37,7 +46,8 @@ _FAILED = re.compile(
     r"Failed with result|Failed to start|Control process exited, code=\w+, status=(?!0/)"
     r"|Main process exited, code=\w+, status=(?!0/)|failed! Exit code: [1-9]"
     r"|terminat(?:ed|ing) abnormally|exiting (?:due to|with) (?:an )?error"
-    r"|failed to (?:start|initiali[sz]e)|initiali[sz]ation (?:has )?failed|\baborting\b",
+    r"|failed to (?:start|initiali[sz]e)|initiali[sz]ation (?:has )?failed|\baborting\b"
+    r"|^Job for \S+ failed\b",
     re.I,
 )
 _STARTED = re.compile(
@@ -61,6 +71,8 @@ def looks_like(lines: list[str]) -> bool:
     if not sample or any(_KERNEL.search(ln) for ln in lines[:2000]):
         return False
     ours = sum(1 for ln in sample if _fm_text(ln) is not None)
+    if any(_SYSTEMCTL.match(ln.strip()) for ln in sample):
+        return True  # systemctl's own failure answer for the unit, prompts around it
     return ours * 2 >= len(sample) or (
         _UNIT.search(sample[0]) is not None and ours >= 1 and sample[0].lstrip().startswith("●")
     )
@@ -82,7 +94,7 @@ def parse(text: str) -> FabricManagerLog:
             events.append(event)
     source = (
         "systemctl status"
-        if "status" in shapes
+        if shapes & {"status", "systemctl"}
         else ("journal" if "journal" in shapes else "log file")
     )
     return FabricManagerLog(events=tuple(events), lines_read=read, source=source)
@@ -93,6 +105,8 @@ def _fm_text(raw: str) -> tuple[str, str | None, str | None, str] | None:
     line = raw.strip()
     if not line:
         return None
+    if _SYSTEMCTL.match(line):
+        return "systemctl", None, None, line
     active = _ACTIVE.match(line)
     if active:
         return "status", None, None, f"Active: {active.group('state')} ({active.group('sub')})"

@@ -9,7 +9,8 @@ found by what they hold (a bus id, `38C`, `MiB`), not by column position, so the
 525 and 550+ layouts and their widths read alike. `ERR!` in a cell is nvidia-smi saying it
 could not read that field: a read error on that GPU (never healthy); `ERR!` in most cells,
 or `Unknown Error` / `GPU is lost` lines, is a lost GPU. The MIG and process tables are not
-read.
+read. A fragment pasted without the banner and header (GPU rows only) is read for the GPUs
+it shows; it does not say how many the node has (`count` unknown).
 """
 
 from __future__ import annotations
@@ -29,17 +30,30 @@ _FIRST = re.compile(r"^\|\s*(?P<index>\d+)\s+(?P<name>.*?)(?:\s+(?:On|Off|N/A))?
 _BUS = re.compile(r"\b([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\b")
 _TEMP = re.compile(r"\b(\d{1,3})C\b")
 _MEM = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
+# A GPU's first row, whatever the layout: index and name, then its bus id and display cell.
+_GPU_ROW = re.compile(
+    r"^\|\s*\d+\s+\S.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s+(?:On|Off|N/A)\s*\|",
+    re.M,
+)
+_STATS_ROW = re.compile(r"^\|\s*(?:N/A|\d+%)\s+\d{1,3}C\s+P\d+\b.*MiB\s*/\s*\d+MiB", re.M)
 _END = re.compile(r"^\|\s*(?:Processes|MIG devices)\s*:", re.I)
 
 
 def looks_like(text: str) -> bool:
-    return BANNER.search(text) is not None and "|" in text
+    if BANNER.search(text) is not None and "|" in text:
+        return True
+    return _GPU_ROW.search(text) is not None and _STATS_ROW.search(text) is not None
+
+
+def _has_header(text: str) -> bool:
+    return re.search(r"^\s*[|+]=", text, re.M) is not None
 
 
 def parse(text: str, *, observed_at: datetime | None = None) -> GpuInventory:
     banner = BANNER.search(text)
     blocks: list[list[list[str]]] = []  # per GPU: its rows, each a list of cells
-    in_table = False
+    whole = _has_header(text)
+    in_table = not whole  # a fragment: its rows are the table
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("|=") or s.startswith("+="):
@@ -76,7 +90,7 @@ def parse(text: str, *, observed_at: datetime | None = None) -> GpuInventory:
         source=SOURCE,
         observed_at=observed_at or utcnow(),
         gpus=tuple(gpus),
-        count=len(gpus) if gpus or said.no_devices else None,
+        count=len(gpus) if (gpus and whole) or said.no_devices else None,
         driver_version=banner.group("driver") if banner else None,
         errors=tuple(errors),
     )

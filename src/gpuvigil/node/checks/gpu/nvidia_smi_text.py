@@ -5,7 +5,9 @@ It is turned into the XML tree `nvidia-smi -q -x` would have printed (only the e
 readings use), so one reader (`nvidia_smi.gpu_from_xml`) serves both forms. Handles the
 r535+ layout (`Clocks Event Reasons`, split SRAM counters) and older ones (`Clocks
 Throttle Reasons`, `Single Bit/Double Bit` ECC trees, `Remapped Rows : N/A` inline), and
-nested reasons (HW Thermal / Power Brake under HW Slowdown). Never raises; a block cut
+nested reasons (HW Thermal / Power Brake under HW Slowdown). A field of any name whose
+value is NVML's word for an unreachable GPU (`Product Brand : Unknown Error`, `GPU is
+lost`) is kept as `-q -x` keeps it, so the GPU reads as lost. Never raises; a block cut
 short shows up as fewer GPUs than `Attached GPUs` (CHECK_ERROR). Called by
 `nvidia_smi.parse` and `gpuvigil analyze`.
 """
@@ -82,6 +84,10 @@ _REASONS = {
 }
 
 
+# The values nvidia-smi prints in place of a field when NVML cannot reach the GPU.
+_UNREACHABLE = frozenset({"unknown error", "gpu is lost", "gpu requires reset"})
+
+
 def _set(parent: ET.Element, path: str, value: str) -> None:
     node = parent
     for tag in path.split("/"):
@@ -131,5 +137,7 @@ def to_xml(text: str) -> ET.Element:
             _set(gpu, tag, value)
         elif path in _MAP and (value or path == ("remapped rows",)):
             _set(gpu, _MAP[path], value)
+        elif value.lower() in _UNREACHABLE:
+            _set(gpu, "unreachable/" + re.sub(r"\W+", "_", "_".join(path)).strip("_"), value)
         stack.append((indent, key))
     return root

@@ -5,6 +5,8 @@ One block per GPU: `GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-...)`, then `Link 0:
 `NVML: Unable to retrieve NVLink information as all links are inActive` instead: every
 link the product has (the GPU catalog) is down; a PCIe card prints the same and has none.
 The NVLink rules then judge these readings as they judge NVML's (`rules.nvlink`).
+A pasted excerpt may elide the UUID (`(UUID: ...)`) or links (a `...` line): a GPU cut
+that way, with every link shown up, says nothing of the links not shown (never "down").
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from gpuvigil.node.checks.gpu import nvidia_smi_errors
 from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuReading, NvLinkReading, ReadError
 
 SOURCE = "nvidia-smi nvlink"
-GPU_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$")
+GPU_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: ([^)]*)\))?\s*$")
+# A paste's elision mark on a line of its own: `...`, `....`, `[...]`, `…`.
+_ELISION = re.compile(r"^\s*(?:\.{3,}|\[\s*\.{3}\s*\]|…)\s*$")
 _LINK = re.compile(r"^\s+Link (\d+): (.*?)\s*$")
 _SPEED = re.compile(r"^\d+(?:\.\d+)?\s*[GM]B/s$", re.I)
 _ALL_INACTIVE = "all links are inactive"
@@ -30,14 +34,19 @@ def parse_nvlink_status(text: str | bytes, *, observed_at: datetime | None = Non
         text = text.decode("utf-8", errors="replace")
     catalog = gpu_catalog.load()
     blocks: list[tuple[int, str, str | None, list[NvLinkReading], bool]] = []
+    elided: set[int] = set()  # blocks a `...` cut: their unlisted links are unknown, not down
     errors: list[ReadError] = []
     other = 0  # link lines that are not a state (`nvlink -gt d` counters look alike)
     for line in text.splitlines():
         gm = GPU_LINE.match(line)
         if gm:
-            blocks.append((int(gm.group(1)), gm.group(2).strip(), gm.group(3), [], False))
+            uuid = gm.group(3) if gm.group(3) and gm.group(3).startswith("GPU-") else None
+            blocks.append((int(gm.group(1)), gm.group(2).strip(), uuid, [], False))
             continue
         if not blocks:
+            continue
+        if _ELISION.match(line):
+            elided.add(len(blocks) - 1)
             continue
         lm = _LINK.match(line)
         if lm:
@@ -54,9 +63,13 @@ def parse_nvlink_status(text: str | bytes, *, observed_at: datetime | None = Non
             index, name, uuid, links, _ = blocks[-1]
             blocks[-1] = (index, name, uuid, links, True)
     gpus: list[GpuReading] = []
-    for index, name, uuid, read, all_inactive in blocks[: nvidia_smi_errors.MAX_GPUS + 1]:
+    for at, (index, name, uuid, read, all_inactive) in enumerate(
+        blocks[: nvidia_smi_errors.MAX_GPUS + 1]
+    ):
         product = catalog.lookup(name)
         links = read
+        if at in elided and all(link.active for link in read):
+            links = []  # only some links shown, all up: the rest are not known to be down
         if all_inactive and product is not None and product.nvlinks:
             links = [NvLinkReading(link=i, active=False) for i in range(product.nvlinks)]
         gpus.append(
