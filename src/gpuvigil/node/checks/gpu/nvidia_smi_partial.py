@@ -11,7 +11,9 @@ not tell) and pins GPU 3's findings on gpu:0; the second is not recognised. Here
   `gpu:?`;
 - the sections the lines hold decide which checks were made; the others are listed as not
   made (a `PARTIAL_INPUT` note), never passed;
-- each GPU's `Fabric` section (State/Status) is read for every `-q` text, whole or not.
+- each GPU's `Fabric` section (State/Status) is read for every `-q` text, whole or not;
+- an excerpt that starts inside the clock-reasons section (its `HW Slowdown : Not Active`
+  lines without the `Clocks Event Reasons` title) is given that title back.
 """
 
 from __future__ import annotations
@@ -52,6 +54,34 @@ _GPU = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7
 _STAND_IN = re.compile(r"^FFFF(?P<k>[0-9A-F]{4}):FF:FF\.0$")
 
 
+# The clock-reason keys (`-q`'s words, r470-r580), for an excerpt cut inside that section.
+_REASON_KEYS = frozenset(
+    {
+        "idle",
+        "sw power cap",
+        "hw slowdown",
+        "hw thermal slowdown",
+        "hw power brake slowdown",
+        "sw thermal slowdown",
+        "sync boost",
+        "display clock setting",
+        "applications clocks setting",
+    }
+)
+_REASON = re.compile(r"^(?P<indent> +)(?P<key>[A-Za-z][\w ]*?)\s*:\s*(?:Not )?Active\s*$")
+
+
+def _titled(text: str) -> str:
+    """`text` with the clock-reasons title put back above reason lines that start it."""
+    lines = text.splitlines()
+    head = [ln for ln in lines if ln.strip()][:1]
+    m = _REASON.match(head[0]) if head else None
+    if m is None or m.group("key").lower() not in _REASON_KEYS:
+        return text
+    indent = max(len(m.group("indent")) - 8, 4)  # the title sits 4-8 columns left of them
+    return f"{' ' * indent}Clocks Event Reasons\n{text}"
+
+
 def sections_of(text: str) -> tuple[str, ...]:
     """The known -q sections the text holds, in order."""
     seen: dict[str, None] = {}
@@ -65,6 +95,9 @@ def sections_of(text: str) -> tuple[str, ...]:
 def looks_like_excerpt(lines: list[str]) -> bool:
     """A section of `-q` (e.g. `    Remapped Rows` then `        Pending : No`) without the
     `NVSMI LOG` header: a section title, then deeper `Key : Value` lines."""
+    first = _REASON.match(lines[0]) if lines else None
+    if first is not None and first.group("key").lower() in _REASON_KEYS:
+        return True  # cut inside the clock-reasons section
     for i, line in enumerate(lines[:400]):
         m = _KEY.match(line)
         if not m or m.group("key").lower() not in _SECTION_NAMES or m.group("value"):
@@ -103,6 +136,7 @@ def _ids(args: str | None) -> list[int] | None:
 
 def parse(text: str, *, observed_at: datetime | None = None) -> PartialGpuInventory:
     args = _command_args(text)
+    text = _titled(text)
     body = text if _GPU.search(text) else _with_stand_ins(text)
     errors: list[ReadError] = []
     gpus: list[GpuReading] = []

@@ -10,7 +10,10 @@ found by what they hold (a bus id, `38C`, `MiB`), not by column position, so the
 could not read that field: a read error on that GPU (never healthy); `ERR!` in most cells,
 or `Unknown Error` / `GPU is lost` lines, is a lost GPU. The MIG and process tables are not
 read. A fragment pasted without the banner and header (GPU rows only) is read for the GPUs
-it shows; it does not say how many the node has (`count` unknown).
+it shows; it does not say how many the node has (`count` unknown). A GPU block the paste
+cuts off (a row without its closing `|`, or no `+---+` rule after the last block) is a
+table cut short: could not tell, as the GPUs after it are unseen (a post that stops at
+the third of eight GPUs must not read as a healthy three-GPU node).
 """
 
 from __future__ import annotations
@@ -54,8 +57,12 @@ def parse(text: str, *, observed_at: datetime | None = None) -> GpuInventory:
     blocks: list[list[list[str]]] = []  # per GPU: its rows, each a list of cells
     whole = _has_header(text)
     in_table = not whole  # a fragment: its rows are the table
+    closed = True  # the last GPU block has its closing rule
+    cut = False
     for line in text.splitlines():
         s = line.strip()
+        if in_table and s.startswith("+-"):
+            closed = True
         if s.startswith("|=") or s.startswith("+="):
             in_table = True
             continue
@@ -64,12 +71,17 @@ def parse(text: str, *, observed_at: datetime | None = None) -> GpuInventory:
             continue
         if not in_table or not s.startswith("|"):
             continue
+        if not s.endswith(("|", "+")):
+            cut = True  # a row the paste broke off
         cells = [c.strip() for c in s.strip("|").split("|")]
         if _FIRST.match(f"|{cells[0]}") and _BUS.search(s):
             blocks.append([cells])
+            closed = False
         elif blocks and len(blocks[-1]) < 3:
             blocks[-1].append(cells)
     errors: list[ReadError] = []
+    if blocks and (cut or not closed):
+        errors.append(ReadError("table", "Incomplete", "the table is cut short"))
     gpus = nvidia_smi_errors.capped([_gpu(b) for b in blocks], errors)
     said = nvidia_smi_errors.scan(text)
     # A GPU nvidia-smi says it cannot reach is lost, whether or not the table still lists it.
