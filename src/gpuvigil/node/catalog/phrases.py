@@ -20,7 +20,7 @@ from gpuvigil.core.config import StrictModel, load_shipped_yaml, validate
 
 class Phrase(StrictModel):
     id: str
-    domain: str  # nvidia-driver, nvml, dcgm, fabric-manager, mlx5, efa, pcie-aer
+    domain: str  # nvidia-driver, nvml, dcgm, fabric-manager, mlx5, efa, pcie-aer, host-hardware
     text: str = Field(min_length=6)  # matched literally, case-sensitively
     means: str
     source: str  # where the message is printed (a document or the code that prints it)

