@@ -53,12 +53,22 @@ class Phase(StrictModel):
         return self
 
 
+class Measured(StrictModel):
+    """A phase's seconds measured on another lab run than the anchor's (its laws kept)."""
+
+    seconds: float = Field(ge=0)
+    source: str = Field(min_length=1)
+
+
 class RestartPhases(StrictModel):
     anchor: Anchor
     phases: dict[str, Phase]
     in_place: tuple[str, ...]
     survivors_kept: tuple[str, ...]
     pods_of_lost: tuple[str, ...]  # survivors_kept phases sized by the lost pods alone
+    # The lab's in-process job measures the survivors_kept phases itself (one interpreter
+    # starts, not torchrun's agent and then its worker): their seconds in that mode
+    survivors_kept_seconds: dict[str, Measured] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _every_phase(self) -> RestartPhases:
@@ -67,15 +77,21 @@ class RestartPhases(StrictModel):
         for name in ("in_place", "survivors_kept", "pods_of_lost"):
             if not set(getattr(self, name)) <= set(PHASES):
                 raise ValueError(f"{name} names unknown phases: {getattr(self, name)}")
+        if not set(self.survivors_kept_seconds) <= set(self.survivors_kept):
+            raise ValueError(f"survivors_kept_seconds names phases survivors_kept has not: "
+                             f"{sorted(self.survivors_kept_seconds)}")  # fmt: skip
         return self
 
     def phase_s(
         self, name: str, *, pods: int, ranks: int, ckpt_bytes: float,
-        read_bytes_per_s: float | None = None,
+        read_bytes_per_s: float | None = None, mode: Mode = "cold",
     ) -> float:  # fmt: skip
         """One phase's seconds for a gang of `pods` pods and `ranks` ranks, each reading
-        `ckpt_bytes` of checkpoint (at `read_bytes_per_s` when the copy is not DCP's)."""
+        `ckpt_bytes` of checkpoint (at `read_bytes_per_s` when the copy is not DCP's), from
+        the seconds measured for `mode` where there are some."""
         p, a = self.phases[name], self.anchor
+        kept = self.survivors_kept_seconds.get(name) if mode == "survivors_kept" else None
+        base = kept.seconds if kept is not None else p.seconds
         rate = read_bytes_per_s or p.read_bytes_per_s or 1.0
         grow = {
             "fixed": 0.0,
@@ -83,7 +99,7 @@ class RestartPhases(StrictModel):
             "world": p.per_member_s * (ranks - a.ranks),
             "bytes": (ckpt_bytes - a.checkpoint_bytes_per_rank) / rate,
         }[p.scales_with]
-        return p.seconds + max(0.0, grow)
+        return base + max(0.0, grow)
 
     def cost_s(
         self, *, pods: int, ranks: int, ckpt_bytes: float, mode: Mode = "cold",
@@ -97,7 +113,7 @@ class RestartPhases(StrictModel):
         for n in names:
             sized = lost_pods if mode == "survivors_kept" and n in self.pods_of_lost else pods
             total += self.phase_s(n, pods=sized, ranks=ranks, ckpt_bytes=ckpt_bytes,
-                                  read_bytes_per_s=read_bytes_per_s)  # fmt: skip
+                                  read_bytes_per_s=read_bytes_per_s, mode=mode)  # fmt: skip
         return total
 
 

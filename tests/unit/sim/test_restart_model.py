@@ -56,10 +56,20 @@ def test_keeping_the_survivors_costs_the_lost_pods_phases_not_the_gangs() -> Non
             pods=1 if n == "reschedule" else 2048,
             ranks=16384,
             ckpt_bytes=cfg.checkpoint_bytes_per_rank,
+            mode="survivors_kept",
         )
         for n in ("reschedule", "process_start", "rendezvous", "restore", "first_step")
     )
     assert kept == pytest.approx(expect) and kept < 0.05 * cold
+    # the lab's in-process job measured its own phases: one interpreter starts, not
+    # torchrun's agent and its worker
+    measured = model.survivors_kept_seconds
+    assert set(measured) <= set(model.survivors_kept) and "process_start" in measured
+    assert measured["process_start"].seconds < model.phases["process_start"].seconds
+    gang_phases = sum(model.phase_s(n, pods=1 if n == "reschedule" else 2048, ranks=16384,
+                                    ckpt_bytes=cfg.checkpoint_bytes_per_rank)
+                      for n in model.survivors_kept)  # fmt: skip
+    assert kept < gang_phases
     two = restart.restart_cost_s(cfg, nodes=2048, ranks=16384, mode="survivors_kept",
                                  lost_pods=64)  # fmt: skip
     assert two > kept  # more lost pods, more to schedule
