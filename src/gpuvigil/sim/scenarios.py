@@ -211,11 +211,12 @@ class SimConfig(StrictModel):
     )
     pod_failure_backoff_s: float = Field(
         10.0, description="Where the survivors stay (in-process restart), the lost rank's "
-        "pod is recreated by the Job controller: a failed pod after its first back-off, 10 s "
-        "(doubling per failure in a row, reset once none fail: the Kubernetes Job docs); a "
-        "drained (deleted) pod at once, which the measured `survivors_kept` reschedule phase "
-        "covers (the real 1.20 Job controller bound it on the spare 0.2 s after the drain: "
-        "tests/integration/controller/test_spares_kubernetes.py).",
+        "pod is recreated by the Job controller: a failed pod after its back-off, 10 s "
+        "(doubling per failure in a row, reset once none fail: the Kubernetes Job docs; the "
+        "real 1.20.2 controller recreated a first failure at once and a second in a row "
+        "after 10.2 s, tests/integration/controller/test_job_recreate.py: 10 s is the later "
+        "versions' first delay); a drained (deleted) pod at once (0.02 s measured there), "
+        "which the measured `survivors_kept` reschedule phase covers.",
     )  # fmt: skip
     remediation_retry_s: float = Field(
         600.0, description="How long a held remediation (budget, breaker) waits to retry."
