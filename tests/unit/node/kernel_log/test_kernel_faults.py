@@ -57,6 +57,37 @@ def test_rm_init_adapter_failed() -> None:
     assert got[0].evidence["count"] == 4
 
 
+def test_xorgs_failed_to_initialize_relayed_to_the_journal() -> None:
+    # The journal line of https://github.com/Bumblebee-Project/Bumblebee/issues/550: Xorg's
+    # bus form (PCI:1:0:0) is no PCI id, so the node carries it.
+    data = (
+        b"Mar 05 23:33:35 ivosung bumblebeed[1734]: [91063.874832] [ERROR][XORG] (EE) "
+        b"NVIDIA(GPU-0): Failed to initialize the NVIDIA GPU at PCI:1:0:0.  Please\n"
+    )
+    assert found(data) == [("GPU_INIT_FAILED", "node")]
+    assert exit_code(data) == 1
+
+
+def test_the_gsp_timeout_banner_without_its_xid_line_is_xid_119() -> None:
+    # The lines of https://github.com/NVIDIA/open-gpu-kernel-modules/issues/1230 (595.71.05).
+    data = (
+        b"[   24.302465] NVRM: GPU6 _kgspIsHeartbeatTimedOut: Heartbeat timed out, currentTimeMs"
+        b" 812751949 heartbeat 1899482 heartbeatWithOffsetMs 812745879 diff 6070 timeout 5200\n"
+        b"[   84.300488] NVRM: GPU6 _kgspLogRpcTimeout: ****************** GSP Timeout"
+        b" ******************\n"
+    )
+    got = kernel_log.analyze_capture(data)
+    assert [(f.code, f.component, f.fatal) for f in got] == [("XID_119", "node", True)]
+    assert got[0].evidence["count"] == 2
+    # With its Xid line the Xid rules' finding is the one (no second XID_119 on the node).
+    xid = (
+        b"[   84.300500] NVRM: Xid (PCI:0000:9b:00): 119, pid=4071838, name=python, Timeout"
+        b" after 45s of waiting for RPC response from GPU4 GSP! Expected function 76\n"
+    )
+    assert [c for c, _ in found(data + xid)] == ["XID_119"]
+    assert ("XID_119", "node") not in found(data + xid)
+
+
 def test_old_and_journal_forms_of_fallen_off_the_bus() -> None:
     # https://github.com/Bumblebee-Project/Bumblebee/issues/554 ("GPU at 0000:01:00.0 has
     # fallen off the bus.") and the journal prefix of https://github.com/pop-os/pop/issues/3363.

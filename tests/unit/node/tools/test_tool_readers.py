@@ -292,6 +292,18 @@ def test_fabric_manager_log_file_that_could_not_start(tmp_path: Path) -> None:
     assert {c for c, _ in problems(report)} == {"FABRIC_MANAGER_FAILED", "FABRIC_MANAGER_ERROR"}
 
 
+def test_fabric_managers_line_behind_a_collectors_host_prefix(tmp_path: Path) -> None:
+    # siderolabs/extensions#511 as posted: Talos relays FM's message behind `<host>: `, the
+    # host redacted; the bare message and a real address read the same.
+    line = "fabric manager config file item: FABRIC_NODE_CONFIG_FILE has an invalid value\n"
+    for prefix in ("<node ip>: ", "10.0.7.139: ", ""):
+        report, inp = judged(tmp_path, prefix + line)
+        assert inp.kind == "fabric-manager", prefix
+        assert {c for c, _ in problems(report)} == {"FABRIC_MANAGER_ERROR"}, prefix
+    # A host-prefixed line that is not FM's stays unread.
+    assert detect(b"10.0.7.139: kubelet started\n") != "fabric-manager"
+
+
 def test_a_journal_with_nvswitch_sxid_kernel_lines_is_a_kernel_log() -> None:
     # The real FM journal lines with an NVSwitch driver line (the corpus's SXid form).
     sxid = "Jul 23 07:53:55 host kernel: nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal\n"

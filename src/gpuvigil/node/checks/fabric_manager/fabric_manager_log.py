@@ -38,6 +38,12 @@ _SYSTEMCTL = re.compile(
     re.I,
 )
 _KERNEL = re.compile(r"NVRM:|\bS?Xid \(|nvidia-nvswitch\d*:")
+# FM's own message with no stamp or process name, as a log collector relays it behind a
+# `<host>: ` prefix (Talos: `10.0.0.5: fabric manager config file item: ...`), the host
+# often redacted in a paste (`<node ip>: `), or bare.
+_BARE = re.compile(
+    r"^(?:(?:<[^<>]{1,40}>|[\w.:-]{1,255}):\s+)?(?P<msg>(?:nvidia )?fabric ?manager\b.*)$", re.I
+)
 _UNIT = re.compile(r"nvidia-fabricmanager(?:\.service)?\b|nv-fabricmanager", re.I)
 
 _SXID = re.compile(r"detected NVSwitch (?P<class>non-fatal|fatal) error (?P<code>\d+)", re.I)
@@ -57,7 +63,7 @@ _STARTED = re.compile(
 )
 _STOPPED = re.compile(r"Stopped NVIDIA fabric manager|Stopping NVIDIA fabric manager", re.I)
 _ERRORISH = re.compile(
-    r"\b(?:error|errors|failed|failure|fatal|unable|cannot|could not|timed? ?out)\b"
+    r"\b(?:error|errors|failed|failure|fatal|unable|cannot|could not|timed? ?out|invalid)\b"
     r"|\[NV_(?:ERR|WARN)_\w+\]",
     re.I,
 )
@@ -113,6 +119,9 @@ def _fm_text(raw: str) -> tuple[str, str | None, str | None, str] | None:
     m = _FILE.search(line)
     if m and line.startswith("["):
         return "file", m.group("ts"), m.group("level"), m.group("msg")
+    bare = _BARE.match(line)
+    if bare:
+        return "file", None, None, bare.group("msg")
     j = _JOURNAL.match(line)
     if j is None:
         return None

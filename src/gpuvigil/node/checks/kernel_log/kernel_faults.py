@@ -9,7 +9,12 @@ Lines read (one example each in docs/kernel-log.md):
 - the driver could not initialise a GPU: `NVRM: GPU 0000:01:00.0: RmInitAdapter failed!
   (0x22:0x56:894)`, `rm_init_adapter failed, device minor number 0`, `NVRM: The NVIDIA
   probe routine failed for 1 device(s).`, `nvidia 0000:01:00.0: probe with driver nvidia
-  failed with error -1`;
+  failed with error -1`, and Xorg's `(EE) NVIDIA(GPU-0): Failed to initialize the NVIDIA GPU
+  at PCI:1:0:0.` (relayed to the journal; Xorg's bus form is not a PCI id, so no GPU named);
+- the GPU's GSP firmware stopped answering: `NVRM: GPU6 _kgspLogRpcTimeout: *** GSP Timeout
+  ***`, `_kgspIsHeartbeatTimedOut: Heartbeat timed out`, `Timeout waiting for RPC from GSP!`
+  (what Xid 119 reports; the banner can come without the Xid line, in an excerpt or when the
+  driver logs it first);
 - an NVLink that did not train, when the driver says so outside an Xid line.
 
 A line that is an Xid event is left to the Xid parser (one event, one finding). A new boot
@@ -36,6 +41,10 @@ NEEDLES = (
     b"with driver nvidia failed",
     b"raining failed",
     b"failed to train link",
+    b"Failed to initialize the NVIDIA GPU",
+    b"_kgspLogRpcTimeout",
+    b"Heartbeat timed out",
+    b"RPC from GSP",
     b"Linux version ",
 )
 _BUS = re.compile(
@@ -94,6 +103,14 @@ def _kind(line: str) -> DriverFaultKind | None:
         return "init_failed"
     if "probe routine failed" in low or "with driver nvidia failed" in low:
         return "init_failed"
+    if "failed to initialize the nvidia gpu" in low:
+        return "init_failed"
+    if (
+        "_kgsplogrpctimeout" in low
+        or ("heartbeat timed out" in low and "kgsp" in low)
+        or "timeout waiting for rpc from gsp" in low
+    ):
+        return "gsp_timeout"
     if ("raining failed" in low or "failed to train link" in low) and "nvlink" in low:
         return "nvlink_training"
     return None

@@ -57,7 +57,7 @@ class XidEvent:
         return replace(self, **changes)
 
 
-DriverFaultKind = Literal["fallen_off_bus", "init_failed", "nvlink_training"]
+DriverFaultKind = Literal["fallen_off_bus", "init_failed", "nvlink_training", "gsp_timeout"]
 
 
 @dataclass(frozen=True, slots=True)

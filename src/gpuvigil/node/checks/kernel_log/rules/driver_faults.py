@@ -2,7 +2,8 @@
 
 A GPU that fell off the bus is GPU_LOST, one the driver could not initialise is
 GPU_INIT_FAILED (both fatal: only a reboot cures them, so the reader keeps only what the
-log shows since its last boot), an NVLink that did not train is NVLINK_DOWN. One finding
+log shows since its last boot), an NVLink that did not train is NVLINK_DOWN, the GSP
+timeout banner without its Xid line is XID_119 (the Xid catalog's reset verdict). One finding
 per (code, component); the component is the GPU when the bus id maps to one, else
 `pci:<bus>`, else `node`. Registered as the `driver_faults` rule over a KernelLog:
 `node.pipeline` feeds it for the kernel_log check, the agent's stream and `analyze`.
@@ -28,6 +29,13 @@ _VERDICT = {
         "the driver could not initialise the GPU",
     ),
     "nvlink_training": ("NVLINK_DOWN", Action.RESET_GPU, False, "an NVLink did not train"),
+    # Xid 119's event told by its banner alone: the catalog's verdict for 119 (reset).
+    "gsp_timeout": (
+        "XID_119",
+        Action.RESET_GPU,
+        True,
+        "the GPU's GSP firmware stopped answering the driver (Xid 119's event)",
+    ),
 }
 
 
@@ -41,9 +49,13 @@ def evaluate(
     # The driver follows an Xid 79 with its own "GPU has fallen off the bus" line: that
     # GPU is the Xid rules' finding already.
     xid79 = {ev.bus_id for ev in log.events if ev.kind == "xid" and ev.code == 79}
+    # Likewise an Xid 119 line is the Xid rules' finding; the GSP banner names no bus.
+    xid119 = any(ev.kind == "xid" and ev.code == 119 for ev in log.events)
     groups: dict[tuple[str, str], list[DriverFault]] = {}
     for fault in log.faults:
         if fault.kind == "fallen_off_bus" and fault.bus_id in xid79:
+            continue
+        if fault.kind == "gsp_timeout" and xid119:
             continue
         groups.setdefault((fault.kind, _component(fault, gpus or {})), []).append(fault)
     out = []
@@ -77,11 +89,11 @@ def evaluate(
     "driver_faults",
     reads=KernelLog,
     uses=(GpuInventory, KnownGpus),
-    codes=("GPU_INIT_FAILED", "GPU_LOST", "NVLINK_DOWN"),
+    codes=("GPU_INIT_FAILED", "GPU_LOST", "NVLINK_DOWN", "XID_119"),
 )
 def driver_faults_rule(log: KernelLog, on: Inputs) -> list[Finding]:
     """GPU failures the driver logged without an Xid: fallen off the bus, not initialised,
-    an NVLink that did not train."""
+    an NVLink that did not train, the GSP timeout banner."""
     gpus = gpus_by_bus(on.get(GpuInventory), on.get(KnownGpus))
     return evaluate(log, now=on.now, gpus=gpus, check=on.check)
 
