@@ -9,7 +9,12 @@ healthy, a -q excerpt cut inside the clock reasons not recognised), then both fi
 Batch 3 likewise (5/6): a kernel log with an uncorrected host memory error (EDAC) and an
 APEI recoverable PCIe error read healthy; those texts joined the phrase catalog, so it is
 now "could not tell" (ERROR_TEXT), still counted below as not right. Batch 4 (3/3)
-needed no change.
+needed no change. Batch 5 (13 posts, thin kinds first: 8-GPU `topo -m`, r580 tables and
+-q, `ethtool -S`, journal and dmesg lines) scored 10/13 before any change: two kernel logs
+that show a failure read healthy (a GSP timeout banner with no Xid line; Xorg's "Failed to
+initialize the NVIDIA GPU" relayed to the journal) and a Fabric Manager line behind a
+collector's `<host>: ` prefix was not recognised; the driver-fault reader and the FM reader
+now read those forms (13/13).
 
 Judged right: a healthy output has no problem; a failing one has every code its manifest
 row expects (component aside: excerpts often drop the names) and one that is not a
@@ -86,7 +91,7 @@ def test_the_manifest_names_every_file_once() -> None:
     assert all(c.truth in {"healthy", "failing", "unknown"} for c in cases())
     assert all(c.source.startswith("https://github.com/") for c in cases())
     assert all(c.expect for c in cases() if c.truth == "failing")
-    assert {c.batch for c in cases()} == {"1", "2", "3", "4"}
+    assert {c.batch for c in cases()} == {"1", "2", "3", "4", "5"}
 
 
 # Judged "could not tell" today, and why: no rule judges host (non-GPU) hardware errors.
