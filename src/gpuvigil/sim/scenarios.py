@@ -214,7 +214,7 @@ class SimConfig(StrictModel):
         "pod is recreated by the Job controller: a failed pod after its back-off, 10 s "
         "(doubling per failure in a row, reset once none fail: the Kubernetes Job docs; the "
         "real 1.20.2 controller recreated a first failure at once and a second in a row "
-        "after 10.2 s, tests/integration/controller/test_job_recreate.py: 10 s is the later "
+        "after 10.2 s, tests/integration/controller/test_spares_kubernetes.py: 10 s is the later "
         "versions' first delay); a drained (deleted) pod at once (0.02 s measured there), "
         "which the measured `survivors_kept` reschedule phase covers.",
     )  # fmt: skip
