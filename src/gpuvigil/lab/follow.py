@@ -305,6 +305,10 @@ class Follower:
             bool((self._seen.get(node) or {}).get("spare")) or self.unspared.get(node, 0.0) >= since
         )
 
+    def spares(self) -> set[str]:
+        """The nodes that carry the controller's hot-spare taint (as last read)."""
+        return {n for n, seen in self._seen.items() if (seen or {}).get("spare")}
+
     def blocked(self, node: str) -> bool:
         """gpuvigil's taint is on the node (as last read)."""
         return bool((self._seen.get(node) or {}).get("blocked"))

@@ -578,6 +578,10 @@ class Lab:
         self.start_job(JOB if index == 0 else f"{JOB}-{index + 1}",
                        gpus=GPUS - 1 if per_gpu else None)  # fmt: skip
         self.wait_for_progress()
+        if self.serving is None and self.cfg.spares and self.cfg.restart == "in-process":
+            # the last fault's spare took a rank and its node was repaired since: the next
+            # fault's lost rank must find the spare the controller refills, not a race with it
+            self._until(lambda: bool(self.follow.spares()), 120, "the controller's hot spare")
         if self.serving is not None:
             self._until(self.serving.all_ready, 120, "every serving replica Ready")
             self.serving.measure()
