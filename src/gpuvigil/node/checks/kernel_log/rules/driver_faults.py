@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from gpuvigil.core import codes
 from gpuvigil.core.findings import Action, Finding, Status
 from gpuvigil.node.checks.gpu.readings import GpuInventory, GpuRef, KnownGpus, gpus_by_bus
 from gpuvigil.node.checks.kernel_log.readings import DriverFault, KernelLog
@@ -89,7 +90,9 @@ def evaluate(
     "driver_faults",
     reads=KernelLog,
     uses=(GpuInventory, KnownGpus),
-    codes=("GPU_INIT_FAILED", "GPU_LOST", "NVLINK_DOWN", "XID_119"),
+    # the GSP timeout banner is Xid 119's event: declared through the Xid placeholder, as
+    # the kernel_log domain declares its Xid codes
+    codes=("GPU_INIT_FAILED", "GPU_LOST", "NVLINK_DOWN", codes.ANY_XID),
 )
 def driver_faults_rule(log: KernelLog, on: Inputs) -> list[Finding]:
     """GPU failures the driver logged without an Xid: fallen off the bus, not initialised,
